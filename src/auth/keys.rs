@@ -1,0 +1,275 @@
+//! API keys: creation (the cleartext is returned once), lookup by hash, and the bootstrap key.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::{Principal, Role};
+use crate::store::{ApiKeyChange, ApiKeyRow, Store};
+use crate::{clock, ids, Error, Result};
+
+pub const KEY_PREFIX: &str = "svc_";
+pub const KEY_RANDOM_LENGTH: usize = 40;
+pub const BOOTSTRAP_KEY_NAME: &str = "bootstrap-admin";
+const MAX_NAME_LENGTH: usize = 128;
+/// `last_used_at` is written at most this often per key, so authenticated reads stay reads.
+const TOUCH_INTERVAL_MS: i64 = 60_000;
+
+/// An API key record as every surface shows it (never the hash).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiKey {
+    pub id: String,
+    pub name: String,
+    pub role: String,
+    pub created_at: String,
+    pub last_used_at: Option<String>,
+    pub expires_at: Option<String>,
+}
+
+impl From<ApiKeyRow> for ApiKey {
+    fn from(row: ApiKeyRow) -> Self {
+        ApiKey {
+            id: row.id,
+            name: row.name,
+            role: row.role,
+            created_at: row.created_at,
+            last_used_at: row.last_used_at,
+            expires_at: row.expires_at,
+        }
+    }
+}
+
+/// A request to create a key.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewKey {
+    pub name: String,
+    pub role: String,
+    #[serde(default)]
+    pub expires_at: Option<String>,
+}
+
+/// A request to change a key's name or role.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyUpdate {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub role: Option<String>,
+}
+
+/// Hex SHA-256 of a key: what the store keeps and looks up by.
+pub fn hash_key(key: &str) -> String {
+    hex::encode(Sha256::digest(key.as_bytes()))
+}
+
+/// Whether `text` has the shape of an API key (`svc_` + 40 base62).
+pub fn looks_like_api_key(text: &str) -> bool {
+    text.strip_prefix(KEY_PREFIX)
+        .is_some_and(|rest| rest.len() == KEY_RANDOM_LENGTH && ids::is_base62(rest))
+}
+
+fn generate_key() -> String {
+    format!("{KEY_PREFIX}{}", ids::random_base62(KEY_RANDOM_LENGTH))
+}
+
+fn validate_name(name: &str) -> Result<String> {
+    let name = name.trim();
+    if name.is_empty() {
+        return Err(Error::Invalid("name must not be empty".into()));
+    }
+    if name.len() > MAX_NAME_LENGTH || name.chars().any(char::is_control) {
+        return Err(Error::Invalid(format!(
+            "name must be at most {MAX_NAME_LENGTH} printable characters"
+        )));
+    }
+    Ok(name.to_string())
+}
+
+/// Resolves a presented key to its principal, or `Unauthenticated`.
+pub async fn authenticate(store: &dyn Store, key: &str) -> Result<Principal> {
+    if !looks_like_api_key(key) {
+        return Err(Error::Unauthenticated("invalid API key".into()));
+    }
+    let row = store
+        .find_api_key_by_hash(&hash_key(key))
+        .await?
+        .ok_or_else(|| Error::Unauthenticated("invalid API key".into()))?;
+    let now = clock::now_millis();
+    if let Some(expiry) = row.expires_at.as_deref().and_then(clock::parse_rfc3339) {
+        if expiry <= now {
+            return Err(Error::Unauthenticated("API key expired".into()));
+        }
+    }
+    let stale = row
+        .last_used_at
+        .as_deref()
+        .and_then(clock::parse_rfc3339)
+        .is_none_or(|last| now - last >= TOUCH_INTERVAL_MS);
+    if stale {
+        store
+            .touch_api_key(&row.id, &clock::format_rfc3339(now))
+            .await?;
+    }
+    let role = row.role.parse::<Role>()?;
+    Ok(Principal {
+        id: row.id,
+        name: row.name,
+        role,
+    })
+}
+
+/// Creates a key; returns its record and the cleartext, which is never available again.
+pub async fn create_key(
+    store: &dyn Store,
+    principal: &Principal,
+    input: NewKey,
+) -> Result<(ApiKey, String)> {
+    principal.require(Role::Admin)?;
+    let name = validate_name(&input.name)?;
+    let role: Role = input.role.parse()?;
+    let expires_at = match input.expires_at.as_deref() {
+        None | Some("") => None,
+        Some(text) => {
+            let at = clock::parse_rfc3339(text).ok_or_else(|| {
+                Error::Invalid(format!("expires_at '{text}' is not an RFC 3339 timestamp"))
+            })?;
+            if at <= clock::now_millis() {
+                return Err(Error::Invalid("expires_at is in the past".into()));
+            }
+            Some(clock::format_rfc3339(at))
+        }
+    };
+    insert_key(store, name, role, expires_at, generate_key()).await
+}
+
+async fn insert_key(
+    store: &dyn Store,
+    name: String,
+    role: Role,
+    expires_at: Option<String>,
+    key: String,
+) -> Result<(ApiKey, String)> {
+    let row = ApiKeyRow {
+        id: ids::ulid(),
+        name,
+        role: role.as_str().into(),
+        key_hash: hash_key(&key),
+        created_at: clock::now_rfc3339(),
+        last_used_at: None,
+        expires_at,
+    };
+    store.insert_api_key(&row).await?;
+    Ok((row.into(), key))
+}
+
+pub async fn list_keys(store: &dyn Store, principal: &Principal) -> Result<Vec<ApiKey>> {
+    principal.require(Role::Admin)?;
+    Ok(store
+        .list_api_keys()
+        .await?
+        .into_iter()
+        .map(ApiKey::from)
+        .collect())
+}
+
+pub async fn get_key(store: &dyn Store, principal: &Principal, id: &str) -> Result<ApiKey> {
+    principal.require(Role::Admin)?;
+    store
+        .get_api_key(id)
+        .await?
+        .map(ApiKey::from)
+        .ok_or_else(|| Error::NotFound(format!("API key '{id}' not found")))
+}
+
+pub async fn update_key(
+    store: &dyn Store,
+    principal: &Principal,
+    id: &str,
+    update: KeyUpdate,
+) -> Result<ApiKey> {
+    principal.require(Role::Admin)?;
+    let change = ApiKeyChange {
+        name: update.name.as_deref().map(validate_name).transpose()?,
+        role: update
+            .role
+            .as_deref()
+            .map(|r| r.parse::<Role>().map(|r| r.as_str().to_string()))
+            .transpose()?,
+    };
+    store
+        .update_api_key(id, &change)
+        .await?
+        .map(ApiKey::from)
+        .ok_or_else(|| Error::NotFound(format!("API key '{id}' not found")))
+}
+
+pub async fn delete_key(store: &dyn Store, principal: &Principal, id: &str) -> Result<()> {
+    principal.require(Role::Admin)?;
+    if store.delete_api_key(id).await? {
+        Ok(())
+    } else {
+        Err(Error::NotFound(format!("API key '{id}' not found")))
+    }
+}
+
+/// On first start (no keys at all), creates the `bootstrap-admin` key: from
+/// `SVC_BOOTSTRAP_API_KEY` when given, else a new one written to `key_file` with mode 0600.
+/// Returns the new key's id, or None when keys already exist. The key is never logged.
+pub async fn ensure_bootstrap_key(
+    store: &dyn Store,
+    key_file: &Path,
+    preset: Option<&str>,
+) -> Result<Option<String>> {
+    if !store.list_api_keys().await?.is_empty() {
+        return Ok(None);
+    }
+    let key = match preset {
+        Some(key) if looks_like_api_key(key) => key.to_string(),
+        Some(_) => {
+            return Err(Error::Invalid(format!(
+                "SVC_BOOTSTRAP_API_KEY must be '{KEY_PREFIX}' followed by {KEY_RANDOM_LENGTH} base62 characters"
+            )))
+        }
+        None => generate_key(),
+    };
+    if preset.is_none() {
+        write_private_file(key_file, format!("{key}\n").as_bytes())?;
+    }
+    let (record, _) = insert_key(store, BOOTSTRAP_KEY_NAME.into(), Role::Admin, None, key).await?;
+    Ok(Some(record.id))
+}
+
+/// Writes a file readable only by its owner (0600), replacing any old one.
+pub fn write_private_file(path: &Path, contents: &[u8]) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::remove_file(path);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| Error::Internal(format!("cannot write {}: {e}", path.display())))?;
+    file.write_all(contents)?;
+    file.sync_all()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_shape() {
+        let key = generate_key();
+        assert!(looks_like_api_key(&key), "{key}");
+        assert_eq!(key.len(), 44);
+        for bad in ["", "svc_", "svc_short", &format!("xyz_{}", &key[4..]), &format!("{key}!")] {
+            assert!(!looks_like_api_key(bad), "{bad}");
+        }
+        assert_eq!(hash_key("abc").len(), 64);
+    }
+}

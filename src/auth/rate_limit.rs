@@ -1,0 +1,84 @@
+//! Per-key token buckets (contract §4: `rate_limit.requests_per_second` and `burst`).
+//!
+//! A std mutex over a map is enough: the critical section is a few arithmetic operations and
+//! nothing awaits while it is held.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::{Error, Result};
+
+pub struct RateLimiter {
+    rate_per_second: f64,
+    burst: f64,
+    buckets: Mutex<HashMap<String, Bucket>>,
+}
+
+struct Bucket {
+    tokens: f64,
+    updated: Instant,
+}
+
+impl RateLimiter {
+    pub fn new(rate_per_second: f64, burst: u32) -> Self {
+        RateLimiter {
+            rate_per_second: rate_per_second.max(0.001),
+            burst: f64::from(burst.max(1)),
+            buckets: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Takes one token for `key_id`, or says how long until one is available.
+    pub fn check(&self, key_id: &str) -> Result<()> {
+        self.check_at(key_id, Instant::now())
+    }
+
+    fn check_at(&self, key_id: &str, now: Instant) -> Result<()> {
+        let mut buckets = self.buckets.lock().expect("rate limiter lock poisoned");
+        let bucket = buckets.entry(key_id.to_string()).or_insert(Bucket {
+            tokens: self.burst,
+            updated: now,
+        });
+        let elapsed = now.saturating_duration_since(bucket.updated).as_secs_f64();
+        bucket.tokens = (bucket.tokens + elapsed * self.rate_per_second).min(self.burst);
+        bucket.updated = now;
+        if bucket.tokens >= 1.0 {
+            bucket.tokens -= 1.0;
+            return Ok(());
+        }
+        let wait = (1.0 - bucket.tokens) / self.rate_per_second;
+        Err(Error::RateLimited {
+            retry_after: Duration::from_secs_f64(wait.ceil().max(1.0)),
+        })
+    }
+
+    /// Drops the bucket of a deleted key.
+    pub fn forget(&self, key_id: &str) {
+        self.buckets
+            .lock()
+            .expect("rate limiter lock poisoned")
+            .remove(key_id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn burst_then_refill() {
+        let limiter = RateLimiter::new(2.0, 3);
+        let start = Instant::now();
+        for _ in 0..3 {
+            limiter.check_at("k", start).unwrap();
+        }
+        let Err(Error::RateLimited { retry_after }) = limiter.check_at("k", start) else {
+            panic!("fourth request within the burst window must be limited");
+        };
+        assert_eq!(retry_after, Duration::from_secs(1));
+        limiter.check_at("other", start).unwrap();
+        limiter.check_at("k", start + Duration::from_millis(500)).unwrap();
+        assert!(limiter.check_at("k", start + Duration::from_millis(500)).is_err());
+    }
+}

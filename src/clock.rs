@@ -1,0 +1,194 @@
+//! Timestamps and durations as every surface prints and parses them.
+//!
+//! Timestamps are RFC 3339 UTC with milliseconds (`2026-11-21T08:15:02.123Z`), which sort as
+//! strings, so the store keeps them as TEXT on both SQLite and PostgreSQL. Durations accept
+//! `500ms`, `30s`, `5m`, `24h`, `7d`. The calendar maths is here (a few lines) rather than in a
+//! date crate because nothing else needs time zones.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Milliseconds since the Unix epoch, now.
+pub fn now_millis() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// The current time as RFC 3339 UTC with milliseconds.
+pub fn now_rfc3339() -> String {
+    format_rfc3339(now_millis())
+}
+
+/// Formats Unix milliseconds as `YYYY-MM-DDTHH:MM:SS.mmmZ`.
+pub fn format_rfc3339(millis: i64) -> String {
+    let seconds = millis.div_euclid(1000);
+    let ms = millis.rem_euclid(1000);
+    let (year, month, day) = civil_from_days(seconds.div_euclid(86_400));
+    let rem = seconds.rem_euclid(86_400);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{ms:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Parses RFC 3339 (`Z` or `±HH:MM` offsets, optional fraction) into Unix milliseconds.
+pub fn parse_rfc3339(text: &str) -> Option<i64> {
+    let bytes = text.as_bytes();
+    if bytes.len() < 20 || bytes[4] != b'-' || bytes[7] != b'-' || bytes[13] != b':' {
+        return None;
+    }
+    if !matches!(bytes[10], b'T' | b't' | b' ') || bytes[16] != b':' {
+        return None;
+    }
+    let number = |range: std::ops::Range<usize>| -> Option<i64> {
+        let part = text.get(range)?;
+        if !part.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        part.parse().ok()
+    };
+    let (year, month, day) = (number(0..4)?, number(5..7)?, number(8..10)?);
+    let (hour, minute, second) = (number(11..13)?, number(14..16)?, number(17..19)?);
+    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 {
+        return None;
+    }
+    if second > 60 {
+        return None;
+    }
+    let mut rest = &text[19..];
+    let mut millis = 0i64;
+    if let Some(fraction) = rest.strip_prefix('.') {
+        let digits = fraction.bytes().take_while(|b| b.is_ascii_digit()).count();
+        if digits == 0 {
+            return None;
+        }
+        let padded = format!("{:0<3}", &fraction[..digits.min(3)]);
+        millis = padded.parse().ok()?;
+        rest = &fraction[digits..];
+    }
+    let offset_seconds = match rest {
+        "Z" | "z" => 0,
+        _ if rest.len() == 6 && (rest.starts_with('+') || rest.starts_with('-')) => {
+            let hours: i64 = rest.get(1..3)?.parse().ok()?;
+            let minutes: i64 = rest.get(4..6)?.parse().ok()?;
+            let sign = if rest.starts_with('-') { -1 } else { 1 };
+            sign * (hours * 3600 + minutes * 60)
+        }
+        _ => return None,
+    };
+    let days = days_from_civil(year, month as u32, day as u32);
+    let seconds = days * 86_400 + hour * 3600 + minute * 60 + second - offset_seconds;
+    Some(seconds * 1000 + millis)
+}
+
+/// Parses `500ms`, `30s`, `5m`, `24h`, `7d` (and plain seconds, `30`).
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let value: u64 = digits.parse().ok()?;
+    let millis_per_unit: u64 = match unit {
+        "ms" => 1,
+        "" | "s" => 1000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        "w" => 7 * 86_400_000,
+        _ => return None,
+    };
+    Some(Duration::from_millis(value.checked_mul(millis_per_unit)?))
+}
+
+/// Formats a duration in the largest unit that divides it (`30s`, `5m`, `1500ms`).
+pub fn format_duration(duration: Duration) -> String {
+    let ms = duration.as_millis() as u64;
+    for (unit, size) in [("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)] {
+        if ms >= size && ms % size == 0 {
+            return format!("{}{unit}", ms / size);
+        }
+    }
+    format!("{ms}ms")
+}
+
+/// A point in time given as RFC 3339 or as a duration before now (`24h` = a day ago).
+pub fn parse_time_or_ago(text: &str) -> Option<i64> {
+    parse_rfc3339(text).or_else(|| {
+        parse_duration(text).map(|ago| now_millis() - ago.as_millis() as i64)
+    })
+}
+
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(month <= 2), month, day)
+}
+
+fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
+    let year = if month <= 2 { year - 1 } else { year };
+    let era = year.div_euclid(400);
+    let yoe = year.rem_euclid(400);
+    let month = i64::from(month);
+    let doy = (153 * (if month > 2 { month - 3 } else { month + 9 }) + 2) / 5 + i64::from(day) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_round_trip() {
+        let cases = [
+            (0, "1970-01-01T00:00:00.000Z"),
+            (1_795_248_902_123, "2026-11-21T08:15:02.123Z"),
+            (951_782_400_000, "2000-02-29T00:00:00.000Z"),
+        ];
+        for (millis, text) in cases {
+            assert_eq!(format_rfc3339(millis), text);
+            assert_eq!(parse_rfc3339(text), Some(millis), "{text}");
+        }
+    }
+
+    #[test]
+    fn rfc3339_offsets_and_garbage() {
+        assert_eq!(
+            parse_rfc3339("2026-11-21T09:15:02+01:00"),
+            parse_rfc3339("2026-11-21T08:15:02Z")
+        );
+        for bad in ["", "yesterday", "2026-13-01T00:00:00Z", "2026-11-21T08:15:02", "2026-11-21T08:15:02.Z"] {
+            assert_eq!(parse_rfc3339(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn durations() {
+        let cases = [
+            ("500ms", Some(500)),
+            ("30s", Some(30_000)),
+            ("5m", Some(300_000)),
+            ("24h", Some(86_400_000)),
+            ("7d", Some(604_800_000)),
+            ("30", Some(30_000)),
+            ("5x", None),
+            ("", None),
+            ("-5s", None),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(parse_duration(text).map(|d| d.as_millis() as u64), expected, "{text}");
+        }
+        assert_eq!(format_duration(Duration::from_secs(30)), "30s");
+        assert_eq!(format_duration(Duration::from_millis(1500)), "1500ms");
+    }
+}

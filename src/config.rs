@@ -1,0 +1,639 @@
+//! Configuration: YAML files, the `SVC_` environment overlay, and validation (contract §2).
+//!
+//! Both daemons load the same way: parse the file into a YAML tree, lay the environment over
+//! it, check every key against the tree of defaults (so every unknown key is reported at once,
+//! named with its file or variable), then deserialize. serde_yaml is archived upstream, so
+//! `serde_yaml_ng` stays behind [`parse_yaml`], the one place that parses YAML.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_yaml_ng::{Mapping, Value};
+
+pub const DEFAULT_SERVER_CONFIG: &str = "/etc/svc/server.yaml";
+pub const DEFAULT_AGENT_CONFIG: &str = "/etc/svc/agent.yaml";
+
+/// Environment variables with the `SVC_` prefix that are not configuration keys (CLI settings
+/// and one-shot bootstrap values); the overlay skips them instead of calling them unknown.
+const NON_CONFIG_VARIABLES: &[&str] = &[
+    "SVC_API_KEY",
+    "SVC_SERVER",
+    "SVC_HTTP_URL",
+    "SVC_LOG",
+    "SVC_BOOTSTRAP_API_KEY",
+    "SVC_NATS_URL",
+    "SVC_CLUSTER",
+    "SVC_PRINCIPAL_ID",
+    "SVC_PRINCIPAL_ROLE",
+    "SVC_CONFIG",
+];
+
+/// Parses YAML text into any deserializable type. The only caller of the YAML crate.
+pub fn parse_yaml<T: DeserializeOwned>(text: &str) -> Result<T, String> {
+    serde_yaml_ng::from_str(text).map_err(|e| e.to_string())
+}
+
+/// Serializes a value as YAML text.
+pub fn to_yaml<T: Serialize>(value: &T) -> Result<String, String> {
+    serde_yaml_ng::to_string(value).map_err(|e| e.to_string())
+}
+
+/// A secret string: deserialized like a string, never printed by `Debug`.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_empty() { "\"\"" } else { "[REDACTED]" })
+    }
+}
+
+/// A duration written as `30s`, `5m`, `500ms` (or a plain number of seconds).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConfigDuration(pub Duration);
+
+impl Serialize for ConfigDuration {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&crate::clock::format_duration(self.0))
+    }
+}
+
+impl<'de> Deserialize<'de> for ConfigDuration {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Seconds(u64),
+            Text(String),
+        }
+        match Raw::deserialize(deserializer)? {
+            Raw::Seconds(seconds) => Ok(ConfigDuration(Duration::from_secs(seconds))),
+            Raw::Text(text) => crate::clock::parse_duration(&text)
+                .map(ConfigDuration)
+                .ok_or_else(|| {
+                    serde::de::Error::custom(format!(
+                        "invalid duration '{text}' (use e.g. 500ms, 30s, 5m, 24h)"
+                    ))
+                }),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// svc.db, jetstream/, files/, ca/, snapshots/ and the bootstrap key live here.
+    pub data_dir: PathBuf,
+    pub listen: ListenConfig,
+    pub store: StoreConfig,
+    pub bus: BusConfig,
+    /// Derives agent bootstrap PSKs; changing it invalidates every PSK.
+    pub hmacsecret: Secret,
+    /// Base64 of 32 bytes; encrypts secrets and CA keys at rest.
+    pub master_key: Secret,
+    pub log_level: String,
+    pub log_format: LogFormat,
+    pub rate_limit: RateLimitConfig,
+    pub agents: AgentsConfig,
+    pub tls: TlsConfig,
+    pub policy_dir: PathBuf,
+    pub limits: LimitsConfig,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            data_dir: PathBuf::from("/var/lib/svc"),
+            listen: ListenConfig::default(),
+            store: StoreConfig::default(),
+            bus: BusConfig::default(),
+            hmacsecret: Secret::default(),
+            master_key: Secret::default(),
+            log_level: "info".into(),
+            log_format: LogFormat::Text,
+            rate_limit: RateLimitConfig::default(),
+            agents: AgentsConfig::default(),
+            tls: TlsConfig::default(),
+            policy_dir: PathBuf::from("/etc/svc/policies"),
+            limits: LimitsConfig::default(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ListenConfig {
+    pub http: String,
+    pub grpc: String,
+    pub bus: String,
+}
+
+impl Default for ListenConfig {
+    fn default() -> Self {
+        ListenConfig {
+            http: "0.0.0.0:8080".into(),
+            grpc: "0.0.0.0:5397".into(),
+            bus: "0.0.0.0:4222".into(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreDriver {
+    #[default]
+    Sqlite,
+    Postgres,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    pub driver: StoreDriver,
+    /// postgres://user@host/db when the driver is postgres.
+    pub url: Secret,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BusConfig {
+    /// Non-empty: use this NATS cluster instead of the embedded broker.
+    pub external_urls: Vec<String>,
+    /// Largest message payload the embedded broker accepts, in bytes.
+    pub max_payload: u64,
+}
+
+impl Default for BusConfig {
+    fn default() -> Self {
+        BusConfig {
+            external_urls: Vec::new(),
+            max_payload: 1024 * 1024,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RateLimitConfig {
+    /// Sustained requests per second per API key.
+    pub requests_per_second: f64,
+    /// Requests a key may make at once before the sustained rate applies.
+    pub burst: u32,
+}
+
+impl Default for RateLimitConfig {
+    fn default() -> Self {
+        RateLimitConfig {
+            requests_per_second: 50.0,
+            burst: 100,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentsConfig {
+    pub heartbeat_timeout: ConfigDuration,
+}
+
+impl Default for AgentsConfig {
+    fn default() -> Self {
+        AgentsConfig {
+            heartbeat_timeout: ConfigDuration(Duration::from_secs(30)),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsConfig {
+    pub cert: String,
+    pub key: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Largest REST request body, in bytes; larger bodies get 413.
+    pub max_request_body: u64,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            max_request_body: 1024 * 1024,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentConfig {
+    pub agent: AgentSection,
+    pub nats: NatsSection,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentSection {
+    pub id: String,
+    pub labels: BTreeMap<String, String>,
+    pub heartbeat_interval: ConfigDuration,
+    pub state_dir: PathBuf,
+}
+
+impl Default for AgentSection {
+    fn default() -> Self {
+        AgentSection {
+            id: String::new(),
+            labels: BTreeMap::new(),
+            heartbeat_interval: ConfigDuration(Duration::from_secs(10)),
+            state_dir: PathBuf::from("/var/lib/svc-agent"),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NatsSection {
+    pub urls: Vec<String>,
+}
+
+impl Default for NatsSection {
+    fn default() -> Self {
+        NatsSection {
+            urls: vec!["nats://127.0.0.1:4222".into()],
+        }
+    }
+}
+
+/// Which keys of a config kind hold free-form maps (any key allowed below them), and which
+/// top-level keys belong to the other daemon (their variables are skipped, not rejected).
+struct Schema {
+    free_form: &'static [&'static str],
+    foreign_roots: &'static [&'static str],
+}
+
+const SERVER_SCHEMA: Schema = Schema {
+    free_form: &[],
+    foreign_roots: &["agent", "nats"],
+};
+const AGENT_SCHEMA: Schema = Schema {
+    free_form: &["agent.labels"],
+    foreign_roots: &[
+        "data_dir", "listen", "store", "bus", "hmacsecret", "master_key", "log_level",
+        "log_format", "rate_limit", "agents", "tls", "policy_dir", "limits",
+    ],
+};
+
+/// A loaded configuration and where it came from.
+#[derive(Debug)]
+pub struct Loaded<T> {
+    pub config: T,
+    /// The file read, or None when defaults were used because the default file is absent.
+    pub file: Option<PathBuf>,
+    /// The merged tree of what the file and environment set, to tell "set" from "default".
+    explicit: Value,
+}
+
+impl<T> Loaded<T> {
+    /// Whether the dotted key was given by the file or the environment.
+    pub fn is_set(&self, dotted: &str) -> bool {
+        let mut node = &self.explicit;
+        for part in dotted.split('.') {
+            match node.get(part) {
+                Some(child) => node = child,
+                None => return false,
+            }
+        }
+        true
+    }
+}
+
+/// Every problem found in a configuration, one line each.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigErrors(pub Vec<String>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0.join("\n"))
+    }
+}
+
+pub fn load_server(
+    path: Option<&Path>,
+    env: &[(String, String)],
+) -> Result<Loaded<ServerConfig>, ConfigErrors> {
+    load(path, Path::new(DEFAULT_SERVER_CONFIG), env, &SERVER_SCHEMA)
+}
+
+pub fn load_agent(
+    path: Option<&Path>,
+    env: &[(String, String)],
+) -> Result<Loaded<AgentConfig>, ConfigErrors> {
+    load(path, Path::new(DEFAULT_AGENT_CONFIG), env, &AGENT_SCHEMA)
+}
+
+/// The process environment as pairs, for the loaders.
+pub fn process_env() -> Vec<(String, String)> {
+    std::env::vars().collect()
+}
+
+fn load<T: DeserializeOwned + Serialize + Default>(
+    path: Option<&Path>,
+    default_path: &Path,
+    env: &[(String, String)],
+    schema: &Schema,
+) -> Result<Loaded<T>, ConfigErrors> {
+    let defaults = serde_yaml_ng::to_value(T::default())
+        .map_err(|e| ConfigErrors(vec![format!("internal: {e}")]))?;
+    let (file, text) = match path {
+        Some(path) => match std::fs::read_to_string(path) {
+            Ok(text) => (Some(path.to_path_buf()), text),
+            Err(e) => {
+                return Err(ConfigErrors(vec![format!(
+                    "cannot read config file {}: {e}",
+                    path.display()
+                )]))
+            }
+        },
+        None => match std::fs::read_to_string(default_path) {
+            Ok(text) => (Some(default_path.to_path_buf()), text),
+            // A missing default file means "all defaults" (contract §2).
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (None, String::new()),
+            Err(e) => {
+                return Err(ConfigErrors(vec![format!(
+                    "cannot read config file {}: {e}",
+                    default_path.display()
+                )]))
+            }
+        },
+    };
+    let file_name = file
+        .as_ref()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| "defaults".into());
+    let mut problems = Vec::new();
+    let mut tree = if text.trim().is_empty() {
+        Value::Mapping(Mapping::new())
+    } else {
+        match parse_yaml::<Value>(&text) {
+            Ok(Value::Mapping(map)) => Value::Mapping(map),
+            Ok(Value::Null) => Value::Mapping(Mapping::new()),
+            Ok(_) => {
+                return Err(ConfigErrors(vec![format!(
+                    "{file_name}: the top level must be a mapping of keys"
+                )]))
+            }
+            Err(e) => return Err(ConfigErrors(vec![format!("{file_name}: {e}")])),
+        }
+    };
+    let mut unknown = Vec::new();
+    collect_unknown_keys(&tree, &defaults, "", schema, &mut unknown);
+    for key in unknown {
+        problems.push(format!("{file_name}: unknown key '{key}'"));
+    }
+    overlay_environment(&mut tree, &defaults, env, schema, &mut problems);
+    if !problems.is_empty() {
+        return Err(ConfigErrors(problems));
+    }
+    let config: T = serde_path_to_error::deserialize(tree.clone()).map_err(|e| {
+        let path = e.path().to_string();
+        ConfigErrors(vec![format!("{file_name}: key '{path}': {}", e.into_inner())])
+    })?;
+    Ok(Loaded {
+        config,
+        file,
+        explicit: tree,
+    })
+}
+
+fn collect_unknown_keys(
+    user: &Value,
+    defaults: &Value,
+    prefix: &str,
+    schema: &Schema,
+    out: &mut Vec<String>,
+) {
+    let (Value::Mapping(user), Value::Mapping(defaults)) = (user, defaults) else {
+        return;
+    };
+    for (key, value) in user {
+        let name = match key {
+            Value::String(s) => s.clone(),
+            other => format!("{other:?}"),
+        };
+        let dotted = if prefix.is_empty() {
+            name.clone()
+        } else {
+            format!("{prefix}.{name}")
+        };
+        match defaults.get(key) {
+            None => out.push(dotted),
+            Some(default) if !schema.free_form.contains(&dotted.as_str()) => {
+                collect_unknown_keys(value, default, &dotted, schema, out)
+            }
+            Some(_) => {}
+        }
+    }
+}
+
+/// Lays `SVC_A__B=value` over the tree as `a.b: value`, typed like the default at that key:
+/// lists split on commas, strings stay strings, numbers and booleans parse as YAML scalars.
+fn overlay_environment(
+    tree: &mut Value,
+    defaults: &Value,
+    env: &[(String, String)],
+    schema: &Schema,
+    problems: &mut Vec<String>,
+) {
+    let mut variables: Vec<&(String, String)> = env
+        .iter()
+        .filter(|(name, _)| name.starts_with("SVC_"))
+        .filter(|(name, _)| !NON_CONFIG_VARIABLES.contains(&name.as_str()))
+        .collect();
+    variables.sort();
+    for (name, raw) in variables {
+        let path: Vec<String> = name["SVC_".len()..]
+            .split("__")
+            .map(|part| part.to_ascii_lowercase())
+            .collect();
+        if path.iter().any(|part| part.is_empty()) {
+            problems.push(format!("environment {name}: malformed key"));
+            continue;
+        }
+        if schema.foreign_roots.contains(&path[0].as_str()) {
+            continue;
+        }
+        let dotted = path.join(".");
+        let mut default = Some(defaults);
+        let mut is_free_form = false;
+        for (i, part) in path.iter().enumerate() {
+            if schema.free_form.contains(&path[..i].join(".").as_str()) && i > 0 {
+                is_free_form = true;
+                break;
+            }
+            default = default.and_then(|node| node.get(part.as_str()));
+        }
+        let value = match (is_free_form, default) {
+            (true, _) | (false, Some(Value::String(_))) => Value::String(raw.clone()),
+            (false, Some(Value::Sequence(_))) => Value::Sequence(
+                raw.split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(|s| Value::String(s.to_string()))
+                    .collect(),
+            ),
+            (false, Some(Value::Mapping(_))) => {
+                problems.push(format!(
+                    "environment {name}: '{dotted}' is a section; set one of its keys"
+                ));
+                continue;
+            }
+            (false, Some(_)) => match parse_yaml::<Value>(raw) {
+                Ok(value) => value,
+                Err(_) => Value::String(raw.clone()),
+            },
+            (false, None) => {
+                problems.push(format!("environment {name}: unknown key '{dotted}'"));
+                continue;
+            }
+        };
+        set_path(tree, &path, value);
+    }
+}
+
+fn set_path(tree: &mut Value, path: &[String], value: Value) {
+    let mut node = tree;
+    for part in &path[..path.len() - 1] {
+        if !matches!(node, Value::Mapping(_)) {
+            *node = Value::Mapping(Mapping::new());
+        }
+        let Value::Mapping(map) = node else {
+            unreachable!("made a mapping just above")
+        };
+        node = map
+            .entry(Value::String(part.clone()))
+            .or_insert_with(|| Value::Mapping(Mapping::new()));
+    }
+    if !matches!(node, Value::Mapping(_)) {
+        *node = Value::Mapping(Mapping::new());
+    }
+    if let Value::Mapping(map) = node {
+        map.insert(Value::String(path[path.len() - 1].clone()), value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn write(text: &str) -> tempfile::NamedTempFile {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), text).unwrap();
+        file
+    }
+
+    #[test]
+    fn environment_overlays_file() {
+        let file = write("listen:\n  http: 1.2.3.4:80\nrate_limit:\n  burst: 5\n");
+        let loaded = load_server(
+            Some(file.path()),
+            &env(&[
+                ("SVC_LISTEN__GRPC", "127.0.0.1:1"),
+                ("SVC_RATE_LIMIT__BURST", "7"),
+                ("SVC_BUS__EXTERNAL_URLS", "nats://a:4222, nats://b:4222"),
+                ("SVC_HMACSECRET", "12345"),
+                ("SVC_API_KEY", "ignored"),
+                ("SVC_AGENT__ID", "belongs-to-the-agent"),
+            ]),
+        )
+        .unwrap();
+        let config = loaded.config;
+        assert_eq!(config.listen.http, "1.2.3.4:80");
+        assert_eq!(config.listen.grpc, "127.0.0.1:1");
+        assert_eq!(config.rate_limit.burst, 7);
+        assert_eq!(config.bus.external_urls, ["nats://a:4222", "nats://b:4222"]);
+        assert_eq!(config.hmacsecret.expose(), "12345");
+        assert!(loaded.explicit.get("listen").is_some());
+    }
+
+    #[test]
+    fn unknown_keys_are_all_named_with_their_source() {
+        let file = write("listen:\n  htp: x\nbogus: 1\n");
+        let errors = load_server(Some(file.path()), &env(&[("SVC_LISTEN__NOPE", "1")]))
+            .unwrap_err()
+            .0;
+        let name = file.path().display().to_string();
+        assert!(errors.contains(&format!("{name}: unknown key 'listen.htp'")), "{errors:?}");
+        assert!(errors.contains(&format!("{name}: unknown key 'bogus'")), "{errors:?}");
+        assert!(
+            errors.contains(&"environment SVC_LISTEN__NOPE: unknown key 'listen.nope'".to_string()),
+            "{errors:?}"
+        );
+    }
+
+    #[test]
+    fn type_errors_name_the_key() {
+        let file = write("rate_limit:\n  burst: lots\n");
+        let errors = load_server(Some(file.path()), &[]).unwrap_err().0;
+        assert!(errors[0].contains("rate_limit.burst"), "{errors:?}");
+        let file = write("agents:\n  heartbeat_timeout: soon\n");
+        let errors = load_server(Some(file.path()), &[]).unwrap_err().0;
+        assert!(errors[0].contains("invalid duration 'soon'"), "{errors:?}");
+    }
+
+    #[test]
+    fn missing_named_file_is_an_error() {
+        let errors = load_server(Some(Path::new("/nonexistent/svc.yaml")), &[]).unwrap_err();
+        assert!(errors.0[0].contains("/nonexistent/svc.yaml"));
+    }
+
+    #[test]
+    fn agent_labels_are_free_form() {
+        let file = write("agent:\n  id: web-01\n  labels: { role: web }\n");
+        let loaded = load_agent(
+            Some(file.path()),
+            &env(&[("SVC_AGENT__LABELS__ENV", "prod"), ("SVC_LISTEN__HTTP", "x")]),
+        )
+        .unwrap();
+        assert_eq!(loaded.config.agent.labels["role"], "web");
+        assert_eq!(loaded.config.agent.labels["env"], "prod");
+        assert_eq!(loaded.config.agent.heartbeat_interval.0, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn secrets_do_not_debug_print() {
+        let text = format!("{:?}", Secret("hunter2".into()));
+        assert!(!text.contains("hunter2"));
+    }
+}

@@ -1,0 +1,109 @@
+//! The domain error enum, and its one mapping per transport (HTTP status, gRPC code, exit code).
+//!
+//! Domain modules return `Error`; REST, gRPC and the CLIs translate it here and nowhere else,
+//! so a new variant is handled everywhere or the build fails.
+
+use std::time::Duration;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    Unauthenticated(String),
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("rate limit exceeded; retry in {}s", retry_after.as_secs().max(1))]
+    RateLimited { retry_after: Duration },
+    #[error("{0}")]
+    TooLarge(String),
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("{0}: not implemented yet")]
+    Unimplemented(String),
+    /// The cause is logged; callers only ever see "internal error".
+    #[error("internal error")]
+    Internal(String),
+}
+
+impl Error {
+    pub fn internal(cause: impl std::fmt::Display) -> Self {
+        Error::Internal(cause.to_string())
+    }
+
+    /// The machine-readable code in REST error bodies.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Error::NotFound(_) => "not_found",
+            Error::Invalid(_) => "invalid_argument",
+            Error::Conflict(_) => "conflict",
+            Error::Unauthenticated(_) => "unauthenticated",
+            Error::Forbidden(_) => "permission_denied",
+            Error::RateLimited { .. } => "rate_limited",
+            Error::TooLarge(_) => "payload_too_large",
+            Error::Unavailable(_) => "unavailable",
+            Error::Unimplemented(_) => "unimplemented",
+            Error::Internal(_) => "internal",
+        }
+    }
+
+    pub fn http_status(&self) -> u16 {
+        match self {
+            Error::NotFound(_) => 404,
+            Error::Invalid(_) => 400,
+            Error::Conflict(_) => 409,
+            Error::Unauthenticated(_) => 401,
+            Error::Forbidden(_) => 403,
+            Error::RateLimited { .. } => 429,
+            Error::TooLarge(_) => 413,
+            Error::Unavailable(_) => 503,
+            Error::Unimplemented(_) => 501,
+            Error::Internal(_) => 500,
+        }
+    }
+}
+
+impl From<Error> for tonic::Status {
+    fn from(error: Error) -> Self {
+        if let Error::Internal(cause) = &error {
+            tracing::error!(%cause, "internal error");
+        }
+        let message = error.to_string();
+        match error {
+            Error::NotFound(_) => tonic::Status::not_found(message),
+            Error::Invalid(_) => tonic::Status::invalid_argument(message),
+            Error::Conflict(_) => tonic::Status::already_exists(message),
+            Error::Unauthenticated(_) => tonic::Status::unauthenticated(message),
+            Error::Forbidden(_) => tonic::Status::permission_denied(message),
+            Error::RateLimited { retry_after } => {
+                let mut status = tonic::Status::resource_exhausted(message);
+                if let Ok(value) = retry_after.as_secs().max(1).to_string().parse() {
+                    status.metadata_mut().insert("retry-after", value);
+                }
+                status
+            }
+            Error::TooLarge(_) => tonic::Status::out_of_range(message),
+            Error::Unavailable(_) => tonic::Status::unavailable(message),
+            Error::Unimplemented(_) => tonic::Status::unimplemented(message),
+            Error::Internal(_) => tonic::Status::internal(message),
+        }
+    }
+}
+
+impl From<rusqlite::Error> for Error {
+    fn from(error: rusqlite::Error) -> Self {
+        Error::Internal(format!("sqlite: {error}"))
+    }
+}
+
+impl From<std::io::Error> for Error {
+    fn from(error: std::io::Error) -> Self {
+        Error::Internal(format!("io: {error}"))
+    }
+}

@@ -1,0 +1,61 @@
+//! Identifiers and random credentials.
+//!
+//! Ids are ULIDs (48-bit millisecond time + 80 random bits, Crockford base32): they sort by
+//! creation time, which keeps pagination cursors simple. API keys are `svc_` + 40 base62
+//! characters from the OS RNG (~238 bits).
+
+use rand::rngs::OsRng;
+use rand::{Rng, RngCore};
+
+const CROCKFORD: &[u8; 32] = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ";
+const BASE62: &[u8; 62] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+
+/// A new ULID as 26 characters.
+pub fn ulid() -> String {
+    let millis = crate::clock::now_millis().max(0) as u128 & ((1 << 48) - 1);
+    let mut random = [0u8; 10];
+    OsRng.fill_bytes(&mut random);
+    let mut value = millis << 80;
+    for (i, byte) in random.iter().enumerate() {
+        value |= u128::from(*byte) << (8 * (9 - i));
+    }
+    (0..26)
+        .map(|i| CROCKFORD[((value >> (5 * (25 - i))) & 31) as usize] as char)
+        .collect()
+}
+
+/// `count` random base62 characters from the OS RNG.
+pub fn random_base62(count: usize) -> String {
+    let mut rng = OsRng;
+    (0..count)
+        .map(|_| BASE62[rng.gen_range(0..BASE62.len())] as char)
+        .collect()
+}
+
+/// Whether `text` is only base62 characters.
+pub fn is_base62(text: &str) -> bool {
+    text.bytes().all(|b| b.is_ascii_alphanumeric())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ulids_sort_by_time_and_differ() {
+        let a = ulid();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let b = ulid();
+        assert_eq!(a.len(), 26);
+        assert!(a < b, "{a} < {b}");
+        assert_ne!(ulid(), ulid());
+    }
+
+    #[test]
+    fn base62_alphabet() {
+        let key = random_base62(40);
+        assert_eq!(key.len(), 40);
+        assert!(is_base62(&key));
+        assert!(!is_base62("svc_"));
+    }
+}

@@ -1,0 +1,28 @@
+//! svc: a runtime operations control plane for Linux fleets, as one executable with many names.
+//!
+//! `main.rs` only hands argv to [`dispatch`]; everything else lives in the modules below, one
+//! per domain or transport. See docs/ARCHITECTURE.md for the map and its invariants.
+
+pub mod agent;
+pub mod auth;
+pub mod cli;
+pub mod clock;
+pub mod config;
+pub mod dispatch;
+pub mod error;
+pub mod ids;
+pub mod metrics;
+pub mod server;
+pub mod store;
+
+/// Code generated from proto/svc/v1 (messages, clients, servers).
+pub mod proto {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("svc.v1");
+
+    /// The encoded descriptor set, served by gRPC reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        include_bytes!(concat!(env!("OUT_DIR"), "/svc_descriptor.bin"));
+}
+
+pub use error::{Error, Result};
