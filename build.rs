@@ -34,7 +34,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // "not implemented yet", so operators can grep for one phrase.
     let generated = out_dir.join("svc.v1.rs");
     let text = std::fs::read_to_string(&generated)?;
-    std::fs::write(&generated, text.replace("Not yet implemented", "not implemented yet"))?;
+    std::fs::write(
+        &generated,
+        text.replace("Not yet implemented", "not implemented yet"),
+    )?;
 
     stamp_version();
     Ok(())

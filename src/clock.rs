@@ -107,7 +107,12 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
 /// Formats a duration in the largest unit that divides it (`30s`, `5m`, `1500ms`).
 pub fn format_duration(duration: Duration) -> String {
     let ms = duration.as_millis() as u64;
-    for (unit, size) in [("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)] {
+    for (unit, size) in [
+        ("d", 86_400_000),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1000),
+    ] {
         if ms >= size && ms % size == 0 {
             return format!("{}{unit}", ms / size);
         }
@@ -117,9 +122,8 @@ pub fn format_duration(duration: Duration) -> String {
 
 /// A point in time given as RFC 3339 or as a duration before now (`24h` = a day ago).
 pub fn parse_time_or_ago(text: &str) -> Option<i64> {
-    parse_rfc3339(text).or_else(|| {
-        parse_duration(text).map(|ago| now_millis() - ago.as_millis() as i64)
-    })
+    parse_rfc3339(text)
+        .or_else(|| parse_duration(text).map(|ago| now_millis() - ago.as_millis() as i64))
 }
 
 fn civil_from_days(days: i64) -> (i64, u32, u32) {
@@ -167,7 +171,13 @@ mod tests {
             parse_rfc3339("2026-11-21T09:15:02+01:00"),
             parse_rfc3339("2026-11-21T08:15:02Z")
         );
-        for bad in ["", "yesterday", "2026-13-01T00:00:00Z", "2026-11-21T08:15:02", "2026-11-21T08:15:02.Z"] {
+        for bad in [
+            "",
+            "yesterday",
+            "2026-13-01T00:00:00Z",
+            "2026-11-21T08:15:02",
+            "2026-11-21T08:15:02.Z",
+        ] {
             assert_eq!(parse_rfc3339(bad), None, "{bad}");
         }
     }
@@ -186,7 +196,11 @@ mod tests {
             ("-5s", None),
         ];
         for (text, expected) in cases {
-            assert_eq!(parse_duration(text).map(|d| d.as_millis() as u64), expected, "{text}");
+            assert_eq!(
+                parse_duration(text).map(|d| d.as_millis() as u64),
+                expected,
+                "{text}"
+            );
         }
         assert_eq!(format_duration(Duration::from_secs(30)), "30s");
         assert_eq!(format_duration(Duration::from_millis(1500)), "1500ms");

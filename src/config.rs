@@ -58,7 +58,11 @@ impl Secret {
 
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(if self.0.is_empty() { "\"\"" } else { "[REDACTED]" })
+        f.write_str(if self.0.is_empty() {
+            "\"\""
+        } else {
+            "[REDACTED]"
+        })
     }
 }
 
@@ -303,8 +307,19 @@ const SERVER_SCHEMA: Schema = Schema {
 const AGENT_SCHEMA: Schema = Schema {
     free_form: &["agent.labels"],
     foreign_roots: &[
-        "data_dir", "listen", "store", "bus", "hmacsecret", "master_key", "log_level",
-        "log_format", "rate_limit", "agents", "tls", "policy_dir", "limits",
+        "data_dir",
+        "listen",
+        "store",
+        "bus",
+        "hmacsecret",
+        "master_key",
+        "log_level",
+        "log_format",
+        "rate_limit",
+        "agents",
+        "tls",
+        "policy_dir",
+        "limits",
     ],
 };
 
@@ -421,7 +436,10 @@ fn load<T: DeserializeOwned + Serialize + Default>(
     }
     let config: T = serde_path_to_error::deserialize(tree.clone()).map_err(|e| {
         let path = e.path().to_string();
-        ConfigErrors(vec![format!("{file_name}: key '{path}': {}", e.into_inner())])
+        ConfigErrors(vec![format!(
+            "{file_name}: key '{path}': {}",
+            e.into_inner()
+        )])
     })?;
     Ok(Loaded {
         config,
@@ -594,8 +612,14 @@ mod tests {
             .unwrap_err()
             .0;
         let name = file.path().display().to_string();
-        assert!(errors.contains(&format!("{name}: unknown key 'listen.htp'")), "{errors:?}");
-        assert!(errors.contains(&format!("{name}: unknown key 'bogus'")), "{errors:?}");
+        assert!(
+            errors.contains(&format!("{name}: unknown key 'listen.htp'")),
+            "{errors:?}"
+        );
+        assert!(
+            errors.contains(&format!("{name}: unknown key 'bogus'")),
+            "{errors:?}"
+        );
         assert!(
             errors.contains(&"environment SVC_LISTEN__NOPE: unknown key 'listen.nope'".to_string()),
             "{errors:?}"
@@ -623,12 +647,18 @@ mod tests {
         let file = write("agent:\n  id: web-01\n  labels: { role: web }\n");
         let loaded = load_agent(
             Some(file.path()),
-            &env(&[("SVC_AGENT__LABELS__ENV", "prod"), ("SVC_LISTEN__HTTP", "x")]),
+            &env(&[
+                ("SVC_AGENT__LABELS__ENV", "prod"),
+                ("SVC_LISTEN__HTTP", "x"),
+            ]),
         )
         .unwrap();
         assert_eq!(loaded.config.agent.labels["role"], "web");
         assert_eq!(loaded.config.agent.labels["env"], "prod");
-        assert_eq!(loaded.config.agent.heartbeat_interval.0, Duration::from_secs(10));
+        assert_eq!(
+            loaded.config.agent.heartbeat_interval.0,
+            Duration::from_secs(10)
+        );
     }
 
     #[test]

@@ -1,2 +1,186 @@
-//! (being written)
-pub fn main(_args: Vec<std::ffi::OsString>) -> i32 { 0 }
+//! The table of names → entry functions, and argv[0] dispatch (contract §1).
+//!
+//! The basename of argv[0] picks the mode (`svc-server`, `svcctl`, `svc-events`, ...). Invoked
+//! as `svc`, the next argument does (`svc server`, `svc events`, `svc ctl`), so `cargo run --
+//! server` works. `svc --list` prints every name; install.sh makes one symlink per name.
+
+use std::ffi::OsString;
+
+use crate::cli::{self, exit, planned};
+
+enum Entry {
+    Run(fn(&str, Vec<String>) -> i32),
+    Planned(&'static planned::Planned),
+}
+
+/// Every name the binary answers to, besides `svc` itself.
+fn table() -> Vec<(&'static str, Entry)> {
+    let mut names: Vec<(&'static str, Entry)> = vec![
+        ("svc-server", Entry::Run(crate::server::main)),
+        ("svcctl", Entry::Run(cli::ctl::main)),
+    ];
+    for tool in planned::TOOLS {
+        names.push((tool.name, Entry::Planned(tool)));
+    }
+    names
+}
+
+/// All names, in table order (for `svc --list` and install.sh).
+pub fn names() -> Vec<&'static str> {
+    table().into_iter().map(|(name, _)| name).collect()
+}
+
+/// Whether `name` is a mode of this binary.
+pub fn is_mode(name: &str) -> bool {
+    table().iter().any(|(known, _)| *known == name)
+}
+
+/// Runs the mode `name` with `args` (not including the program name).
+pub fn run_mode(name: &str, args: Vec<String>) -> i32 {
+    match table().into_iter().find(|(known, _)| *known == name) {
+        Some((name, Entry::Run(entry))) => entry(name, args),
+        Some((_, Entry::Planned(tool))) => planned::run(tool, &args),
+        None => {
+            eprintln!("svc: unknown command '{name}'");
+            exit::UNKNOWN_COMMAND
+        }
+    }
+}
+
+/// The process entry point: returns the exit code.
+pub fn main(argv: Vec<OsString>) -> i32 {
+    let mut strings = Vec::with_capacity(argv.len());
+    for arg in argv {
+        match arg.into_string() {
+            Ok(arg) => strings.push(arg),
+            Err(bad) => {
+                eprintln!("svc: argument {bad:?} is not valid UTF-8");
+                return exit::USAGE;
+            }
+        }
+    }
+    let invoked = strings.first().map(String::as_str).unwrap_or("svc");
+    let program = std::path::Path::new(invoked)
+        .file_name()
+        .and_then(|name| name.to_str())
+        .unwrap_or("svc")
+        .to_string();
+    let args: Vec<String> = strings.into_iter().skip(1).collect();
+    let is_daemon = matches!(program.as_str(), "svc-server" | "svc-agent")
+        || (program == "svc"
+            && matches!(args.first().map(String::as_str), Some("server" | "agent")));
+    prepare_process(is_daemon);
+    if is_mode(&program) {
+        return run_mode(&program, args);
+    }
+    if program != "svc" {
+        eprintln!("svc: unknown program name '{program}' (run 'svc --list' for the names)");
+        return exit::UNKNOWN_COMMAND;
+    }
+    multicall(args)
+}
+
+/// Process-wide settings that differ between daemons and CLIs.
+fn prepare_process(is_daemon: bool) {
+    if is_daemon {
+        // Everything a daemon creates (database, keys, logs) is private to its user.
+        // SAFETY: umask only changes this process's file-creation mask.
+        unsafe {
+            libc::umask(0o077);
+        }
+    } else {
+        // A CLI piped into `head` should end quietly, as coreutils do, not panic on EPIPE.
+        // Daemons keep Rust's default (ignored), so a closed socket is an error, not a kill.
+        // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
+}
+
+const USAGE: &str = "\
+Usage: svc NAME [<args>]      (or run it as svc-NAME, svcctl, ... through a symlink)
+
+svc: a runtime operations control plane for Linux fleets, in one executable.
+
+  svc server ...   the control-plane daemon (svc-server)
+  svc agent ...    the host daemon (svc-agent)
+  svc ctl ...      the operator CLI (svcctl)
+  svc NAME ...     any svc-NAME CLI: audit, events, identity, secrets, policy, cluster, ...
+  svc --list       every name this binary answers to
+";
+
+/// `svc NAME ...`: the same as `svc-NAME ...`; `svc ctl` is `svcctl`.
+fn multicall(args: Vec<String>) -> i32 {
+    let Some(first) = args.first() else {
+        eprint!("{USAGE}");
+        return exit::USAGE;
+    };
+    match first.as_str() {
+        "-h" | "--help" | "help" => {
+            print!("{USAGE}");
+            exit::OK
+        }
+        "-v" | "--version" => {
+            println!("{}", cli::version_line("svc"));
+            exit::OK
+        }
+        "--list" => {
+            for name in names() {
+                println!("{name}");
+            }
+            exit::OK
+        }
+        name => {
+            let mode = if name == "ctl" || name == "svcctl" {
+                "svcctl".to_string()
+            } else if name.starts_with("svc-") {
+                name.to_string()
+            } else {
+                format!("svc-{name}")
+            };
+            if !is_mode(&mode) {
+                eprintln!("svc: unknown command '{name}'");
+                eprint!("{USAGE}");
+                return exit::UNKNOWN_COMMAND;
+            }
+            run_mode(&mode, args[1..].to_vec())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_contract_name_is_a_mode() {
+        let expected = [
+            "svc-server",
+            "svcctl",
+            "svc-agent",
+            "svc-audit",
+            "svc-events",
+            "svc-identity",
+            "svc-secrets",
+            "svc-policy",
+            "svc-cluster",
+            "svc-cluster-backup",
+            "svc-files",
+            "svc-backup",
+            "svc-blueprint",
+            "svc-bootstrap",
+            "svc-gitops",
+            "svc-migrate",
+            "svc-module",
+            "svc-registry",
+            "svc-runbook",
+            "svc-webhook",
+        ];
+        for name in expected {
+            assert!(is_mode(name), "{name}");
+        }
+        assert_eq!(names().len(), expected.len());
+        assert!(!is_mode("svc-nope"));
+    }
+}

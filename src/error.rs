@@ -11,6 +11,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub enum Error {
     #[error("{0}")]
     NotFound(String),
+    /// The request could not be parsed (bad JSON, wrong shape): HTTP 400.
+    #[error("{0}")]
+    Malformed(String),
+    /// The request parsed but a value is not acceptable: HTTP 422.
     #[error("{0}")]
     Invalid(String),
     #[error("{0}")]
@@ -23,6 +27,9 @@ pub enum Error {
     RateLimited { retry_after: Duration },
     #[error("{0}")]
     TooLarge(String),
+    /// A REST route exists but not for this method: HTTP 405.
+    #[error("{0}")]
+    MethodNotAllowed(String),
     #[error("{0}")]
     Unavailable(String),
     #[error("{0}: not implemented yet")]
@@ -41,12 +48,14 @@ impl Error {
     pub fn code(&self) -> &'static str {
         match self {
             Error::NotFound(_) => "not_found",
+            Error::Malformed(_) => "bad_request",
             Error::Invalid(_) => "invalid_argument",
             Error::Conflict(_) => "conflict",
             Error::Unauthenticated(_) => "unauthenticated",
             Error::Forbidden(_) => "permission_denied",
             Error::RateLimited { .. } => "rate_limited",
             Error::TooLarge(_) => "payload_too_large",
+            Error::MethodNotAllowed(_) => "method_not_allowed",
             Error::Unavailable(_) => "unavailable",
             Error::Unimplemented(_) => "unimplemented",
             Error::Internal(_) => "internal",
@@ -56,12 +65,14 @@ impl Error {
     pub fn http_status(&self) -> u16 {
         match self {
             Error::NotFound(_) => 404,
-            Error::Invalid(_) => 400,
+            Error::Malformed(_) => 400,
+            Error::Invalid(_) => 422,
             Error::Conflict(_) => 409,
             Error::Unauthenticated(_) => 401,
             Error::Forbidden(_) => 403,
             Error::RateLimited { .. } => 429,
             Error::TooLarge(_) => 413,
+            Error::MethodNotAllowed(_) => 405,
             Error::Unavailable(_) => 503,
             Error::Unimplemented(_) => 501,
             Error::Internal(_) => 500,
@@ -77,7 +88,7 @@ impl From<Error> for tonic::Status {
         let message = error.to_string();
         match error {
             Error::NotFound(_) => tonic::Status::not_found(message),
-            Error::Invalid(_) => tonic::Status::invalid_argument(message),
+            Error::Malformed(_) | Error::Invalid(_) => tonic::Status::invalid_argument(message),
             Error::Conflict(_) => tonic::Status::already_exists(message),
             Error::Unauthenticated(_) => tonic::Status::unauthenticated(message),
             Error::Forbidden(_) => tonic::Status::permission_denied(message),
@@ -90,7 +101,9 @@ impl From<Error> for tonic::Status {
             }
             Error::TooLarge(_) => tonic::Status::out_of_range(message),
             Error::Unavailable(_) => tonic::Status::unavailable(message),
-            Error::Unimplemented(_) => tonic::Status::unimplemented(message),
+            Error::Unimplemented(_) | Error::MethodNotAllowed(_) => {
+                tonic::Status::unimplemented(message)
+            }
             Error::Internal(_) => tonic::Status::internal(message),
         }
     }

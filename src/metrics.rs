@@ -1,1 +1,214 @@
-//! (being written)
+//! Prometheus metrics: the server's counters and histograms, and the text exposition writer.
+//!
+//! A few dozen series do not justify a metrics framework: counters are atomics or small maps
+//! behind std mutexes (never held across an await), and `Exposition` writes the text format.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Upper bounds (seconds) of the request-duration histogram buckets.
+const DURATION_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+#[derive(Default)]
+pub struct Metrics {
+    api_errors: AtomicU64,
+    http_requests: Mutex<BTreeMap<(&'static str, u16), u64>>,
+    http_durations: Mutex<BTreeMap<&'static str, Histogram>>,
+    grpc_requests: Mutex<BTreeMap<(String, &'static str), u64>>,
+}
+
+#[derive(Default, Clone)]
+struct Histogram {
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+impl Metrics {
+    /// Records one REST request by its route template (`/api/v1/apikeys/{id}`), not its path,
+    /// so ids never become label values.
+    pub fn record_http(&self, route: &'static str, status: u16, elapsed: Duration) {
+        if status >= 400 {
+            self.api_errors.fetch_add(1, Ordering::Relaxed);
+        }
+        *self
+            .http_requests
+            .lock()
+            .expect("metrics lock poisoned")
+            .entry((route, status))
+            .or_default() += 1;
+        let seconds = elapsed.as_secs_f64();
+        let mut durations = self.http_durations.lock().expect("metrics lock poisoned");
+        let histogram = durations.entry(route).or_insert_with(|| Histogram {
+            counts: vec![0; DURATION_BUCKETS.len()],
+            ..Histogram::default()
+        });
+        if let Some(index) = DURATION_BUCKETS.iter().position(|bound| seconds <= *bound) {
+            histogram.counts[index] += 1;
+        }
+        histogram.sum += seconds;
+        histogram.count += 1;
+    }
+
+    /// Records one gRPC call by method and outcome code name.
+    pub fn record_grpc(&self, method: &str, code: &'static str) {
+        if code != "ok" {
+            self.api_errors.fetch_add(1, Ordering::Relaxed);
+        }
+        *self
+            .grpc_requests
+            .lock()
+            .expect("metrics lock poisoned")
+            .entry((method.to_string(), code))
+            .or_default() += 1;
+    }
+
+    /// Writes the series this struct owns.
+    pub fn write(&self, out: &mut Exposition) {
+        out.family(
+            "svc_api_errors_total",
+            "counter",
+            "API requests that ended in an error.",
+        );
+        out.sample(
+            "svc_api_errors_total",
+            &[],
+            self.api_errors.load(Ordering::Relaxed) as f64,
+        );
+
+        out.family(
+            "svc_http_requests_total",
+            "counter",
+            "REST requests by route and status code.",
+        );
+        for ((route, code), count) in self
+            .http_requests
+            .lock()
+            .expect("metrics lock poisoned")
+            .iter()
+        {
+            let code = code.to_string();
+            out.sample(
+                "svc_http_requests_total",
+                &[("route", route), ("code", &code)],
+                *count as f64,
+            );
+        }
+
+        out.family(
+            "svc_grpc_requests_total",
+            "counter",
+            "gRPC calls by method and status code.",
+        );
+        for ((method, code), count) in self
+            .grpc_requests
+            .lock()
+            .expect("metrics lock poisoned")
+            .iter()
+        {
+            out.sample(
+                "svc_grpc_requests_total",
+                &[("method", method), ("code", code)],
+                *count as f64,
+            );
+        }
+
+        let name = "svc_http_request_duration_seconds";
+        out.family(name, "histogram", "REST request latency by route.");
+        let durations = self
+            .http_durations
+            .lock()
+            .expect("metrics lock poisoned")
+            .clone();
+        for (route, histogram) in durations {
+            let mut cumulative = 0;
+            for (bound, count) in DURATION_BUCKETS.iter().zip(&histogram.counts) {
+                cumulative += count;
+                let le = bound.to_string();
+                out.sample(
+                    &format!("{name}_bucket"),
+                    &[("route", route), ("le", &le)],
+                    cumulative as f64,
+                );
+            }
+            out.sample(
+                &format!("{name}_bucket"),
+                &[("route", route), ("le", "+Inf")],
+                histogram.count as f64,
+            );
+            out.sample(&format!("{name}_sum"), &[("route", route)], histogram.sum);
+            out.sample(
+                &format!("{name}_count"),
+                &[("route", route)],
+                histogram.count as f64,
+            );
+        }
+    }
+}
+
+/// Builds a Prometheus text exposition document.
+#[derive(Default)]
+pub struct Exposition {
+    text: String,
+}
+
+impl Exposition {
+    /// Starts a metric family with its HELP and TYPE lines.
+    pub fn family(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.text, "# HELP {name} {help}");
+        let _ = writeln!(self.text, "# TYPE {name} {kind}");
+    }
+
+    /// Writes one sample line; label values are escaped as the format requires.
+    pub fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
+        self.text.push_str(name);
+        if !labels.is_empty() {
+            self.text.push('{');
+            for (i, (key, value)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.text.push(',');
+                }
+                let escaped = value
+                    .replace('\\', "\\\\")
+                    .replace('"', "\\\"")
+                    .replace('\n', "\\n");
+                let _ = write!(self.text, "{key}=\"{escaped}\"");
+            }
+            self.text.push('}');
+        }
+        let _ = writeln!(self.text, " {value}");
+    }
+
+    pub fn finish(self) -> String {
+        self.text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_lines() {
+        let metrics = Metrics::default();
+        metrics.record_http("/health/live", 200, Duration::from_millis(1));
+        metrics.record_http("/api/v1/apikeys", 401, Duration::from_millis(3));
+        let mut out = Exposition::default();
+        metrics.write(&mut out);
+        out.sample("x", &[("v", "a\"b\\c")], 1.5);
+        let text = out.finish();
+        assert!(text.contains("svc_api_errors_total 1\n"), "{text}");
+        assert!(
+            text.contains("svc_http_requests_total{route=\"/api/v1/apikeys\",code=\"401\"} 1\n")
+        );
+        assert!(text.contains(
+            "svc_http_request_duration_seconds_bucket{route=\"/health/live\",le=\"+Inf\"} 1\n"
+        ));
+        assert!(text.contains("x{v=\"a\\\"b\\\\c\"} 1.5\n"));
+    }
+}

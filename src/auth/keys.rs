@@ -267,7 +267,13 @@ mod tests {
         let key = generate_key();
         assert!(looks_like_api_key(&key), "{key}");
         assert_eq!(key.len(), 44);
-        for bad in ["", "svc_", "svc_short", &format!("xyz_{}", &key[4..]), &format!("{key}!")] {
+        for bad in [
+            "",
+            "svc_",
+            "svc_short",
+            &format!("xyz_{}", &key[4..]),
+            &format!("{key}!"),
+        ] {
             assert!(!looks_like_api_key(bad), "{bad}");
         }
         assert_eq!(hash_key("abc").len(), 64);

@@ -14,7 +14,8 @@ use crate::{Error, Result};
 
 pub use keys::{
     authenticate, create_key, delete_key, ensure_bootstrap_key, get_key, hash_key, list_keys,
-    looks_like_api_key, update_key, ApiKey, KeyUpdate, NewKey, BOOTSTRAP_KEY_NAME,
+    looks_like_api_key, update_key, write_private_file, ApiKey, KeyUpdate, NewKey,
+    BOOTSTRAP_KEY_NAME,
 };
 pub use rate_limit::RateLimiter;
 
@@ -96,9 +97,7 @@ pub fn bearer_token(header: Option<&str>) -> Result<&str> {
     })?;
     let mut parts = header.trim().splitn(2, ' ');
     match (parts.next(), parts.next()) {
-        (Some(scheme), Some(token)) if scheme.eq_ignore_ascii_case("bearer") => {
-            Ok(token.trim())
-        }
+        (Some(scheme), Some(token)) if scheme.eq_ignore_ascii_case("bearer") => Ok(token.trim()),
         _ => Err(Error::Unauthenticated(
             "malformed Authorization header (expected 'Bearer KEY')".into(),
         )),
@@ -137,6 +136,9 @@ mod tests {
         let mut principal = Principal::server();
         principal.role = Role::Operator;
         assert!(principal.require(Role::Readonly).is_ok());
-        assert!(matches!(principal.require(Role::Admin), Err(Error::Forbidden(_))));
+        assert!(matches!(
+            principal.require(Role::Admin),
+            Err(Error::Forbidden(_))
+        ));
     }
 }

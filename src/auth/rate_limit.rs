@@ -78,7 +78,11 @@ mod tests {
         };
         assert_eq!(retry_after, Duration::from_secs(1));
         limiter.check_at("other", start).unwrap();
-        limiter.check_at("k", start + Duration::from_millis(500)).unwrap();
-        assert!(limiter.check_at("k", start + Duration::from_millis(500)).is_err());
+        limiter
+            .check_at("k", start + Duration::from_millis(500))
+            .unwrap();
+        assert!(limiter
+            .check_at("k", start + Duration::from_millis(500))
+            .is_err());
     }
 }

@@ -17,11 +17,8 @@ use crate::Result;
 pub use sqlite::SqliteStore;
 
 /// Every migration, in order. A migration is never edited once released: add a new one.
-pub const MIGRATIONS: &[(i64, &str, &str)] = &[(
-    1,
-    "api_keys",
-    include_str!("migrations/0001_api_keys.sql"),
-)];
+pub const MIGRATIONS: &[(i64, &str, &str)] =
+    &[(1, "api_keys", include_str!("migrations/0001_api_keys.sql"))];
 
 /// A stored API key (never the key itself: only its hash).
 #[derive(Clone, Debug, PartialEq, Eq)]

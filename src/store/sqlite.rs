@@ -36,9 +36,8 @@ impl SqliteStore {
     }
 
     fn connect(&self) -> Result<Connection> {
-        let connection = Connection::open(&self.path).map_err(|e| {
-            Error::Unavailable(format!("cannot open {}: {e}", self.path.display()))
-        })?;
+        let connection = Connection::open(&self.path)
+            .map_err(|e| Error::Unavailable(format!("cannot open {}: {e}", self.path.display())))?;
         connection.busy_timeout(Duration::from_secs(5))?;
         // WAL: readers never block the writer; NORMAL sync is durable across process
         // crashes and loses at most the last commits on power loss.
@@ -98,8 +97,7 @@ fn migrate(connection: &mut Connection) -> Result<()> {
     Ok(())
 }
 
-const API_KEY_COLUMNS: &str =
-    "id, name, role, key_hash, created_at, last_used_at, expires_at";
+const API_KEY_COLUMNS: &str = "id, name, role, key_hash, created_at, last_used_at, expires_at";
 
 fn api_key_from_row(row: &Row<'_>) -> rusqlite::Result<ApiKeyRow> {
     Ok(ApiKeyRow {
@@ -239,17 +237,32 @@ mod tests {
         let store = SqliteStore::open(&path).unwrap();
         store.insert_api_key(&row("a", "h1")).await.unwrap();
         store.insert_api_key(&row("b", "h2")).await.unwrap();
-        assert!(store.insert_api_key(&row("c", "h1")).await.is_err(), "hash is unique");
-        assert_eq!(store.find_api_key_by_hash("h2").await.unwrap().unwrap().id, "b");
-        let change = ApiKeyChange { name: None, role: Some("admin".into()) };
+        assert!(
+            store.insert_api_key(&row("c", "h1")).await.is_err(),
+            "hash is unique"
+        );
+        assert_eq!(
+            store.find_api_key_by_hash("h2").await.unwrap().unwrap().id,
+            "b"
+        );
+        let change = ApiKeyChange {
+            name: None,
+            role: Some("admin".into()),
+        };
         let updated = store.update_api_key("a", &change).await.unwrap().unwrap();
-        assert_eq!((updated.name.as_str(), updated.role.as_str()), ("key a", "admin"));
+        assert_eq!(
+            (updated.name.as_str(), updated.role.as_str()),
+            ("key a", "admin")
+        );
         assert!(store.update_api_key("zz", &change).await.unwrap().is_none());
         assert!(store.delete_api_key("a").await.unwrap());
         assert!(!store.delete_api_key("a").await.unwrap());
         drop(store);
         let reopened = SqliteStore::open(&path).unwrap();
-        assert_eq!(reopened.schema_version().await.unwrap(), MIGRATIONS.len() as i64);
+        assert_eq!(
+            reopened.schema_version().await.unwrap(),
+            MIGRATIONS.len() as i64
+        );
         assert_eq!(reopened.list_api_keys().await.unwrap().len(), 1);
     }
 }

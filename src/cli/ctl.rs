@@ -1,0 +1,321 @@
+//! `svcctl`: the operator CLI. Own commands: agent, exec, state, apikey, version; any other
+//! `svcctl NAME ARGS` runs the `svc-NAME` mode, or an `svc-NAME` plugin found on PATH.
+
+use argh::FromArgs;
+use http::Method;
+use serde_json::{json, Value};
+
+use super::client::http_json;
+use super::output::{print_json, print_table};
+use super::planned::{self, CTL_AGENT, CTL_EXEC, CTL_STATE};
+use super::{exit, run_async, take_common, version_line, CliError, Common, Output, COMMON_HELP};
+use crate::auth::ApiKey;
+
+const USAGE: &str = "\
+Usage: svcctl <command> [<args>]
+
+Operator CLI for svc-server.
+
+Commands:
+  agent      inspect registered agents; quarantine and unquarantine them
+  exec       run a command on agents
+  state      declarative state: compile, check, apply, drift
+  apikey     manage API keys: create, list, show, update, delete
+  version    print the version
+  NAME       run svc-NAME (audit, events, identity, secrets, policy, cluster, ...)
+             or an executable svc-NAME found on PATH (plugins)
+";
+
+pub fn main(program: &str, mut args: Vec<String>) -> i32 {
+    let common = match take_common(&mut args) {
+        Ok(common) => common,
+        Err(error) => {
+            eprintln!("{program}: {error}");
+            return error.code;
+        }
+    };
+    let Some(command) = args.first().cloned() else {
+        eprint!("{program}: missing command\n{USAGE}\n{COMMON_HELP}\n");
+        return exit::USAGE;
+    };
+    let rest = args[1..].to_vec();
+    match command.as_str() {
+        "-h" | "--help" | "help" => {
+            print!("{USAGE}\n{COMMON_HELP}\n");
+            exit::OK
+        }
+        "-v" | "--version" | "version" => {
+            println!("{}", version_line(program));
+            exit::OK
+        }
+        "apikey" => apikey(program, common, &rest),
+        "agent" => planned::run(&CTL_AGENT, &rest),
+        "exec" => planned::run(&CTL_EXEC, &rest),
+        "state" => planned::run(&CTL_STATE, &rest),
+        "ctl" | "server" | "agent-daemon" => unknown(program, &command),
+        name => {
+            // Built-in svc-NAME modes run in-process with the common flags passed on.
+            let mode = format!("svc-{name}");
+            if crate::dispatch::is_mode(&mode) {
+                let mut forwarded = common_flags(&common);
+                forwarded.extend(rest);
+                return crate::dispatch::run_mode(&mode, forwarded);
+            }
+            run_plugin(program, name, &rest)
+        }
+    }
+}
+
+/// The common flags, given explicitly to a mode that runs in-process.
+fn common_flags(common: &Common) -> Vec<String> {
+    let mut flags = vec![
+        "--server".into(),
+        common.server.clone(),
+        "--http-url".into(),
+        common.http_url.clone(),
+    ];
+    if let Some(key) = &common.api_key {
+        flags.extend(["--api-key".into(), key.clone()]);
+    }
+    if common.output == Output::Json {
+        flags.extend(["-o".into(), "json".into()]);
+    }
+    flags
+}
+
+/// Runs `svc-NAME` from PATH as git and kubectl run their plugins: exec, so the plugin owns
+/// the terminal, signals and exit code.
+fn run_plugin(program: &str, name: &str, args: &[String]) -> i32 {
+    let executable = format!("svc-{name}");
+    let is_plain_name = !name.is_empty() && !name.contains('/') && !name.starts_with('-');
+    let found = is_plain_name.then(|| find_on_path(&executable)).flatten();
+    let Some(path) = found else {
+        return unknown(program, name);
+    };
+    use std::os::unix::process::CommandExt;
+    let error = std::process::Command::new(&path).args(args).exec();
+    eprintln!("{program}: cannot run {}: {error}", path.display());
+    126
+}
+
+fn find_on_path(executable: &str) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(executable))
+        .find(|candidate| {
+            std::fs::metadata(candidate)
+                .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+                .unwrap_or(false)
+        })
+}
+
+fn unknown(program: &str, name: &str) -> i32 {
+    eprintln!("{program}: unknown command '{name}'");
+    eprint!("{USAGE}");
+    exit::UNKNOWN_COMMAND
+}
+
+#[derive(FromArgs)]
+/// Manage API keys over the REST API (admin). The key is shown once, at creation.
+#[argh(help_triggers("-h", "--help"))]
+struct ApikeyArgs {
+    #[argh(subcommand)]
+    command: ApikeyCommand,
+}
+
+#[derive(FromArgs)]
+#[argh(subcommand)]
+enum ApikeyCommand {
+    Create(CreateArgs),
+    List(ListArgs),
+    Show(ShowArgs),
+    Update(UpdateArgs),
+    Delete(DeleteArgs),
+}
+
+#[derive(FromArgs)]
+/// Create an API key and print it (the only time it is shown).
+#[argh(subcommand, name = "create", help_triggers("-h", "--help"))]
+struct CreateArgs {
+    /// a label for the key
+    #[argh(option)]
+    name: String,
+    /// admin, operator or readonly
+    #[argh(option)]
+    role: String,
+    /// expiry as RFC 3339 (2027-01-01T00:00:00Z)
+    #[argh(option)]
+    expires_at: Option<String>,
+    /// expiry as a duration from now (30d, 24h)
+    #[argh(option)]
+    ttl: Option<String>,
+}
+
+#[derive(FromArgs)]
+/// List API keys.
+#[argh(subcommand, name = "list", help_triggers("-h", "--help"))]
+struct ListArgs {}
+
+#[derive(FromArgs)]
+/// Show one API key.
+#[argh(subcommand, name = "show", help_triggers("-h", "--help"))]
+struct ShowArgs {
+    /// key id
+    #[argh(positional)]
+    id: String,
+}
+
+#[derive(FromArgs)]
+/// Rename a key or change its role.
+#[argh(subcommand, name = "update", help_triggers("-h", "--help"))]
+struct UpdateArgs {
+    /// key id
+    #[argh(positional)]
+    id: String,
+    /// new name
+    #[argh(option)]
+    name: Option<String>,
+    /// new role: admin, operator or readonly
+    #[argh(option)]
+    role: Option<String>,
+}
+
+#[derive(FromArgs)]
+/// Delete a key; its next request fails with 401.
+#[argh(subcommand, name = "delete", help_triggers("-h", "--help"))]
+struct DeleteArgs {
+    /// key id
+    #[argh(positional)]
+    id: String,
+}
+
+fn apikey(program: &str, common: Common, args: &[String]) -> i32 {
+    let parsed = match super::parse_args::<ApikeyArgs>(&format!("{program} apikey"), args) {
+        Ok(parsed) => parsed,
+        Err(code) => return code,
+    };
+    run_async(program, apikey_command(common, parsed.command))
+}
+
+async fn apikey_command(common: Common, command: ApikeyCommand) -> Result<(), CliError> {
+    match command {
+        ApikeyCommand::Create(args) => {
+            let expires_at = match (args.expires_at, args.ttl) {
+                (Some(_), Some(_)) => {
+                    return Err(CliError::usage("give --expires-at or --ttl, not both"))
+                }
+                (Some(at), None) => Some(at),
+                (None, Some(ttl)) => {
+                    let ttl = crate::clock::parse_duration(&ttl).ok_or_else(|| {
+                        CliError::usage(format!("invalid --ttl '{ttl}' (e.g. 30d, 24h)"))
+                    })?;
+                    Some(crate::clock::format_rfc3339(
+                        crate::clock::now_millis() + ttl.as_millis() as i64,
+                    ))
+                }
+                (None, None) => None,
+            };
+            let mut body = json!({"name": args.name, "role": args.role});
+            if let Some(at) = expires_at {
+                body["expires_at"] = json!(at);
+            }
+            let created = http_json(&common, Method::POST, "/api/v1/apikeys", Some(&body)).await?;
+            match common.output {
+                Output::Json => print_json(&created)?,
+                Output::Table => {
+                    print_keys(&[record(&created)?]);
+                    println!("\nkey: {}", created["key"].as_str().unwrap_or(""));
+                    eprintln!("Store this key now: it cannot be shown again.");
+                }
+            }
+        }
+        ApikeyCommand::List(_) => {
+            let list = http_json(&common, Method::GET, "/api/v1/apikeys", None).await?;
+            let keys: Vec<ApiKey> = serde_json::from_value(list["apikeys"].clone())
+                .map_err(|e| CliError::failed(format!("unexpected answer from the server: {e}")))?;
+            match common.output {
+                Output::Json => print_json(&keys)?,
+                Output::Table => print_keys(&keys),
+            }
+        }
+        ApikeyCommand::Show(args) => {
+            let key = http_json(&common, Method::GET, &key_path(&args.id), None).await?;
+            show(&common, &key)?;
+        }
+        ApikeyCommand::Update(args) => {
+            if args.name.is_none() && args.role.is_none() {
+                return Err(CliError::usage(
+                    "nothing to change: give --name and/or --role",
+                ));
+            }
+            let mut body = json!({});
+            if let Some(name) = args.name {
+                body["name"] = json!(name);
+            }
+            if let Some(role) = args.role {
+                body["role"] = json!(role);
+            }
+            let key = http_json(&common, Method::PATCH, &key_path(&args.id), Some(&body)).await?;
+            show(&common, &key)?;
+        }
+        ApikeyCommand::Delete(args) => {
+            http_json(&common, Method::DELETE, &key_path(&args.id), None).await?;
+            match common.output {
+                Output::Json => print_json(&json!({"id": args.id, "deleted": true}))?,
+                Output::Table => println!("deleted API key {}", args.id),
+            }
+        }
+    }
+    Ok(())
+}
+
+fn key_path(id: &str) -> String {
+    // Ids are ULIDs; anything else is passed through percent-encoded so it cannot change the path.
+    let encoded: String = id
+        .bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect();
+    format!("/api/v1/apikeys/{encoded}")
+}
+
+fn record(value: &Value) -> Result<ApiKey, CliError> {
+    serde_json::from_value(value.clone())
+        .map_err(|e| CliError::failed(format!("unexpected answer from the server: {e}")))
+}
+
+fn show(common: &Common, value: &Value) -> Result<(), CliError> {
+    match common.output {
+        Output::Json => print_json(value),
+        Output::Table => {
+            print_keys(&[record(value)?]);
+            Ok(())
+        }
+    }
+}
+
+fn print_keys(keys: &[ApiKey]) {
+    let rows: Vec<Vec<String>> = keys
+        .iter()
+        .map(|k| {
+            vec![
+                k.id.clone(),
+                k.name.clone(),
+                k.role.clone(),
+                k.created_at.clone(),
+                k.last_used_at.clone().unwrap_or_else(|| "-".into()),
+                k.expires_at.clone().unwrap_or_else(|| "-".into()),
+            ]
+        })
+        .collect();
+    print_table(
+        &["ID", "NAME", "ROLE", "CREATED", "LAST USED", "EXPIRES"],
+        &rows,
+    );
+}

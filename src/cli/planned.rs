@@ -1,0 +1,359 @@
+//! CLIs whose features are not built yet: their help and subcommand lists, from one table.
+//!
+//! Each name parses `--help`/`--version` and knows its subcommands, so scripts and operators
+//! can discover the surface today; running a subcommand exits 1 with
+//! `NAME: 'SUB' is not implemented yet` — never a fake success. When a CLI is built it moves
+//! out of this table into its own file.
+
+use super::{exit, version_line, COMMON_HELP};
+
+pub struct Planned {
+    pub name: &'static str,
+    pub about: &'static str,
+    pub commands: &'static [(&'static str, &'static str)],
+    /// What runs when no subcommand is given (daemons); None means "usage error".
+    pub default: Option<&'static str>,
+    /// Whether it talks to the server with the common client flags.
+    pub is_client: bool,
+}
+
+pub const AGENT: Planned = Planned {
+    name: "svc-agent",
+    about: "Host daemon: enrols with the server, heartbeats, runs commands and applies state.\nWith no command it runs the daemon (--config PATH, default /etc/svc/agent.yaml).",
+    commands: &[
+        ("bootstrap", "enrol: interactive wizard, or --non-interactive --server URL --agent-id ID (--token T | --psk P) [--labels k=v,...]"),
+        ("service", "manage the systemd unit: install | uninstall | status"),
+    ],
+    default: Some("run"),
+    is_client: false,
+};
+
+pub const CTL_AGENT: Planned = Planned {
+    name: "svcctl agent",
+    about: "Inspect registered agents; quarantine and unquarantine them.",
+    commands: &[
+        ("list", "list agents"),
+        ("show", "show one agent: ID"),
+        (
+            "quarantine",
+            "reject an agent's heartbeats and send it no commands: ID [--reason TEXT]",
+        ),
+        ("unquarantine", "reverse a quarantine: ID"),
+    ],
+    default: None,
+    is_client: true,
+};
+
+pub const CTL_STATE: Planned = Planned {
+    name: "svcctl state",
+    about: "Declarative state: compile, check (dry run), apply, and detect drift.",
+    commands: &[
+        ("compile", "validate and print the resources of FILE"),
+        (
+            "check",
+            "report what applying FILE would change: FILE [--target SEL]",
+        ),
+        (
+            "apply",
+            "apply FILE on the targeted agents: FILE [--target SEL]",
+        ),
+        (
+            "drift",
+            "compare each agent's last applied state with the host: [--target SEL]",
+        ),
+    ],
+    default: None,
+    is_client: true,
+};
+
+pub const CTL_EXEC: Planned = Planned {
+    name: "svcctl exec",
+    about: "Run a command on agents: [--target SEL] [--timeout D] [--concurrency N] -- CMD ARGS...",
+    commands: &[],
+    default: Some("exec"),
+    is_client: true,
+};
+
+/// Every planned `svc-NAME` CLI.
+pub const TOOLS: &[Planned] = &[
+    AGENT,
+    Planned {
+        name: "svc-audit",
+        about: "Audit log: query, export, report, verify the hash chain.",
+        commands: &[
+            ("log", "paginated query: --since --until --user --action --resource-type --policy-id --min-severity --limit --cursor"),
+            ("export", "stream the log redacted: --format json|jsonl|csv --since --output-file"),
+            ("report", "compliance report: rate, top violations, trend"),
+            ("stats", "headline counts over a window"),
+            ("verify", "check the hash chain; names the first bad row"),
+        ],
+        default: None,
+        is_client: true,
+    },
+    Planned {
+        name: "svc-events",
+        about: "Event stream: list, fetch, emit, subscribe, watch and replay events.",
+        commands: &[
+            ("list", "paginated list: --type --category --since --until --min-severity --source --limit --cursor"),
+            ("get", "fetch one event: ID"),
+            ("emit", "publish and wait for the durable ack: --type T [--severity S] [--source S] [--payload JSON]"),
+            ("subscribe", "replay from --since, then follow live"),
+            ("watch", "live tail, one line per event"),
+            ("replay", "history only: --since [--until] [--min-severity]"),
+            ("stats", "counts by type and severity"),
+            ("types", "the 22 canonical event types"),
+        ],
+        default: None,
+        is_client: true,
+    },
+    Planned {
+        name: "svc-identity",
+        about: "Embedded CA and join tokens.",
+        commands: &[
+            ("ca", "info | rotate-signing | export | encrypt"),
+            ("status", "provider health, token counts, CA expiry"),
+            ("psk", "print the bootstrap PSK of AGENT_ID"),
+            ("token", "create [--ttl D] [--agent-id ID] | list [--unused] [--unexpired] | revoke ID | cleanup"),
+        ],
+        default: None,
+        is_client: true,
+    },
+    Planned {
+        name: "svc-secrets",
+        about: "Secrets: versioned KV, transit encryption, dynamic-secret leases.",
+        commands: &[
+            ("get", "read a secret: PATH [--field K] [--version N]"),
+            ("put", "write a secret: PATH KEY=VALUE... [--from-file F]"),
+            ("delete", "delete a secret: PATH [--versions N,...] [--destroy]"),
+            ("list", "list secrets under a prefix (metadata only)"),
+            ("leases", "list | show ID | renew ID [--increment D] | revoke ID | revoke --prefix P"),
+            ("transit", "create-key | encrypt | decrypt | sign | verify | rotate | rewrap | list-keys"),
+            ("rotate-master", "re-wrap every data key under a new master key"),
+        ],
+        default: None,
+        is_client: true,
+    },
+    Planned {
+        name: "svc-policy",
+        about: "Policies (audit mode): list, show, compliance, violations; eval and validate offline.",
+        commands: &[
+            ("list", "list policies (--policy-sets for sets)"),
+            ("show", "show a policy: ID (--policy-set for a set)"),
+            ("compliance", "compliance over an audit window"),
+            ("violations", "denied audit entries"),
+            ("create", "Unimplemented in v0.1"),
+            ("update", "Unimplemented in v0.1"),
+            ("delete", "Unimplemented in v0.1"),
+            ("eval", "evaluate FILE --action A --principal P --resource R (no server)"),
+            ("validate", "validate FILE (no server)"),
+        ],
+        default: None,
+        is_client: true,
+    },
+    Planned {
+        name: "svc-cluster",
+        about: "Cluster membership and snapshots.",
+        commands: &[
+            ("status", "members, leader, health, quorum"),
+            ("members", "list members or show one: [ID]"),
+            ("leader", "show the leader"),
+            ("add", "passthrough; the server answers Unimplemented"),
+            ("remove", "evict a member: ID"),
+            ("rebalance", "trigger shard rebalance"),
+            ("transfer-leader", "transfer leadership: [TARGET]"),
+            ("backup", "create a snapshot"),
+            ("restore", "restore a snapshot file"),
+        ],
+        default: None,
+        is_client: true,
+    },
+    Planned {
+        name: "svc-cluster-backup",
+        about: "Cluster snapshots: back up, restore, list and verify files.",
+        commands: &[
+            ("backup", "create a snapshot: [--output FILE]"),
+            ("restore", "restore: --input FILE --force"),
+            ("list", "list snapshot files in DIR (default .), no server"),
+            ("verify", "validate --input FILE, no server"),
+        ],
+        default: None,
+        is_client: true,
+    },
+    Planned {
+        name: "svc-files",
+        about: "File service over the message bus (chunked, SHA-256 verified).",
+        commands: &[
+            ("put", "upload: LOCAL REMOTE"),
+            ("get", "download: REMOTE LOCAL"),
+            ("list", "list: [PREFIX]"),
+            ("stat", "metadata: REMOTE"),
+            ("delete", "delete: REMOTE"),
+        ],
+        default: None,
+        is_client: false,
+    },
+    Planned {
+        name: "svc-backup",
+        about: "Backups to local files or S3-compatible object stores.",
+        commands: &[("create", "create a backup"), ("list", "list backups"), ("restore", "restore a backup"), ("verify", "verify a backup")],
+        default: None,
+        is_client: false,
+    },
+    Planned {
+        name: "svc-blueprint",
+        about: "Blueprints: packaged state manifests and bundles (.tar.gz).",
+        commands: &[
+            ("init", "start a blueprint"), ("validate", "validate a blueprint"), ("lint", "lint a blueprint"),
+            ("info", "show a blueprint"), ("bundle", "build a .tar.gz bundle"), ("install", "install a bundle"),
+            ("update", "update an installed blueprint"), ("remove", "remove an installed blueprint"),
+            ("apply", "apply a blueprint"), ("applied", "list applied blueprints"), ("rollback", "roll back an apply"),
+        ],
+        default: None,
+        is_client: false,
+    },
+    Planned {
+        name: "svc-bootstrap",
+        about: "Bootstrap manager: --seed SEEDCONFIG.yaml [--log-level L]; phases detect, configure, validate, install, blueprints, verify.",
+        commands: &[],
+        default: Some("run"),
+        is_client: false,
+    },
+    Planned {
+        name: "svc-gitops",
+        about: "GitOps: verify and roll back.",
+        commands: &[("verify", "verify the deployed revision"), ("rollback", "roll back to a revision")],
+        default: None,
+        is_client: false,
+    },
+    Planned {
+        name: "svc-migrate",
+        about: "Copy the store from SQLite to PostgreSQL.",
+        commands: &[
+            ("run", "--from sqlite:PATH --to postgres://..."),
+            ("validate", "compare row counts table by table; exit 1 on a mismatch"),
+            ("version", "print the schema version of each store"),
+        ],
+        default: None,
+        is_client: false,
+    },
+    Planned {
+        name: "svc-module",
+        about: "Modules (ZIP, module.lock, Starlark): build, sign, publish, run.",
+        commands: &[
+            ("init", "start a module"), ("validate", "validate a module"), ("build", "build a ZIP"),
+            ("install", "install a module"), ("update", "update a module"), ("resolve", "resolve dependencies"),
+            ("tree", "print the dependency tree"), ("run", "run a module"), ("test", "test a module"),
+            ("sign", "detached signature"), ("verify", "verify against a trusted public key"),
+            ("publish", "publish to a registry"), ("clean", "remove build output"),
+        ],
+        default: None,
+        is_client: false,
+    },
+    Planned {
+        name: "svc-registry",
+        about: "Module registry HTTP server.",
+        commands: &[("serve", "serve the registry"), ("version", "print the registry version")],
+        default: None,
+        is_client: false,
+    },
+    Planned {
+        name: "svc-runbook",
+        about: "Runbooks (*.yaml): test, execute, and inspect executions.",
+        commands: &[
+            ("list", "list runbooks"), ("test", "load, validate, check for cycles"), ("execute", "run a runbook"),
+            ("list-executions", "list executions"), ("status", "show an execution"), ("audit", "audit trail of an execution"),
+        ],
+        default: None,
+        is_client: false,
+    },
+    Planned {
+        name: "svc-webhook",
+        about: "Outbound webhook subscriptions.",
+        commands: &[("outbound", "manage outbound webhook subscriptions")],
+        default: None,
+        is_client: false,
+    },
+];
+
+/// The help text of a planned CLI.
+pub fn help(planned: &Planned) -> String {
+    let mut text = if planned.commands.is_empty() {
+        format!("Usage: {} [<options>]\n\n{}\n", planned.name, planned.about)
+    } else {
+        format!(
+            "Usage: {} <command> [<args>]\n\n{}\n\nCommands:\n",
+            planned.name, planned.about
+        )
+    };
+    let width = planned
+        .commands
+        .iter()
+        .map(|(name, _)| name.len())
+        .max()
+        .unwrap_or(0);
+    for (name, about) in planned.commands {
+        text.push_str(&format!("  {name:width$}  {about}\n"));
+    }
+    text.push('\n');
+    if planned.is_client {
+        text.push_str(COMMON_HELP);
+    } else {
+        text.push_str("Options:\n  -h, --help     show help\n  -v, --version  show the version");
+    }
+    text.push_str("\n\nStatus: this command's features are not built yet; each command exits 1 with 'not implemented yet'.\n");
+    text
+}
+
+/// Runs a planned CLI: help and version work; every command says it is not built yet.
+pub fn run(planned: &Planned, args: &[String]) -> i32 {
+    let program = planned.name;
+    let (error_prefix, command_prefix) = match program.split_once(' ') {
+        Some((root, sub)) => (root, format!("{sub} ")),
+        None => (program, String::new()),
+    };
+    if super::wants_version(args) {
+        println!("{}", version_line(error_prefix));
+        return exit::OK;
+    }
+    // The common flags take values; remove them so a value is never mistaken for a command.
+    let mut args = args.to_vec();
+    if let Err(error) = super::take_common(&mut args) {
+        eprintln!("{error_prefix}: {error}");
+        return error.code;
+    }
+    let mut command = None;
+    for arg in &args {
+        match arg.as_str() {
+            "-h" | "--help" | "help" => {
+                print!("{}", help(planned));
+                return exit::OK;
+            }
+            "--" => break,
+            flag if flag.starts_with('-') => {}
+            word if command.is_none() => command = Some(word.to_string()),
+            _ => {}
+        }
+    }
+    let command = match (command, planned.default) {
+        (Some(word), _) if planned.commands.iter().any(|(name, _)| *name == word) => word,
+        (Some(word), None) => {
+            eprintln!("{error_prefix}: unknown command '{command_prefix}{word}'");
+            eprintln!("{error_prefix}: run '{program} --help' for the commands");
+            return exit::USAGE;
+        }
+        (_, Some(default)) => default.to_string(),
+        (None, None) => {
+            eprintln!("{error_prefix}: missing command");
+            eprint!("{}", help(planned));
+            return exit::USAGE;
+        }
+    };
+    // A command without subcommands (`svcctl exec`) is named by itself.
+    let full = if planned.commands.is_empty() && !command_prefix.is_empty() {
+        command_prefix.trim().to_string()
+    } else {
+        format!("{command_prefix}{command}")
+    };
+    eprintln!("{error_prefix}: '{full}' is not implemented yet");
+    exit::FAILED
+}

@@ -1,0 +1,317 @@
+//! The `svc-server` command: flags, configuration checks, `--dev`, logging and the run loop.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use argh::FromArgs;
+use base64::Engine;
+
+use super::{BoundAddrs, Context, LISTEN_ADDRS_FILE, SHUTDOWN_GRACE};
+use crate::auth;
+use crate::config::{self, ConfigErrors, Loaded, LogFormat, Secret, ServerConfig};
+use crate::Result;
+
+#[derive(FromArgs)]
+/// The svc control-plane daemon: REST (8080), gRPC (5397) and the message bus (4222).
+#[argh(help_triggers("-h", "--help"))]
+struct Args {
+    /// configuration file (default /etc/svc/server.yaml; missing default = all defaults)
+    #[argh(option)]
+    config: Option<PathBuf>,
+    /// development mode: generate hmacsecret and master_key into the data dir (mode 0600),
+    /// listen on loopback, and use ./.svc-dev as the data dir unless one is configured
+    #[argh(switch)]
+    dev: bool,
+    /// validate the configuration, list every problem, and exit (0 valid, 1 not)
+    #[argh(switch)]
+    check_config: bool,
+    /// log level or filter (overrides log_level; SVC_LOG and RUST_LOG also work)
+    #[argh(option)]
+    log_level: Option<String>,
+}
+
+const DEV_DATA_DIR: &str = ".svc-dev";
+const DEV_SECRETS_FILE: &str = "dev-secrets.yaml";
+const BOOTSTRAP_KEY_FILE: &str = "bootstrap-admin.key";
+
+pub fn main(program: &str, args: Vec<String>) -> i32 {
+    let args = match crate::cli::parse_args::<Args>(program, &args) {
+        Ok(args) => args,
+        Err(code) => return code,
+    };
+    let loaded = match config::load_server(args.config.as_deref(), &config::process_env()) {
+        Ok(loaded) => loaded,
+        Err(errors) => return report_config_errors(program, &errors),
+    };
+    let mut server_config = match resolve(loaded, args.dev) {
+        Ok(config) => config,
+        Err(errors) => return report_config_errors(program, &errors),
+    };
+    if let Some(level) = args.log_level {
+        server_config.log_level = level;
+    }
+    if args.check_config {
+        let problems = validate(&server_config, args.dev);
+        if problems.is_empty() {
+            println!("{program}: configuration is valid");
+            return 0;
+        }
+        return report_config_errors(program, &ConfigErrors(problems));
+    }
+    init_logging(&server_config);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("{program}: cannot start the async runtime: {e}");
+            return 1;
+        }
+    };
+    match runtime.block_on(run(program, server_config, args.dev)) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("{program}: {e}");
+            tracing::error!(error = %e, "server stopped with an error");
+            1
+        }
+    }
+}
+
+fn report_config_errors(program: &str, errors: &ConfigErrors) -> i32 {
+    for problem in &errors.0 {
+        eprintln!("{program}: {problem}");
+    }
+    1
+}
+
+/// Applies `--dev` defaults to what was not set explicitly.
+fn resolve(loaded: Loaded<ServerConfig>, dev: bool) -> Result<ServerConfig, ConfigErrors> {
+    let mut server_config = loaded.config.clone();
+    if dev {
+        if !loaded.is_set("data_dir") {
+            server_config.data_dir = PathBuf::from(DEV_DATA_DIR);
+        }
+        for (key, field) in [
+            ("listen.http", &mut server_config.listen.http),
+            ("listen.grpc", &mut server_config.listen.grpc),
+            ("listen.bus", &mut server_config.listen.bus),
+        ] {
+            if !loaded.is_set(key) {
+                if let Some((_, port)) = field.rsplit_once(':') {
+                    *field = format!("127.0.0.1:{port}");
+                }
+            }
+        }
+    }
+    Ok(server_config)
+}
+
+/// Every problem with a configuration, for `--check-config` and start-up.
+fn validate(config: &ServerConfig, dev: bool) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (key, value) in [
+        ("listen.http", &config.listen.http),
+        ("listen.grpc", &config.listen.grpc),
+        ("listen.bus", &config.listen.bus),
+    ] {
+        if value.parse::<SocketAddr>().is_err() {
+            problems.push(format!(
+                "{key}: '{value}' is not a host:port socket address"
+            ));
+        }
+    }
+    // In dev mode the keys are generated at start when they are missing.
+    if !dev {
+        if config.hmacsecret.is_empty() {
+            problems.push("hmacsecret is missing (required; derives agent bootstrap PSKs)".into());
+        }
+        if config.master_key.is_empty() {
+            problems.push(
+                "master_key is missing (required; base64 of 32 bytes, e.g. `openssl rand -base64 32`)"
+                    .into(),
+            );
+        }
+    }
+    if !config.master_key.is_empty() && decode_master_key(&config.master_key).is_none() {
+        problems.push("master_key must be base64 of exactly 32 bytes".into());
+    }
+    if config.rate_limit.requests_per_second <= 0.0 || config.rate_limit.burst == 0 {
+        problems.push("rate_limit: requests_per_second and burst must be positive".into());
+    }
+    if !config.tls.cert.is_empty() || !config.tls.key.is_empty() {
+        problems.push("tls: TLS for REST and gRPC is not implemented yet; terminate TLS in front of the server".into());
+    }
+    if config.store.driver == config::StoreDriver::Postgres && config.store.url.is_empty() {
+        problems.push("store.url is required when store.driver is postgres".into());
+    }
+    problems
+}
+
+pub fn decode_master_key(key: &Secret) -> Option<[u8; 32]> {
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(key.expose().trim())
+        .ok()?;
+    bytes.try_into().ok()
+}
+
+fn init_logging(config: &ServerConfig) {
+    use tracing_subscriber::EnvFilter;
+    let filter = std::env::var("SVC_LOG")
+        .or_else(|_| std::env::var("RUST_LOG"))
+        .unwrap_or_else(|_| config.log_level.clone());
+    let filter = EnvFilter::try_new(&filter).unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match config.log_format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}
+
+/// Creates a directory (and parents) readable only by the owner.
+fn create_private_dir(path: &Path) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)
+        .map_err(|e| crate::Error::Internal(format!("cannot create {}: {e}", path.display())))
+}
+
+/// In dev mode: loads the generated secrets from the data dir, or generates them (0600).
+fn ensure_dev_secrets(program: &str, config: &mut ServerConfig) -> Result<()> {
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct DevSecrets {
+        hmacsecret: Secret,
+        master_key: Secret,
+    }
+    if !config.hmacsecret.is_empty() && !config.master_key.is_empty() {
+        return Ok(());
+    }
+    let path = config.data_dir.join(DEV_SECRETS_FILE);
+    let secrets = match std::fs::read_to_string(&path) {
+        Ok(text) => config::parse_yaml::<DevSecrets>(&text)
+            .map_err(|e| crate::Error::Invalid(format!("{}: {e}", path.display())))?,
+        Err(_) => {
+            let mut key = [0u8; 32];
+            rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut key);
+            let secrets = DevSecrets {
+                hmacsecret: Secret(crate::ids::random_base62(48)),
+                master_key: Secret(base64::engine::general_purpose::STANDARD.encode(key)),
+            };
+            let text = config::to_yaml(&secrets).map_err(crate::Error::Internal)?;
+            auth::write_private_file(&path, text.as_bytes())?;
+            eprintln!(
+                "{program}: dev mode: generated hmacsecret and master_key in {} (mode 0600)",
+                path.display()
+            );
+            secrets
+        }
+    };
+    if config.hmacsecret.is_empty() {
+        config.hmacsecret = secrets.hmacsecret;
+    }
+    if config.master_key.is_empty() {
+        config.master_key = secrets.master_key;
+    }
+    Ok(())
+}
+
+async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
+    create_private_dir(&config.data_dir)?;
+    if dev {
+        ensure_dev_secrets(program, &mut config)?;
+    }
+    let problems = validate(&config, dev);
+    if !problems.is_empty() {
+        return Err(crate::Error::Invalid(problems.join("; ")));
+    }
+    let data_dir = config.data_dir.clone();
+    let _ = std::fs::remove_file(data_dir.join(LISTEN_ADDRS_FILE));
+    let store = crate::store::open(&config.store, &data_dir)?;
+
+    let key_file = data_dir.join(BOOTSTRAP_KEY_FILE);
+    let preset = std::env::var("SVC_BOOTSTRAP_API_KEY").ok();
+    if let Some(id) =
+        auth::ensure_bootstrap_key(store.as_ref(), &key_file, preset.as_deref()).await?
+    {
+        if preset.is_some() {
+            tracing::info!(key_id = %id, "created bootstrap-admin key from SVC_BOOTSTRAP_API_KEY");
+        } else {
+            tracing::info!(key_id = %id, file = %key_file.display(), "created bootstrap-admin key (mode 0600)");
+            eprintln!(
+                "{program}: bootstrap admin API key written to {}",
+                key_file.display()
+            );
+        }
+    }
+
+    let http_listener = bind(&config.listen.http, "listen.http").await?;
+    let grpc_listener = bind(&config.listen.grpc, "listen.grpc").await?;
+    let bound = BoundAddrs {
+        http: http_listener.local_addr()?,
+        grpc: grpc_listener.local_addr()?,
+    };
+    let context = Arc::new(Context::new(config, data_dir.clone(), store));
+
+    let (stop_sender, stop) = tokio::sync::watch::channel(false);
+    let http_task = tokio::spawn(super::http::serve(
+        context.clone(),
+        http_listener,
+        stop.clone(),
+    ));
+    let grpc_task = tokio::spawn(super::grpc::serve(
+        context.clone(),
+        grpc_listener,
+        stop.clone(),
+    ));
+    context.grpc_serving.store(true, Ordering::Relaxed);
+
+    let addrs = serde_json::to_vec_pretty(&bound).map_err(crate::Error::internal)?;
+    std::fs::write(data_dir.join(LISTEN_ADDRS_FILE), addrs)?;
+    tracing::info!(http = %bound.http, grpc = %bound.grpc, data_dir = %data_dir.display(), "svc-server started");
+
+    wait_for_stop_signal().await;
+    tracing::info!(grace = ?SHUTDOWN_GRACE, "stop requested: no new connections; draining in-flight requests");
+    context.grpc_serving.store(false, Ordering::Relaxed);
+    let _ = stop_sender.send(true);
+    // Both servers drain on their own; the grace bounds them together.
+    let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
+        let _ = http_task.await;
+        let _ = grpc_task.await;
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!("grace period over: closing the remaining connections");
+    }
+    let _ = std::fs::remove_file(data_dir.join(LISTEN_ADDRS_FILE));
+    tracing::info!("svc-server stopped");
+    Ok(())
+}
+
+async fn bind(address: &str, key: &str) -> Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|e| crate::Error::Unavailable(format!("{key}: cannot listen on {address}: {e}")))
+}
+
+async fn wait_for_stop_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        // Without signal handlers the process can still be killed; run until then.
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

@@ -1,0 +1,19 @@
+//! Services whose RPCs later work fills in. Until then every RPC answers `Unimplemented`
+//! with "not implemented yet" (the generated default methods, see build.rs), after the auth
+//! layer has checked the caller's key, so clients see the real auth behaviour already.
+
+use crate::proto;
+
+pub struct Events;
+pub struct Policy;
+pub struct Identity;
+pub struct Secrets;
+pub struct Cluster;
+pub struct Fleet;
+
+impl proto::event_service_server::EventService for Events {}
+impl proto::policy_service_server::PolicyService for Policy {}
+impl proto::identity_service_server::IdentityService for Identity {}
+impl proto::secrets_service_server::SecretsService for Secrets {}
+impl proto::cluster_service_server::ClusterService for Cluster {}
+impl proto::fleet_service_server::FleetService for Fleet {}

@@ -1,0 +1,59 @@
+//! Readiness: one status per component, shared by /health/ready and /metrics.
+
+use super::Context;
+
+/// One component's state: `ok`, or another status with a detail saying why.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Component {
+    pub status: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+impl Component {
+    fn ok() -> Self {
+        Component {
+            status: "ok".into(),
+            detail: None,
+        }
+    }
+
+    fn failing(status: &str, detail: impl Into<String>) -> Self {
+        Component {
+            status: status.into(),
+            detail: Some(detail.into()),
+        }
+    }
+
+    pub fn is_ok(&self) -> bool {
+        self.status == "ok"
+    }
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Readiness {
+    pub ready: bool,
+    pub components: std::collections::BTreeMap<&'static str, Component>,
+}
+
+/// Checks every component now (no caching: readiness is polled rarely and must be true).
+pub async fn readiness(context: &Context) -> Readiness {
+    let mut components = std::collections::BTreeMap::new();
+    components.insert(
+        "store",
+        match context.store.ping().await {
+            Ok(()) => Component::ok(),
+            Err(e) => Component::failing("error", format!("{} store: {e}", context.store.driver())),
+        },
+    );
+    components.insert(
+        "grpc",
+        if context.is_grpc_serving() {
+            Component::ok()
+        } else {
+            Component::failing("unavailable", "gRPC server is not accepting")
+        },
+    );
+    let ready = components.values().all(Component::is_ok);
+    Readiness { ready, components }
+}

@@ -1,0 +1,81 @@
+//! svc-server: builds the domain context, starts REST, gRPC (and later the bus), and shuts
+//! them down in order on SIGTERM/SIGINT.
+//!
+//! Start-up order: config → data dir → store (migrations) → bootstrap admin key → listeners →
+//! `listen-addrs.json` (so tests and tools can find ports bound as `:0`) → serve.
+
+mod cmd;
+pub mod grpc;
+mod health;
+pub mod http;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::auth::{self, Principal, RateLimiter};
+use crate::config::ServerConfig;
+use crate::metrics::Metrics;
+use crate::store::Store;
+use crate::Result;
+
+pub use cmd::main;
+pub use health::{Component, Readiness};
+
+/// How long in-flight requests and streams may run after a stop signal (contract §6).
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+/// The file in the data dir that records the bound addresses.
+pub const LISTEN_ADDRS_FILE: &str = "listen-addrs.json";
+
+/// Everything a request handler needs: the domain's shared state. Transports hold an
+/// `Arc<Context>` and call domain functions with it.
+pub struct Context {
+    pub config: ServerConfig,
+    pub data_dir: PathBuf,
+    pub store: Arc<dyn Store>,
+    pub rate_limiter: RateLimiter,
+    pub metrics: Metrics,
+    pub started: Instant,
+    /// Set while the gRPC server is accepting; readiness reports it.
+    pub grpc_serving: AtomicBool,
+}
+
+impl Context {
+    pub fn new(config: ServerConfig, data_dir: PathBuf, store: Arc<dyn Store>) -> Self {
+        let rate_limiter = RateLimiter::new(
+            config.rate_limit.requests_per_second,
+            config.rate_limit.burst,
+        );
+        Context {
+            config,
+            data_dir,
+            store,
+            rate_limiter,
+            metrics: Metrics::default(),
+            started: Instant::now(),
+            grpc_serving: AtomicBool::new(false),
+        }
+    }
+
+    /// The request chain of contract §4 up to the role check, which each domain function makes
+    /// itself: the bearer key must resolve to a principal, then pass the key's rate limit.
+    pub async fn authenticate(&self, authorization: Option<&str>) -> Result<Principal> {
+        let key = auth::bearer_token(authorization)?;
+        let principal = auth::authenticate(self.store.as_ref(), key).await?;
+        self.rate_limiter.check(&principal.id)?;
+        Ok(principal)
+    }
+
+    pub fn is_grpc_serving(&self) -> bool {
+        self.grpc_serving.load(Ordering::Relaxed)
+    }
+}
+
+/// Addresses the listeners actually bound (ports may have been `:0`).
+#[derive(Clone, Copy, Debug, serde::Serialize, serde::Deserialize)]
+pub struct BoundAddrs {
+    pub http: SocketAddr,
+    pub grpc: SocketAddr,
+}

@@ -1,0 +1,211 @@
+//! The one binary under every name: help, version, dispatch, plugins, exit codes.
+
+mod common;
+
+use common::{run, Names};
+
+#[test]
+fn every_name_answers_help_and_version_through_its_symlink() {
+    let names = Names::new();
+    for name in svc::dispatch::names() {
+        for flag in ["-h", "--help"] {
+            let result = run(names.command(name).arg(flag));
+            assert_eq!(result.code, 0, "{name} {flag}: {result:?}");
+            assert!(
+                result.stdout.contains("Usage:"),
+                "{name} {flag}: {result:?}"
+            );
+            assert!(
+                result.stdout.contains(name.split(' ').next().unwrap()),
+                "{name}: {result:?}"
+            );
+        }
+        for flag in ["-v", "--version"] {
+            let result = run(names.command(name).arg(flag));
+            assert_eq!(result.code, 0, "{name} {flag}: {result:?}");
+            let line = result.stdout.trim_end();
+            assert_eq!(line.lines().count(), 1, "{name}: {result:?}");
+            let expected_start = format!("{name} {} (commit ", env!("CARGO_PKG_VERSION"));
+            assert!(line.starts_with(&expected_start), "{name}: {line}");
+            assert!(
+                line.contains(", built 20") && line.ends_with(')'),
+                "{name}: {line}"
+            );
+        }
+    }
+}
+
+#[test]
+fn svc_dispatches_on_its_first_argument() {
+    let names = Names::new();
+    let listed = run(names.command("svc").arg("--list"));
+    assert_eq!(listed.code, 0);
+    assert_eq!(
+        listed.stdout.lines().collect::<Vec<_>>(),
+        svc::dispatch::names()
+    );
+
+    let events = run(names.command("svc").args(["events", "--help"]));
+    assert_eq!(events.code, 0);
+    assert!(events.stdout.contains("Usage: svc-events"), "{events:?}");
+
+    let ctl = run(names.command("svc").args(["ctl", "--help"]));
+    assert_eq!(ctl.code, 0);
+    assert!(ctl.stdout.contains("Usage: svcctl"), "{ctl:?}");
+
+    let server = run(names.command("svc").args(["server", "--help"]));
+    assert_eq!(server.code, 0);
+    assert!(server.stdout.contains("--check-config"), "{server:?}");
+
+    let unknown = run(names.command("svc").arg("frobnicate"));
+    assert_eq!(unknown.code, 127, "{unknown:?}");
+    assert!(
+        unknown
+            .stderr
+            .starts_with("svc: unknown command 'frobnicate'"),
+        "{unknown:?}"
+    );
+}
+
+#[test]
+fn unknown_program_name_is_refused() {
+    let names = Names::new();
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_svc"), names.path("svc-nope")).unwrap();
+    let result = run(&mut names.command("svc-nope"));
+    assert_eq!(result.code, 127, "{result:?}");
+}
+
+#[test]
+fn svcctl_runs_built_in_modes_and_plugins() {
+    let names = Names::new();
+    // A built-in svc-NAME mode runs in-process.
+    let audit = run(names.command("svcctl").args(["audit", "--help"]));
+    assert_eq!(audit.code, 0, "{audit:?}");
+    assert!(audit.stdout.contains("Usage: svc-audit"), "{audit:?}");
+
+    // A plugin: an executable svc-NAME on PATH gets the remaining arguments.
+    let plugins = tempfile::tempdir().unwrap();
+    let plugin = plugins.path().join("svc-hello");
+    std::fs::write(
+        &plugin,
+        "#!/bin/sh\necho \"hello from plugin: $*\"\nexit 7\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        plugins.path().display(),
+        std::env::var("PATH").unwrap()
+    );
+    let result = run(names
+        .command("svcctl")
+        .env("PATH", &path)
+        .args(["hello", "a", "--b"]));
+    assert_eq!(result.code, 7, "{result:?}");
+    assert_eq!(result.stdout, "hello from plugin: a --b\n");
+
+    // Unknown and not on PATH: 127 with the command list.
+    let missing = run(names.command("svcctl").env("PATH", &path).arg("nonesuch"));
+    assert_eq!(missing.code, 127, "{missing:?}");
+    assert!(
+        missing
+            .stderr
+            .starts_with("svcctl: unknown command 'nonesuch'"),
+        "{missing:?}"
+    );
+    assert!(missing.stderr.contains("apikey"), "{missing:?}");
+}
+
+#[test]
+fn commands_not_built_yet_say_so_and_fail() {
+    let names = Names::new();
+    let cases: &[(&str, &[&str], &str)] = &[
+        (
+            "svc-events",
+            &["list"],
+            "svc-events: 'list' is not implemented yet",
+        ),
+        (
+            "svc-secrets",
+            &["--api-key", "k", "get", "db/prod"],
+            "svc-secrets: 'get' is not implemented yet",
+        ),
+        (
+            "svcctl",
+            &["agent", "list"],
+            "svcctl: 'agent list' is not implemented yet",
+        ),
+        (
+            "svcctl",
+            &["exec", "--", "uptime"],
+            "svcctl: 'exec' is not implemented yet",
+        ),
+        (
+            "svcctl",
+            &["events", "types"],
+            "svc-events: 'types' is not implemented yet",
+        ),
+        ("svc-agent", &[], "svc-agent: 'run' is not implemented yet"),
+    ];
+    for (name, args, message) in cases {
+        let result = run(names.command(name).args(*args));
+        assert_eq!(result.code, 1, "{name} {args:?}: {result:?}");
+        assert_eq!(result.stderr.trim_end(), *message, "{name} {args:?}");
+        assert!(result.stdout.is_empty(), "no fake output: {result:?}");
+    }
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let names = Names::new();
+    let cases: &[(&str, &[&str])] = &[
+        ("svc-events", &["nonsense"]),
+        ("svc-events", &[]),
+        ("svcctl", &[]),
+        ("svcctl", &["apikey", "create", "--name", "x"]),
+        ("svcctl", &["apikey", "frob"]),
+        ("svcctl", &["-o", "yaml", "apikey", "list"]),
+        ("svc-server", &["--bogus-flag"]),
+    ];
+    for (name, args) in cases {
+        let result = run(names.command(name).args(*args));
+        assert_eq!(result.code, 2, "{name} {args:?}: {result:?}");
+        assert!(
+            result.stderr.starts_with(name.split(' ').next().unwrap()),
+            "{result:?}"
+        );
+    }
+}
+
+#[test]
+fn help_of_nested_commands() {
+    let names = Names::new();
+    let agent = run(names.command("svcctl").args(["agent", "--help"]));
+    assert_eq!(agent.code, 0);
+    for word in ["quarantine", "unquarantine", "list", "show"] {
+        assert!(agent.stdout.contains(word), "{agent:?}");
+    }
+    let create = run(names.command("svcctl").args(["apikey", "create", "--help"]));
+    assert_eq!(create.code, 0, "{create:?}");
+    assert!(create.stdout.contains("--role"), "{create:?}");
+}
+
+#[test]
+fn cli_reports_unreachable_server_with_exit_3() {
+    let names = Names::new();
+    // Port 1 on loopback: nothing listens there.
+    let result = run(names.command("svcctl").args([
+        "--http-url",
+        "http://127.0.0.1:1",
+        "--api-key",
+        "k",
+        "apikey",
+        "list",
+    ]));
+    assert_eq!(result.code, 3, "{result:?}");
+    assert!(
+        result.stderr.starts_with("svcctl: cannot reach the server"),
+        "{result:?}"
+    );
+}

@@ -1,0 +1,364 @@
+//! TestServer: the real `svc` binary on ephemeral ports with a temp data dir, driven through
+//! its real names (symlinks), raw HTTP and stock clients. Killed on drop.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+
+/// A directory of symlinks, one per name the binary answers to, pointing at the built binary.
+pub struct Names {
+    pub dir: tempfile::TempDir,
+}
+
+impl Names {
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let binary = env!("CARGO_BIN_EXE_svc");
+        std::os::unix::fs::symlink(binary, dir.path().join("svc")).unwrap();
+        for name in svc::dispatch::names() {
+            std::os::unix::fs::symlink(binary, dir.path().join(name)).unwrap();
+        }
+        Names { dir }
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// A command for `name` with a clean environment (no SVC_* from the developer's shell).
+    pub fn command(&self, name: &str) -> Command {
+        let mut command = Command::new(self.path(name));
+        command
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .stdin(Stdio::null());
+        command
+    }
+}
+
+/// What a finished command did.
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl From<Output> for Run {
+    fn from(output: Output) -> Self {
+        Run {
+            code: output.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Run {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "exit {}\n--- stdout\n{}--- stderr\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+pub fn run(command: &mut Command) -> Run {
+    command.output().expect("command runs").into()
+}
+
+pub struct TestServer {
+    pub names: Names,
+    pub data_dir: PathBuf,
+    pub config_file: PathBuf,
+    pub http: SocketAddr,
+    pub grpc: SocketAddr,
+    pub admin_key: String,
+    _temp: tempfile::TempDir,
+    child: Option<Child>,
+    log_file: PathBuf,
+}
+
+pub struct Options {
+    pub env: Vec<(String, String)>,
+    pub config_yaml: String,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            env: Vec::new(),
+            config_yaml: String::new(),
+        }
+    }
+}
+
+pub fn random_master_key() -> String {
+    let bytes: [u8; 32] = rand::random();
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+impl TestServer {
+    pub fn start() -> Self {
+        Self::start_with(Options::default())
+    }
+
+    pub fn start_with(options: Options) -> Self {
+        let temp = tempfile::tempdir().unwrap();
+        let data_dir = temp.path().join("data");
+        let config_file = temp.path().join("server.yaml");
+        let config = format!(
+            "data_dir: {}\nlisten:\n  http: 127.0.0.1:0\n  grpc: 127.0.0.1:0\n  bus: 127.0.0.1:0\nhmacsecret: test-hmac-secret\nmaster_key: {}\n{}",
+            data_dir.display(),
+            random_master_key(),
+            options.config_yaml
+        );
+        std::fs::write(&config_file, config).unwrap();
+        let mut server = TestServer {
+            names: Names::new(),
+            data_dir,
+            config_file,
+            http: "127.0.0.1:1".parse().unwrap(),
+            grpc: "127.0.0.1:1".parse().unwrap(),
+            admin_key: String::new(),
+            log_file: temp.path().join("server.log"),
+            _temp: temp,
+            child: None,
+        };
+        server.spawn(&options.env);
+        server.admin_key = std::fs::read_to_string(server.data_dir.join("bootstrap-admin.key"))
+            .map(|k| k.trim().to_string())
+            .unwrap_or_default();
+        server
+    }
+
+    /// Starts (or restarts) the server process and waits until /health/ready answers 200.
+    pub fn spawn(&mut self, env: &[(String, String)]) {
+        let _ = std::fs::remove_file(self.data_dir.join("listen-addrs.json"));
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_file)
+            .unwrap();
+        let mut command = self.names.command("svc-server");
+        command
+            .arg("--config")
+            .arg(&self.config_file)
+            .env("SVC_LOG", "info")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        self.child = Some(command.spawn().expect("svc-server starts"));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let addrs_file = self.data_dir.join("listen-addrs.json");
+        loop {
+            if let Ok(text) = std::fs::read_to_string(&addrs_file) {
+                if let Ok(addrs) = serde_json::from_str::<serde_json::Value>(&text) {
+                    self.http = addrs["http"].as_str().unwrap().parse().unwrap();
+                    self.grpc = addrs["grpc"].as_str().unwrap().parse().unwrap();
+                    if http_request(self.http, "GET", "/health/ready", &[], None)
+                        .map(|r| r.status == 200)
+                        .unwrap_or(false)
+                    {
+                        return;
+                    }
+                }
+            }
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("svc-server exited early ({status}):\n{}", self.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "svc-server not ready in time:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_file).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// Sends a signal and waits for the process to exit; returns its exit code.
+    pub fn stop_with(&mut self, signal: i32) -> Option<i32> {
+        let mut child = self.child.take()?;
+        unsafe {
+            libc::kill(child.id() as i32, signal);
+        }
+        let deadline = Instant::now() + Duration::from_secs(40);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status.code();
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn http_url(&self) -> String {
+        format!("http://{}", self.http)
+    }
+
+    /// A CLI command with the server's addresses in its environment (no API key).
+    pub fn cli(&self, name: &str) -> Command {
+        let mut command = self.names.command(name);
+        command
+            .env("SVC_HTTP_URL", self.http_url())
+            .env("SVC_SERVER", self.grpc.to_string());
+        command
+    }
+
+    /// A REST request with an optional bearer key.
+    pub fn request(
+        &self,
+        method: &str,
+        path: &str,
+        key: Option<&str>,
+        body: Option<&str>,
+    ) -> HttpResponse {
+        let auth = key.map(|k| format!("Bearer {k}"));
+        let headers: Vec<(&str, &str)> =
+            auth.iter().map(|a| ("Authorization", a.as_str())).collect();
+        http_request(self.http, method, path, &headers, body.map(str::as_bytes))
+            .expect("HTTP request")
+    }
+
+    /// Creates a key through REST as the admin; returns (id, key).
+    pub fn create_key(&self, name: &str, role: &str) -> (String, String) {
+        let body = format!(r#"{{"name":"{name}","role":"{role}"}}"#);
+        let response = self.request(
+            "POST",
+            "/api/v1/apikeys",
+            Some(&self.admin_key),
+            Some(&body),
+        );
+        assert_eq!(response.status, 201, "{}", response.body);
+        let json = response.json();
+        (
+            json["id"].as_str().unwrap().into(),
+            json["key"].as_str().unwrap().into(),
+        )
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct HttpResponse {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl HttpResponse {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// A minimal HTTP/1.1 client (Connection: close) so tests see exactly what goes on the wire.
+pub fn http_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&[u8]>,
+) -> std::io::Result<HttpResponse> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    if let Some(body) = body {
+        request.push_str(&format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n",
+            body.len()
+        ));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes())?;
+    if let Some(body) = body {
+        // A server may answer (413) and close before reading a large body; that is fine.
+        let _ = stream.write_all(body);
+    }
+    let mut raw = Vec::new();
+    let _ = stream.read_to_end(&mut raw);
+    parse_response(&raw).ok_or_else(|| {
+        std::io::Error::other(format!(
+            "unparsable response: {:?}",
+            String::from_utf8_lossy(&raw)
+        ))
+    })
+}
+
+fn parse_response(raw: &[u8]) -> Option<HttpResponse> {
+    let text = String::from_utf8_lossy(raw);
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let mut lines = head.lines();
+    let status: u16 = lines.next()?.split_whitespace().nth(1)?.parse().ok()?;
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|line| line.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
+    let body = if chunked {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    Some(HttpResponse {
+        status,
+        headers,
+        body,
+    })
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let size = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if size == 0 || rest.len() < size {
+            break;
+        }
+        out.push_str(&rest[..size]);
+        body = rest[size..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+pub fn assert_private(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "{} has mode {mode:o}", path.display());
+}

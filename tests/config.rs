@@ -1,0 +1,188 @@
+//! Configuration through the real binary: --check-config, the SVC_ overlay, refusals, --dev.
+
+mod common;
+
+use common::{run, Names};
+
+#[test]
+fn check_config_accepts_a_valid_file_and_environment() {
+    let names = Names::new();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("server.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "hmacsecret: abc\nmaster_key: {}\n",
+            common::random_master_key()
+        ),
+    )
+    .unwrap();
+    let result = run(names
+        .command("svc-server")
+        .arg("--config")
+        .arg(&file)
+        .arg("--check-config")
+        .env("SVC_LISTEN__HTTP", "127.0.0.1:18080"));
+    assert_eq!(result.code, 0, "{result:?}");
+}
+
+#[test]
+fn check_config_lists_every_problem() {
+    let names = Names::new();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("server.yaml");
+    std::fs::write(
+        &file,
+        "listen:\n  htp: 1.2.3.4:80\nbogus: true\nmaster_key: short\n",
+    )
+    .unwrap();
+    let result = run(names
+        .command("svc-server")
+        .arg("--config")
+        .arg(&file)
+        .arg("--check-config")
+        .env("SVC_LISTEN__NOPE", "x"));
+    assert_eq!(result.code, 1, "{result:?}");
+    let name = file.display().to_string();
+    assert!(
+        result
+            .stderr
+            .contains(&format!("svc-server: {name}: unknown key 'listen.htp'")),
+        "{result:?}"
+    );
+    assert!(
+        result
+            .stderr
+            .contains(&format!("svc-server: {name}: unknown key 'bogus'")),
+        "{result:?}"
+    );
+    assert!(
+        result
+            .stderr
+            .contains("environment SVC_LISTEN__NOPE: unknown key 'listen.nope'"),
+        "{result:?}"
+    );
+
+    std::fs::write(&file, "master_key: short\nlisten: { http: nowhere }\n").unwrap();
+    let result = run(names
+        .command("svc-server")
+        .arg("--config")
+        .arg(&file)
+        .arg("--check-config"));
+    assert_eq!(result.code, 1, "{result:?}");
+    for expected in [
+        "hmacsecret is missing",
+        "master_key must be base64 of exactly 32 bytes",
+        "listen.http: 'nowhere'",
+    ] {
+        assert!(result.stderr.contains(expected), "{expected}: {result:?}");
+    }
+}
+
+#[test]
+fn environment_overrides_the_file() {
+    let names = Names::new();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("server.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "hmacsecret: abc\nmaster_key: {}\nlisten: {{ http: 'bad' }}\n",
+            common::random_master_key()
+        ),
+    )
+    .unwrap();
+    let bad = run(names
+        .command("svc-server")
+        .arg("--config")
+        .arg(&file)
+        .arg("--check-config"));
+    assert_eq!(bad.code, 1, "{bad:?}");
+    let fixed = run(names
+        .command("svc-server")
+        .arg("--config")
+        .arg(&file)
+        .arg("--check-config")
+        .env("SVC_LISTEN__HTTP", "127.0.0.1:18080"));
+    assert_eq!(fixed.code, 0, "{fixed:?}");
+}
+
+#[test]
+fn a_missing_named_config_file_is_an_error() {
+    let names = Names::new();
+    let result = run(names.command("svc-server").args([
+        "--config",
+        "/nonexistent/server.yaml",
+        "--check-config",
+    ]));
+    assert_eq!(result.code, 1, "{result:?}");
+    assert!(
+        result.stderr.contains("/nonexistent/server.yaml"),
+        "{result:?}"
+    );
+}
+
+#[test]
+fn server_refuses_to_start_without_required_keys() {
+    let names = Names::new();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("server.yaml");
+    std::fs::write(&file, format!("data_dir: {}/data\n", dir.path().display())).unwrap();
+    let result = run(names.command("svc-server").arg("--config").arg(&file));
+    assert_eq!(result.code, 1, "{result:?}");
+    assert!(
+        result.stderr.contains("hmacsecret is missing"),
+        "{result:?}"
+    );
+    assert!(
+        result.stderr.contains("master_key is missing"),
+        "{result:?}"
+    );
+}
+
+#[test]
+fn dev_mode_generates_private_secrets_and_a_bootstrap_key() {
+    let names = Names::new();
+    let dir = tempfile::tempdir().unwrap();
+    let child = names
+        .command("svc-server")
+        .arg("--dev")
+        .current_dir(dir.path())
+        .env("SVC_LISTEN__HTTP", "127.0.0.1:0")
+        .env("SVC_LISTEN__GRPC", "127.0.0.1:0")
+        .env("SVC_LISTEN__BUS", "127.0.0.1:0")
+        .env("SVC_CONFIG", "unused")
+        .args(["--config", "/dev/null"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let data = dir.path().join(".svc-dev");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !data.join("listen-addrs.json").exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "dev server did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    common::assert_private(&data.join("dev-secrets.yaml"));
+    common::assert_private(&data.join("bootstrap-admin.key"));
+    common::assert_private(&data.join("svc.db"));
+    let secrets = std::fs::read_to_string(data.join("dev-secrets.yaml")).unwrap();
+    assert!(secrets.contains("hmacsecret:") && secrets.contains("master_key:"));
+    let key = std::fs::read_to_string(data.join("bootstrap-admin.key")).unwrap();
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(0));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("dev mode: generated hmacsecret and master_key"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains(key.trim()),
+        "the bootstrap key must never be logged"
+    );
+}
