@@ -43,7 +43,10 @@ pub async fn readiness(context: &Context) -> Readiness {
         "store",
         match context.store.ping().await {
             Ok(()) => Component::ok(),
-            Err(e) => Component::failing("error", format!("{} store: {e}", context.store.driver())),
+            Err(e) => Component::failing(
+                "unavailable",
+                format!("{} store: {e}", context.store.driver()),
+            ),
         },
     );
     components.insert(

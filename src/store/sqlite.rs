@@ -118,6 +118,19 @@ impl Store for SqliteStore {
     }
 
     async fn ping(&self) -> Result<()> {
+        // Pooled connections keep working on a database file that was deleted or replaced
+        // underneath them, while the next new connection would silently create an empty one:
+        // readiness must notice that, so check the file as well as a round trip.
+        match std::fs::metadata(&self.path) {
+            Ok(meta) if meta.is_file() => {}
+            Ok(_) => {
+                return Err(Error::Unavailable(format!(
+                    "{} is not a file",
+                    self.path.display()
+                )))
+            }
+            Err(e) => return Err(Error::Unavailable(format!("{}: {e}", self.path.display()))),
+        }
         self.with(|c| {
             c.query_row("SELECT 1", [], |_| Ok(()))?;
             Ok(())

@@ -84,18 +84,10 @@ pub struct TestServer {
     log_file: PathBuf,
 }
 
+#[derive(Default)]
 pub struct Options {
     pub env: Vec<(String, String)>,
     pub config_yaml: String,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Options {
-            env: Vec::new(),
-            config_yaml: String::new(),
-        }
-    }
 }
 
 pub fn random_master_key() -> String {

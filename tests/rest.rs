@@ -1,0 +1,641 @@
+//! REST end to end: health, metrics, API keys, roles, rate limits, bad input, shutdown.
+
+mod common;
+
+use common::{http_request, run, Options, TestServer};
+
+#[test]
+fn health_live_and_ready() {
+    let server = TestServer::start();
+    let live = server.request("GET", "/health/live", None, None);
+    assert_eq!(
+        (live.status, live.json()),
+        (200, serde_json::json!({"status": "ok"}))
+    );
+    let ready = server.request("GET", "/health/ready", None, None);
+    assert_eq!(ready.status, 200);
+    let body = ready.json();
+    assert_eq!(body["ready"], true);
+    for component in ["store", "grpc"] {
+        assert_eq!(body["components"][component]["status"], "ok", "{body}");
+    }
+}
+
+#[test]
+fn readiness_reports_a_failing_component_with_503() {
+    let server = TestServer::start();
+    // Take the store away underneath the running server: the database file becomes a directory.
+    let db = server.data_dir.join("svc.db");
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", db.display()));
+    }
+    std::fs::create_dir(&db).unwrap();
+    let ready = server.request("GET", "/health/ready", None, None);
+    let body = ready.json();
+    assert_eq!(ready.status, 503, "{body}");
+    assert_eq!(body["ready"], false);
+    assert_eq!(
+        body["components"]["store"]["status"], "unavailable",
+        "{body}"
+    );
+    assert!(body["components"]["store"]["detail"].is_string(), "{body}");
+    assert_eq!(body["components"]["grpc"]["status"], "ok", "{body}");
+    let metrics = server.request("GET", "/metrics", None, None).body;
+    assert!(
+        metrics.contains("svc_health_ready{component=\"store\"} 0\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("svc_health_ready{component=\"grpc\"} 1\n"),
+        "{metrics}"
+    );
+}
+
+/// Every non-comment line must be `name{labels} value` in the exposition format.
+fn assert_valid_exposition(text: &str) {
+    for line in text.lines() {
+        if line.starts_with("# HELP ") || line.starts_with("# TYPE ") {
+            continue;
+        }
+        let (series, value) = line
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("no value: {line}"));
+        assert!(
+            value.parse::<f64>().is_ok() || value == "+Inf" || value == "NaN",
+            "value: {line}"
+        );
+        let name_end = series.find('{').unwrap_or(series.len());
+        let name = &series[..name_end];
+        assert!(
+            !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            "name: {line}"
+        );
+        assert!(
+            !name.starts_with(|c: char| c.is_ascii_digit()),
+            "name: {line}"
+        );
+        if name_end < series.len() {
+            let labels = &series[name_end..];
+            assert!(
+                labels.starts_with('{') && labels.ends_with('}'),
+                "labels: {line}"
+            );
+            for pair in labels[1..labels.len() - 1].split("\",") {
+                let (key, value) = pair
+                    .split_once("=\"")
+                    .unwrap_or_else(|| panic!("label: {line}"));
+                assert!(
+                    key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
+                    "label name: {line}"
+                );
+                assert!(
+                    !value.trim_end_matches('"').contains('\n'),
+                    "label value: {line}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn metrics_are_valid_exposition_format() {
+    let server = TestServer::start();
+    server.request("GET", "/api/v1/apikeys", None, None);
+    server.request("GET", "/api/v1/apikeys", Some(&server.admin_key), None);
+    server.request("GET", "/nope", None, None);
+    let response = server.request("GET", "/metrics", None, None);
+    assert_eq!(response.status, 200);
+    assert!(response
+        .header("content-type")
+        .unwrap()
+        .starts_with("text/plain"));
+    let text = &response.body;
+    assert_valid_exposition(text);
+    for expected in [
+        "svc_health_ready{component=\"store\"} 1",
+        "svc_health_ready{component=\"grpc\"} 1",
+        "svc_http_requests_total{route=\"/api/v1/apikeys\",code=\"401\"} 1",
+        "svc_http_requests_total{route=\"/api/v1/apikeys\",code=\"200\"} 1",
+        "svc_http_request_duration_seconds_bucket{route=\"/api/v1/apikeys\",le=\"+Inf\"} 2",
+        "# TYPE svc_api_errors_total counter",
+    ] {
+        assert!(text.contains(expected), "missing {expected}:\n{text}");
+    }
+    let errors: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("svc_api_errors_total "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(errors >= 2.0, "401 and 404 count as API errors: {errors}");
+}
+
+#[test]
+fn api_key_lifecycle_and_delete_takes_effect_on_the_next_request() {
+    let server = TestServer::start();
+    let (id, key) = server.create_key("ci", "operator");
+    assert!(key.starts_with("svc_") && key.len() == 44, "{key}");
+
+    let list = server
+        .request("GET", "/api/v1/apikeys", Some(&server.admin_key), None)
+        .json();
+    let names: Vec<&str> = list["apikeys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["bootstrap-admin", "ci"]);
+    assert!(
+        list["apikeys"][1].get("key").is_none(),
+        "the key is never shown again"
+    );
+    assert!(!list.to_string().contains(&key));
+
+    let shown = server
+        .request(
+            "GET",
+            &format!("/api/v1/apikeys/{id}"),
+            Some(&server.admin_key),
+            None,
+        )
+        .json();
+    assert_eq!(
+        (shown["name"].as_str(), shown["role"].as_str()),
+        (Some("ci"), Some("operator"))
+    );
+
+    // The new key works (an operator may read health-level things but not keys: 403, not 401).
+    let with_new = server.request("GET", "/api/v1/apikeys", Some(&key), None);
+    assert_eq!(with_new.status, 403, "{}", with_new.body);
+
+    let patched = server.request(
+        "PATCH",
+        &format!("/api/v1/apikeys/{id}"),
+        Some(&server.admin_key),
+        Some(r#"{"role":"admin"}"#),
+    );
+    assert_eq!(patched.status, 200, "{}", patched.body);
+    assert_eq!(patched.json()["role"], "admin");
+    assert_eq!(
+        server
+            .request("GET", "/api/v1/apikeys", Some(&key), None)
+            .status,
+        200
+    );
+
+    let deleted = server.request(
+        "DELETE",
+        &format!("/api/v1/apikeys/{id}"),
+        Some(&server.admin_key),
+        None,
+    );
+    assert_eq!(deleted.status, 204);
+    let after = server.request("GET", "/api/v1/apikeys", Some(&key), None);
+    assert_eq!(
+        after.status, 401,
+        "the very next request fails: {}",
+        after.body
+    );
+    assert_eq!(after.json()["error"]["code"], "unauthenticated");
+
+    let again = server.request(
+        "DELETE",
+        &format!("/api/v1/apikeys/{id}"),
+        Some(&server.admin_key),
+        None,
+    );
+    assert_eq!(again.status, 404);
+
+    // Only hashes at rest: the cleartext key is nowhere in the database files.
+    for suffix in ["svc.db", "svc.db-wal"] {
+        if let Ok(bytes) = std::fs::read(server.data_dir.join(suffix)) {
+            assert!(
+                !String::from_utf8_lossy(&bytes).contains(&key),
+                "{suffix} holds a cleartext key"
+            );
+            assert!(!String::from_utf8_lossy(&bytes).contains(&server.admin_key));
+        }
+    }
+    assert!(
+        !server.log().contains(&key) && !server.log().contains(&server.admin_key),
+        "keys never logged"
+    );
+}
+
+#[test]
+fn roles_are_enforced() {
+    let server = TestServer::start();
+    let (_, readonly) = server.create_key("viewer", "readonly");
+    let create = server.request(
+        "POST",
+        "/api/v1/apikeys",
+        Some(&readonly),
+        Some(r#"{"name":"x","role":"admin"}"#),
+    );
+    assert_eq!(create.status, 403, "{}", create.body);
+    assert_eq!(create.json()["error"]["code"], "permission_denied");
+    for (method, path) in [
+        ("GET", "/api/v1/apikeys"),
+        ("GET", "/api/v1/apikeys/x"),
+        ("DELETE", "/api/v1/apikeys/x"),
+    ] {
+        assert_eq!(
+            server.request(method, path, Some(&readonly), None).status,
+            403,
+            "{method} {path}"
+        );
+    }
+    // No key, a malformed key, a well-formed unknown key: 401.
+    let unknown = format!("svc_{}", "A".repeat(40));
+    for key in [None, Some("garbage"), Some(unknown.as_str())] {
+        let response = server.request("GET", "/api/v1/apikeys", key, None);
+        assert_eq!(response.status, 401, "{key:?}");
+    }
+    let basic = http_request(
+        server.http,
+        "GET",
+        "/api/v1/apikeys",
+        &[("Authorization", "Basic YTpi")],
+        None,
+    )
+    .unwrap();
+    assert_eq!(basic.status, 401);
+}
+
+#[test]
+fn expired_keys_are_refused() {
+    let server = TestServer::start();
+    let past = server.request(
+        "POST",
+        "/api/v1/apikeys",
+        Some(&server.admin_key),
+        Some(r#"{"name":"old","role":"admin","expires_at":"2001-01-01T00:00:00Z"}"#),
+    );
+    assert_eq!(past.status, 422, "{}", past.body);
+    let soon = svc::clock::format_rfc3339(svc::clock::now_millis() + 1500);
+    let body = format!(r#"{{"name":"soon","role":"admin","expires_at":"{soon}"}}"#);
+    let created = server.request(
+        "POST",
+        "/api/v1/apikeys",
+        Some(&server.admin_key),
+        Some(&body),
+    );
+    assert_eq!(created.status, 201, "{}", created.body);
+    let key = created.json()["key"].as_str().unwrap().to_string();
+    assert_eq!(created.json()["expires_at"], soon.as_str());
+    std::thread::sleep(std::time::Duration::from_millis(1600));
+    let response = server.request("GET", "/api/v1/apikeys", Some(&key), None);
+    assert_eq!(response.status, 401);
+    assert!(response.body.contains("expired"), "{}", response.body);
+}
+
+#[test]
+fn rate_limit_answers_429_with_retry_after() {
+    let server = TestServer::start_with(Options {
+        config_yaml: "rate_limit: { requests_per_second: 1, burst: 3 }\n".into(),
+        ..Options::default()
+    });
+    let statuses: Vec<u16> = (0..6)
+        .map(|_| {
+            server
+                .request("GET", "/api/v1/apikeys", Some(&server.admin_key), None)
+                .status
+        })
+        .collect();
+    assert_eq!(&statuses[..3], &[200, 200, 200], "{statuses:?}");
+    assert!(statuses[3..].contains(&429), "{statuses:?}");
+    let limited = server.request("GET", "/api/v1/apikeys", Some(&server.admin_key), None);
+    assert_eq!(limited.status, 429);
+    let retry: u64 = limited
+        .header("retry-after")
+        .expect("Retry-After")
+        .parse()
+        .unwrap();
+    assert!(retry >= 1);
+    assert_eq!(limited.json()["error"]["code"], "rate_limited");
+    // Another key has its own bucket; health needs no key and is not limited.
+    assert_eq!(
+        server.request("GET", "/health/live", None, None).status,
+        200
+    );
+}
+
+#[test]
+fn bad_requests_get_json_errors() {
+    let server = TestServer::start();
+    let key = Some(server.admin_key.as_str());
+    let cases: &[(&str, &str, Option<&str>, u16, &str)] = &[
+        (
+            "POST",
+            "/api/v1/apikeys",
+            Some("{\"name\": "),
+            400,
+            "bad_request",
+        ),
+        ("POST", "/api/v1/apikeys", Some("[1,2]"), 400, "bad_request"),
+        ("POST", "/api/v1/apikeys", Some(""), 400, "bad_request"),
+        (
+            "POST",
+            "/api/v1/apikeys",
+            Some(r#"{"name":"x","role":"admin","extra":1}"#),
+            400,
+            "bad_request",
+        ),
+        (
+            "POST",
+            "/api/v1/apikeys",
+            Some(r#"{"name":"x","role":"root"}"#),
+            422,
+            "invalid_argument",
+        ),
+        (
+            "POST",
+            "/api/v1/apikeys",
+            Some(r#"{"name":"","role":"admin"}"#),
+            422,
+            "invalid_argument",
+        ),
+        (
+            "PATCH",
+            "/api/v1/apikeys/nope",
+            Some(r#"{"name":"y"}"#),
+            404,
+            "not_found",
+        ),
+        (
+            "GET",
+            "/api/v1/apikeys/01ZZZZZZZZZZZZZZZZZZZZZZZZ",
+            None,
+            404,
+            "not_found",
+        ),
+        ("GET", "/api/v2/everything", None, 404, "not_found"),
+        (
+            "PUT",
+            "/api/v1/apikeys",
+            Some("{}"),
+            405,
+            "method_not_allowed",
+        ),
+    ];
+    for (method, path, body, status, code) in cases {
+        let response = server.request(method, path, key, *body);
+        assert_eq!(
+            response.status, *status,
+            "{method} {path} {body:?}: {}",
+            response.body
+        );
+        assert_eq!(response.json()["error"]["code"], *code, "{method} {path}");
+        assert!(response.json()["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()));
+    }
+    // Nothing was created by any of that.
+    let list = server.request("GET", "/api/v1/apikeys", key, None).json();
+    assert_eq!(list["apikeys"].as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn oversized_bodies_get_413() {
+    let server = TestServer::start();
+    let big = format!(
+        r#"{{"name":"{}","role":"admin"}}"#,
+        "x".repeat(2 * 1024 * 1024)
+    );
+    let response = server.request(
+        "POST",
+        "/api/v1/apikeys",
+        Some(&server.admin_key),
+        Some(&big),
+    );
+    assert_eq!(
+        response.status,
+        413,
+        "{}",
+        &response.body[..response.body.len().min(200)]
+    );
+    assert_eq!(response.json()["error"]["code"], "payload_too_large");
+    assert_eq!(
+        server.request("GET", "/health/live", None, None).status,
+        200
+    );
+}
+
+#[test]
+fn garbage_on_the_ports_leaves_the_server_serving() {
+    use std::io::{Read, Write};
+    let server = TestServer::start();
+    let junk: &[&[u8]] = &[
+        b"\x00\x01\x02\xff\xfe garbage\r\n\r\n",
+        b"GET / HTTP/9.9\r\n\r\n",
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00",
+        &[0xffu8; 70_000],
+    ];
+    for address in [server.http, server.grpc] {
+        for bytes in junk {
+            let mut stream = std::net::TcpStream::connect(address).unwrap();
+            stream
+                .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+                .unwrap();
+            let _ = stream.write_all(bytes);
+            let mut sink = Vec::new();
+            let _ = stream.read_to_end(&mut sink);
+        }
+        // Half-open connections that never speak must not block others either.
+        let _idle = std::net::TcpStream::connect(address).unwrap();
+    }
+    assert_eq!(
+        server.request("GET", "/health/ready", None, None).status,
+        200
+    );
+    assert_eq!(
+        server
+            .request("GET", "/api/v1/apikeys", Some(&server.admin_key), None)
+            .status,
+        200
+    );
+}
+
+#[test]
+fn openapi_documents_every_route() {
+    let server = TestServer::start();
+    let response = server.request("GET", "/api/v1/openapi.json", None, None);
+    assert_eq!(response.status, 200);
+    let doc = response.json();
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
+    let routes = [
+        ("/health/live", "get"),
+        ("/health/ready", "get"),
+        ("/metrics", "get"),
+        ("/api/v1/openapi.json", "get"),
+        ("/api/v1/apikeys", "get"),
+        ("/api/v1/apikeys", "post"),
+        ("/api/v1/apikeys/{id}", "get"),
+        ("/api/v1/apikeys/{id}", "patch"),
+        ("/api/v1/apikeys/{id}", "delete"),
+    ];
+    for (path, method) in routes {
+        assert!(
+            doc["paths"][path][method].is_object(),
+            "{method} {path} missing"
+        );
+    }
+}
+
+#[test]
+fn svcctl_apikey_end_to_end() {
+    let server = TestServer::start();
+    let admin = server.admin_key.clone();
+    let created = run(server.cli("svcctl").args([
+        "--api-key",
+        &admin,
+        "apikey",
+        "create",
+        "--name",
+        "deploy",
+        "--role",
+        "operator",
+        "-o",
+        "json",
+    ]));
+    assert_eq!(created.code, 0, "{created:?}");
+    let record: serde_json::Value = serde_json::from_str(&created.stdout).unwrap();
+    let id = record["id"].as_str().unwrap().to_string();
+    let key = record["key"].as_str().unwrap().to_string();
+
+    let listed = run(server
+        .cli("svcctl")
+        .env("SVC_API_KEY", &admin)
+        .args(["apikey", "list"]));
+    assert_eq!(listed.code, 0, "{listed:?}");
+    let header = listed.stdout.lines().next().unwrap();
+    assert!(
+        header.starts_with("ID") && header.contains("NAME") && header.contains("ROLE"),
+        "{listed:?}"
+    );
+    assert!(
+        listed
+            .stdout
+            .lines()
+            .any(|l| l.starts_with(&id) && l.contains("deploy") && l.contains("operator")),
+        "{listed:?}"
+    );
+    assert!(!listed.stdout.contains(&key));
+
+    let json: serde_json::Value = serde_json::from_str(
+        &run(server
+            .cli("svcctl")
+            .env("SVC_API_KEY", &admin)
+            .args(["-o", "json", "apikey", "list"]))
+        .stdout,
+    )
+    .unwrap();
+    assert_eq!(json.as_array().unwrap().len(), 2);
+
+    let shown = run(server
+        .cli("svcctl")
+        .env("SVC_API_KEY", &admin)
+        .args(["apikey", "show", &id, "-o", "json"]));
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&shown.stdout).unwrap()["name"],
+        "deploy"
+    );
+
+    // The operator key is authenticated but may not manage keys: exit 4.
+    let denied = run(server
+        .cli("svcctl")
+        .env("SVC_API_KEY", &key)
+        .args(["apikey", "list"]));
+    assert_eq!(denied.code, 4, "{denied:?}");
+    assert!(denied.stderr.starts_with("svcctl: "), "{denied:?}");
+
+    let deleted = run(server
+        .cli("svcctl")
+        .env("SVC_API_KEY", &admin)
+        .args(["apikey", "delete", &id]));
+    assert_eq!(deleted.code, 0, "{deleted:?}");
+    let missing = run(server
+        .cli("svcctl")
+        .env("SVC_API_KEY", &admin)
+        .args(["apikey", "show", &id]));
+    assert_eq!(missing.code, 5, "{missing:?}");
+    assert!(missing.stderr.contains("not found"), "{missing:?}");
+    let gone = run(server
+        .cli("svcctl")
+        .env("SVC_API_KEY", &key)
+        .args(["apikey", "list"]));
+    assert_eq!(gone.code, 4, "{gone:?}");
+
+    let no_key = run(server.cli("svcctl").args(["apikey", "list"]));
+    assert_eq!(no_key.code, 4, "{no_key:?}");
+    let bad_role = run(server
+        .cli("svcctl")
+        .env("SVC_API_KEY", &admin)
+        .args(["apikey", "create", "--name", "x", "--role", "root"]));
+    assert_eq!(bad_role.code, 1, "{bad_role:?}");
+    assert!(
+        bad_role.stderr.contains("unknown role 'root'"),
+        "{bad_role:?}"
+    );
+}
+
+#[test]
+fn sigterm_stops_cleanly_and_data_survives_a_restart() {
+    let mut server = TestServer::start();
+    let (id, key) = server.create_key("persist", "readonly");
+    assert_eq!(server.stop_with(libc::SIGTERM), Some(0), "{}", server.log());
+    assert!(
+        server.log().contains("svc-server stopped"),
+        "{}",
+        server.log()
+    );
+    server.spawn(&[]);
+    let shown = server.request(
+        "GET",
+        &format!("/api/v1/apikeys/{id}"),
+        Some(&server.admin_key),
+        None,
+    );
+    assert_eq!(shown.status, 200);
+    let list = server
+        .request("GET", "/api/v1/apikeys", Some(&server.admin_key), None)
+        .json();
+    assert_eq!(
+        list["apikeys"].as_array().unwrap().len(),
+        2,
+        "no second bootstrap key on restart"
+    );
+    assert_eq!(
+        server
+            .request("GET", "/api/v1/apikeys", Some(&key), None)
+            .status,
+        403
+    );
+}
+
+#[test]
+fn bootstrap_key_from_the_environment() {
+    let key = format!("svc_{}", "b".repeat(40));
+    let server = TestServer::start_with(Options {
+        env: vec![("SVC_BOOTSTRAP_API_KEY".into(), key.clone())],
+        ..Options::default()
+    });
+    assert!(!server.data_dir.join("bootstrap-admin.key").exists());
+    assert_eq!(
+        server
+            .request("GET", "/api/v1/apikeys", Some(&key), None)
+            .status,
+        200
+    );
+}
+
+#[test]
+fn bootstrap_key_file_is_private() {
+    let server = TestServer::start();
+    common::assert_private(&server.data_dir.join("bootstrap-admin.key"));
+    assert!(svc::auth::looks_like_api_key(&server.admin_key));
+}
