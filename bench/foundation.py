@@ -78,7 +78,7 @@ def main():
             out = subprocess.run(["wrk", "-t2", "-c64", f"-d{args.seconds}s", "--latency", *headers,
                                   f"http://127.0.0.1:{port}{path}"], capture_output=True, text=True).stdout
             rps = re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)
-            p99 = re.search(r"99%\s+(\S+)", out)
+            p99 = re.search(r"Latency Distribution[\s\S]*?^\s+99%\s+(\S+)", out, re.M)
             non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
             print(f"{label}: {float(rps):,.0f} req/s, p99 {p99.group(1) if p99 else '?'}"
                   + (f", NON-2xx {non2xx.group(1)}" if non2xx else ""))

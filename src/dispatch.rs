@@ -8,8 +8,11 @@ use std::ffi::OsString;
 
 use crate::cli::{self, exit, planned};
 
+/// A mode's entry point: program name and arguments in, exit code out.
+type Main = fn(&str, Vec<String>) -> i32;
+
 enum Entry {
-    Run(fn(&str, Vec<String>) -> i32),
+    Run(Main),
     Planned(&'static planned::Planned),
 }
 
@@ -19,8 +22,16 @@ fn table() -> Vec<(&'static str, Entry)> {
         ("svc-server", Entry::Run(crate::server::main)),
         ("svcctl", Entry::Run(cli::ctl::main)),
     ];
+    // CLIs with some commands built have their own entry; the rest come from the table.
+    let built: &[(&str, Main)] = &[
+        ("svc-audit", cli::audit::main),
+        ("svc-policy", cli::policy::main),
+    ];
     for tool in planned::TOOLS {
-        names.push((tool.name, Entry::Planned(tool)));
+        match built.iter().find(|(name, _)| *name == tool.name) {
+            Some((name, entry)) => names.push((name, Entry::Run(*entry))),
+            None => names.push((tool.name, Entry::Planned(tool))),
+        }
     }
     names
 }

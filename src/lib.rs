@@ -3,11 +3,13 @@
 //! `main.rs` only hands argv to [`dispatch`]; everything else lives in the modules below, one
 //! per domain or transport. See docs/ARCHITECTURE.md for the map and its invariants.
 
+pub mod audit;
 pub mod auth;
 pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod dispatch;
+pub mod domain;
 pub mod error;
 pub mod ids;
 pub mod metrics;

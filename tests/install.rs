@@ -14,15 +14,27 @@ fn install(args: &[&str]) -> std::process::Output {
 fn install_links_every_name_and_uninstall_removes_them() {
     let prefix = tempfile::tempdir().unwrap();
     let prefix_arg = prefix.path().to_str().unwrap();
-    let output = install(&["--prefix", prefix_arg, "--binary", env!("CARGO_BIN_EXE_svc")]);
+    let output = install(&[
+        "--prefix",
+        prefix_arg,
+        "--binary",
+        env!("CARGO_BIN_EXE_svc"),
+    ]);
     assert!(output.status.success(), "{output:?}");
     let bin = prefix.path().join("bin");
     assert!(bin.join("svc").is_file());
     for name in svc::dispatch::names() {
         let link = bin.join(name);
-        assert_eq!(std::fs::read_link(&link).unwrap(), std::path::Path::new("svc"), "{name}");
+        assert_eq!(
+            std::fs::read_link(&link).unwrap(),
+            std::path::Path::new("svc"),
+            "{name}"
+        );
         let version = Command::new(&link).arg("--version").output().unwrap();
-        assert!(String::from_utf8_lossy(&version.stdout).starts_with(name), "{name}");
+        assert!(
+            String::from_utf8_lossy(&version.stdout).starts_with(name),
+            "{name}"
+        );
     }
     // Someone else's file with one of our names is left alone.
     std::fs::remove_file(bin.join("svc-webhook")).unwrap();
@@ -42,7 +54,12 @@ fn install_rejects_unknown_options_and_missing_binaries() {
     let output = install(&["--frobnicate"]);
     assert_eq!(output.status.code(), Some(2));
     let prefix = tempfile::tempdir().unwrap();
-    let output = install(&["--prefix", prefix.path().to_str().unwrap(), "--binary", "/nonexistent/svc"]);
+    let output = install(&[
+        "--prefix",
+        prefix.path().to_str().unwrap(),
+        "--binary",
+        "/nonexistent/svc",
+    ]);
     assert_eq!(output.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&output.stderr).contains("no svc binary found"));
 }

@@ -5,7 +5,11 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use serde_json::json;
+
 use super::{Principal, Role};
+use crate::audit::Action;
+use crate::domain::Domain;
 use crate::store::{ApiKeyChange, ApiKeyRow, Store};
 use crate::{clock, ids, Error, Result};
 
@@ -123,6 +127,26 @@ pub async fn authenticate(store: &dyn Store, key: &str) -> Result<Principal> {
 
 /// Creates a key; returns its record and the cleartext, which is never available again.
 pub async fn create_key(
+    domain: &Domain,
+    principal: &Principal,
+    input: NewKey,
+) -> Result<(ApiKey, String)> {
+    let action = Action::new("apikey.create", "apikey", "").detail(json!({
+        "name": input.name, "role": input.role, "expires_at": input.expires_at,
+    }));
+    let result = create_key_checked(domain.store.as_ref(), principal, input).await;
+    let action = match &result {
+        Ok((record, _)) => Action {
+            resource_id: record.id.clone(),
+            ..action
+        },
+        Err(_) => action,
+    };
+    domain.auditor.record(principal, action, &result).await;
+    result
+}
+
+async fn create_key_checked(
     store: &dyn Store,
     principal: &Principal,
     input: NewKey,
@@ -165,9 +189,10 @@ async fn insert_key(
     Ok((row.into(), key))
 }
 
-pub async fn list_keys(store: &dyn Store, principal: &Principal) -> Result<Vec<ApiKey>> {
+pub async fn list_keys(domain: &Domain, principal: &Principal) -> Result<Vec<ApiKey>> {
     principal.require(Role::Admin)?;
-    Ok(store
+    Ok(domain
+        .store
         .list_api_keys()
         .await?
         .into_iter()
@@ -175,9 +200,10 @@ pub async fn list_keys(store: &dyn Store, principal: &Principal) -> Result<Vec<A
         .collect())
 }
 
-pub async fn get_key(store: &dyn Store, principal: &Principal, id: &str) -> Result<ApiKey> {
+pub async fn get_key(domain: &Domain, principal: &Principal, id: &str) -> Result<ApiKey> {
     principal.require(Role::Admin)?;
-    store
+    domain
+        .store
         .get_api_key(id)
         .await?
         .map(ApiKey::from)
@@ -185,6 +211,19 @@ pub async fn get_key(store: &dyn Store, principal: &Principal, id: &str) -> Resu
 }
 
 pub async fn update_key(
+    domain: &Domain,
+    principal: &Principal,
+    id: &str,
+    update: KeyUpdate,
+) -> Result<ApiKey> {
+    let action = Action::new("apikey.update", "apikey", id)
+        .detail(json!({"name": update.name, "role": update.role}));
+    let result = update_key_checked(domain.store.as_ref(), principal, id, update).await;
+    domain.auditor.record(principal, action, &result).await;
+    result
+}
+
+async fn update_key_checked(
     store: &dyn Store,
     principal: &Principal,
     id: &str,
@@ -206,13 +245,25 @@ pub async fn update_key(
         .ok_or_else(|| Error::NotFound(format!("API key '{id}' not found")))
 }
 
-pub async fn delete_key(store: &dyn Store, principal: &Principal, id: &str) -> Result<()> {
-    principal.require(Role::Admin)?;
-    if store.delete_api_key(id).await? {
-        Ok(())
-    } else {
-        Err(Error::NotFound(format!("API key '{id}' not found")))
+pub async fn delete_key(domain: &Domain, principal: &Principal, id: &str) -> Result<()> {
+    let result = async {
+        principal.require(Role::Admin)?;
+        if domain.store.delete_api_key(id).await? {
+            Ok(())
+        } else {
+            Err(Error::NotFound(format!("API key '{id}' not found")))
+        }
     }
+    .await;
+    domain
+        .auditor
+        .record(
+            principal,
+            Action::new("apikey.delete", "apikey", id),
+            &result,
+        )
+        .await;
+    result
 }
 
 /// On first start (no keys at all), creates the `bootstrap-admin` key: from

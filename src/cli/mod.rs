@@ -6,10 +6,12 @@
 //! (`svcctl -o json apikey list` and `svcctl apikey list -o json`) without every subcommand
 //! declaring them again.
 
+pub mod audit;
 pub mod client;
 pub mod ctl;
 pub mod output;
 pub mod planned;
+pub mod policy;
 
 use std::fmt;
 
@@ -176,6 +178,31 @@ pub fn parse_args<T: FromArgs>(program: &str, args: &[String]) -> Result<T, i32>
                 Err(exit::USAGE)
             }
         },
+    }
+}
+
+/// Runs a CLI of which some commands are built: a built command goes to `run` with the
+/// common flags and its own arguments; everything else (help, version, planned commands)
+/// to the planned table.
+pub fn run_partly_built(
+    name: &str,
+    args: Vec<String>,
+    run: fn(&str, &str, Common, &[String]) -> i32,
+) -> i32 {
+    let planned = planned::find(name).expect("every partly built CLI has a planned row");
+    let mut rest = args.clone();
+    let common = match take_common(&mut rest) {
+        Ok(common) => common,
+        Err(error) => {
+            eprintln!("{name}: {error}");
+            return error.code;
+        }
+    };
+    match rest.first() {
+        Some(command) if planned.built.contains(&command.as_str()) => {
+            run(name, command, common, &rest[1..])
+        }
+        _ => planned::run(planned, &args),
     }
 }
 

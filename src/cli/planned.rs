@@ -15,6 +15,8 @@ pub struct Planned {
     pub default: Option<&'static str>,
     /// Whether it talks to the server with the common client flags.
     pub is_client: bool,
+    /// Commands that are built (handled by the CLI's own file); the rest are planned.
+    pub built: &'static [&'static str],
 }
 
 pub const AGENT: Planned = Planned {
@@ -26,6 +28,7 @@ pub const AGENT: Planned = Planned {
     ],
     default: Some("run"),
     is_client: false,
+    built: &[],
 };
 
 pub const CTL_AGENT: Planned = Planned {
@@ -42,6 +45,7 @@ pub const CTL_AGENT: Planned = Planned {
     ],
     default: None,
     is_client: true,
+    built: &[],
 };
 
 pub const CTL_STATE: Planned = Planned {
@@ -64,6 +68,7 @@ pub const CTL_STATE: Planned = Planned {
     ],
     default: None,
     is_client: true,
+    built: &[],
 };
 
 pub const CTL_EXEC: Planned = Planned {
@@ -72,9 +77,15 @@ pub const CTL_EXEC: Planned = Planned {
     commands: &[],
     default: Some("exec"),
     is_client: true,
+    built: &[],
 };
 
 /// Every planned `svc-NAME` CLI.
+/// Looks a CLI up by name.
+pub fn find(name: &str) -> Option<&'static Planned> {
+    TOOLS.iter().find(|tool| tool.name == name)
+}
+
 pub const TOOLS: &[Planned] = &[
     AGENT,
     Planned {
@@ -89,6 +100,7 @@ pub const TOOLS: &[Planned] = &[
         ],
         default: None,
         is_client: true,
+        built: &["log", "verify"],
     },
     Planned {
         name: "svc-events",
@@ -105,6 +117,7 @@ pub const TOOLS: &[Planned] = &[
         ],
         default: None,
         is_client: true,
+        built: &[],
     },
     Planned {
         name: "svc-identity",
@@ -117,6 +130,7 @@ pub const TOOLS: &[Planned] = &[
         ],
         default: None,
         is_client: true,
+        built: &[],
     },
     Planned {
         name: "svc-secrets",
@@ -132,6 +146,7 @@ pub const TOOLS: &[Planned] = &[
         ],
         default: None,
         is_client: true,
+        built: &[],
     },
     Planned {
         name: "svc-policy",
@@ -149,6 +164,7 @@ pub const TOOLS: &[Planned] = &[
         ],
         default: None,
         is_client: true,
+        built: &["list", "show", "violations", "create", "update", "delete", "eval", "validate"],
     },
     Planned {
         name: "svc-cluster",
@@ -166,6 +182,7 @@ pub const TOOLS: &[Planned] = &[
         ],
         default: None,
         is_client: true,
+        built: &[],
     },
     Planned {
         name: "svc-cluster-backup",
@@ -178,6 +195,7 @@ pub const TOOLS: &[Planned] = &[
         ],
         default: None,
         is_client: true,
+        built: &[],
     },
     Planned {
         name: "svc-files",
@@ -191,6 +209,7 @@ pub const TOOLS: &[Planned] = &[
         ],
         default: None,
         is_client: false,
+        built: &[],
     },
     Planned {
         name: "svc-backup",
@@ -198,6 +217,7 @@ pub const TOOLS: &[Planned] = &[
         commands: &[("create", "create a backup"), ("list", "list backups"), ("restore", "restore a backup"), ("verify", "verify a backup")],
         default: None,
         is_client: false,
+        built: &[],
     },
     Planned {
         name: "svc-blueprint",
@@ -210,6 +230,7 @@ pub const TOOLS: &[Planned] = &[
         ],
         default: None,
         is_client: false,
+        built: &[],
     },
     Planned {
         name: "svc-bootstrap",
@@ -217,6 +238,7 @@ pub const TOOLS: &[Planned] = &[
         commands: &[],
         default: Some("run"),
         is_client: false,
+        built: &[],
     },
     Planned {
         name: "svc-gitops",
@@ -224,6 +246,7 @@ pub const TOOLS: &[Planned] = &[
         commands: &[("verify", "verify the deployed revision"), ("rollback", "roll back to a revision")],
         default: None,
         is_client: false,
+        built: &[],
     },
     Planned {
         name: "svc-migrate",
@@ -235,6 +258,7 @@ pub const TOOLS: &[Planned] = &[
         ],
         default: None,
         is_client: false,
+        built: &[],
     },
     Planned {
         name: "svc-module",
@@ -248,6 +272,7 @@ pub const TOOLS: &[Planned] = &[
         ],
         default: None,
         is_client: false,
+        built: &[],
     },
     Planned {
         name: "svc-registry",
@@ -255,6 +280,7 @@ pub const TOOLS: &[Planned] = &[
         commands: &[("serve", "serve the registry"), ("version", "print the registry version")],
         default: None,
         is_client: false,
+        built: &[],
     },
     Planned {
         name: "svc-runbook",
@@ -265,6 +291,7 @@ pub const TOOLS: &[Planned] = &[
         ],
         default: None,
         is_client: false,
+        built: &[],
     },
     Planned {
         name: "svc-webhook",
@@ -272,6 +299,7 @@ pub const TOOLS: &[Planned] = &[
         commands: &[("outbound", "manage outbound webhook subscriptions")],
         default: None,
         is_client: false,
+        built: &[],
     },
 ];
 
@@ -292,7 +320,12 @@ pub fn help(planned: &Planned) -> String {
         .max()
         .unwrap_or(0);
     for (name, about) in planned.commands {
-        text.push_str(&format!("  {name:width$}  {about}\n"));
+        let status = if planned.built.is_empty() || planned.built.contains(name) {
+            ""
+        } else {
+            " (not implemented yet)"
+        };
+        text.push_str(&format!("  {name:width$}  {about}{status}\n"));
     }
     text.push('\n');
     if planned.is_client {
@@ -300,7 +333,11 @@ pub fn help(planned: &Planned) -> String {
     } else {
         text.push_str("Options:\n  -h, --help     show help\n  -v, --version  show the version");
     }
-    text.push_str("\n\nStatus: this command's features are not built yet; each command exits 1 with 'not implemented yet'.\n");
+    if planned.built.is_empty() {
+        text.push_str("\n\nStatus: this command's features are not built yet; each command exits 1 with 'not implemented yet'.\n");
+    } else {
+        text.push('\n');
+    }
     text
 }
 

@@ -41,11 +41,11 @@ pub async fn readiness(context: &Context) -> Readiness {
     let mut components = std::collections::BTreeMap::new();
     components.insert(
         "store",
-        match context.store.ping().await {
+        match context.domain.store.ping().await {
             Ok(()) => Component::ok(),
             Err(e) => Component::failing(
                 "unavailable",
-                format!("{} store: {e}", context.store.driver()),
+                format!("{} store: {e}", context.domain.store.driver()),
             ),
         },
     );

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use crate::auth::{self, Principal, RateLimiter};
 use crate::config::ServerConfig;
+use crate::domain::Domain;
 use crate::metrics::Metrics;
 use crate::store::Store;
 use crate::Result;
@@ -34,7 +35,7 @@ pub const LISTEN_ADDRS_FILE: &str = "listen-addrs.json";
 pub struct Context {
     pub config: ServerConfig,
     pub data_dir: PathBuf,
-    pub store: Arc<dyn Store>,
+    pub domain: Domain,
     pub rate_limiter: RateLimiter,
     pub metrics: Metrics,
     pub started: Instant,
@@ -48,10 +49,11 @@ impl Context {
             config.rate_limit.requests_per_second,
             config.rate_limit.burst,
         );
+        let domain = Domain::new(store, config.policy_dir.clone());
         Context {
             config,
             data_dir,
-            store,
+            domain,
             rate_limiter,
             metrics: Metrics::default(),
             started: Instant::now(),
@@ -63,7 +65,7 @@ impl Context {
     /// itself: the bearer key must resolve to a principal, then pass the key's rate limit.
     pub async fn authenticate(&self, authorization: Option<&str>) -> Result<Principal> {
         let key = auth::bearer_token(authorization)?;
-        let principal = auth::authenticate(self.store.as_ref(), key).await?;
+        let principal = auth::authenticate(self.domain.store.as_ref(), key).await?;
         self.rate_limiter.check(&principal.id)?;
         Ok(principal)
     }

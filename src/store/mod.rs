@@ -17,8 +17,10 @@ use crate::Result;
 pub use sqlite::SqliteStore;
 
 /// Every migration, in order. A migration is never edited once released: add a new one.
-pub const MIGRATIONS: &[(i64, &str, &str)] =
-    &[(1, "api_keys", include_str!("migrations/0001_api_keys.sql"))];
+pub const MIGRATIONS: &[(i64, &str, &str)] = &[
+    (1, "api_keys", include_str!("migrations/0001_api_keys.sql")),
+    (2, "audit", include_str!("migrations/0002_audit.sql")),
+];
 
 /// A stored API key (never the key itself: only its hash).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -39,6 +41,48 @@ pub struct ApiKeyChange {
     pub role: Option<String>,
 }
 
+/// One audit row as stored. `seq` orders the hash chain.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AuditRow {
+    pub seq: i64,
+    pub id: String,
+    pub timestamp: String,
+    pub user: String,
+    pub action: String,
+    pub resource_type: String,
+    pub resource_id: String,
+    pub outcome: String,
+    pub policy_id: Option<String>,
+    pub decision: Option<String>,
+    pub severity: String,
+    /// Redacted JSON object, as text.
+    pub detail: String,
+    pub prev_hash: String,
+    pub hash: String,
+}
+
+/// Filters of an audit query; every field narrows the result.
+#[derive(Clone, Debug, Default)]
+pub struct AuditFilter {
+    pub since: Option<String>,
+    pub until: Option<String>,
+    pub user: Option<String>,
+    /// A glob on the dotted action (`secret.*`); `*` matches any run of characters.
+    pub action: Option<String>,
+    pub resource_type: Option<String>,
+    pub policy_id: Option<String>,
+    pub outcome: Option<String>,
+    /// `allow` or `deny`: the policy decision recorded on the row.
+    pub decision: Option<String>,
+    /// Only these severities (the domain expands `--min-severity`).
+    pub severities: Vec<String>,
+    /// Newest first, strictly before this seq (paging).
+    pub before_seq: Option<i64>,
+}
+
+/// Seals a row about to be appended: given the row with `prev_hash` set, returns its hash.
+pub type AuditSeal = dyn Fn(&AuditRow) -> String + Send + Sync;
+
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     /// "sqlite" or "postgres", for health and logs.
@@ -56,6 +100,19 @@ pub trait Store: Send + Sync + 'static {
     /// Whether a row was deleted.
     async fn delete_api_key(&self, id: &str) -> Result<bool>;
     async fn touch_api_key(&self, id: &str, used_at: &str) -> Result<()>;
+
+    /// Appends an audit row at the end of the chain: sets `seq` and `prev_hash` (the last
+    /// row's hash, or `genesis`), then `hash` from `seal`, all in one write transaction.
+    async fn append_audit(
+        &self,
+        row: AuditRow,
+        genesis: &str,
+        seal: &AuditSeal,
+    ) -> Result<AuditRow>;
+    /// Rows matching `filter`, newest first, at most `limit`.
+    async fn query_audit(&self, filter: &AuditFilter, limit: usize) -> Result<Vec<AuditRow>>;
+    /// Rows in chain order with `seq > after_seq`, at most `limit` (verify and export).
+    async fn audit_chain(&self, after_seq: i64, limit: usize) -> Result<Vec<AuditRow>>;
 }
 
 /// Opens the configured store and applies pending migrations.

@@ -11,7 +11,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
-use super::{ApiKeyChange, ApiKeyRow, Store, MIGRATIONS};
+use super::{ApiKeyChange, ApiKeyRow, AuditFilter, AuditRow, AuditSeal, Store, MIGRATIONS};
 use crate::{Error, Result};
 
 /// Connections kept for reuse; more are opened under load and closed when the pool is full.
@@ -109,6 +109,44 @@ fn api_key_from_row(row: &Row<'_>) -> rusqlite::Result<ApiKeyRow> {
         last_used_at: row.get(5)?,
         expires_at: row.get(6)?,
     })
+}
+
+const AUDIT_COLUMNS: &str = "seq, id, timestamp, user_id, action, resource_type, resource_id, \
+     outcome, policy_id, decision, severity, detail, prev_hash, hash";
+
+fn audit_from_row(row: &Row<'_>) -> rusqlite::Result<AuditRow> {
+    Ok(AuditRow {
+        seq: row.get(0)?,
+        id: row.get(1)?,
+        timestamp: row.get(2)?,
+        user: row.get(3)?,
+        action: row.get(4)?,
+        resource_type: row.get(5)?,
+        resource_id: row.get(6)?,
+        outcome: row.get(7)?,
+        policy_id: row.get(8)?,
+        decision: row.get(9)?,
+        severity: row.get(10)?,
+        detail: row.get(11)?,
+        prev_hash: row.get(12)?,
+        hash: row.get(13)?,
+    })
+}
+
+/// A glob with `*` as a LIKE pattern, escaping LIKE's own wildcards.
+fn glob_to_like(glob: &str) -> String {
+    let mut like = String::with_capacity(glob.len());
+    for c in glob.chars() {
+        match c {
+            '*' => like.push('%'),
+            '%' | '_' | '\\' => {
+                like.push('\\');
+                like.push(c);
+            }
+            c => like.push(c),
+        }
+    }
+    like
 }
 
 #[async_trait]
@@ -216,6 +254,109 @@ impl Store for SqliteStore {
 
     async fn delete_api_key(&self, id: &str) -> Result<bool> {
         self.with(|c| Ok(c.execute("DELETE FROM api_keys WHERE id = ?1", [id])? > 0))
+    }
+
+    async fn append_audit(
+        &self,
+        mut row: AuditRow,
+        genesis: &str,
+        seal: &AuditSeal,
+    ) -> Result<AuditRow> {
+        self.with(|c| {
+            // IMMEDIATE takes the write lock first, so two appenders cannot both read the same
+            // last hash and fork the chain.
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            let last: Option<(i64, String)> = tx
+                .query_row(
+                    "SELECT seq, hash FROM audit_events ORDER BY seq DESC LIMIT 1",
+                    [],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()?;
+            let (last_seq, prev_hash) = last.unwrap_or((0, genesis.to_string()));
+            row.seq = last_seq + 1;
+            row.prev_hash = prev_hash;
+            row.hash = seal(&row);
+            tx.prepare_cached(&format!(
+                "INSERT INTO audit_events ({AUDIT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"
+            ))?
+            .execute(params![
+                row.seq, row.id, row.timestamp, row.user, row.action, row.resource_type,
+                row.resource_id, row.outcome, row.policy_id, row.decision, row.severity,
+                row.detail, row.prev_hash, row.hash
+            ])?;
+            tx.commit()?;
+            Ok(row)
+        })
+    }
+
+    async fn query_audit(&self, filter: &AuditFilter, limit: usize) -> Result<Vec<AuditRow>> {
+        let mut clauses = Vec::new();
+        let mut values: Vec<Box<dyn rusqlite::ToSql>> = Vec::new();
+        let mut push = |clause: &str, value: Box<dyn rusqlite::ToSql>| {
+            values.push(value);
+            clauses.push(clause.replace('?', &format!("?{}", values.len())));
+        };
+        if let Some(v) = &filter.since {
+            push("timestamp >= ?", Box::new(v.clone()));
+        }
+        if let Some(v) = &filter.until {
+            push("timestamp < ?", Box::new(v.clone()));
+        }
+        if let Some(v) = &filter.user {
+            push("user_id = ?", Box::new(v.clone()));
+        }
+        if let Some(v) = &filter.action {
+            push("action LIKE ? ESCAPE '\\'", Box::new(glob_to_like(v)));
+        }
+        if let Some(v) = &filter.resource_type {
+            push("resource_type = ?", Box::new(v.clone()));
+        }
+        if let Some(v) = &filter.policy_id {
+            push("policy_id = ?", Box::new(v.clone()));
+        }
+        if let Some(v) = &filter.outcome {
+            push("outcome = ?", Box::new(v.clone()));
+        }
+        if let Some(v) = &filter.decision {
+            push("decision = ?", Box::new(v.clone()));
+        }
+        if let Some(v) = filter.before_seq {
+            push("seq < ?", Box::new(v));
+        }
+        if !filter.severities.is_empty() {
+            let mut placeholders = Vec::new();
+            for severity in &filter.severities {
+                values.push(Box::new(severity.clone()));
+                placeholders.push(format!("?{}", values.len()));
+            }
+            clauses.push(format!("severity IN ({})", placeholders.join(", ")));
+        }
+        let filter_sql = if clauses.is_empty() {
+            String::new()
+        } else {
+            format!("WHERE {}", clauses.join(" AND "))
+        };
+        let sql = format!(
+            "SELECT {AUDIT_COLUMNS} FROM audit_events {filter_sql} ORDER BY seq DESC LIMIT {}",
+            limit.min(100_000)
+        );
+        self.with(|c| {
+            let mut statement = c.prepare_cached(&sql)?;
+            let params: Vec<&dyn rusqlite::ToSql> = values.iter().map(|v| v.as_ref()).collect();
+            let rows = statement.query_map(params.as_slice(), audit_from_row)?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+    }
+
+    async fn audit_chain(&self, after_seq: i64, limit: usize) -> Result<Vec<AuditRow>> {
+        self.with(|c| {
+            let mut statement = c.prepare_cached(&format!(
+                "SELECT {AUDIT_COLUMNS} FROM audit_events WHERE seq > ?1 ORDER BY seq LIMIT ?2"
+            ))?;
+            let rows = statement.query_map(params![after_seq, limit as i64], audit_from_row)?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
     }
 
     async fn touch_api_key(&self, id: &str, used_at: &str) -> Result<()> {

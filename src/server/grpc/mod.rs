@@ -6,6 +6,7 @@
 //! Health and reflection stay open, as /health does on REST.
 
 mod auth_layer;
+mod policy;
 mod stubs;
 
 use std::sync::Arc;
@@ -45,7 +46,9 @@ pub async fn serve(context: Arc<Context>, listener: TcpListener, mut stop: watch
         .layer(auth_layer::AuthLayer::new(context.clone()))
         .add_service(health_service)
         .add_service(EventServiceServer::new(stubs::Events))
-        .add_service(PolicyServiceServer::new(stubs::Policy))
+        .add_service(PolicyServiceServer::new(policy::Policy {
+            context: context.clone(),
+        }))
         .add_service(IdentityServiceServer::new(stubs::Identity))
         .add_service(SecretsServiceServer::new(stubs::Secrets))
         .add_service(ClusterServiceServer::new(stubs::Cluster))

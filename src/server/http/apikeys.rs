@@ -25,15 +25,13 @@ pub async fn collection(context: &Context, request: Request<Incoming>) -> Result
     let method = request.method().clone();
     only(&method, &[Method::GET, Method::POST])?;
     let caller = principal(context, &request).await?;
-    let store = context.store.as_ref();
+    let domain = &context.domain;
     if method == Method::GET {
-        let apikeys = auth::list_keys(store, &caller).await?;
+        let apikeys = auth::list_keys(domain, &caller).await?;
         return Ok(json_response(StatusCode::OK, &KeyList { apikeys }));
     }
-    // Authorize before reading the body, so a readonly caller learns nothing from validation.
-    caller.require(auth::Role::Admin)?;
     let input: NewKey = json_body(context, request).await?;
-    let (record, key) = auth::create_key(store, &caller, input).await?;
+    let (record, key) = auth::create_key(domain, &caller, input).await?;
     tracing::info!(key_id = %record.id, role = %record.role, by = %caller.id, "API key created");
     Ok(json_response(
         StatusCode::CREATED,
@@ -49,20 +47,19 @@ pub async fn item(
     let method = request.method().clone();
     only(&method, &[Method::GET, Method::PATCH, Method::DELETE])?;
     let caller = principal(context, &request).await?;
-    let store = context.store.as_ref();
+    let domain = &context.domain;
     match method {
         Method::GET => Ok(json_response(
             StatusCode::OK,
-            &auth::get_key(store, &caller, id).await?,
+            &auth::get_key(domain, &caller, id).await?,
         )),
         Method::PATCH => {
-            caller.require(auth::Role::Admin)?;
             let update: KeyUpdate = json_body(context, request).await?;
-            let record = auth::update_key(store, &caller, id, update).await?;
+            let record = auth::update_key(domain, &caller, id, update).await?;
             Ok(json_response(StatusCode::OK, &record))
         }
         _ => {
-            auth::delete_key(store, &caller, id).await?;
+            auth::delete_key(domain, &caller, id).await?;
             context.rate_limiter.forget(id);
             tracing::info!(key_id = %id, by = %caller.id, "API key deleted");
             Ok(Response::builder()

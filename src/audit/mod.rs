@@ -1,0 +1,436 @@
+//! The audit log (contract §9): one recording function for every mutating operation, the hash
+//! chain, redaction, queries, and the policy engine in audit mode.
+//!
+//! `record` is the only writer of audit rows. It redacts the detail, evaluates the policies
+//! (recording decision and policy id, never blocking), and appends the row at the end of the
+//! hash chain. Nothing updates or deletes rows; the database refuses it too (triggers).
+
+pub mod chain;
+pub mod policy;
+pub mod redact;
+
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::auth::{Principal, Role};
+use crate::store::{AuditFilter, AuditRow, Store};
+use crate::{clock, ids, Error, Result};
+
+pub use policy::{Decision, Effect, PolicySet};
+
+/// Owns the policy set and writes audit rows.
+pub struct Auditor {
+    store: Arc<dyn Store>,
+    policy_dir: PathBuf,
+    policies: RwLock<Arc<PolicySet>>,
+}
+
+/// What happened, before it is recorded.
+pub struct Action {
+    /// Dotted name: `apikey.create`, `secret.read`, ...
+    pub action: &'static str,
+    pub resource_type: &'static str,
+    pub resource_id: String,
+    /// Context for the row; redacted before it is stored.
+    pub detail: Value,
+}
+
+impl Action {
+    pub fn new(
+        action: &'static str,
+        resource_type: &'static str,
+        resource_id: impl Into<String>,
+    ) -> Self {
+        Action {
+            action,
+            resource_type,
+            resource_id: resource_id.into(),
+            detail: Value::Object(Default::default()),
+        }
+    }
+
+    pub fn detail(mut self, detail: Value) -> Self {
+        self.detail = detail;
+        self
+    }
+}
+
+/// An audit row as every surface shows it.
+#[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq)]
+pub struct Entry {
+    pub id: String,
+    pub seq: i64,
+    pub timestamp: String,
+    pub user: String,
+    pub action: String,
+    pub resource_type: String,
+    pub resource_id: String,
+    pub outcome: String,
+    pub policy_id: Option<String>,
+    pub decision: Option<String>,
+    pub severity: String,
+    pub detail: Value,
+    pub prev_hash: String,
+    pub hash: String,
+}
+
+impl From<AuditRow> for Entry {
+    fn from(row: AuditRow) -> Self {
+        Entry {
+            detail: serde_json::from_str(&row.detail).unwrap_or(Value::Null),
+            id: row.id,
+            seq: row.seq,
+            timestamp: row.timestamp,
+            user: row.user,
+            action: row.action,
+            resource_type: row.resource_type,
+            resource_id: row.resource_id,
+            outcome: row.outcome,
+            policy_id: row.policy_id,
+            decision: row.decision,
+            severity: row.severity,
+            prev_hash: row.prev_hash,
+            hash: row.hash,
+        }
+    }
+}
+
+/// The severity of an action before policies weigh in.
+fn action_severity(action: &str) -> &'static str {
+    let family = action.split('.').next().unwrap_or("");
+    match family {
+        "ca" | "cluster" => "critical",
+        "apikey" | "secret" | "transit" | "lease" | "exec" | "token" => "high",
+        _ => "medium",
+    }
+}
+
+fn severity_rank(severity: &str) -> usize {
+    policy::SEVERITIES
+        .iter()
+        .position(|s| *s == severity)
+        .unwrap_or(1)
+}
+
+/// The outcome word for a result: refused operations are `denied`, other failures `error`.
+pub fn outcome_of<T>(result: &Result<T>) -> &'static str {
+    match result {
+        Ok(_) => "success",
+        Err(Error::Forbidden(_) | Error::Unauthenticated(_)) => "denied",
+        Err(_) => "error",
+    }
+}
+
+impl Auditor {
+    pub fn new(store: Arc<dyn Store>, policy_dir: PathBuf) -> Self {
+        let auditor = Auditor {
+            store,
+            policy_dir,
+            policies: RwLock::new(Arc::new(PolicySet::default())),
+        };
+        auditor.reload_policies();
+        auditor
+    }
+
+    /// Loads the policy directory again (start and SIGHUP); bad files are logged and skipped.
+    pub fn reload_policies(&self) -> usize {
+        let (set, problems) = policy::load_dir(&self.policy_dir);
+        for problem in problems {
+            tracing::warn!(%problem, "policy file skipped");
+        }
+        let count = set.policies.len();
+        *self.policies.write().expect("policy lock poisoned") = Arc::new(set);
+        tracing::info!(count, dir = %self.policy_dir.display(), "policies loaded");
+        count
+    }
+
+    pub fn policies(&self) -> Arc<PolicySet> {
+        self.policies.read().expect("policy lock poisoned").clone()
+    }
+
+    /// Records one operation and its result. A failure to write is logged, not returned:
+    /// the operation itself already happened and its caller must learn its real outcome.
+    pub async fn record<T>(&self, principal: &Principal, action: Action, result: &Result<T>) {
+        if let Err(e) = self.append(principal, action, outcome_of(result)).await {
+            tracing::error!(error = %e, "audit row could not be written");
+        }
+    }
+
+    /// Appends one row; returns it as stored.
+    pub async fn append(
+        &self,
+        principal: &Principal,
+        action: Action,
+        outcome: &str,
+    ) -> Result<Entry> {
+        let mut detail = action.detail;
+        redact::redact(&mut detail);
+        let resource = format!("{}:{}", action.resource_type, action.resource_id);
+        let decision = self
+            .policies()
+            .evaluate(action.action, principal, &resource);
+        let mut severity = action_severity(action.action);
+        if let Some(d) = decision.as_ref().filter(|d| d.effect == Effect::Deny) {
+            if severity_rank(&d.severity) > severity_rank(severity) {
+                severity = policy::SEVERITIES[severity_rank(&d.severity)];
+            }
+        }
+        let row = AuditRow {
+            seq: 0,
+            id: ids::ulid(),
+            timestamp: clock::now_rfc3339(),
+            user: principal.name.clone(),
+            action: action.action.to_string(),
+            resource_type: action.resource_type.to_string(),
+            resource_id: action.resource_id,
+            outcome: outcome.to_string(),
+            policy_id: decision.as_ref().map(|d| d.policy_id.clone()),
+            decision: decision.as_ref().map(|d| match d.effect {
+                Effect::Allow => "allow".to_string(),
+                Effect::Deny => "deny".to_string(),
+            }),
+            severity: severity.to_string(),
+            detail: detail.to_string(),
+            prev_hash: String::new(),
+            hash: String::new(),
+        };
+        let stored = self
+            .store
+            .append_audit(row, chain::GENESIS, &chain::seal)
+            .await?;
+        Ok(stored.into())
+    }
+}
+
+/// A page of audit entries.
+#[derive(Debug, Serialize)]
+pub struct Page {
+    pub items: Vec<Entry>,
+    pub next_cursor: Option<String>,
+}
+
+/// Filters as the CLIs and RPCs give them (times as RFC 3339 or durations ago).
+#[derive(Clone, Debug, Default)]
+pub struct Query {
+    pub since: Option<String>,
+    pub until: Option<String>,
+    pub user: Option<String>,
+    pub action: Option<String>,
+    pub resource_type: Option<String>,
+    pub policy_id: Option<String>,
+    pub min_severity: Option<String>,
+    pub outcome: Option<String>,
+    pub limit: Option<u32>,
+    pub cursor: Option<String>,
+}
+
+pub const DEFAULT_PAGE: u32 = 50;
+pub const MAX_PAGE: u32 = 1000;
+
+fn time_bound(text: &Option<String>, name: &str) -> Result<Option<String>> {
+    match text.as_deref().filter(|t| !t.is_empty()) {
+        None => Ok(None),
+        Some(t) => clock::parse_time_or_ago(t)
+            .map(|ms| Some(clock::format_rfc3339(ms)))
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "{name} '{t}' is neither RFC 3339 nor a duration like 24h"
+                ))
+            }),
+    }
+}
+
+fn non_empty(value: &Option<String>) -> Option<String> {
+    value.clone().filter(|v| !v.is_empty())
+}
+
+impl Query {
+    fn to_filter(&self) -> Result<AuditFilter> {
+        let severities = match non_empty(&self.min_severity) {
+            None => Vec::new(),
+            Some(min) => {
+                let rank = policy::SEVERITIES
+                    .iter()
+                    .position(|s| *s == min)
+                    .ok_or_else(|| {
+                        Error::Invalid(format!(
+                            "min severity '{min}' is not one of low, medium, high, critical"
+                        ))
+                    })?;
+                policy::SEVERITIES[rank..]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect()
+            }
+        };
+        let before_seq = match non_empty(&self.cursor) {
+            None => None,
+            Some(cursor) => Some(
+                cursor
+                    .parse::<i64>()
+                    .map_err(|_| Error::Invalid(format!("invalid cursor '{cursor}'")))?,
+            ),
+        };
+        Ok(AuditFilter {
+            since: time_bound(&self.since, "since")?,
+            until: time_bound(&self.until, "until")?,
+            user: non_empty(&self.user),
+            action: non_empty(&self.action),
+            resource_type: non_empty(&self.resource_type),
+            policy_id: non_empty(&self.policy_id),
+            outcome: non_empty(&self.outcome),
+            decision: None,
+            severities,
+            before_seq,
+        })
+    }
+}
+
+/// `svc-audit log`: newest first, paged by cursor.
+pub async fn log(store: &dyn Store, principal: &Principal, query: &Query) -> Result<Page> {
+    principal.require(Role::Readonly)?;
+    let limit = query
+        .limit
+        .filter(|l| *l > 0)
+        .unwrap_or(DEFAULT_PAGE)
+        .min(MAX_PAGE) as usize;
+    let filter = query.to_filter()?;
+    // One extra row tells whether another page exists.
+    let mut rows = store.query_audit(&filter, limit + 1).await?;
+    let next_cursor = if rows.len() > limit {
+        rows.truncate(limit);
+        rows.last().map(|r| r.seq.to_string())
+    } else {
+        None
+    };
+    Ok(Page {
+        items: rows.into_iter().map(Entry::from).collect(),
+        next_cursor,
+    })
+}
+
+/// `svc-policy violations`: audited actions a policy denied (audit mode records, never blocks).
+pub async fn violations(store: &dyn Store, principal: &Principal, query: &Query) -> Result<Page> {
+    principal.require(Role::Readonly)?;
+    let limit = query
+        .limit
+        .filter(|l| *l > 0)
+        .unwrap_or(DEFAULT_PAGE)
+        .min(MAX_PAGE) as usize;
+    let mut filter = query.to_filter()?;
+    filter.decision = Some("deny".into());
+    let mut rows = store.query_audit(&filter, limit + 1).await?;
+    let next_cursor = if rows.len() > limit {
+        rows.truncate(limit);
+        rows.last().map(|r| r.seq.to_string())
+    } else {
+        None
+    };
+    Ok(Page {
+        items: rows.into_iter().map(Entry::from).collect(),
+        next_cursor,
+    })
+}
+
+/// The result of walking the whole chain.
+#[derive(Debug, Serialize)]
+pub struct Verification {
+    pub ok: bool,
+    pub rows: u64,
+    pub first_bad: Option<String>,
+    pub detail: Option<String>,
+}
+
+/// `svc-audit verify`: walks the chain in order and names the first bad row.
+pub async fn verify(store: &dyn Store, principal: &Principal) -> Result<Verification> {
+    principal.require(Role::Readonly)?;
+    let mut verifier = chain::Verifier::default();
+    let mut after = 0;
+    loop {
+        let rows = store.audit_chain(after, 1000).await?;
+        let Some(last) = rows.last() else { break };
+        after = last.seq;
+        for row in &rows {
+            if let Err(broken) = verifier.check(row) {
+                return Ok(Verification {
+                    ok: false,
+                    rows: verifier.rows,
+                    first_bad: Some(broken.id),
+                    detail: Some(format!("row {}: {}", broken.seq, broken.reason)),
+                });
+            }
+        }
+    }
+    Ok(Verification {
+        ok: true,
+        rows: verifier.rows,
+        first_bad: None,
+        detail: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn record_chains_redacts_and_pages() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> =
+            Arc::new(crate::store::SqliteStore::open(&dir.path().join("db")).unwrap());
+        let auditor = Auditor::new(store.clone(), dir.path().join("policies"));
+        let admin = Principal::server();
+        for i in 0..5 {
+            let action = Action::new("apikey.create", "apikey", format!("k{i}"))
+                .detail(serde_json::json!({"name": "ci", "key": "svc_secret"}));
+            auditor.record(&admin, action, &Ok::<(), Error>(())).await;
+        }
+        auditor
+            .record(
+                &admin,
+                Action::new("apikey.delete", "apikey", "k9"),
+                &Err::<(), _>(Error::Forbidden("no".into())),
+            )
+            .await;
+        let page = log(
+            store.as_ref(),
+            &admin,
+            &Query {
+                limit: Some(4),
+                ..Query::default()
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(page.items.len(), 4);
+        assert_eq!(page.items[0].action, "apikey.delete");
+        assert_eq!(page.items[0].outcome, "denied");
+        assert_eq!(page.items[1].detail["key"], "[REDACTED]");
+        let next = Query {
+            limit: Some(4),
+            cursor: page.next_cursor,
+            ..Query::default()
+        };
+        let page2 = log(store.as_ref(), &admin, &next).await.unwrap();
+        assert_eq!(page2.items.len(), 2);
+        assert!(page2.next_cursor.is_none());
+        let filtered = Query {
+            action: Some("apikey.d*".into()),
+            ..Query::default()
+        };
+        assert_eq!(
+            log(store.as_ref(), &admin, &filtered)
+                .await
+                .unwrap()
+                .items
+                .len(),
+            1
+        );
+        let verification = verify(store.as_ref(), &admin).await.unwrap();
+        assert!(verification.ok, "{verification:?}");
+        assert_eq!(verification.rows, 6);
+    }
+}

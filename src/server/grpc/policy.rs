@@ -1,0 +1,208 @@
+//! PolicyService: the audit log and the policies (contract §9). Thin: unpack, call the audit
+//! domain with the caller's principal, pack.
+
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+
+use super::principal;
+use crate::audit::{self, Entry};
+use crate::auth::Role;
+use crate::proto;
+use crate::server::Context;
+
+pub struct Policy {
+    pub context: Arc<Context>,
+}
+
+impl From<Entry> for proto::AuditEntry {
+    fn from(entry: Entry) -> Self {
+        proto::AuditEntry {
+            id: entry.id,
+            timestamp: entry.timestamp,
+            user: entry.user,
+            action: entry.action,
+            resource_type: entry.resource_type,
+            resource_id: entry.resource_id,
+            outcome: entry.outcome,
+            policy_id: entry.policy_id.unwrap_or_default(),
+            severity: entry.severity,
+            detail_json: entry.detail.to_string(),
+            prev_hash: entry.prev_hash,
+            hash: entry.hash,
+        }
+    }
+}
+
+fn query_from(request: proto::AuditLogRequest) -> audit::Query {
+    let page = request.page.unwrap_or_default();
+    audit::Query {
+        since: Some(request.since),
+        until: Some(request.until),
+        user: Some(request.user),
+        action: Some(request.action),
+        resource_type: Some(request.resource_type),
+        policy_id: Some(request.policy_id),
+        min_severity: Some(request.min_severity),
+        outcome: None,
+        limit: Some(page.limit),
+        cursor: Some(page.cursor),
+    }
+}
+
+fn page_response(page: audit::Page) -> proto::AuditLogResponse {
+    proto::AuditLogResponse {
+        items: page.items.into_iter().map(Into::into).collect(),
+        next_cursor: page.next_cursor.unwrap_or_default(),
+    }
+}
+
+fn policy_message(loaded: &audit::policy::LoadedPolicy) -> proto::Policy {
+    proto::Policy {
+        id: loaded.policy.id.clone(),
+        severity: loaded.policy.severity.clone(),
+        source_yaml: loaded.source.clone(),
+        policy_set: loaded.policy.policy_set.clone(),
+    }
+}
+
+#[tonic::async_trait]
+impl proto::policy_service_server::PolicyService for Policy {
+    async fn audit_log(
+        &self,
+        request: Request<proto::AuditLogRequest>,
+    ) -> Result<Response<proto::AuditLogResponse>, Status> {
+        let caller = principal(&request)?;
+        let query = query_from(request.into_inner());
+        let page = audit::log(self.context.domain.store.as_ref(), &caller, &query).await?;
+        Ok(Response::new(page_response(page)))
+    }
+
+    async fn violations(
+        &self,
+        request: Request<proto::AuditLogRequest>,
+    ) -> Result<Response<proto::AuditLogResponse>, Status> {
+        let caller = principal(&request)?;
+        let mut query = query_from(request.into_inner());
+        query.outcome = None;
+        let page = audit::violations(self.context.domain.store.as_ref(), &caller, &query).await?;
+        Ok(Response::new(page_response(page)))
+    }
+
+    async fn audit_verify(
+        &self,
+        request: Request<proto::Empty>,
+    ) -> Result<Response<proto::AuditVerifyResponse>, Status> {
+        let caller = principal(&request)?;
+        let result = audit::verify(self.context.domain.store.as_ref(), &caller).await?;
+        Ok(Response::new(proto::AuditVerifyResponse {
+            ok: result.ok,
+            rows: result.rows,
+            first_bad_id: result.first_bad.unwrap_or_default(),
+            detail: result.detail.unwrap_or_default(),
+        }))
+    }
+
+    async fn list_policies(
+        &self,
+        request: Request<proto::ListPoliciesRequest>,
+    ) -> Result<Response<proto::ListPoliciesResponse>, Status> {
+        let caller = principal(&request)?;
+        caller.require(Role::Readonly)?;
+        let sets = request.into_inner().policy_sets;
+        let policies = self.context.domain.auditor.policies();
+        let mut listed: Vec<proto::Policy> = policies.policies.iter().map(policy_message).collect();
+        if sets {
+            // One entry per policy set, with its member ids in place of the source.
+            let mut names: Vec<String> = listed
+                .iter()
+                .map(|p| p.policy_set.clone())
+                .filter(|s| !s.is_empty())
+                .collect();
+            names.sort();
+            names.dedup();
+            listed = names
+                .into_iter()
+                .map(|set| {
+                    let members: Vec<String> = listed
+                        .iter()
+                        .filter(|p| p.policy_set == set)
+                        .map(|p| p.id.clone())
+                        .collect();
+                    proto::Policy {
+                        id: set.clone(),
+                        severity: String::new(),
+                        source_yaml: members.join("\n"),
+                        policy_set: set,
+                    }
+                })
+                .collect();
+        }
+        Ok(Response::new(proto::ListPoliciesResponse {
+            policies: listed,
+        }))
+    }
+
+    async fn get_policy(
+        &self,
+        request: Request<proto::GetPolicyRequest>,
+    ) -> Result<Response<proto::Policy>, Status> {
+        let caller = principal(&request)?;
+        caller.require(Role::Readonly)?;
+        let wanted = request.into_inner();
+        let policies = self.context.domain.auditor.policies();
+        if wanted.policy_set {
+            let members: Vec<String> = policies
+                .policies
+                .iter()
+                .filter(|p| p.policy.policy_set == wanted.id)
+                .map(|p| p.policy.id.clone())
+                .collect();
+            if members.is_empty() {
+                return Err(Status::not_found(format!(
+                    "policy set '{}' not found",
+                    wanted.id
+                )));
+            }
+            return Ok(Response::new(proto::Policy {
+                id: wanted.id.clone(),
+                severity: String::new(),
+                source_yaml: members.join("\n"),
+                policy_set: wanted.id,
+            }));
+        }
+        policies
+            .policies
+            .iter()
+            .find(|p| p.policy.id == wanted.id)
+            .map(|p| Response::new(policy_message(p)))
+            .ok_or_else(|| Status::not_found(format!("policy '{}' not found", wanted.id)))
+    }
+
+    async fn create_policy(
+        &self,
+        _: Request<proto::Policy>,
+    ) -> Result<Response<proto::Policy>, Status> {
+        Err(Status::unimplemented(
+            "policy create is not available in v0.1 (policies are files in policy_dir)",
+        ))
+    }
+
+    async fn update_policy(
+        &self,
+        _: Request<proto::Policy>,
+    ) -> Result<Response<proto::Policy>, Status> {
+        Err(Status::unimplemented(
+            "policy update is not available in v0.1 (policies are files in policy_dir)",
+        ))
+    }
+
+    async fn delete_policy(
+        &self,
+        _: Request<proto::GetPolicyRequest>,
+    ) -> Result<Response<proto::Empty>, Status> {
+        Err(Status::unimplemented(
+            "policy delete is not available in v0.1 (policies are files in policy_dir)",
+        ))
+    }
+}

@@ -1,0 +1,310 @@
+//! Audit log and policies end to end: rows written by real operations, queried and verified
+//! through svc-audit and svc-policy, tampering done directly in the SQLite file.
+
+mod common;
+
+use common::{run, Options, TestServer};
+
+fn json(result: &common::Run) -> serde_json::Value {
+    serde_json::from_str(&result.stdout).unwrap_or_else(|e| panic!("{e}: {result:?}"))
+}
+
+const DENY_ADMIN_KEYS: &str = "id: no-admin-keys\nseverity: critical\nrules:\n  - effect: deny\n    actions: [\"apikey.create\"]\n    principals: [\"role:admin\"]\n    resources: [\"apikey:*\"]\n";
+
+fn server_with_policy() -> (TestServer, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("keys.yaml"), DENY_ADMIN_KEYS).unwrap();
+    std::fs::write(dir.path().join("broken.yaml"), "id: [unclosed\n").unwrap();
+    let server = TestServer::start_with(Options {
+        config_yaml: format!("policy_dir: {}\n", dir.path().display()),
+        ..Options::default()
+    });
+    (server, dir)
+}
+
+#[test]
+fn mutations_are_audited_redacted_and_queryable() {
+    let server = TestServer::start();
+    let (id, key) = server.create_key("deployer", "operator");
+    let (_, readonly) = server.create_key("viewer", "readonly");
+    // A refused mutation is audited too.
+    let refused = server.request(
+        "POST",
+        "/api/v1/apikeys",
+        Some(&readonly),
+        Some(r#"{"name":"x","role":"admin"}"#),
+    );
+    assert_eq!(refused.status, 403);
+    server.request(
+        "DELETE",
+        &format!("/api/v1/apikeys/{id}"),
+        Some(&server.admin_key),
+        None,
+    );
+
+    let log = run(server
+        .cli("svc-audit")
+        .args(["--api-key", &readonly, "log", "-o", "json"]));
+    assert_eq!(log.code, 0, "{log:?}");
+    let page = json(&log);
+    assert!(page["next_cursor"].is_null());
+    let items = page["items"].as_array().unwrap();
+    let actions: Vec<(&str, &str, &str)> = items
+        .iter()
+        .map(|e| {
+            (
+                e["action"].as_str().unwrap(),
+                e["user"].as_str().unwrap(),
+                e["outcome"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        actions,
+        [
+            ("apikey.delete", "bootstrap-admin", "success"),
+            ("apikey.create", "viewer", "denied"),
+            ("apikey.create", "bootstrap-admin", "success"),
+            ("apikey.create", "bootstrap-admin", "success"),
+        ]
+    );
+    assert_eq!(items[3]["resource_id"], id.as_str());
+    assert_eq!(items[3]["detail"]["name"], "deployer");
+    assert_eq!(items[3]["severity"], "high");
+    // No cleartext key in any audit entry.
+    assert!(!log.stdout.contains(&key) && !log.stdout.contains(&readonly));
+
+    let filtered = json(&run(server.cli("svc-audit").args([
+        "--api-key",
+        &readonly,
+        "-o",
+        "json",
+        "log",
+        "--action",
+        "apikey.d*",
+    ])));
+    assert_eq!(filtered["items"].as_array().unwrap().len(), 1);
+    let by_user = json(&run(server.cli("svc-audit").args([
+        "--api-key",
+        &readonly,
+        "-o",
+        "json",
+        "log",
+        "--user",
+        "viewer",
+    ])));
+    assert_eq!(by_user["items"].as_array().unwrap().len(), 1);
+
+    // Paging: two pages of two.
+    let first = json(&run(server.cli("svc-audit").args([
+        "--api-key",
+        &readonly,
+        "-o",
+        "json",
+        "log",
+        "--limit",
+        "2",
+    ])));
+    let cursor = first["next_cursor"].as_str().unwrap().to_string();
+    let second = json(&run(server.cli("svc-audit").args([
+        "--api-key",
+        &readonly,
+        "-o",
+        "json",
+        "log",
+        "--limit",
+        "2",
+        "--cursor",
+        &cursor,
+    ])));
+    assert_eq!(second["items"][0]["id"], items[2]["id"]);
+    assert!(second["next_cursor"].is_null());
+
+    let table = run(server
+        .cli("svc-audit")
+        .args(["--api-key", &readonly, "log"]));
+    assert!(table.stdout.starts_with("TIME"), "{table:?}");
+
+    let bad =
+        run(server
+            .cli("svc-audit")
+            .args(["--api-key", &readonly, "log", "--since", "yesterday"]));
+    assert_eq!(bad.code, 1, "{bad:?}");
+    assert!(bad.stderr.contains("since 'yesterday'"), "{bad:?}");
+}
+
+#[test]
+fn verify_detects_tampering_in_the_database_file() {
+    let server = TestServer::start();
+    for name in ["a", "b", "c", "d"] {
+        server.create_key(name, "readonly");
+    }
+    let key = server.admin_key.clone();
+    let ok = run(server.cli("svc-audit").args(["--api-key", &key, "verify"]));
+    assert_eq!(ok.code, 0, "{ok:?}");
+    assert!(ok.stdout.contains("4 rows verified"), "{ok:?}");
+
+    let db = rusqlite::Connection::open(server.data_dir.join("svc.db")).unwrap();
+    // The database itself refuses updates and deletes.
+    assert!(db
+        .execute(
+            "UPDATE audit_events SET outcome = 'denied' WHERE seq = 2",
+            []
+        )
+        .is_err());
+    assert!(db
+        .execute("DELETE FROM audit_events WHERE seq = 2", [])
+        .is_err());
+    let target: String = db
+        .query_row("SELECT id FROM audit_events WHERE seq = 2", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    // An attacker with file access drops the guard and edits a row.
+    db.execute_batch("DROP TRIGGER audit_events_no_update; DROP TRIGGER audit_events_no_delete;")
+        .unwrap();
+    db.execute(
+        "UPDATE audit_events SET user_id = 'someone-else' WHERE seq = 2",
+        [],
+    )
+    .unwrap();
+    let altered = run(server
+        .cli("svc-audit")
+        .args(["--api-key", &key, "verify", "-o", "json"]));
+    assert_eq!(altered.code, 1, "{altered:?}");
+    let report = json(&altered);
+    assert_eq!(report["ok"], false);
+    assert_eq!(report["first_bad"], target.as_str());
+    assert!(
+        report["detail"].as_str().unwrap().contains("altered"),
+        "{report}"
+    );
+
+    // Removing a row instead is caught at the row after the gap.
+    db.execute(
+        "UPDATE audit_events SET user_id = 'bootstrap-admin' WHERE seq = 2",
+        [],
+    )
+    .unwrap();
+    assert_eq!(
+        run(server.cli("svc-audit").args(["--api-key", &key, "verify"])).code,
+        0
+    );
+    let next: String = db
+        .query_row("SELECT id FROM audit_events WHERE seq = 3", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    db.execute("DELETE FROM audit_events WHERE seq = 2", [])
+        .unwrap();
+    let removed = run(server.cli("svc-audit").args(["--api-key", &key, "verify"]));
+    assert_eq!(removed.code, 1, "{removed:?}");
+    assert!(removed.stderr.contains(&next), "{removed:?}");
+}
+
+#[test]
+fn policies_in_audit_mode_record_but_never_block() {
+    let (server, _policies) = server_with_policy();
+    let key = server.admin_key.clone();
+    // The policy denies admins creating keys; audit mode records it and lets it through.
+    let (id, _) = server.create_key("allowed-anyway", "readonly");
+    let log = json(&run(server.cli("svc-audit").args([
+        "--api-key",
+        &key,
+        "-o",
+        "json",
+        "log",
+        "--policy-id",
+        "no-admin-keys",
+    ])));
+    let entry = &log["items"][0];
+    assert_eq!(entry["resource_id"], id.as_str());
+    assert_eq!(entry["outcome"], "success");
+    assert_eq!(entry["severity"], "critical");
+
+    let violations = json(&run(server.cli("svc-policy").args([
+        "--api-key",
+        &key,
+        "-o",
+        "json",
+        "violations",
+    ])));
+    assert_eq!(violations["items"].as_array().unwrap().len(), 1);
+
+    let list = run(server.cli("svc-policy").args(["--api-key", &key, "list"]));
+    assert_eq!(list.code, 0, "{list:?}");
+    assert!(
+        list.stdout
+            .lines()
+            .any(|l| l.starts_with("no-admin-keys") && l.contains("critical")),
+        "{list:?}"
+    );
+    assert_eq!(
+        list.stdout.lines().count(),
+        2,
+        "the broken file is skipped: {list:?}"
+    );
+    let show = run(server
+        .cli("svc-policy")
+        .args(["--api-key", &key, "show", "no-admin-keys"]));
+    assert_eq!(show.stdout, DENY_ADMIN_KEYS);
+    let missing = run(server
+        .cli("svc-policy")
+        .args(["--api-key", &key, "show", "nope"]));
+    assert_eq!(missing.code, 5, "{missing:?}");
+
+    for command in [
+        ["create", "x.yaml"],
+        ["update", "x.yaml"],
+        ["delete", "no-admin-keys"],
+    ] {
+        let result = run(server
+            .cli("svc-policy")
+            .args(["--api-key", &key])
+            .args(command));
+        assert_eq!(result.code, 1, "{command:?}: {result:?}");
+        assert!(result.stderr.contains("Unimplemented"), "{result:?}");
+    }
+}
+
+#[test]
+fn policy_eval_and_validate_run_without_a_server() {
+    let names = common::Names::new();
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.yaml");
+    std::fs::write(&good, DENY_ADMIN_KEYS).unwrap();
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(&bad, "id: x\nrules:\n  - effect: maybe\n    actions: [a]\n").unwrap();
+
+    let valid = run(names.command("svc-policy").arg("validate").arg(&good));
+    assert_eq!(valid.code, 0, "{valid:?}");
+    let invalid = run(names.command("svc-policy").arg("validate").arg(&bad));
+    assert_eq!(invalid.code, 1, "{invalid:?}");
+    assert!(invalid.stderr.contains("line 3"), "{invalid:?}");
+    let missing = run(names
+        .command("svc-policy")
+        .args(["validate", "/nonexistent.yaml"]));
+    assert_eq!(missing.code, 5, "{missing:?}");
+
+    let deny = run(names.command("svc-policy").arg("eval").arg(&good).args([
+        "--action",
+        "apikey.create",
+        "--principal",
+        "role:admin",
+        "--resource",
+        "apikey:k1",
+        "-o",
+        "json",
+    ]));
+    assert_eq!(deny.code, 1, "{deny:?}");
+    assert_eq!(json(&deny)["decision"], "deny");
+    let no_match = run(names.command("svc-policy").arg("eval").arg(&good).args([
+        "--action",
+        "secret.read",
+        "--principal",
+        "user:bob",
+        "--resource",
+        "secret:x",
+    ]));
+    assert_eq!((no_match.code, no_match.stdout.as_str()), (0, "no-match\n"));
+}
