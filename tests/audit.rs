@@ -308,3 +308,138 @@ fn policy_eval_and_validate_run_without_a_server() {
     ]));
     assert_eq!((no_match.code, no_match.stdout.as_str()), (0, "no-match\n"));
 }
+
+#[test]
+fn export_is_admin_only_redacted_and_complete() {
+    let server = TestServer::start();
+    let (_, operator) = server.create_key("op", "operator");
+    server.create_key("b", "readonly");
+    let admin = server.admin_key.clone();
+    let denied = run(server
+        .cli("svc-audit")
+        .args(["--api-key", &operator, "export"]));
+    assert_eq!(denied.code, 4, "{denied:?}");
+
+    let jsonl =
+        run(server
+            .cli("svc-audit")
+            .args(["--api-key", &admin, "export", "--format", "jsonl"]));
+    assert_eq!(jsonl.code, 0, "{jsonl:?}");
+    let lines: Vec<serde_json::Value> = jsonl
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2);
+    assert_eq!(lines[0]["action"], "apikey.create");
+    assert!(!jsonl.stdout.contains(&operator));
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("audit.json");
+    let to_file = run(server
+        .cli("svc-audit")
+        .args([
+            "--api-key",
+            &admin,
+            "export",
+            "--format",
+            "json",
+            "--output-file",
+        ])
+        .arg(&file));
+    assert_eq!(to_file.code, 0, "{to_file:?}");
+    common::assert_private(&file);
+    let array: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(array.len(), 2);
+
+    let csv = run(server
+        .cli("svc-audit")
+        .args(["--api-key", &admin, "export", "--format", "csv"]));
+    let mut csv_lines = csv.stdout.lines();
+    assert!(csv_lines
+        .next()
+        .unwrap()
+        .starts_with("id,timestamp,user,action"));
+    assert_eq!(csv_lines.count(), 2, "{csv:?}");
+
+    let empty = run(server.cli("svc-audit").args([
+        "--api-key",
+        &admin,
+        "export",
+        "--format",
+        "json",
+        "--since",
+        "2099-01-01T00:00:00Z",
+    ]));
+    assert_eq!(empty.stdout.trim(), "[]", "{empty:?}");
+    let bad = run(server
+        .cli("svc-audit")
+        .args(["--api-key", &admin, "export", "--format", "xml"]));
+    assert_eq!(bad.code, 2, "{bad:?}");
+}
+
+#[test]
+fn stats_and_compliance_reports() {
+    let (server, _policies) = server_with_policy();
+    let key = server.admin_key.clone();
+    let (_, readonly) = server.create_key("r", "readonly");
+    server.create_key("s", "readonly");
+    server.request(
+        "POST",
+        "/api/v1/apikeys",
+        Some(&readonly),
+        Some(r#"{"name":"x","role":"admin"}"#),
+    );
+
+    let stats = json(&run(server.cli("svc-audit").args([
+        "--api-key",
+        &readonly,
+        "-o",
+        "json",
+        "stats",
+    ])));
+    assert_eq!(stats["total"], 3);
+    assert_eq!(stats["by_outcome"]["success"], 2);
+    assert_eq!(stats["by_outcome"]["denied"], 1);
+    assert_eq!(stats["by_action"]["apikey.create"], 3);
+
+    let report = json(&run(server.cli("svc-audit").args([
+        "--api-key",
+        &key,
+        "-o",
+        "json",
+        "report",
+    ])));
+    // Both admin creates matched the deny policy; the readonly attempt matched none.
+    assert_eq!(
+        (
+            report["total"].as_u64(),
+            report["violations"].as_u64(),
+            report["refused"].as_u64()
+        ),
+        (Some(3), Some(2), Some(1))
+    );
+    assert!(
+        (report["compliance_rate"].as_f64().unwrap() - 1.0 / 3.0).abs() < 1e-9,
+        "{report}"
+    );
+    assert_eq!(report["top_violations"]["no-admin-keys"], 2);
+    assert_eq!(report["trend"].as_array().unwrap().len(), 1);
+
+    let compliance = json(&run(server.cli("svc-policy").args([
+        "--api-key",
+        &key,
+        "-o",
+        "json",
+        "compliance",
+        "--since",
+        "1h",
+    ])));
+    assert_eq!(compliance["violations"], 2);
+    let table = run(server.cli("svc-audit").args(["--api-key", &key, "report"]));
+    assert!(
+        table.stdout.contains("compliance rate: 33.33%"),
+        "{table:?}"
+    );
+}

@@ -16,7 +16,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::auth::{Principal, Role};
-use crate::store::{AuditFilter, AuditRow, Store};
+use crate::store::{AuditFilter, AuditGroup, AuditRow, Store};
 use crate::{clock, ids, Error, Result};
 
 pub use policy::{Decision, Effect, PolicySet};
@@ -333,6 +333,265 @@ pub async fn violations(store: &dyn Store, principal: &Principal, query: &Query)
         items: rows.into_iter().map(Entry::from).collect(),
         next_cursor,
     })
+}
+
+/// A time window; `since` defaults to `default_since` ago.
+fn window(
+    since: &Option<String>,
+    until: &Option<String>,
+    default_since: &str,
+) -> Result<AuditFilter> {
+    let since = match non_empty(since) {
+        Some(s) => Some(s),
+        None => Some(default_since.to_string()),
+    };
+    Ok(AuditFilter {
+        since: time_bound(&since, "since")?,
+        until: time_bound(until, "until")?,
+        ..AuditFilter::default()
+    })
+}
+
+/// `svc-audit stats`: headline counts over a window (default the last 24 h).
+#[derive(Debug, Serialize)]
+pub struct Stats {
+    pub since: String,
+    pub until: Option<String>,
+    pub total: u64,
+    pub by_outcome: Vec<(String, u64)>,
+    pub by_severity: Vec<(String, u64)>,
+    pub by_action: Vec<(String, u64)>,
+    pub by_user: Vec<(String, u64)>,
+}
+
+pub async fn stats(
+    store: &dyn Store,
+    principal: &Principal,
+    since: &Option<String>,
+    until: &Option<String>,
+) -> Result<Stats> {
+    principal.require(Role::Readonly)?;
+    let filter = window(since, until, "24h")?;
+    let by_outcome = store.count_audit(&filter, AuditGroup::Outcome).await?;
+    let total = by_outcome.iter().map(|(_, n)| n).sum();
+    let top = |mut counts: Vec<(String, u64)>| {
+        counts.truncate(10);
+        counts
+    };
+    Ok(Stats {
+        since: filter.since.clone().unwrap_or_default(),
+        until: filter.until.clone(),
+        total,
+        by_outcome,
+        by_severity: store.count_audit(&filter, AuditGroup::Severity).await?,
+        by_action: top(store.count_audit(&filter, AuditGroup::Action).await?),
+        by_user: top(store.count_audit(&filter, AuditGroup::User).await?),
+    })
+}
+
+/// `svc-audit report` / `svc-policy compliance` over a window (default the last 30 days).
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub since: String,
+    pub until: Option<String>,
+    pub total: u64,
+    /// Rows a policy denied (audit mode: recorded, not blocked).
+    pub violations: u64,
+    /// Rows refused by the role check (outcome `denied`).
+    pub refused: u64,
+    /// (total - violations) / total; 1.0 for an empty window.
+    pub compliance_rate: f64,
+    pub top_violations: Vec<(String, u64)>,
+    /// (day, total, violations), oldest first.
+    pub trend: Vec<(String, u64, u64)>,
+}
+
+pub async fn report(
+    store: &dyn Store,
+    principal: &Principal,
+    since: &Option<String>,
+    until: &Option<String>,
+) -> Result<Report> {
+    principal.require(Role::Readonly)?;
+    let filter = window(since, until, "30d")?;
+    let denied_filter = AuditFilter {
+        decision: Some("deny".into()),
+        ..filter.clone()
+    };
+    let by_day = store.count_audit(&filter, AuditGroup::Day).await?;
+    let violations_by_day = store.count_audit(&denied_filter, AuditGroup::Day).await?;
+    let mut top_violations = store
+        .count_audit(&denied_filter, AuditGroup::PolicyId)
+        .await?;
+    top_violations.truncate(10);
+    let refused = store
+        .count_audit(
+            &AuditFilter {
+                outcome: Some("denied".into()),
+                ..filter.clone()
+            },
+            AuditGroup::Outcome,
+        )
+        .await?
+        .iter()
+        .map(|(_, n)| n)
+        .sum();
+    let total: u64 = by_day.iter().map(|(_, n)| n).sum();
+    let violations: u64 = violations_by_day.iter().map(|(_, n)| n).sum();
+    let mut trend: Vec<(String, u64, u64)> = by_day
+        .into_iter()
+        .map(|(day, n)| {
+            let v = violations_by_day
+                .iter()
+                .find(|(d, _)| *d == day)
+                .map(|(_, v)| *v)
+                .unwrap_or(0);
+            (day, n, v)
+        })
+        .collect();
+    trend.sort();
+    Ok(Report {
+        since: filter.since.clone().unwrap_or_default(),
+        until: filter.until.clone(),
+        total,
+        violations,
+        refused,
+        compliance_rate: if total == 0 {
+            1.0
+        } else {
+            (total - violations) as f64 / total as f64
+        },
+        top_violations,
+        trend,
+    })
+}
+
+/// Export formats of `svc-audit export`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExportFormat {
+    Json,
+    Jsonl,
+    Csv,
+}
+
+impl std::str::FromStr for ExportFormat {
+    type Err = Error;
+    fn from_str(text: &str) -> Result<Self> {
+        match text {
+            "" | "jsonl" => Ok(ExportFormat::Jsonl),
+            "json" => Ok(ExportFormat::Json),
+            "csv" => Ok(ExportFormat::Csv),
+            other => Err(Error::Invalid(format!(
+                "export format '{other}' is not json, jsonl or csv"
+            ))),
+        }
+    }
+}
+
+const CSV_COLUMNS: &[&str] = &[
+    "id",
+    "timestamp",
+    "user",
+    "action",
+    "resource_type",
+    "resource_id",
+    "outcome",
+    "policy_id",
+    "decision",
+    "severity",
+    "detail",
+    "prev_hash",
+    "hash",
+];
+
+fn csv_field(text: &str) -> String {
+    if text.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", text.replace('"', "\"\""))
+    } else {
+        text.to_string()
+    }
+}
+
+/// Streams the log (chain order, redacted again on the way out) as chunks of bytes into
+/// `out`; stops early when the receiver goes away. Admin only: an export is the whole history.
+pub async fn export(
+    store: &dyn Store,
+    principal: &Principal,
+    format: ExportFormat,
+    since: &Option<String>,
+    until: &Option<String>,
+    out: &tokio::sync::mpsc::Sender<Result<Vec<u8>>>,
+) -> Result<u64> {
+    principal.require(Role::Admin)?;
+    let since = time_bound(since, "since")?;
+    let until = time_bound(until, "until")?;
+    let mut after = 0;
+    let mut count = 0u64;
+    let mut header = match format {
+        ExportFormat::Json => b"[".to_vec(),
+        ExportFormat::Jsonl => Vec::new(),
+        ExportFormat::Csv => format!("{}\n", CSV_COLUMNS.join(",")).into_bytes(),
+    };
+    loop {
+        let rows = store.audit_chain(after, 1000).await?;
+        let Some(last) = rows.last() else { break };
+        after = last.seq;
+        let mut chunk = std::mem::take(&mut header);
+        for row in rows {
+            if since.as_ref().is_some_and(|s| row.timestamp < *s)
+                || until.as_ref().is_some_and(|u| row.timestamp >= *u)
+            {
+                continue;
+            }
+            let mut entry = Entry::from(row);
+            redact::redact(&mut entry.detail);
+            match format {
+                ExportFormat::Json => {
+                    if count > 0 {
+                        chunk.push(b',');
+                    }
+                    chunk.extend(serde_json::to_vec(&entry).map_err(Error::internal)?);
+                }
+                ExportFormat::Jsonl => {
+                    chunk.extend(serde_json::to_vec(&entry).map_err(Error::internal)?);
+                    chunk.push(b'\n');
+                }
+                ExportFormat::Csv => {
+                    let fields = [
+                        entry.id,
+                        entry.timestamp,
+                        entry.user,
+                        entry.action,
+                        entry.resource_type,
+                        entry.resource_id,
+                        entry.outcome,
+                        entry.policy_id.unwrap_or_default(),
+                        entry.decision.unwrap_or_default(),
+                        entry.severity,
+                        entry.detail.to_string(),
+                        entry.prev_hash,
+                        entry.hash,
+                    ];
+                    let line: Vec<String> = fields.iter().map(|f| csv_field(f)).collect();
+                    chunk.extend(line.join(",").into_bytes());
+                    chunk.push(b'\n');
+                }
+            }
+            count += 1;
+        }
+        if !chunk.is_empty() && out.send(Ok(chunk)).await.is_err() {
+            return Ok(count);
+        }
+    }
+    let tail = match format {
+        ExportFormat::Json if count == 0 && !header.is_empty() => b"[]\n".to_vec(),
+        ExportFormat::Json => b"]\n".to_vec(),
+        _ => std::mem::take(&mut header),
+    };
+    if !tail.is_empty() {
+        let _ = out.send(Ok(tail)).await;
+    }
+    Ok(count)
 }
 
 /// The result of walking the whole chain.

@@ -19,11 +19,221 @@ fn run(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
             Ok(parsed) => run_async(program, log(common, parsed)),
             Err(code) => code,
         },
+        "stats" => match parse_args::<WindowArgs>(&name, args) {
+            Ok(parsed) => run_async(program, stats(common, parsed)),
+            Err(code) => code,
+        },
+        "report" => match parse_args::<WindowArgs>(&name, args) {
+            Ok(parsed) => run_async(program, report(common, parsed)),
+            Err(code) => code,
+        },
+        "export" => match parse_args::<ExportArgs>(&name, args) {
+            Ok(parsed) => run_async(program, export(common, parsed)),
+            Err(code) => code,
+        },
         _ => match parse_args::<VerifyArgs>(&name, args) {
             Ok(_) => run_async(program, verify(common)),
             Err(code) => code,
         },
     }
+}
+
+#[derive(FromArgs)]
+/// Counts over a time window (stats: default the last 24h; report: the last 30d).
+#[argh(help_triggers("-h", "--help"))]
+pub struct WindowArgs {
+    /// window start: RFC 3339 or a duration ago (24h, 7d)
+    #[argh(option)]
+    pub since: Option<String>,
+    /// window end (default now)
+    #[argh(option)]
+    pub until: Option<String>,
+}
+
+impl WindowArgs {
+    pub fn request(self) -> proto::AuditWindow {
+        proto::AuditWindow {
+            since: self.since.unwrap_or_default(),
+            until: self.until.unwrap_or_default(),
+        }
+    }
+}
+
+#[derive(FromArgs)]
+/// Export the audit log, redacted, in chain order (admin).
+#[argh(help_triggers("-h", "--help"))]
+struct ExportArgs {
+    /// json, jsonl (default) or csv
+    #[argh(option, default = "String::from(\"jsonl\")")]
+    format: String,
+    /// only entries at or after this time (RFC 3339 or a duration ago)
+    #[argh(option)]
+    since: Option<String>,
+    /// only entries before this time
+    #[argh(option)]
+    until: Option<String>,
+    /// write to this file (mode 0600) instead of stdout
+    #[argh(option)]
+    output_file: Option<std::path::PathBuf>,
+}
+
+fn counts_json(counts: &[proto::AuditCount]) -> serde_json::Value {
+    counts
+        .iter()
+        .map(|c| (c.key.clone(), serde_json::json!(c.count)))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
+fn print_counts(title: &str, counts: &[proto::AuditCount]) {
+    println!("\n{title}:");
+    let rows: Vec<Vec<String>> = counts
+        .iter()
+        .map(|c| {
+            vec![
+                format!("  {}", if c.key.is_empty() { "-" } else { &c.key }),
+                c.count.to_string(),
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        super::output::format_table(&["", ""], &rows)
+            .split_once('\n')
+            .map(|(_, rest)| rest)
+            .unwrap_or("")
+    );
+}
+
+async fn stats(common: Common, args: WindowArgs) -> Result<(), CliError> {
+    let mut client = PolicyServiceClient::new(grpc_channel(&common).await?);
+    let stats = client
+        .audit_stats(authorized(&common, args.request())?)
+        .await?
+        .into_inner();
+    match common.output {
+        Output::Json => print_json(&serde_json::json!({
+            "total": stats.total,
+            "by_outcome": counts_json(&stats.by_outcome),
+            "by_severity": counts_json(&stats.by_severity),
+            "by_action": counts_json(&stats.by_action),
+            "by_user": counts_json(&stats.by_user),
+        })),
+        Output::Table => {
+            println!("total: {}", stats.total);
+            print_counts("by outcome", &stats.by_outcome);
+            print_counts("by severity", &stats.by_severity);
+            print_counts("top actions", &stats.by_action);
+            print_counts("top users", &stats.by_user);
+            Ok(())
+        }
+    }
+}
+
+/// Prints a compliance report (shared with `svc-policy compliance`).
+pub fn print_report(common: &Common, report: &proto::AuditReportResponse) -> Result<(), CliError> {
+    match common.output {
+        Output::Json => print_json(&serde_json::json!({
+            "since": report.since,
+            "until": if report.until.is_empty() { None } else { Some(&report.until) },
+            "total": report.total,
+            "violations": report.violations,
+            "refused": report.refused,
+            "compliance_rate": report.compliance_rate,
+            "top_violations": counts_json(&report.top_violations),
+            "trend": report.trend.iter().map(|d| serde_json::json!({"day": d.day, "total": d.total, "violations": d.violations})).collect::<Vec<_>>(),
+        })),
+        Output::Table => {
+            println!(
+                "window:          {} .. {}",
+                report.since,
+                if report.until.is_empty() {
+                    "now"
+                } else {
+                    &report.until
+                }
+            );
+            println!("audited actions: {}", report.total);
+            println!(
+                "violations:      {} (policy deny, recorded in audit mode)",
+                report.violations
+            );
+            println!("refused:         {} (denied by role)", report.refused);
+            println!("compliance rate: {:.2}%", report.compliance_rate * 100.0);
+            print_counts("top violations (policy)", &report.top_violations);
+            println!("\ntrend:");
+            let rows: Vec<Vec<String>> = report
+                .trend
+                .iter()
+                .map(|d| {
+                    vec![
+                        format!("  {}", d.day),
+                        d.total.to_string(),
+                        d.violations.to_string(),
+                    ]
+                })
+                .collect();
+            super::output::print_table(&["  DAY", "TOTAL", "VIOLATIONS"], &rows);
+            Ok(())
+        }
+    }
+}
+
+async fn report(common: Common, args: WindowArgs) -> Result<(), CliError> {
+    let mut client = PolicyServiceClient::new(grpc_channel(&common).await?);
+    let report = client
+        .audit_report(authorized(&common, args.request())?)
+        .await?
+        .into_inner();
+    print_report(&common, &report)
+}
+
+async fn export(common: Common, args: ExportArgs) -> Result<(), CliError> {
+    use std::io::Write;
+    if !matches!(args.format.as_str(), "json" | "jsonl" | "csv") {
+        return Err(CliError::usage(format!(
+            "--format '{}' is not json, jsonl or csv",
+            args.format
+        )));
+    }
+    let mut client = PolicyServiceClient::new(grpc_channel(&common).await?);
+    let request = proto::AuditExportRequest {
+        format: args.format,
+        since: args.since.unwrap_or_default(),
+        until: args.until.unwrap_or_default(),
+    };
+    let mut stream = client
+        .audit_export(authorized(&common, request)?)
+        .await?
+        .into_inner();
+    // A file is written beside its final name and renamed at the end, so a failed export
+    // never leaves a truncated file that looks complete.
+    let (mut sink, temp): (Box<dyn Write>, Option<std::path::PathBuf>) = match &args.output_file {
+        Some(path) => {
+            use std::os::unix::fs::OpenOptionsExt;
+            let temp = path.with_extension("partial");
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&temp)
+                .map_err(|e| CliError::failed(format!("cannot write {}: {e}", temp.display())))?;
+            (Box::new(std::io::BufWriter::new(file)), Some(temp))
+        }
+        None => (Box::new(std::io::stdout().lock()), None),
+    };
+    let write_error = |e: std::io::Error| CliError::failed(format!("cannot write the export: {e}"));
+    while let Some(chunk) = stream.message().await? {
+        sink.write_all(&chunk.data).map_err(write_error)?;
+    }
+    sink.flush().map_err(write_error)?;
+    drop(sink);
+    if let (Some(temp), Some(path)) = (temp, args.output_file) {
+        std::fs::rename(&temp, &path)
+            .map_err(|e| CliError::failed(format!("cannot write {}: {e}", path.display())))?;
+    }
+    Ok(())
 }
 
 #[derive(FromArgs)]

@@ -100,7 +100,7 @@ pub const TOOLS: &[Planned] = &[
         ],
         default: None,
         is_client: true,
-        built: &["log", "verify"],
+        built: &["log", "export", "report", "stats", "verify"],
     },
     Planned {
         name: "svc-events",
@@ -164,7 +164,17 @@ pub const TOOLS: &[Planned] = &[
         ],
         default: None,
         is_client: true,
-        built: &["list", "show", "violations", "create", "update", "delete", "eval", "validate"],
+        built: &[
+            "list",
+            "show",
+            "compliance",
+            "violations",
+            "create",
+            "update",
+            "delete",
+            "eval",
+            "validate",
+        ],
     },
     Planned {
         name: "svc-cluster",

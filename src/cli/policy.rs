@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use argh::FromArgs;
 
-use super::audit::{print_page, LogArgs};
+use super::audit::{print_page, print_report, LogArgs, WindowArgs};
 use super::client::{authorized, grpc_channel};
 use super::output::{print_json, print_table};
 use super::{exit, parse_args, run_async, CliError, Common, Output};
@@ -27,6 +27,10 @@ fn run(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
         },
         "show" => match parse_args::<ShowArgs>(&name, args) {
             Ok(parsed) => run_async(program, show(common, parsed)),
+            Err(code) => code,
+        },
+        "compliance" => match parse_args::<WindowArgs>(&name, args) {
+            Ok(parsed) => run_async(program, compliance(common, parsed)),
             Err(code) => code,
         },
         "violations" => match parse_args::<LogArgs>(&name, args) {
@@ -195,6 +199,15 @@ async fn violations(common: Common, args: LogArgs) -> Result<(), CliError> {
         .await?
         .into_inner();
     print_page(&common, page)
+}
+
+async fn compliance(common: Common, args: WindowArgs) -> Result<(), CliError> {
+    let report = client(&common)
+        .await?
+        .compliance(authorized(&common, args.request())?)
+        .await?
+        .into_inner();
+    print_report(&common, &report)
 }
 
 async fn change(common: Common, command: String, args: ChangeArgs) -> Result<(), CliError> {

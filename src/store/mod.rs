@@ -80,6 +80,31 @@ pub struct AuditFilter {
     pub before_seq: Option<i64>,
 }
 
+/// A column audit rows can be counted by (a closed set, so it can go into SQL as is).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuditGroup {
+    Action,
+    Outcome,
+    Severity,
+    PolicyId,
+    User,
+    /// The UTC day, `YYYY-MM-DD`.
+    Day,
+}
+
+impl AuditGroup {
+    pub fn sql(self) -> &'static str {
+        match self {
+            AuditGroup::Action => "action",
+            AuditGroup::Outcome => "outcome",
+            AuditGroup::Severity => "severity",
+            AuditGroup::PolicyId => "COALESCE(policy_id, '')",
+            AuditGroup::User => "user_id",
+            AuditGroup::Day => "SUBSTR(timestamp, 1, 10)",
+        }
+    }
+}
+
 /// Seals a row about to be appended: given the row with `prev_hash` set, returns its hash.
 pub type AuditSeal = dyn Fn(&AuditRow) -> String + Send + Sync;
 
@@ -111,6 +136,12 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<AuditRow>;
     /// Rows matching `filter`, newest first, at most `limit`.
     async fn query_audit(&self, filter: &AuditFilter, limit: usize) -> Result<Vec<AuditRow>>;
+    /// Row counts matching `filter` (its `before_seq` ignored), grouped, largest first.
+    async fn count_audit(
+        &self,
+        filter: &AuditFilter,
+        group: AuditGroup,
+    ) -> Result<Vec<(String, u64)>>;
     /// Rows in chain order with `seq > after_seq`, at most `limit` (verify and export).
     async fn audit_chain(&self, after_seq: i64, limit: usize) -> Result<Vec<AuditRow>>;
 }

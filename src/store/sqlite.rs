@@ -11,7 +11,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
-use super::{ApiKeyChange, ApiKeyRow, AuditFilter, AuditRow, AuditSeal, Store, MIGRATIONS};
+use super::{
+    ApiKeyChange, ApiKeyRow, AuditFilter, AuditGroup, AuditRow, AuditSeal, Store, MIGRATIONS,
+};
 use crate::{Error, Result};
 
 /// Connections kept for reuse; more are opened under load and closed when the pool is full.
@@ -147,6 +149,57 @@ fn glob_to_like(glob: &str) -> String {
         }
     }
     like
+}
+
+/// The WHERE clause of an audit query and its bound values.
+fn audit_where(filter: &AuditFilter, with_cursor: bool) -> (String, Vec<Box<dyn rusqlite::ToSql>>) {
+    let mut clauses = Vec::new();
+    let mut values: Vec<Box<dyn rusqlite::ToSql>> = Vec::new();
+    let mut push = |clause: &str, value: Box<dyn rusqlite::ToSql>| {
+        values.push(value);
+        clauses.push(clause.replace('?', &format!("?{}", values.len())));
+    };
+    if let Some(v) = &filter.since {
+        push("timestamp >= ?", Box::new(v.clone()));
+    }
+    if let Some(v) = &filter.until {
+        push("timestamp < ?", Box::new(v.clone()));
+    }
+    if let Some(v) = &filter.user {
+        push("user_id = ?", Box::new(v.clone()));
+    }
+    if let Some(v) = &filter.action {
+        push("action LIKE ? ESCAPE '\\'", Box::new(glob_to_like(v)));
+    }
+    if let Some(v) = &filter.resource_type {
+        push("resource_type = ?", Box::new(v.clone()));
+    }
+    if let Some(v) = &filter.policy_id {
+        push("policy_id = ?", Box::new(v.clone()));
+    }
+    if let Some(v) = &filter.outcome {
+        push("outcome = ?", Box::new(v.clone()));
+    }
+    if let Some(v) = &filter.decision {
+        push("decision = ?", Box::new(v.clone()));
+    }
+    if let Some(v) = filter.before_seq.filter(|_| with_cursor) {
+        push("seq < ?", Box::new(v));
+    }
+    if !filter.severities.is_empty() {
+        let mut placeholders = Vec::new();
+        for severity in &filter.severities {
+            values.push(Box::new(severity.clone()));
+            placeholders.push(format!("?{}", values.len()));
+        }
+        clauses.push(format!("severity IN ({})", placeholders.join(", ")));
+    }
+    let filter_sql = if clauses.is_empty() {
+        String::new()
+    } else {
+        format!("WHERE {}", clauses.join(" AND "))
+    };
+    (filter_sql, values)
 }
 
 #[async_trait]
@@ -291,52 +344,7 @@ impl Store for SqliteStore {
     }
 
     async fn query_audit(&self, filter: &AuditFilter, limit: usize) -> Result<Vec<AuditRow>> {
-        let mut clauses = Vec::new();
-        let mut values: Vec<Box<dyn rusqlite::ToSql>> = Vec::new();
-        let mut push = |clause: &str, value: Box<dyn rusqlite::ToSql>| {
-            values.push(value);
-            clauses.push(clause.replace('?', &format!("?{}", values.len())));
-        };
-        if let Some(v) = &filter.since {
-            push("timestamp >= ?", Box::new(v.clone()));
-        }
-        if let Some(v) = &filter.until {
-            push("timestamp < ?", Box::new(v.clone()));
-        }
-        if let Some(v) = &filter.user {
-            push("user_id = ?", Box::new(v.clone()));
-        }
-        if let Some(v) = &filter.action {
-            push("action LIKE ? ESCAPE '\\'", Box::new(glob_to_like(v)));
-        }
-        if let Some(v) = &filter.resource_type {
-            push("resource_type = ?", Box::new(v.clone()));
-        }
-        if let Some(v) = &filter.policy_id {
-            push("policy_id = ?", Box::new(v.clone()));
-        }
-        if let Some(v) = &filter.outcome {
-            push("outcome = ?", Box::new(v.clone()));
-        }
-        if let Some(v) = &filter.decision {
-            push("decision = ?", Box::new(v.clone()));
-        }
-        if let Some(v) = filter.before_seq {
-            push("seq < ?", Box::new(v));
-        }
-        if !filter.severities.is_empty() {
-            let mut placeholders = Vec::new();
-            for severity in &filter.severities {
-                values.push(Box::new(severity.clone()));
-                placeholders.push(format!("?{}", values.len()));
-            }
-            clauses.push(format!("severity IN ({})", placeholders.join(", ")));
-        }
-        let filter_sql = if clauses.is_empty() {
-            String::new()
-        } else {
-            format!("WHERE {}", clauses.join(" AND "))
-        };
+        let (filter_sql, values) = audit_where(filter, true);
         let sql = format!(
             "SELECT {AUDIT_COLUMNS} FROM audit_events {filter_sql} ORDER BY seq DESC LIMIT {}",
             limit.min(100_000)
@@ -345,6 +353,26 @@ impl Store for SqliteStore {
             let mut statement = c.prepare_cached(&sql)?;
             let params: Vec<&dyn rusqlite::ToSql> = values.iter().map(|v| v.as_ref()).collect();
             let rows = statement.query_map(params.as_slice(), audit_from_row)?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+    }
+
+    async fn count_audit(
+        &self,
+        filter: &AuditFilter,
+        group: AuditGroup,
+    ) -> Result<Vec<(String, u64)>> {
+        let (filter_sql, values) = audit_where(filter, false);
+        let column = group.sql();
+        let sql = format!(
+            "SELECT {column} AS k, COUNT(*) FROM audit_events {filter_sql} GROUP BY k ORDER BY COUNT(*) DESC, k"
+        );
+        self.with(|c| {
+            let mut statement = c.prepare_cached(&sql)?;
+            let params: Vec<&dyn rusqlite::ToSql> = values.iter().map(|v| v.as_ref()).collect();
+            let rows = statement.query_map(params.as_slice(), |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64))
+            })?;
             Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
         })
     }

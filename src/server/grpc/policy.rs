@@ -11,6 +11,38 @@ use crate::auth::Role;
 use crate::proto;
 use crate::server::Context;
 
+fn counts(pairs: Vec<(String, u64)>) -> Vec<proto::AuditCount> {
+    pairs
+        .into_iter()
+        .map(|(key, count)| proto::AuditCount { key, count })
+        .collect()
+}
+
+fn report_message(report: audit::Report) -> proto::AuditReportResponse {
+    proto::AuditReportResponse {
+        compliance_rate: report.compliance_rate,
+        top_violations: counts(report.top_violations),
+        trend: report
+            .trend
+            .into_iter()
+            .map(|(day, total, violations)| proto::TrendDay {
+                day,
+                total,
+                violations,
+            })
+            .collect(),
+        total: report.total,
+        violations: report.violations,
+        refused: report.refused,
+        since: report.since,
+        until: report.until.unwrap_or_default(),
+    }
+}
+
+fn optional(text: String) -> Option<String> {
+    (!text.is_empty()).then_some(text)
+}
+
 pub struct Policy {
     pub context: Arc<Context>,
 }
@@ -68,6 +100,84 @@ fn policy_message(loaded: &audit::policy::LoadedPolicy) -> proto::Policy {
 
 #[tonic::async_trait]
 impl proto::policy_service_server::PolicyService for Policy {
+    async fn audit_stats(
+        &self,
+        request: Request<proto::AuditWindow>,
+    ) -> Result<Response<proto::AuditStatsResponse>, Status> {
+        let caller = principal(&request)?;
+        let window = request.into_inner();
+        let stats = audit::stats(
+            self.context.domain.store.as_ref(),
+            &caller,
+            &optional(window.since),
+            &optional(window.until),
+        )
+        .await?;
+        Ok(Response::new(proto::AuditStatsResponse {
+            total: stats.total,
+            by_outcome: counts(stats.by_outcome),
+            by_severity: counts(stats.by_severity),
+            by_action: counts(stats.by_action),
+            by_user: counts(stats.by_user),
+        }))
+    }
+
+    async fn audit_report(
+        &self,
+        request: Request<proto::AuditWindow>,
+    ) -> Result<Response<proto::AuditReportResponse>, Status> {
+        let caller = principal(&request)?;
+        let window = request.into_inner();
+        let report = audit::report(
+            self.context.domain.store.as_ref(),
+            &caller,
+            &optional(window.since),
+            &optional(window.until),
+        )
+        .await?;
+        Ok(Response::new(report_message(report)))
+    }
+
+    async fn compliance(
+        &self,
+        request: Request<proto::AuditWindow>,
+    ) -> Result<Response<proto::AuditReportResponse>, Status> {
+        self.audit_report(request).await
+    }
+
+    async fn audit_export(
+        &self,
+        request: Request<proto::AuditExportRequest>,
+    ) -> Result<Response<tonic::codegen::BoxStream<proto::AuditExportChunk>>, Status> {
+        let caller = principal(&request)?;
+        let wanted = request.into_inner();
+        let format: audit::ExportFormat = wanted.format.parse()?;
+        // Refuse before streaming, so a readonly caller gets PermissionDenied, not an empty file.
+        caller.require(crate::auth::Role::Admin)?;
+        let (sender, receiver) = tokio::sync::mpsc::channel(8);
+        let context = self.context.clone();
+        tokio::spawn(async move {
+            // When the client leaves, the next send fails and the export stops.
+            let result = audit::export(
+                context.domain.store.as_ref(),
+                &caller,
+                format,
+                &optional(wanted.since),
+                &optional(wanted.until),
+                &sender,
+            )
+            .await;
+            if let Err(error) = result {
+                let _ = sender.send(Err(error)).await;
+            }
+        });
+        use tokio_stream::StreamExt;
+        let stream = tokio_stream::wrappers::ReceiverStream::new(receiver).map(|item| {
+            item.map(|data| proto::AuditExportChunk { data })
+                .map_err(Status::from)
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
     async fn audit_log(
         &self,
         request: Request<proto::AuditLogRequest>,
