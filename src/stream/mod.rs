@@ -28,6 +28,7 @@ mod writer;
 use std::fs::{self, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -88,6 +89,8 @@ pub(crate) struct Shared {
     /// The last durable sequence; subscribers wait on it.
     durable: watch::Sender<u64>,
     failure: Mutex<Option<String>>,
+    /// Requests ever sent to the writer, which batches by how many are still coming.
+    submitted: AtomicU64,
 }
 
 impl Shared {
@@ -152,11 +155,13 @@ impl StreamLog {
             active_len: active.len,
             active_has_records: active.records > 0,
             next_seq: last_seq + 1,
+            received: 0,
             shared: Arc::new(Shared {
                 name: name.clone(),
                 segments: RwLock::new(segments),
                 durable: watch::channel(last_seq).0,
                 failure: Mutex::new(None),
+                submitted: AtomicU64::new(0),
             }),
         };
         let shared = Arc::clone(&writer_state.shared);
@@ -197,9 +202,10 @@ impl StreamLog {
         }
         let (reply, acknowledged) = oneshot::channel();
         let closed = || Error::Unavailable(format!("stream {} is closed", self.shared.name));
-        self.requests
-            .as_ref()
-            .ok_or_else(closed)?
+        let requests = self.requests.as_ref().ok_or_else(closed)?;
+        // Counted before sending, so the writer never sees more received than submitted.
+        self.shared.submitted.fetch_add(1, Ordering::AcqRel);
+        requests
             .send(AppendRequest { items, reply })
             .map_err(|_| closed())?;
         acknowledged.await.map_err(|_| closed())?

@@ -29,8 +29,11 @@ pub const FILE_HEADER_LEN: u64 = MAGIC.len() as u64;
 /// most this much before reaching its first record, and 64 MiB of segment costs 2,048 entries.
 const INDEX_INTERVAL: u64 = 32 * 1024;
 
-/// How much a cursor reads per system call.
-const READ_CHUNK: usize = 256 * 1024;
+/// A cursor's first read is one index block plus room for the record that straddles its end,
+/// so a point read costs about one block; each further read doubles, up to the maximum, so long
+/// scans settle into large sequential reads.
+const FIRST_READ: usize = INDEX_INTERVAL as usize + 4 * 1024;
+const MAX_READ: usize = 1024 * 1024;
 
 pub fn file_name(base_seq: u64) -> String {
     format!("{base_seq:020}.seg")
@@ -193,6 +196,7 @@ pub struct Cursor<'f> {
     end: u64,
     buffer: Vec<u8>,
     buffer_start: u64,
+    read_size: usize,
 }
 
 impl<'f> Cursor<'f> {
@@ -202,6 +206,7 @@ impl<'f> Cursor<'f> {
             end,
             buffer: Vec::new(),
             buffer_start: 0,
+            read_size: FIRST_READ,
         }
     }
 
@@ -212,7 +217,8 @@ impl<'f> Cursor<'f> {
         if offset >= self.buffer_start && want_end <= buffer_end {
             return Ok(());
         }
-        let size = (self.end - offset).min(want.max(READ_CHUNK) as u64) as usize;
+        let size = (self.end - offset).min(want.max(self.read_size) as u64) as usize;
+        self.read_size = (self.read_size * 2).min(MAX_READ);
         self.buffer.resize(size, 0);
         self.file.read_exact_at(&mut self.buffer, offset)?;
         self.buffer_start = offset;

@@ -14,7 +14,9 @@
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
@@ -25,6 +27,10 @@ use crate::{Error, Result};
 
 /// A batch stops growing at this size so one slow sync does not hold an unbounded buffer.
 const MAX_BATCH_BYTES: usize = 8 * 1024 * 1024;
+
+/// The longest a batch waits for appenders expected back (half a sync, at most this), so a
+/// slow disk cannot stretch latency by more than the linger it would have saved.
+const MAX_LINGER: Duration = Duration::from_millis(1);
 
 pub(super) struct AppendRequest {
     pub items: Vec<(i64, Vec<u8>)>,
@@ -40,6 +46,8 @@ pub(super) struct Writer {
     pub active_len: u64,
     pub active_has_records: bool,
     pub next_seq: u64,
+    /// Requests taken off the channel so far; with `Shared::submitted` it tells how many wait.
+    pub received: u64,
 }
 
 /// A record framed into the batch buffer, remembered so readers can be told about it once it
@@ -53,29 +61,50 @@ struct Framed {
 
 impl Writer {
     pub fn run(mut self, requests: mpsc::Receiver<AppendRequest>) {
+        // What the last commit left behind, to decide how long the next batch may linger.
+        let mut expected_next = 0;
+        let mut linger_until = Instant::now();
         while let Ok(first) = requests.recv() {
             let mut batch_bytes = request_bytes(&first);
             let mut batch = vec![first];
             while batch_bytes < MAX_BATCH_BYTES {
-                match requests.try_recv() {
-                    Ok(request) => {
-                        batch_bytes += request_bytes(&request);
-                        batch.push(request);
+                // Appenders just acknowledged usually append again within microseconds; a
+                // batch that left without them would make them wait out a whole extra sync.
+                // So wait for the expected ones, but never past a fraction of a sync.
+                let next = match requests.try_recv() {
+                    Ok(request) => Ok(request),
+                    Err(mpsc::TryRecvError::Empty) if batch.len() < expected_next => {
+                        let now = Instant::now();
+                        if now >= linger_until {
+                            break;
+                        }
+                        requests.recv_timeout(linger_until - now).map_err(|_| ())
                     }
-                    Err(_) => break,
-                }
+                    Err(_) => Err(()),
+                };
+                let Ok(request) = next else {
+                    break;
+                };
+                batch_bytes += request_bytes(&request);
+                batch.push(request);
             }
+            self.received += batch.len() as u64;
             if let Some(failure) = self.shared.failure() {
                 reply_all(batch, &failure);
                 continue;
             }
+            let started = Instant::now();
             match self.commit(&batch) {
                 Ok(seqs) => {
+                    let linger = (started.elapsed() / 2).min(MAX_LINGER);
+                    let queued = self.shared.submitted.load(Ordering::Acquire) - self.received;
+                    expected_next = queued as usize + batch.len();
                     self.shared.durable.send_replace(self.next_seq - 1);
                     for (request, seqs) in batch.into_iter().zip(seqs) {
                         // An appender that stopped waiting still has its records stored.
                         let _ = request.reply.send(Ok(seqs));
                     }
+                    linger_until = Instant::now() + linger;
                 }
                 Err(error) => {
                     tracing::error!(stream = %self.shared.name, %error, "stream write failed; refusing appends until reopened");
