@@ -139,7 +139,16 @@ impl StreamLog {
         let name = dir
             .file_name()
             .map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into());
+        // Every directory this creates needs its entry in its parent made durable, or a crash
+        // could lose the whole stream along with records acknowledged in it.
+        let created: Vec<&Path> = dir.ancestors().take_while(|d| !d.is_dir()).collect();
         fs::create_dir_all(dir)?;
+        for directory in created.into_iter().filter(|d| !d.as_os_str().is_empty()) {
+            match directory.parent() {
+                Some(parent) if !parent.as_os_str().is_empty() => writer::sync_dir(parent)?,
+                _ => writer::sync_dir(Path::new("."))?,
+            }
+        }
         let mut segments = recover(dir, &name)?;
         if segments.is_empty() {
             let path = dir.join(segment::file_name(1));
