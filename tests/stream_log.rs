@@ -208,6 +208,40 @@ async fn torn_tail_is_truncated_and_sequences_continue() {
 }
 
 #[tokio::test]
+async fn crash_while_creating_a_segment() {
+    // What the newest segment file holds when the crash came before its header was durable.
+    let cases: [(&str, &[u8], bool); 4] = [
+        ("empty file", b"", true),
+        ("part of the magic", b"SVC", true),
+        ("zeros", &[0; 8], true),
+        ("someone else's file", b"GIF89a\x01\x02", false),
+    ];
+    for (name, content, recovers) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let log = StreamLog::open(dir.path(), config(1 << 20)).unwrap();
+        fill(&log, 10).await;
+        drop(log);
+        std::fs::write(dir.path().join("00000000000000000011.seg"), content).unwrap();
+
+        let opened = StreamLog::open(dir.path(), config(1 << 20));
+        if !recovers {
+            assert!(matches!(opened, Err(svc::Error::Internal(_))), "{name}");
+            continue;
+        }
+        let log = opened.unwrap();
+        assert_eq!(log.last_seq(), 10, "{name}");
+        fill(&log, 2).await;
+        drop(log);
+        let log = StreamLog::open(dir.path(), config(1 << 20)).unwrap();
+        assert_eq!(
+            seqs_read(&log, 1, 100),
+            (1..=12).collect::<Vec<_>>(),
+            "{name}"
+        );
+    }
+}
+
+#[tokio::test]
 async fn damage_before_good_records_is_skipped_not_truncated() {
     // (record whose payload gets a flipped byte, segments holding 4 records each)
     let cases = [
