@@ -15,6 +15,7 @@ pub mod ids;
 pub mod metrics;
 pub mod server;
 pub mod store;
+pub mod stream;
 
 /// Code generated from proto/svc/v1 (messages, clients, servers).
 pub mod proto {

@@ -1,0 +1,145 @@
+//! Stream log benchmark: durable appends per second with 16 concurrent appenders, read
+//! throughput, and recovery time, measured against what one fdatasync costs on this disk.
+//!
+//! The fsync figure comes first because it bounds everything else: 16 appenders that each wait
+//! for their acknowledgement can put at most 16 records into one group commit, so single-record
+//! appends cannot exceed 16 / (fsync latency) per second however fast the code is. Batched
+//! appends show what the log does when callers hand it more per sync. Runs in about 20 seconds;
+//! files go under cargo's target tmp dir, on the same disk as the build, never on a tmpfs.
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use svc::stream::{StreamConfig, StreamLog};
+
+const APPENDERS: usize = 16;
+const RECORD_BYTES: usize = 256;
+const PHASE: Duration = Duration::from_secs(4);
+
+fn main() {
+    let root = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("bench dir");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+
+    let fsync = measure_fdatasync(&root.path().join("fsync-probe"));
+    let ceiling = APPENDERS as f64 / fsync.as_secs_f64();
+    println!(
+        "fdatasync of a 256 B append: median {fsync:?} -> {:.0} syncs/s",
+        1.0 / fsync.as_secs_f64()
+    );
+    println!("ceiling for {APPENDERS} single-record appenders: {ceiling:.0} appends/s");
+
+    let dir = root.path().join("events");
+    let log = StreamLog::open(&dir, StreamConfig::default()).expect("open");
+    let single = runtime.block_on(append_for(&log, APPENDERS, 1));
+    println!(
+        "append, {APPENDERS} tasks, 1 record/call:       {single:>9.0} records/s ({:.2} of the ceiling)",
+        single / ceiling
+    );
+    let wide = runtime.block_on(append_for(&log, 4 * APPENDERS, 1));
+    println!(
+        "append, {} tasks, 1 record/call:       {wide:>9.0} records/s",
+        4 * APPENDERS
+    );
+    let batched = runtime.block_on(append_for(&log, APPENDERS, 32));
+    println!("append_batch, {APPENDERS} tasks, 32 records/call: {batched:>9.0} records/s");
+
+    let total = log.last_seq();
+    let bytes = log.bytes();
+    let started = Instant::now();
+    let mut next = 1;
+    while next <= total {
+        let records = log.read(next, 4096).expect("read");
+        next = records.last().map_or(total + 1, |r| r.seq + 1);
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    println!(
+        "sequential read of {total} records:     {:>9.0} records/s, {:.0} MB/s",
+        total as f64 / elapsed,
+        bytes as f64 / elapsed / 1e6
+    );
+
+    let lookups = 20_000;
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let started = Instant::now();
+    for _ in 0..lookups {
+        // xorshift: spread point reads over the whole log without a dependency.
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let records = log.read(state % total + 1, 1).expect("point read");
+        assert_eq!(records.len(), 1);
+    }
+    let per_lookup = started.elapsed() / lookups;
+    println!("point read (random seq, 1 record):      {per_lookup:?} each");
+
+    drop(log);
+    let started = Instant::now();
+    let log = StreamLog::open(&dir, StreamConfig::default()).expect("reopen");
+    let reopen = started.elapsed();
+    assert_eq!(log.last_seq(), total);
+    println!(
+        "reopen (scan + verify {:.0} MB):           {reopen:?}",
+        bytes as f64 / 1e6
+    );
+}
+
+/// The median time of a 256-byte append plus fdatasync, over 500 tries.
+fn measure_fdatasync(path: &std::path::Path) -> Duration {
+    let mut file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .expect("probe file");
+    let record = [7u8; RECORD_BYTES];
+    let mut samples: Vec<Duration> = (0..500)
+        .map(|_| {
+            let started = Instant::now();
+            file.write_all(&record).expect("write");
+            file.sync_data().expect("fdatasync");
+            started.elapsed()
+        })
+        .collect();
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+/// Runs `tasks` appenders, `per_call` records per call, for one phase; returns records/s.
+async fn append_for(log: &Arc<StreamLog>, tasks: usize, per_call: usize) -> f64 {
+    let stop = Arc::new(AtomicBool::new(false));
+    let appended = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..tasks)
+        .map(|_| {
+            let (log, stop, appended) = (Arc::clone(log), Arc::clone(&stop), Arc::clone(&appended));
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let now = svc::clock::now_millis();
+                    if per_call == 1 {
+                        log.append(now, vec![1; RECORD_BYTES])
+                            .await
+                            .expect("append");
+                    } else {
+                        let items = (0..per_call)
+                            .map(|_| (now, vec![1; RECORD_BYTES]))
+                            .collect();
+                        log.append_batch(items).await.expect("append_batch");
+                    }
+                    appended.fetch_add(per_call as u64, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(PHASE).await;
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await.expect("appender");
+    }
+    appended.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
+}

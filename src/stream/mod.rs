@@ -1,0 +1,555 @@
+//! The durable stream log: an append-only, checksummed, segmented log of records per stream
+//! (`events` and `audit` live under `data_dir/jetstream/<stream>/`).
+//!
+//! Owns the segment files of one directory and the in-memory view of them. Appends go through
+//! one writer thread (`writer`) that groups concurrent appenders into one write and one
+//! fdatasync and acknowledges nothing before that sync returns. Readers never block the writer
+//! for longer than an index update: they copy what they need under a std `RwLock` (nothing
+//! awaits while it is held) and read with `pread` on shared handles, only up to the durable
+//! length, so a reader never sees a record that a crash could take back.
+//!
+//! Sequences start at 1 and are dense, except across damage found at open (below).
+//!
+//! Recovery, at [`StreamLog::open`]: every segment is scanned and every checksum verified
+//! (`segment` explains why the index is rebuilt rather than stored). In the last segment, bad
+//! bytes with no good record after them are a torn tail (a write that a crash cut short, never
+//! acknowledged): they are truncated away with a warning and sequences continue from the last
+//! good record. Bad bytes *followed* by a good record, in any segment, are damage: they are kept
+//! on disk for forensics, logged as errors, listed by [`StreamLog::damaged_ranges`], and readers
+//! step over them, so a reader sees a gap in sequences and never a corrupt record. A bad tail of
+//! an older segment is treated the same way. Bytes that fail their checksum at read time (damage
+//! that appeared after open) make that read fail with `Error::Internal`.
+
+mod crc32c;
+mod frame;
+mod segment;
+mod writer;
+
+use std::fs::{self, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use tokio::sync::{oneshot, watch};
+
+use crate::clock;
+use crate::{Error, Result};
+use segment::{Cursor, HeaderState, Segment, Step};
+use writer::{AppendRequest, Writer};
+
+pub use frame::MAX_PAYLOAD;
+
+/// How one stream keeps its records.
+#[derive(Debug, Clone)]
+pub struct StreamConfig {
+    /// Segments whose every record is older than this (by record timestamp) may be dropped.
+    pub max_age: Option<Duration>,
+    /// Oldest segments are dropped while the log holds more than this many bytes.
+    pub max_bytes: Option<u64>,
+    /// A segment is closed and a new one started before it would grow past this size.
+    pub segment_bytes: u64,
+}
+
+impl Default for StreamConfig {
+    fn default() -> Self {
+        StreamConfig {
+            max_age: None,
+            max_bytes: None,
+            segment_bytes: 64 * 1024 * 1024,
+        }
+    }
+}
+
+/// One stored record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub seq: u64,
+    pub timestamp_ms: i64,
+    pub payload: Vec<u8>,
+}
+
+/// Bytes found bad when the log opened, which readers skip.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DamagedRange {
+    pub segment: PathBuf,
+    pub offset: u64,
+    pub length: u64,
+    /// The last good sequence before the damage; the records right after it are lost.
+    pub after_seq: u64,
+    pub reason: &'static str,
+}
+
+/// State shared by the handle, the readers and the writer thread.
+pub(crate) struct Shared {
+    name: String,
+    segments: RwLock<Vec<Segment>>,
+    /// The last durable sequence; subscribers wait on it.
+    durable: watch::Sender<u64>,
+    failure: Mutex<Option<String>>,
+    /// Requests ever sent to the writer, which batches by how many are still coming.
+    submitted: AtomicU64,
+}
+
+impl Shared {
+    // A poisoned lock means a panic elsewhere mid-update; the data under it is still a
+    // consistent prefix of durable records, so readers carry on rather than panic too.
+    fn segments(&self) -> RwLockReadGuard<'_, Vec<Segment>> {
+        self.segments.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn segments_mut(&self) -> RwLockWriteGuard<'_, Vec<Segment>> {
+        self.segments
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set_failure(&self, failure: String) {
+        *self.failure.lock().unwrap_or_else(PoisonError::into_inner) = Some(failure);
+    }
+}
+
+/// An open stream log. Dropping the last handle lets the writer finish what is queued, then
+/// joins it, so the directory can be reopened right after.
+pub struct StreamLog {
+    shared: Arc<Shared>,
+    config: StreamConfig,
+    dir: PathBuf,
+    requests: Option<mpsc::Sender<AppendRequest>>,
+    writer: Option<JoinHandle<()>>,
+}
+
+impl StreamLog {
+    /// Opens (creating if needed) the log in `dir`, recovering from whatever a crash left.
+    ///
+    /// Two processes must not open the same directory; nothing here stops them yet.
+    pub fn open(dir: &Path, config: StreamConfig) -> Result<Arc<StreamLog>> {
+        if config.segment_bytes == 0 {
+            return Err(Error::Invalid("segment_bytes must be above zero".into()));
+        }
+        let name = dir
+            .file_name()
+            .map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into());
+        // Every directory this creates needs its entry in its parent made durable, or a crash
+        // could lose the whole stream along with records acknowledged in it.
+        let created: Vec<&Path> = dir.ancestors().take_while(|d| !d.is_dir()).collect();
+        fs::create_dir_all(dir)?;
+        for directory in created.into_iter().filter(|d| !d.as_os_str().is_empty()) {
+            match directory.parent() {
+                Some(parent) if !parent.as_os_str().is_empty() => writer::sync_dir(parent)?,
+                _ => writer::sync_dir(Path::new("."))?,
+            }
+        }
+        let mut segments = recover(dir, &name)?;
+        if segments.is_empty() {
+            let path = dir.join(segment::file_name(1));
+            let (_, reader) = writer::create_segment(dir, &path)?;
+            segments.push(Segment::empty(1, path, Arc::new(reader)));
+        }
+        let active = segments.last().expect("an active segment was just ensured");
+        let last_seq = active.last_seq;
+        let writer_state = Writer {
+            dir: dir.to_path_buf(),
+            segment_bytes: config.segment_bytes,
+            active: OpenOptions::new().append(true).open(&active.path)?,
+            active_len: active.len,
+            active_has_records: active.records > 0,
+            next_seq: last_seq + 1,
+            received: 0,
+            shared: Arc::new(Shared {
+                name: name.clone(),
+                segments: RwLock::new(segments),
+                durable: watch::channel(last_seq).0,
+                failure: Mutex::new(None),
+                submitted: AtomicU64::new(0),
+            }),
+        };
+        let shared = Arc::clone(&writer_state.shared);
+        let (requests, queue) = mpsc::channel();
+        let writer = std::thread::Builder::new()
+            .name(format!("stream-{name}"))
+            .spawn(move || writer_state.run(queue))?;
+        tracing::info!(stream = %name, last_seq, "stream log open");
+        Ok(Arc::new(StreamLog {
+            shared,
+            config,
+            dir: dir.to_path_buf(),
+            requests: Some(requests),
+            writer: Some(writer),
+        }))
+    }
+
+    /// Appends one record; returns its sequence once it is on disk (fdatasync'd).
+    ///
+    /// If the future is dropped after the call began, the record may still be stored.
+    pub async fn append(&self, timestamp_ms: i64, payload: Vec<u8>) -> Result<u64> {
+        let seqs = self.append_batch(vec![(timestamp_ms, payload)]).await?;
+        seqs.first()
+            .copied()
+            .ok_or_else(|| Error::internal("stream writer acknowledged no sequence"))
+    }
+
+    /// Appends records with consecutive sequences, all durable before it returns.
+    pub async fn append_batch(&self, items: Vec<(i64, Vec<u8>)>) -> Result<Vec<u64>> {
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        if let Some((_, payload)) = items.iter().find(|(_, p)| p.len() > MAX_PAYLOAD) {
+            return Err(Error::TooLarge(format!(
+                "stream record of {} bytes is above the {MAX_PAYLOAD}-byte limit",
+                payload.len()
+            )));
+        }
+        let (reply, acknowledged) = oneshot::channel();
+        let closed = || Error::Unavailable(format!("stream {} is closed", self.shared.name));
+        let requests = self.requests.as_ref().ok_or_else(closed)?;
+        // Counted before sending, so the writer never sees more received than submitted.
+        self.shared.submitted.fetch_add(1, Ordering::AcqRel);
+        requests
+            .send(AppendRequest { items, reply })
+            .map_err(|_| closed())?;
+        acknowledged.await.map_err(|_| closed())?
+    }
+
+    /// Up to `max` records in sequence order, starting at `from_seq` (or at the oldest record
+    /// still kept, if retention dropped `from_seq`; compare the first `seq` to notice). Empty
+    /// when `from_seq` is past the last durable record.
+    pub fn read(&self, from_seq: u64, max: usize) -> Result<Vec<Record>> {
+        let mut records: Vec<Record> = Vec::new();
+        let mut previous_base: Option<u64> = None;
+        while records.len() < max {
+            let next_seq = records.last().map_or(from_seq, |record| record.seq + 1);
+            let picked = {
+                let segments = self.shared.segments();
+                let position = match previous_base {
+                    None => segments
+                        .partition_point(|s| s.base_seq <= next_seq)
+                        .saturating_sub(1),
+                    Some(base) => segments.partition_point(|s| s.base_seq <= base),
+                };
+                segments
+                    .get(position)
+                    .map(|s| (SegmentView::of(s), s.offset_for_seq(next_seq)))
+            };
+            let Some((view, start)) = picked else {
+                break;
+            };
+            view.scan(
+                &self.shared.name,
+                start,
+                view.len,
+                |seq, timestamp_ms, payload| {
+                    if seq >= next_seq {
+                        records.push(Record {
+                            seq,
+                            timestamp_ms,
+                            payload: payload.to_vec(),
+                        });
+                    }
+                    records.len() < max
+                },
+            )?;
+            previous_base = Some(view.base_seq);
+        }
+        Ok(records)
+    }
+
+    /// The first sequence whose timestamp is at or after `timestamp_ms`; `last_seq() + 1` (the
+    /// next one to be written) when no kept record is that recent.
+    pub fn seq_for_time(&self, timestamp_ms: i64) -> Result<u64> {
+        let block = {
+            let segments = self.shared.segments();
+            segments.iter().find_map(|segment| {
+                let (start, end) = segment.block_for_time(timestamp_ms)?;
+                Some((SegmentView::of(segment), start, end))
+            })
+        };
+        let Some((view, start, end)) = block else {
+            return Ok(self.last_seq() + 1);
+        };
+        let mut found = None;
+        view.scan(&self.shared.name, start, end, |seq, record_ms, _| {
+            if record_ms >= timestamp_ms {
+                found = Some(seq);
+            }
+            found.is_none()
+        })?;
+        // The block's maximum timestamp came from a record in it, so this is a lost invariant.
+        found.ok_or_else(|| {
+            Error::internal(format!(
+                "stream {}: index promised a record at or after {timestamp_ms}",
+                self.shared.name
+            ))
+        })
+    }
+
+    /// The oldest kept sequence, or `last_seq() + 1` when the log holds no record, so
+    /// `first_seq()..=last_seq()` is always the kept range.
+    pub fn first_seq(&self) -> u64 {
+        let segments = self.shared.segments();
+        segments
+            .iter()
+            .find_map(|segment| segment.first_seq)
+            .unwrap_or_else(|| self.last_seq() + 1)
+    }
+
+    /// The last durable sequence; 0 before the first append.
+    pub fn last_seq(&self) -> u64 {
+        *self.shared.durable.borrow()
+    }
+
+    /// Bytes on disk in kept segments (headers included), what `max_bytes` is compared to.
+    pub fn bytes(&self) -> u64 {
+        self.shared.segments().iter().map(|s| s.len).sum()
+    }
+
+    /// The last durable sequence, updated after each group commit and only once the records up
+    /// to it are readable, so a live reader that reads up to each new value sees no gap.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.shared.durable.subscribe()
+    }
+
+    /// Drops whole segments from the front while the oldest one is entirely older than
+    /// `max_age` or the log is larger than `max_bytes`. The segment being written is always
+    /// kept, so an idle stream keeps its last records. Returns how many records were dropped.
+    pub fn enforce_retention(&self) -> Result<u64> {
+        let oldest_kept_ms = self
+            .config
+            .max_age
+            .map(|age| clock::now_millis().saturating_sub(age.as_millis() as i64));
+        let mut dropped = Vec::new();
+        {
+            let mut segments = self.shared.segments_mut();
+            let mut total: u64 = segments.iter().map(|s| s.len).sum();
+            while segments.len() > 1 {
+                let oldest = &segments[0];
+                let too_old = oldest_kept_ms.is_some_and(|kept| oldest.max_timestamp_ms < kept);
+                let too_big = self.config.max_bytes.is_some_and(|max| total > max);
+                if !too_old && !too_big {
+                    break;
+                }
+                total -= oldest.len;
+                dropped.push(segments.remove(0));
+            }
+        }
+        if dropped.is_empty() {
+            return Ok(0);
+        }
+        // Readers holding a handle keep reading an unlinked segment until they finish.
+        for segment in &dropped {
+            match fs::remove_file(&segment.path) {
+                Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(error.into())
+                }
+                _ => {}
+            }
+        }
+        writer::sync_dir(&self.dir)?;
+        let records = dropped.iter().map(|s| s.records).sum();
+        tracing::info!(stream = %self.shared.name, segments = dropped.len(), records, "retention dropped segments");
+        Ok(records)
+    }
+
+    /// Fails once the writer has hit an I/O error (appends are refused until a reopen) or is
+    /// gone.
+    pub fn health(&self) -> Result<()> {
+        if let Some(failure) = self.shared.failure() {
+            return Err(Error::Unavailable(failure));
+        }
+        if self.writer.as_ref().is_none_or(|w| w.is_finished()) {
+            return Err(Error::Unavailable(format!(
+                "stream {} writer stopped",
+                self.shared.name
+            )));
+        }
+        Ok(())
+    }
+
+    /// Damage found at open that readers step over (see the module comment).
+    pub fn damaged_ranges(&self) -> Vec<DamagedRange> {
+        let segments = self.shared.segments();
+        segments
+            .iter()
+            .flat_map(|segment| {
+                segment.damage.iter().map(|damage| DamagedRange {
+                    segment: segment.path.clone(),
+                    offset: damage.offset,
+                    length: damage.resume_offset - damage.offset,
+                    after_seq: damage.after_seq,
+                    reason: damage.reason,
+                })
+            })
+            .collect()
+    }
+}
+
+impl Drop for StreamLog {
+    fn drop(&mut self) {
+        // Closing the channel ends the writer once the queue is drained.
+        self.requests.take();
+        if let Some(writer) = self.writer.take() {
+            if writer.join().is_err() {
+                tracing::error!(stream = %self.shared.name, "stream writer panicked");
+            }
+        }
+    }
+}
+
+/// What a reader copies out of a segment under the lock, so it reads after letting go.
+struct SegmentView {
+    file: Arc<std::fs::File>,
+    base_seq: u64,
+    path: PathBuf,
+    len: u64,
+    damage: Vec<segment::Damage>,
+}
+
+impl SegmentView {
+    fn of(segment: &Segment) -> Self {
+        SegmentView {
+            file: Arc::clone(&segment.file),
+            base_seq: segment.base_seq,
+            path: segment.path.clone(),
+            len: segment.len,
+            damage: segment.damage.clone(),
+        }
+    }
+
+    /// Calls `visit` with each record in `[start, end)`, stepping over damage known since open,
+    /// until `visit` returns false.
+    fn scan(
+        &self,
+        stream: &str,
+        start: u64,
+        end: u64,
+        mut visit: impl FnMut(u64, i64, &[u8]) -> bool,
+    ) -> Result<()> {
+        let mut cursor = Cursor::new(&self.file, end);
+        let mut offset = start;
+        loop {
+            let reason = match cursor.decode_at(offset)? {
+                Step::End => return Ok(()),
+                Step::Record {
+                    seq,
+                    timestamp_ms,
+                    payload,
+                    len,
+                } => {
+                    if !visit(seq, timestamp_ms, payload) {
+                        return Ok(());
+                    }
+                    offset += len;
+                    continue;
+                }
+                Step::Incomplete => "record cut short",
+                Step::Corrupt(reason) => reason,
+            };
+            match self.damage.iter().find(|damage| damage.offset == offset) {
+                Some(damage) => offset = damage.resume_offset,
+                None => {
+                    return Err(Error::internal(format!(
+                        "stream {stream}: {} offset {offset}: {reason}",
+                        self.path.display()
+                    )))
+                }
+            }
+        }
+    }
+}
+
+/// Opens every segment in `dir` in sequence order, verifying each and truncating a torn tail
+/// off the last one (see the module comment for the policy).
+fn recover(dir: &Path, name: &str) -> Result<Vec<Segment>> {
+    let mut found = Vec::new();
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        let file_name = entry.file_name();
+        if let Some(base_seq) = file_name.to_str().and_then(segment::parse_file_name) {
+            found.push((base_seq, entry.path()));
+        }
+    }
+    found.sort_unstable();
+    let count = found.len();
+    let mut segments: Vec<Segment> = Vec::with_capacity(count);
+    for (position, (base_seq, path)) in found.into_iter().enumerate() {
+        let is_last = position + 1 == count;
+        if segments
+            .last()
+            .is_some_and(|previous| base_seq <= previous.last_seq)
+        {
+            return Err(Error::internal(format!(
+                "stream {name}: {} overlaps the segment before it",
+                path.display()
+            )));
+        }
+        let file = OpenOptions::new().read(true).write(is_last).open(&path)?;
+        match segment::header_state(&file)? {
+            HeaderState::Valid => {}
+            HeaderState::Missing if is_last => {
+                tracing::warn!(stream = %name, segment = %path.display(), "segment header torn by a crash; rewriting it");
+                file.set_len(0)?;
+                file.write_all_at(segment::MAGIC, 0)?;
+                file.sync_all()?;
+            }
+            HeaderState::Missing => {
+                // Created and then crashed before its first record: nothing in it was acknowledged.
+                tracing::error!(stream = %name, segment = %path.display(), "segment has no header; skipping it");
+                continue;
+            }
+            HeaderState::Foreign => {
+                return Err(Error::internal(format!(
+                    "stream {name}: {} is not a stream segment",
+                    path.display()
+                )))
+            }
+        }
+        let file = Arc::new(file);
+        let file_len = file.metadata()?.len();
+        let scanned = segment::scan(base_seq, path.clone(), Arc::clone(&file))?;
+        let mut segment = scanned.segment;
+        if let Some((offset, reason)) = scanned.bad_tail {
+            if is_last {
+                tracing::warn!(
+                    stream = %name,
+                    segment = %path.display(),
+                    offset,
+                    dropped_bytes = file_len - offset,
+                    reason,
+                    last_seq = segment.last_seq,
+                    "truncating the torn tail of the log"
+                );
+                file.set_len(offset)?;
+                file.sync_all()?;
+            } else {
+                segment.damage.push(segment::Damage {
+                    offset,
+                    resume_offset: file_len,
+                    after_seq: segment.last_seq,
+                    reason,
+                });
+            }
+        }
+        for damage in &segment.damage {
+            tracing::error!(
+                stream = %name,
+                segment = %path.display(),
+                offset = damage.offset,
+                length = damage.resume_offset - damage.offset,
+                after_seq = damage.after_seq,
+                reason = damage.reason,
+                "damaged records in the log; readers skip them"
+            );
+        }
+        segments.push(segment);
+    }
+    Ok(segments)
+}

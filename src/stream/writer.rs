@@ -1,0 +1,223 @@
+//! The writer thread: the only code that writes segment files, and where group commit happens.
+//!
+//! Appenders send their records down a channel and wait on a oneshot. The thread takes whatever
+//! is queued, frames it into one buffer, writes it with one `write` and makes it durable with one
+//! `fdatasync`, and only then publishes the new length to readers, moves the durable sequence
+//! and answers every appender. One sync per batch is what makes throughput scale with the number
+//! of concurrent appenders instead of being capped at one record per disk flush.
+//!
+//! It is a std thread, not a task, because it spends its life in blocking syscalls. After a
+//! failed write or sync it refuses everything: what reached the disk is unknown, and a retried
+//! fsync can report success for pages the kernel already dropped. Reopening the log (a restart)
+//! recovers from what is really on disk.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+use super::frame;
+use super::segment::{self, Segment};
+use super::Shared;
+use crate::{Error, Result};
+
+/// A batch stops growing at this size so one slow sync does not hold an unbounded buffer.
+const MAX_BATCH_BYTES: usize = 8 * 1024 * 1024;
+
+/// The longest a batch waits for appenders expected back (half a sync, at most this), so a
+/// slow disk cannot stretch latency by more than the linger it would have saved.
+const MAX_LINGER: Duration = Duration::from_millis(1);
+
+pub(super) struct AppendRequest {
+    pub items: Vec<(i64, Vec<u8>)>,
+    pub reply: oneshot::Sender<Result<Vec<u64>>>,
+}
+
+pub(super) struct Writer {
+    pub dir: PathBuf,
+    pub segment_bytes: u64,
+    pub shared: Arc<Shared>,
+    /// The last segment, opened for appending.
+    pub active: File,
+    pub active_len: u64,
+    pub active_has_records: bool,
+    pub next_seq: u64,
+    /// Requests taken off the channel so far; with `Shared::submitted` it tells how many wait.
+    pub received: u64,
+}
+
+/// A record framed into the batch buffer, remembered so readers can be told about it once it
+/// is durable.
+struct Framed {
+    seq: u64,
+    timestamp_ms: i64,
+    offset: u64,
+    len: u64,
+}
+
+impl Writer {
+    pub fn run(mut self, requests: mpsc::Receiver<AppendRequest>) {
+        // What the last commit left behind, to decide how long the next batch may linger.
+        let mut expected_next = 0;
+        let mut linger_until = Instant::now();
+        while let Ok(first) = requests.recv() {
+            let mut batch_bytes = request_bytes(&first);
+            let mut batch = vec![first];
+            while batch_bytes < MAX_BATCH_BYTES {
+                // Appenders just acknowledged usually append again within microseconds; a
+                // batch that left without them would make them wait out a whole extra sync.
+                // So wait for the expected ones, but never past a fraction of a sync.
+                let next = match requests.try_recv() {
+                    Ok(request) => Ok(request),
+                    Err(mpsc::TryRecvError::Empty) if batch.len() < expected_next => {
+                        let now = Instant::now();
+                        if now >= linger_until {
+                            break;
+                        }
+                        requests.recv_timeout(linger_until - now).map_err(|_| ())
+                    }
+                    Err(_) => Err(()),
+                };
+                let Ok(request) = next else {
+                    break;
+                };
+                batch_bytes += request_bytes(&request);
+                batch.push(request);
+            }
+            self.received += batch.len() as u64;
+            if let Some(failure) = self.shared.failure() {
+                reply_all(batch, &failure);
+                continue;
+            }
+            let started = Instant::now();
+            match self.commit(&batch) {
+                Ok(seqs) => {
+                    let linger = (started.elapsed() / 2).min(MAX_LINGER);
+                    let queued = self.shared.submitted.load(Ordering::Acquire) - self.received;
+                    expected_next = queued as usize + batch.len();
+                    self.shared.durable.send_replace(self.next_seq - 1);
+                    for (request, seqs) in batch.into_iter().zip(seqs) {
+                        // An appender that stopped waiting still has its records stored.
+                        let _ = request.reply.send(Ok(seqs));
+                    }
+                    linger_until = Instant::now() + linger;
+                }
+                Err(error) => {
+                    tracing::error!(stream = %self.shared.name, %error, "stream write failed; refusing appends until reopened");
+                    let failure = format!("stream {} cannot write: {error}", self.shared.name);
+                    self.shared.set_failure(failure.clone());
+                    reply_all(batch, &failure);
+                }
+            }
+        }
+    }
+
+    /// Writes and syncs a batch, rolling segments as they fill. Returns each request's seqs.
+    fn commit(&mut self, batch: &[AppendRequest]) -> Result<Vec<Vec<u64>>> {
+        let mut buffer = Vec::with_capacity(batch.iter().map(request_bytes).sum());
+        let mut framed = Vec::new();
+        let mut seqs = Vec::with_capacity(batch.len());
+        for request in batch {
+            let mut request_seqs = Vec::with_capacity(request.items.len());
+            for (timestamp_ms, payload) in &request.items {
+                let len = frame::encoded_len(payload.len()) as u64;
+                let segment_used = self.active_len + buffer.len() as u64;
+                let has_records = self.active_has_records || !framed.is_empty();
+                // A record larger than a whole segment still goes somewhere: alone in one.
+                if has_records && segment_used + len > self.segment_bytes {
+                    self.flush(&mut buffer, &mut framed)?;
+                    self.roll()?;
+                }
+                let seq = self.next_seq;
+                framed.push(Framed {
+                    seq,
+                    timestamp_ms: *timestamp_ms,
+                    offset: self.active_len + buffer.len() as u64,
+                    len,
+                });
+                frame::encode(&mut buffer, seq, *timestamp_ms, payload);
+                self.next_seq += 1;
+                request_seqs.push(seq);
+            }
+            seqs.push(request_seqs);
+        }
+        self.flush(&mut buffer, &mut framed)?;
+        Ok(seqs)
+    }
+
+    /// Makes the buffered records durable in the active segment, then shows them to readers.
+    fn flush(&mut self, buffer: &mut Vec<u8>, framed: &mut Vec<Framed>) -> Result<()> {
+        if buffer.is_empty() {
+            return Ok(());
+        }
+        self.active.write_all(buffer)?;
+        // fdatasync: also persists the new file size, which is all the metadata a read needs.
+        self.active.sync_data()?;
+        self.active_len += buffer.len() as u64;
+        self.active_has_records = true;
+        let mut segments = self.shared.segments_mut();
+        let segment = segments
+            .last_mut()
+            .expect("the log always has an active segment");
+        for record in framed.iter() {
+            segment.note_record(record.seq, record.timestamp_ms, record.offset, record.len);
+        }
+        buffer.clear();
+        framed.clear();
+        Ok(())
+    }
+
+    /// Starts a new segment named after the next sequence. The file and its directory entry
+    /// are synced before any record goes in, so recovery never meets a record in a file that
+    /// might vanish.
+    fn roll(&mut self) -> Result<()> {
+        let path = self.dir.join(segment::file_name(self.next_seq));
+        let (active, reader) = create_segment(&self.dir, &path)?;
+        self.active = active;
+        self.active_len = segment::FILE_HEADER_LEN;
+        self.active_has_records = false;
+        let segment = Segment::empty(self.next_seq, path, Arc::new(reader));
+        self.shared.segments_mut().push(segment);
+        Ok(())
+    }
+}
+
+/// Creates an empty segment (magic only), durably. Returns an append handle and a read handle.
+pub(super) fn create_segment(dir: &Path, path: &Path) -> Result<(File, File)> {
+    let mut file = OpenOptions::new()
+        .read(true)
+        .append(true)
+        .create_new(true)
+        .open(path)?;
+    file.write_all(segment::MAGIC)?;
+    file.sync_all()?;
+    sync_dir(dir)?;
+    let reader = File::open(path)?;
+    Ok((file, reader))
+}
+
+/// Makes file creations and removals in `dir` durable.
+pub(super) fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)?.sync_all()?;
+    Ok(())
+}
+
+fn request_bytes(request: &AppendRequest) -> usize {
+    request
+        .items
+        .iter()
+        .map(|(_, payload)| frame::encoded_len(payload.len()))
+        .sum()
+}
+
+fn reply_all(batch: Vec<AppendRequest>, failure: &str) {
+    for request in batch {
+        let _ = request
+            .reply
+            .send(Err(Error::Unavailable(failure.to_string())));
+    }
+}
