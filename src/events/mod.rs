@@ -1,0 +1,382 @@
+//! The event stream (contract §8): one emit function for every subsystem, the durable log,
+//! and reads (list, get, subscribe, replay, stats).
+//!
+//! An event is appended to the `events` stream log and acknowledged only once it is durable;
+//! then it is fanned out live on the bus (`svc.events.<type>`). Readers always read the log,
+//! the live notification only wakes them, so a subscriber that replays history and then follows
+//! live events sees every event once, with no gap or duplicate at the seam.
+
+pub mod types;
+
+use std::sync::{Arc, RwLock};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::sync::{mpsc, watch};
+
+use crate::auth::{Principal, Role};
+use crate::stream::{Record, StreamLog};
+use crate::{clock, ids, Error, Result};
+
+pub use types::{EventType, SEVERITIES, TYPES};
+
+/// Largest payload an event may carry (JSON text), so one event never dominates a read.
+pub const MAX_PAYLOAD_BYTES: usize = 64 * 1024;
+const READ_BATCH: usize = 512;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub id: String,
+    /// The stream sequence; not stored in the record (the log numbers it).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub seq: u64,
+    #[serde(rename = "type")]
+    pub event_type: String,
+    pub category: String,
+    pub severity: String,
+    pub source: String,
+    pub timestamp: String,
+    pub payload: Value,
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
+}
+
+/// What a caller wants emitted.
+#[derive(Clone, Debug, Default)]
+pub struct NewEvent {
+    pub event_type: String,
+    pub severity: Option<String>,
+    pub source: Option<String>,
+    pub payload: Option<Value>,
+}
+
+/// Which events a read wants. Times are Unix milliseconds.
+#[derive(Clone, Debug, Default)]
+pub struct Filter {
+    pub types: Vec<String>,
+    pub category: Option<String>,
+    pub since_ms: Option<i64>,
+    pub until_ms: Option<i64>,
+    pub min_severity: Option<usize>,
+    pub source: Option<String>,
+}
+
+impl Filter {
+    /// Builds a filter from the text forms the CLIs and RPCs use.
+    pub fn parse(
+        types: Vec<String>,
+        category: &str,
+        since: &str,
+        until: &str,
+        min_severity: &str,
+        source: &str,
+    ) -> Result<Filter> {
+        let time = |text: &str, name: &str| -> Result<Option<i64>> {
+            if text.is_empty() {
+                return Ok(None);
+            }
+            clock::parse_time_or_ago(text).map(Some).ok_or_else(|| {
+                Error::Invalid(format!("{name} '{text}' is neither RFC 3339 nor a duration like 24h"))
+            })
+        };
+        for name in &types {
+            if types::find(name).is_none() {
+                return Err(unknown_type(name));
+            }
+        }
+        let min_severity = match min_severity {
+            "" => None,
+            text => Some(types::severity_rank(text).ok_or_else(|| {
+                Error::Invalid(format!("severity '{text}' is not one of {}", SEVERITIES.join(", ")))
+            })?),
+        };
+        Ok(Filter {
+            types,
+            category: (!category.is_empty()).then(|| category.to_string()),
+            since_ms: time(since, "since")?,
+            until_ms: time(until, "until")?,
+            min_severity,
+            source: (!source.is_empty()).then(|| source.to_string()),
+        })
+    }
+
+    fn matches(&self, event: &Event, timestamp_ms: i64) -> bool {
+        (self.types.is_empty() || self.types.contains(&event.event_type))
+            && self.category.as_ref().is_none_or(|c| *c == event.category)
+            && self.since_ms.is_none_or(|s| timestamp_ms >= s)
+            && self.until_ms.is_none_or(|u| timestamp_ms < u)
+            && self
+                .min_severity
+                .is_none_or(|min| types::severity_rank(&event.severity).unwrap_or(0) >= min)
+            && self.source.as_ref().is_none_or(|s| *s == event.source)
+    }
+}
+
+fn unknown_type(name: &str) -> Error {
+    Error::Invalid(format!(
+        "unknown event type '{name}' (svc-events types lists the {} types)",
+        TYPES.len()
+    ))
+}
+
+/// A function the bus integration installs to fan events out live; it must not block.
+pub type Publisher = Box<dyn Fn(&str, Vec<u8>) + Send + Sync>;
+
+pub struct Events {
+    log: Arc<StreamLog>,
+    publisher: RwLock<Option<Publisher>>,
+    counts: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
+    /// Flips when the server stops, so live subscriptions end instead of holding shutdown.
+    stopping: watch::Receiver<bool>,
+}
+
+fn decode(record: &Record) -> Option<Event> {
+    let mut event: Event = serde_json::from_slice(&record.payload).ok()?;
+    event.seq = record.seq;
+    Some(event)
+}
+
+impl Events {
+    pub fn new(log: Arc<StreamLog>, stopping: watch::Receiver<bool>) -> Self {
+        Events {
+            log,
+            publisher: RwLock::new(None),
+            counts: Default::default(),
+            stopping,
+        }
+    }
+
+    pub fn log(&self) -> &Arc<StreamLog> {
+        &self.log
+    }
+
+    /// Installs the live fan-out (the bus client) once the bus is up.
+    pub fn set_publisher(&self, publisher: Publisher) {
+        *self.publisher.write().expect("publisher lock poisoned") = Some(publisher);
+    }
+
+    /// Events emitted since start, by type (for `svc_events_total{type}`).
+    pub fn counts(&self) -> Vec<(String, u64)> {
+        let counts = self.counts.lock().expect("counts lock poisoned");
+        counts.iter().map(|(k, v)| (k.clone(), *v)).collect()
+    }
+
+    /// The one emit function: validates, appends durably, then fans out live.
+    pub async fn emit(&self, new: NewEvent, default_source: &str) -> Result<Event> {
+        let kind = types::find(&new.event_type).ok_or_else(|| unknown_type(&new.event_type))?;
+        let severity = match new.severity.filter(|s| !s.is_empty()) {
+            Some(s) if types::severity_rank(&s).is_some() => s,
+            Some(s) => {
+                return Err(Error::Invalid(format!(
+                    "severity '{s}' is not one of {}",
+                    SEVERITIES.join(", ")
+                )))
+            }
+            None => kind.severity.to_string(),
+        };
+        let payload = new.payload.unwrap_or_else(|| Value::Object(Default::default()));
+        if !payload.is_object() {
+            return Err(Error::Invalid("payload must be a JSON object".into()));
+        }
+        let now = clock::now_millis();
+        let mut event = Event {
+            id: ids::ulid(),
+            seq: 0,
+            event_type: kind.name.to_string(),
+            category: kind.category.to_string(),
+            severity,
+            source: new.source.filter(|s| !s.is_empty()).unwrap_or_else(|| default_source.to_string()),
+            timestamp: clock::format_rfc3339(now),
+            payload,
+        };
+        let bytes = serde_json::to_vec(&event).map_err(Error::internal)?;
+        if bytes.len() > MAX_PAYLOAD_BYTES {
+            return Err(Error::TooLarge(format!("event is larger than {MAX_PAYLOAD_BYTES} bytes")));
+        }
+        event.seq = self.log.append(now, bytes).await?;
+        *self
+            .counts
+            .lock()
+            .expect("counts lock poisoned")
+            .entry(event.event_type.clone())
+            .or_default() += 1;
+        if let Some(publish) = self.publisher.read().expect("publisher lock poisoned").as_ref() {
+            if let Ok(live) = serde_json::to_vec(&event) {
+                publish(&crate::bus::subjects::event(&event.event_type), live);
+            }
+        }
+        Ok(event)
+    }
+
+    /// Emits on behalf of the server; a failure is logged, never returned, because the
+    /// operation that caused the event already happened.
+    pub async fn emit_system(&self, event_type: &str, source: &str, payload: Value) {
+        let new = NewEvent {
+            event_type: event_type.to_string(),
+            payload: Some(payload),
+            ..NewEvent::default()
+        };
+        if let Err(e) = self.emit(new, source).await {
+            tracing::error!(error = %e, event_type, "event could not be emitted");
+        }
+    }
+
+    fn start_seq(&self, filter: &Filter) -> Result<u64> {
+        match filter.since_ms {
+            Some(since) => self.log.seq_for_time(since),
+            None => Ok(self.log.first_seq()),
+        }
+    }
+
+    /// A page of events in stream order, from the cursor (a sequence) or `since`.
+    pub fn list(&self, filter: &Filter, limit: usize, cursor: Option<u64>) -> Result<(Vec<Event>, Option<u64>)> {
+        let mut next = match cursor {
+            Some(seq) => seq,
+            None => self.start_seq(filter)?,
+        };
+        let mut items = Vec::new();
+        loop {
+            let batch = self.log.read(next, READ_BATCH)?;
+            let Some(last) = batch.last() else { return Ok((items, None)) };
+            let last_seq = last.seq;
+            for record in &batch {
+                if filter.until_ms.is_some_and(|u| record.timestamp_ms >= u) {
+                    return Ok((items, None));
+                }
+                if let Some(event) = decode(record).filter(|e| filter.matches(e, record.timestamp_ms)) {
+                    items.push(event);
+                    if items.len() == limit {
+                        let more = record.seq < self.log.last_seq();
+                        return Ok((items, more.then_some(record.seq + 1)));
+                    }
+                }
+            }
+            next = last_seq + 1;
+        }
+    }
+
+    /// Finds an event by id (a ULID, whose time says where to look) or by sequence number.
+    pub fn get(&self, id: &str) -> Result<Event> {
+        let not_found = || Error::NotFound(format!("event '{id}' not found"));
+        if let Ok(seq) = id.parse::<u64>() {
+            return self.log.read(seq, 1)?.first().filter(|r| r.seq == seq).and_then(decode).ok_or_else(not_found);
+        }
+        let millis = ids::ulid_millis(id).ok_or_else(not_found)?;
+        // The id is made just before the append, so its record sits within moments of it.
+        let mut next = self.log.seq_for_time(millis - 5_000)?;
+        loop {
+            let batch = self.log.read(next, READ_BATCH)?;
+            let Some(last) = batch.last() else { return Err(not_found()) };
+            for record in &batch {
+                if record.timestamp_ms > millis + 5_000 {
+                    return Err(not_found());
+                }
+                if let Some(event) = decode(record).filter(|e| e.id == id) {
+                    return Ok(event);
+                }
+            }
+            next = last.seq + 1;
+        }
+    }
+
+    /// Streams matching events into `out`: history from `since`, then (when `follow`) live
+    /// events as they become durable, until the receiver goes away or the server stops.
+    /// Without `follow` it ends at the last event that was durable when it started.
+    pub async fn stream(&self, filter: Filter, follow: bool, out: mpsc::Sender<Result<Event>>) {
+        let mut durable = self.log.subscribe();
+        let mut stopping = self.stopping.clone();
+        let end = self.log.last_seq();
+        let mut next = match self.start_seq(&filter) {
+            Ok(seq) => seq,
+            Err(e) => {
+                let _ = out.send(Err(e)).await;
+                return;
+            }
+        };
+        loop {
+            // Mark the current durable point seen *before* reading, so an append that lands
+            // after this read still wakes us below.
+            durable.borrow_and_update();
+            let batch = match self.log.read(next, READ_BATCH) {
+                Ok(batch) => batch,
+                Err(e) => {
+                    let _ = out.send(Err(e)).await;
+                    return;
+                }
+            };
+            for record in &batch {
+                if !follow && record.seq > end {
+                    return;
+                }
+                if filter.until_ms.is_some_and(|u| record.timestamp_ms >= u) {
+                    return;
+                }
+                next = record.seq + 1;
+                if let Some(event) = decode(record).filter(|e| filter.matches(e, record.timestamp_ms)) {
+                    if out.send(Ok(event)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            if !batch.is_empty() {
+                continue;
+            }
+            if !follow || *stopping.borrow() {
+                return;
+            }
+            tokio::select! {
+                changed = durable.changed() => if changed.is_err() { return },
+                _ = stopping.changed() => return,
+                _ = out.closed() => return,
+            }
+        }
+    }
+
+    /// Counts by type and by severity over a window.
+    pub fn stats(&self, filter: &Filter) -> Result<Stats> {
+        let mut stats = Stats::default();
+        let mut next = self.start_seq(filter)?;
+        loop {
+            let batch = self.log.read(next, READ_BATCH * 4)?;
+            let Some(last) = batch.last() else { break };
+            next = last.seq + 1;
+            for record in &batch {
+                if filter.until_ms.is_some_and(|u| record.timestamp_ms >= u) {
+                    return Ok(stats);
+                }
+                if let Some(event) = decode(record).filter(|e| filter.matches(e, record.timestamp_ms)) {
+                    stats.total += 1;
+                    *stats.by_type.entry(event.event_type).or_default() += 1;
+                    *stats.by_severity.entry(event.severity).or_default() += 1;
+                }
+            }
+        }
+        Ok(stats)
+    }
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct Stats {
+    pub total: u64,
+    pub by_type: std::collections::BTreeMap<String, u64>,
+    pub by_severity: std::collections::BTreeMap<String, u64>,
+}
+
+/// `svc-events emit` through any transport: operator or admin, audited.
+pub async fn emit(domain: &crate::domain::Domain, principal: &Principal, new: NewEvent) -> Result<Event> {
+    let action = crate::audit::Action::new("event.emit", "event", "")
+        .detail(serde_json::json!({"type": new.event_type, "severity": new.severity, "source": new.source}));
+    let result = async {
+        principal.require(Role::Operator)?;
+        domain.events.emit(new, &principal.name).await
+    }
+    .await;
+    let action = match &result {
+        Ok(event) => crate::audit::Action { resource_id: event.id.clone(), ..action },
+        Err(_) => action,
+    };
+    domain.auditor.record(principal, action, &result).await;
+    result
+}
