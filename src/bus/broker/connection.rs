@@ -34,6 +34,8 @@ pub(crate) const NATS_VERSION: &str = "2.9.10";
 const READ_SIZE: usize = 64 * 1024;
 /// Entries in the per-connection subject cache before it is dropped wholesale.
 const LOCAL_CACHE_LIMIT: usize = 256;
+/// When a new client gets its first PING (nats-server's `firstClientPingInterval`).
+const FIRST_PING: Duration = Duration::from_secs(2);
 /// The no-responders status block: `NATS/1.0 503` and the blank line, 16 bytes.
 const NO_RESPONDERS: &[u8] = b"NATS/1.0 503\r\n\r\n";
 
@@ -209,6 +211,9 @@ struct Session {
     scratch: Vec<u8>,
     random: u64,
     pings_out: u32,
+    /// Whether a PONG has answered one of our PINGs. Until then the keepalive pings even
+    /// an active client, like nats-server's first (RTT-measuring) ping.
+    has_round_trip: bool,
     last_activity: Instant,
     counters: Counters,
 }
@@ -256,6 +261,7 @@ impl Session {
             scratch: Vec::with_capacity(256),
             random: rand::random::<u64>() | 1,
             pings_out: 0,
+            has_round_trip: false,
             last_activity: Instant::now(),
             counters: Counters::default(),
             shared,
@@ -298,9 +304,13 @@ impl Session {
         let auth_required = self.shared.auth.auth_required();
         let auth_deadline = tokio::time::sleep(config.auth_timeout);
         tokio::pin!(auth_deadline);
+        // nats-server pings a new client after 2 s (plus up to 20% jitter, so a reconnect
+        // storm does not ping in lockstep), then every ping_interval.
         let ping_interval = config.ping_interval;
+        let first_ping = ping_interval.min(FIRST_PING);
+        let jitter = first_ping.mul_f64((self.next_random() % 1000) as f64 / 5000.0);
         let mut ping_timer =
-            tokio::time::interval_at(Instant::now() + ping_interval, ping_interval);
+            tokio::time::interval_at(Instant::now() + first_ping + jitter, ping_interval);
         ping_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let cancel = self.cancel.clone();
         let mut buffer = BytesMut::with_capacity(READ_SIZE);
@@ -397,6 +407,7 @@ impl Session {
                 true
             }
             ClientOp::Pong => {
+                self.has_round_trip |= self.pings_out > 0;
                 self.pings_out = 0;
                 true
             }
@@ -459,6 +470,11 @@ impl Session {
         };
         self.counters.messages_in += 1;
         self.counters.bytes_in += publish.payload.len() as u64;
+        // nats-server's order: the pedantic check (which reports but still routes), then
+        // permissions (which drop), then +OK, then delivery.
+        if self.pedantic && !is_valid_literal(subject) {
+            self.send_error("Invalid Publish Subject");
+        }
         if let Some(permissions) = &self.permissions {
             if !permissions.publish.allows(subject) {
                 let text = format!("Permissions Violation for Publish to \"{subject}\"");
@@ -467,10 +483,6 @@ impl Session {
             }
         }
         self.send_ok();
-        // nats-server reports an invalid subject in pedantic mode but still routes it.
-        if self.pedantic && !is_valid_literal(subject) {
-            self.send_error("Invalid Publish Subject");
-        }
         let matches = self.lookup(subject);
         let reply = publish.reply.as_deref();
         let delivered = self.deliver(
@@ -682,7 +694,7 @@ impl Session {
     /// is a stale connection.
     fn on_ping_timer(&mut self) -> Keep {
         let config = &self.shared.config;
-        if self.last_activity.elapsed() < config.ping_interval {
+        if self.has_round_trip && self.last_activity.elapsed() < config.ping_interval {
             return true;
         }
         if self.pings_out + 1 > config.max_pings_out {

@@ -93,6 +93,7 @@ enum Verb {
     Ping,
     Pong,
     Ok,
+    Err,
 }
 
 impl Parser {
@@ -148,6 +149,10 @@ impl Parser {
                 };
                 Ok(Parsed::Op(op))
             }
+            // `-ERR <text>` from a client is closed silently by nats-server; a bare `-ERR`
+            // is an unknown operation (its state machine wants a separator).
+            Verb::Err if is_separator(buffer[verb_len]) => Err(ProtocolError::BadArguments),
+            Verb::Err => Err(ProtocolError::UnknownOperation),
             Verb::Connect => {
                 let frame = buffer.split_to(line_len).freeze();
                 Ok(Parsed::Op(ClientOp::Connect(
@@ -263,13 +268,14 @@ fn recognise_verb(word: &[u8]) -> Recognised {
         (b"PONG", Verb::Pong),
         (b"+OK", Verb::Ok),
     ];
-    const WORDS: [(&[u8], Verb); 6] = [
+    const WORDS: [(&[u8], Verb); 7] = [
         (b"PUB", Verb::Pub),
         (b"HPUB", Verb::Hpub),
         (b"SUB", Verb::Sub),
         (b"UNSUB", Verb::Unsub),
         (b"CONNECT", Verb::Connect),
         (b"INFO", Verb::Info),
+        (b"-ERR", Verb::Err),
     ];
     for (name, verb) in FIXED {
         if word.len() >= name.len() && word[..name.len()].eq_ignore_ascii_case(name) {
@@ -441,6 +447,8 @@ mod tests {
             (b"FOO\r\n", ProtocolError::UnknownOperation),
             (b"MSG a 1 1\r\nx\r\n", ProtocolError::UnknownOperation),
             (b"-ERR\r\n", ProtocolError::UnknownOperation),
+            (b"-ERR 'x'\r\n", ProtocolError::BadArguments),
+            (b"PI PING\r\n", ProtocolError::UnknownOperation),
             (b"\r\n", ProtocolError::UnknownOperation),
             (b"PUBX a 1\r\n", ProtocolError::UnknownOperation),
             (b"UNSUB\r\n", ProtocolError::UnknownOperation),
