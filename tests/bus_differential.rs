@@ -89,13 +89,15 @@ impl NatsServer {
             .spawn()
             .unwrap();
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        // Owned by the guard at once, so every path below kills and reaps it.
+        let server = NatsServer {
+            child,
+            addr,
+            _dir: dir,
+        };
         for _ in 0..100 {
             if tokio::net::TcpStream::connect(addr).await.is_ok() {
-                return NatsServer {
-                    child,
-                    addr,
-                    _dir: dir,
-                };
+                return server;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
