@@ -1,0 +1,350 @@
+//! Bus benchmark: the embedded broker against nats-server, same async-nats client, one run.
+//!
+//! `cargo bench --bench bus`. Our broker runs in a separate OS process (this binary re-run
+//! with `SVC_BUS_BENCH_BROKER=1`, a 2-worker tokio runtime), like nats-server, so neither
+//! shares a runtime or allocator with the client. Everything is on loopback; every scenario
+//! is bounded by a message count and a timeout, so the whole run stays well under three
+//! minutes. Prints one table with ratios ours / nats-server (higher is better for
+//! throughput, lower for latency).
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+
+const BROKER_ENV: &str = "SVC_BUS_BENCH_BROKER";
+/// Progress stalls longer than this end a scenario (messages dropped as slow consumers).
+const STALL: Duration = Duration::from_secs(3);
+
+fn main() {
+    if std::env::var_os(BROKER_ENV).is_some() {
+        run_broker_process();
+        return;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("client runtime");
+    runtime.block_on(run_benchmarks());
+}
+
+/// The child: serve on an ephemeral port, print it, exit when stdin closes.
+fn run_broker_process() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("broker runtime");
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let handle = svc::bus::Broker::start(
+            svc::bus::BrokerConfig::default(),
+            Arc::new(svc::bus::NoAuth),
+            listener,
+        )
+        .await
+        .expect("broker starts");
+        println!("{}", handle.local_addr().port());
+        std::io::stdout().flush().expect("stdout");
+        tokio::task::spawn_blocking(|| {
+            let mut line = String::new();
+            while std::io::stdin()
+                .read_line(&mut line)
+                .map(|read| read > 0)
+                .unwrap_or(false)
+            {}
+        })
+        .await
+        .expect("stdin watcher");
+        drop(handle);
+    });
+}
+
+/// A server under test, killed on drop.
+struct Server {
+    name: &'static str,
+    child: Child,
+    url: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_ours() -> Server {
+    let mut child = Command::new(std::env::current_exe().expect("own path"))
+        .env(BROKER_ENV, "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn broker process");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout piped"))
+        .read_line(&mut line)
+        .expect("port line");
+    Server {
+        name: "ours",
+        url: format!("nats://127.0.0.1:{}", line.trim()),
+        child,
+    }
+}
+
+fn start_nats_server() -> Option<Server> {
+    let binary = ["/usr/sbin/nats-server", "/usr/bin/nats-server"]
+        .into_iter()
+        .find(|path| std::path::Path::new(path).is_file())?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .ok()?
+        .local_addr()
+        .ok()?
+        .port();
+    let child = Command::new(binary)
+        .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    let server = Server {
+        name: "nats-server",
+        url: format!("nats://127.0.0.1:{port}"),
+        child,
+    };
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Some(server);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+async fn connect(url: &str) -> async_nats::Client {
+    async_nats::ConnectOptions::new()
+        .subscription_capacity(1 << 20)
+        .connect(url)
+        .await
+        .expect("connect")
+}
+
+/// Counts messages on every subscription given, into one counter.
+fn count_into(counter: Arc<AtomicU64>, mut subscription: async_nats::Subscriber) {
+    tokio::spawn(async move {
+        while subscription.next().await.is_some() {
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+    });
+}
+
+/// Waits until `counter` reaches `target` or stops moving; returns (count, elapsed).
+async fn wait_for_count(counter: &AtomicU64, target: u64, started: Instant) -> (u64, Duration) {
+    let mut last = 0;
+    let mut last_change = Instant::now();
+    loop {
+        let now = counter.load(Ordering::Relaxed);
+        if now >= target {
+            return (now, started.elapsed());
+        }
+        if now != last {
+            last = now;
+            last_change = Instant::now();
+        } else if last_change.elapsed() > STALL {
+            return (now, last_change.duration_since(started));
+        }
+        tokio::time::sleep(Duration::from_micros(200)).await;
+    }
+}
+
+/// Messages delivered per second for `publishers` → `subscribers` (all plain subs, or one
+/// queue group).
+async fn throughput(
+    url: &str,
+    size: usize,
+    messages: u64,
+    subscribers: usize,
+    queue: bool,
+) -> (f64, u64, u64) {
+    let counter = Arc::new(AtomicU64::new(0));
+    let mut clients = Vec::new();
+    for _ in 0..subscribers {
+        let client = connect(url).await;
+        let subscription = if queue {
+            client
+                .queue_subscribe("bench", "workers".into())
+                .await
+                .expect("queue sub")
+        } else {
+            client.subscribe("bench").await.expect("sub")
+        };
+        client.flush().await.expect("flush");
+        count_into(counter.clone(), subscription);
+        clients.push(client);
+    }
+    let publisher = connect(url).await;
+    let payload = bytes::Bytes::from(vec![b'x'; size]);
+    let expected = if queue {
+        messages
+    } else {
+        messages * subscribers as u64
+    };
+    let started = Instant::now();
+    for _ in 0..messages {
+        publisher
+            .publish("bench", payload.clone())
+            .await
+            .expect("publish");
+    }
+    publisher.flush().await.expect("flush");
+    let (received, elapsed) = wait_for_count(&counter, expected, started).await;
+    (received as f64 / elapsed.as_secs_f64(), received, expected)
+}
+
+/// Sequential request/reply round trips; returns (p50, p99) in microseconds.
+async fn round_trips(url: &str, count: usize) -> (f64, f64) {
+    let responder = connect(url).await;
+    let mut service = responder.subscribe("bench.rpc").await.expect("sub");
+    responder.flush().await.expect("flush");
+    let replier = responder.clone();
+    tokio::spawn(async move {
+        while let Some(request) = service.next().await {
+            if let Some(reply) = request.reply {
+                let _ = replier.publish(reply, request.payload).await;
+            }
+        }
+    });
+    let requester = connect(url).await;
+    let payload = bytes::Bytes::from_static(b"ping-128-bytes-ping-128-bytes-ping-128-bytes-ping-128-bytes-ping-128-bytes-ping-128-bytes-ping-128-bytes-ping-128-bytes-ping-128-");
+    for _ in 0..200 {
+        requester
+            .request("bench.rpc", payload.clone())
+            .await
+            .expect("warm-up");
+    }
+    let mut latencies = Vec::with_capacity(count);
+    for _ in 0..count {
+        let started = Instant::now();
+        requester
+            .request("bench.rpc", payload.clone())
+            .await
+            .expect("request");
+        latencies.push(started.elapsed().as_secs_f64() * 1e6);
+    }
+    latencies.sort_by(f64::total_cmp);
+    let at = |quantile: f64| {
+        latencies[((latencies.len() as f64 * quantile) as usize).min(latencies.len() - 1)]
+    };
+    (at(0.50), at(0.99))
+}
+
+struct Row {
+    name: String,
+    unit: &'static str,
+    higher_is_better: bool,
+    values: Vec<(f64, String)>,
+}
+
+async fn scenario_rows(url: &str) -> Vec<(String, &'static str, bool, f64, String)> {
+    let mut rows = Vec::new();
+    for (size, messages) in [
+        (16usize, 400_000u64),
+        (128, 400_000),
+        (1024, 200_000),
+        (64 * 1024, 8_000),
+    ] {
+        let (rate, received, expected) = throughput(url, size, messages, 1, false).await;
+        rows.push((
+            format!("pub->sub {size} B"),
+            "msg/s",
+            true,
+            rate,
+            format!("{received}/{expected}"),
+        ));
+    }
+    let (rate, received, expected) = throughput(url, 128, 50_000, 10, false).await;
+    rows.push((
+        "fan-out 128 B x10 subs".into(),
+        "deliveries/s",
+        true,
+        rate,
+        format!("{received}/{expected}"),
+    ));
+    let (rate, received, expected) = throughput(url, 128, 200_000, 4, true).await;
+    rows.push((
+        "queue group 128 B, 4 members".into(),
+        "msg/s",
+        true,
+        rate,
+        format!("{received}/{expected}"),
+    ));
+    let (p50, p99) = round_trips(url, 5_000).await;
+    rows.push(("request/reply p50".into(), "us", false, p50, String::new()));
+    rows.push(("request/reply p99".into(), "us", false, p99, String::new()));
+    rows
+}
+
+async fn run_benchmarks() {
+    let started = Instant::now();
+    let Some(reference) = start_nats_server() else {
+        println!("skip: nats-server not found; the bus benchmark compares against it");
+        return;
+    };
+    let ours = start_ours();
+    let mut table: Vec<Row> = Vec::new();
+    // Alternate servers so background load on a shared machine hits both alike.
+    for round in 0..2 {
+        for server in [&reference, &ours] {
+            let rows = scenario_rows(&server.url).await;
+            for (index, (name, unit, higher_is_better, value, note)) in rows.into_iter().enumerate()
+            {
+                if table.len() <= index {
+                    table.push(Row {
+                        name,
+                        unit,
+                        higher_is_better,
+                        values: vec![(0.0, String::new()); 4],
+                    });
+                }
+                let column = if server.name == "ours" { 2 } else { 0 } + round;
+                table[index].values[column] = (value, note);
+            }
+        }
+    }
+    println!();
+    println!(
+        "{:<32} {:>14} {:>14} {:>8}  {:<12} (best of 2 rounds; delivered/expected)",
+        "scenario", "nats-server", "ours", "ratio", "unit"
+    );
+    for row in &table {
+        let best = |a: &(f64, String), b: &(f64, String)| -> (f64, String) {
+            let pick_a = if row.higher_is_better {
+                a.0 >= b.0
+            } else {
+                a.0 <= b.0
+            };
+            if pick_a {
+                a.clone()
+            } else {
+                b.clone()
+            }
+        };
+        let reference = best(&row.values[0], &row.values[1]);
+        let ours = best(&row.values[2], &row.values[3]);
+        let ratio = ours.0 / reference.0;
+        println!(
+            "{:<32} {:>14.0} {:>14.0} {:>7.2}x  {:<12} {} | {}",
+            row.name, reference.0, ours.0, ratio, row.unit, reference.1, ours.1
+        );
+    }
+    println!(
+        "\ntotal bench time: {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+}

@@ -1,0 +1,809 @@
+//! One client connection: INFO, CONNECT and auth, the op loop, keepalive, and the writer.
+//!
+//! Owns a connection's session state (options, permissions, its subscriptions by sid) and
+//! the two tasks that serve it. The reader task parses ops and routes publishes straight into
+//! subscribers' [`Outbound`] buffers; it never waits on another connection. The writer task
+//! drains this connection's own buffer, one write per wake-up, under the write deadline.
+//! Wake-ups for subscribers are collected while a read chunk is processed and sent once at
+//! the end, so a burst of publishes becomes a few large writes (nats-server's trick).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use rustls::pki_types::CertificateDer;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::{timeout, Instant};
+use tokio_util::sync::CancellationToken;
+
+use super::auth::{AuthRequest, Permissions};
+use super::outbound::{Batch, Close, Outbound, Queued};
+use super::protocol::{ClientOp, Parsed, Parser, Publish};
+use super::router::{Claim, Matches, Subscription};
+use super::Shared;
+use crate::bus::subjects::{is_valid_literal, is_valid_pattern};
+
+/// The NATS server version we match; clients gate features on it.
+pub(crate) const NATS_VERSION: &str = "2.9.10";
+/// Bytes read per syscall when no large payload is pending.
+const READ_SIZE: usize = 64 * 1024;
+/// Entries in the per-connection subject cache before it is dropped wholesale.
+const LOCAL_CACHE_LIMIT: usize = 256;
+/// When a new client gets its first PING (nats-server's `firstClientPingInterval`).
+const FIRST_PING: Duration = Duration::from_secs(2);
+/// The no-responders status block: `NATS/1.0 503` and the blank line, 16 bytes.
+const NO_RESPONDERS: &[u8] = b"NATS/1.0 503\r\n\r\n";
+
+/// The INFO a client reads first. Field names are the wire names.
+#[derive(Serialize)]
+pub(crate) struct Info<'a> {
+    pub server_id: &'a str,
+    pub server_name: &'a str,
+    pub version: &'static str,
+    /// Ours, next to the NATS version we match.
+    pub svc_version: &'static str,
+    pub proto: u8,
+    pub host: &'a str,
+    pub port: u16,
+    pub headers: bool,
+    pub max_payload: usize,
+    pub client_id: u64,
+    pub client_ip: String,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub auth_required: bool,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub tls_required: bool,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub tls_verify: bool,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub tls_available: bool,
+    pub nonce: &'a str,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub ldm: bool,
+    pub jetstream: bool,
+}
+
+impl Info<'_> {
+    /// `INFO {json} \r\n`, with nats-server's space before the line end.
+    pub(crate) fn to_line(&self) -> Vec<u8> {
+        let mut line = b"INFO ".to_vec();
+        // Serializing a struct of strings, bools and integers cannot fail.
+        serde_json::to_writer(&mut line, self).expect("INFO serializes");
+        line.extend_from_slice(b" \r\n");
+        line
+    }
+}
+
+/// CONNECT's JSON. Every field is optional and `null` means absent (async-nats sends unset
+/// options as null); unknown fields are ignored.
+#[derive(Default, Deserialize)]
+struct ConnectOptions {
+    verbose: Option<bool>,
+    pedantic: Option<bool>,
+    auth_token: Option<String>,
+    user: Option<String>,
+    pass: Option<String>,
+    nkey: Option<String>,
+    sig: Option<String>,
+    jwt: Option<String>,
+    name: Option<String>,
+    protocol: Option<i64>,
+    echo: Option<bool>,
+    headers: Option<bool>,
+    no_responders: Option<bool>,
+}
+
+/// Serves one accepted socket until it closes. Runs the TLS handshake first when
+/// configured, then the session.
+pub(crate) async fn serve(
+    shared: Arc<Shared>,
+    socket: TcpStream,
+    peer: SocketAddr,
+    client_id: u64,
+) {
+    let _ = socket.set_nodelay(true);
+    let nonce = make_nonce();
+    let info = |tls_required: bool| {
+        Info {
+            server_id: &shared.server_id,
+            server_name: &shared.config.server_name,
+            version: NATS_VERSION,
+            svc_version: env!("CARGO_PKG_VERSION"),
+            proto: 1,
+            host: &shared.host,
+            port: shared.port,
+            headers: true,
+            max_payload: shared.config.max_payload,
+            client_id,
+            client_ip: peer.ip().to_string(),
+            auth_required: shared.auth.auth_required(),
+            tls_required,
+            tls_verify: tls_required && shared.config.tls_verify,
+            tls_available: tls_required,
+            nonce: &nonce,
+            ldm: false,
+            jetstream: false,
+        }
+        .to_line()
+    };
+    let Some(tls) = shared.config.tls.clone() else {
+        let (reader, writer) = socket.into_split();
+        let session = Session::new(shared.clone(), client_id, peer, nonce.clone(), None);
+        session.run(reader, writer, info(false)).await;
+        return;
+    };
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let handshake_deadline = shared.config.auth_timeout;
+    let mut socket = socket;
+    let first_info = info(true);
+    if !shared.config.tls_handshake_first {
+        // INFO travels in clear; the client upgrades right after reading `tls_required`.
+        if socket.write_all(&first_info).await.is_err() {
+            return;
+        }
+    }
+    let stream = match timeout(handshake_deadline, acceptor.accept(socket)).await {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(error)) => {
+            tracing::debug!(%peer, %error, "bus TLS handshake failed");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "bus TLS handshake timed out");
+            return;
+        }
+    };
+    let certificates = stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .map(|chain| chain.iter().map(|cert| cert.clone().into_owned()).collect());
+    let (reader, writer) = tokio::io::split(stream);
+    let session = Session::new(shared.clone(), client_id, peer, nonce, certificates);
+    // With TLS-first, INFO is the first thing inside TLS; otherwise it was already sent.
+    let inner_info = if shared.config.tls_handshake_first {
+        first_info
+    } else {
+        Vec::new()
+    };
+    session.run(reader, writer, inner_info).await;
+}
+
+fn make_nonce() -> String {
+    use base64::Engine as _;
+    use rand::RngCore as _;
+    let mut bytes = [0u8; 11];
+    rand::thread_rng().fill_bytes(&mut bytes);
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+}
+
+/// What the reader decides after each op.
+type Keep = bool;
+
+struct Session {
+    shared: Arc<Shared>,
+    client_id: u64,
+    peer: SocketAddr,
+    nonce: String,
+    peer_certificates: Option<Vec<CertificateDer<'static>>>,
+    outbound: Arc<Outbound>,
+    cancel: CancellationToken,
+    is_connected: bool,
+    verbose: bool,
+    pedantic: bool,
+    echo: bool,
+    headers: bool,
+    no_responders: bool,
+    /// `None` means unrestricted, so the common case skips every permission check.
+    permissions: Option<Arc<Permissions>>,
+    subscriptions: HashMap<Bytes, Arc<Subscription>>,
+    /// Exhausted (`UNSUB max`) subscriptions leave the map lazily, when it grows past this.
+    sweep_at: usize,
+    cache: HashMap<Box<str>, Arc<Matches>>,
+    cache_generation: u64,
+    /// Outbounds (other connections' and ours) to wake when the current chunk is done.
+    wakes: Vec<Arc<Outbound>>,
+    scratch: Vec<u8>,
+    random: u64,
+    pings_out: u32,
+    /// Whether a PONG has answered one of our PINGs. Until then the keepalive pings even
+    /// an active client, like nats-server's first (RTT-measuring) ping.
+    has_round_trip: bool,
+    last_activity: Instant,
+    counters: Counters,
+}
+
+#[derive(Default)]
+struct Counters {
+    messages_in: u64,
+    bytes_in: u64,
+    messages_out: u64,
+    bytes_out: u64,
+}
+
+impl Session {
+    fn new(
+        shared: Arc<Shared>,
+        client_id: u64,
+        peer: SocketAddr,
+        nonce: String,
+        peer_certificates: Option<Vec<CertificateDer<'static>>>,
+    ) -> Self {
+        let outbound = Arc::new(Outbound::new(
+            shared.config.max_pending_bytes,
+            shared.stats.clone(),
+        ));
+        Session {
+            client_id,
+            peer,
+            nonce,
+            peer_certificates,
+            outbound,
+            cancel: CancellationToken::new(),
+            is_connected: false,
+            // nats-server's defaults before (and absent from) CONNECT.
+            verbose: true,
+            pedantic: true,
+            echo: true,
+            headers: false,
+            no_responders: false,
+            permissions: None,
+            subscriptions: HashMap::new(),
+            sweep_at: 64,
+            cache: HashMap::new(),
+            cache_generation: 0,
+            wakes: Vec::new(),
+            scratch: Vec::with_capacity(256),
+            random: rand::random::<u64>() | 1,
+            pings_out: 0,
+            has_round_trip: false,
+            last_activity: Instant::now(),
+            counters: Counters::default(),
+            shared,
+        }
+    }
+
+    #[tracing::instrument(name = "bus_connection", skip_all, fields(client_id = self.client_id, peer = %self.peer))]
+    async fn run<R, W>(mut self, reader: R, writer: W, info: Vec<u8>)
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
+        self.shared
+            .register(self.client_id, self.outbound.clone(), self.cancel.clone());
+        if !info.is_empty() {
+            self.outbound.push_now(&[&info]);
+        }
+        let writer_task = tokio::spawn(write_loop(
+            writer,
+            self.outbound.clone(),
+            self.shared.clone(),
+            self.cancel.clone(),
+        ));
+        self.read_loop(reader).await;
+        for subscription in self.subscriptions.values() {
+            self.shared.router.remove(subscription);
+        }
+        self.subscriptions.clear();
+        self.outbound.close(Close::AfterFlush);
+        let _ = writer_task.await;
+        self.shared.unregister(self.client_id);
+    }
+
+    async fn read_loop<R: AsyncRead + Unpin>(&mut self, mut reader: R) {
+        let config = &self.shared.config;
+        let parser = Parser {
+            max_control_line: config.max_control_line,
+            max_payload: config.max_payload,
+        };
+        let auth_required = self.shared.auth.auth_required();
+        let auth_deadline = tokio::time::sleep(config.auth_timeout);
+        tokio::pin!(auth_deadline);
+        // nats-server pings a new client after 2 s (plus up to 20% jitter, so a reconnect
+        // storm does not ping in lockstep), then every ping_interval.
+        let ping_interval = config.ping_interval;
+        let first_ping = ping_interval.min(FIRST_PING);
+        let jitter = first_ping.mul_f64((self.next_random() % 1000) as f64 / 5000.0);
+        let mut ping_timer =
+            tokio::time::interval_at(Instant::now() + first_ping + jitter, ping_interval);
+        ping_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let cancel = self.cancel.clone();
+        let mut buffer = BytesMut::with_capacity(READ_SIZE);
+        loop {
+            if buffer.capacity() - buffer.len() < READ_SIZE / 4 {
+                buffer.reserve(READ_SIZE);
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = &mut auth_deadline, if auth_required && !self.is_connected => {
+                    self.send_error("Authentication Timeout");
+                    self.wake_all();
+                    return;
+                }
+                _ = ping_timer.tick() => {
+                    let keep = self.on_ping_timer();
+                    self.wake_all();
+                    if !keep {
+                        return;
+                    }
+                }
+                read = reader.read_buf(&mut buffer) => {
+                    match read {
+                        Ok(0) | Err(_) => return,
+                        Ok(_) => {}
+                    }
+                    self.last_activity = Instant::now();
+                    let keep = self.process(&parser, &mut buffer, auth_required).await;
+                    self.wake_all();
+                    self.flush_counters();
+                    if !keep {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Handles every complete op in `buffer`; returns false when the connection must close.
+    async fn process(
+        &mut self,
+        parser: &Parser,
+        buffer: &mut BytesMut,
+        auth_required: bool,
+    ) -> Keep {
+        loop {
+            // nats-server rejects the first byte of anything but CONNECT before CONNECT.
+            if auth_required && !self.is_connected {
+                if let Some(&first) = buffer.first() {
+                    if first != b'C' && first != b'c' {
+                        self.send_error("Authorization Violation");
+                        return false;
+                    }
+                }
+            }
+            match parser.parse(buffer) {
+                Ok(Parsed::Op(op)) => {
+                    if !self.handle(op).await {
+                        return false;
+                    }
+                }
+                Ok(Parsed::NeedMore { frame_len }) => {
+                    if frame_len > buffer.capacity() {
+                        buffer.reserve(frame_len - buffer.len());
+                    }
+                    return true;
+                }
+                Err(error) => {
+                    tracing::debug!(?error, "bus protocol error");
+                    if let Some(text) = error.error_text() {
+                        self.send_error(text);
+                    }
+                    return false;
+                }
+            }
+        }
+    }
+
+    async fn handle(&mut self, op: ClientOp) -> Keep {
+        match op {
+            ClientOp::Connect(json) => self.connect(&json).await,
+            ClientOp::Publish(publish) => self.publish(publish),
+            ClientOp::Subscribe {
+                subject,
+                queue,
+                sid,
+            } => self.subscribe(&subject, queue.as_deref(), sid),
+            ClientOp::Unsubscribe { sid, max } => {
+                self.unsubscribe(&sid, max);
+                true
+            }
+            ClientOp::Ping => {
+                self.push_own(&[b"PONG\r\n"]);
+                true
+            }
+            ClientOp::Pong => {
+                self.has_round_trip |= self.pings_out > 0;
+                self.pings_out = 0;
+                true
+            }
+            ClientOp::Ignored => true,
+        }
+    }
+
+    async fn connect(&mut self, json: &[u8]) -> Keep {
+        // Bad JSON closes silently, as nats-server does.
+        let Ok(options) = serde_json::from_slice::<ConnectOptions>(json) else {
+            return false;
+        };
+        // Anything queued so far goes out before we wait on the authenticator.
+        self.wake_all();
+        let request = AuthRequest {
+            auth_token: options.auth_token.as_deref(),
+            user: options.user.as_deref(),
+            pass: options.pass.as_deref(),
+            nkey: options.nkey.as_deref(),
+            sig: options.sig.as_deref(),
+            jwt: options.jwt.as_deref(),
+            name: options.name.as_deref(),
+            nonce: &self.nonce,
+            client_ip: self.peer.ip(),
+            peer_certificates: self.peer_certificates.as_deref(),
+        };
+        let Some(permissions) = self.shared.auth.authenticate(&request).await else {
+            tracing::info!(
+                user = options.user.as_deref().unwrap_or(""),
+                "bus authorization violation"
+            );
+            self.send_error("Authorization Violation");
+            return false;
+        };
+        if !matches!(options.protocol.unwrap_or(0), 0 | 1) {
+            self.send_error("invalid client protocol");
+            return false;
+        }
+        self.verbose = options.verbose.unwrap_or(true);
+        self.pedantic = options.pedantic.unwrap_or(true);
+        self.echo = options.echo.unwrap_or(true);
+        self.headers = options.headers.unwrap_or(false);
+        self.no_responders = options.no_responders.unwrap_or(false);
+        if self.no_responders && !self.headers {
+            self.send_error("no responders requires headers support");
+            return false;
+        }
+        self.permissions = (!permissions.is_unrestricted()).then(|| Arc::new(permissions));
+        self.is_connected = true;
+        self.send_ok();
+        true
+    }
+
+    fn publish(&mut self, publish: Publish) -> Keep {
+        if publish.header_len.is_some() && !self.headers {
+            return false;
+        }
+        let Ok(subject) = std::str::from_utf8(&publish.subject) else {
+            return false;
+        };
+        self.counters.messages_in += 1;
+        self.counters.bytes_in += publish.payload.len() as u64;
+        // nats-server's order: the pedantic check (which reports but still routes), then
+        // permissions (which drop), then +OK, then delivery.
+        if self.pedantic && !is_valid_literal(subject) {
+            self.send_error("Invalid Publish Subject");
+        }
+        if let Some(permissions) = &self.permissions {
+            if !permissions.publish.allows(subject) {
+                let text = format!("Permissions Violation for Publish to \"{subject}\"");
+                self.send_error(&text);
+                return true;
+            }
+        }
+        self.send_ok();
+        let matches = self.lookup(subject);
+        let reply = publish.reply.as_deref();
+        let delivered = self.deliver(
+            &matches,
+            subject,
+            reply,
+            publish.header_len,
+            &publish.payload,
+        );
+        if !delivered && self.no_responders && self.headers {
+            if let Some(reply) = reply.and_then(|reply| std::str::from_utf8(reply).ok()) {
+                self.send_no_responders(reply);
+            }
+        }
+        true
+    }
+
+    /// Delivers to every matching plain subscription and one member per queue group;
+    /// returns whether anyone got the message.
+    fn deliver(
+        &mut self,
+        matches: &Matches,
+        subject: &str,
+        reply: Option<&[u8]>,
+        header_len: Option<usize>,
+        payload: &[u8],
+    ) -> bool {
+        let mut delivered = false;
+        for subscription in &matches.plain {
+            if !self.echo && subscription.client_id == self.client_id {
+                continue;
+            }
+            delivered |= self.deliver_to(subscription, subject, reply, header_len, payload);
+        }
+        for group in &matches.groups {
+            let start = self.next_random() as usize % group.len();
+            for offset in 0..group.len() {
+                let subscription = &group[(start + offset) % group.len()];
+                if !self.echo && subscription.client_id == self.client_id {
+                    continue;
+                }
+                if self.deliver_to(subscription, subject, reply, header_len, payload) {
+                    delivered = true;
+                    break;
+                }
+            }
+        }
+        delivered
+    }
+
+    fn deliver_to(
+        &mut self,
+        subscription: &Arc<Subscription>,
+        subject: &str,
+        reply: Option<&[u8]>,
+        header_len: Option<usize>,
+        payload: &[u8],
+    ) -> bool {
+        if !subscription.deny.is_empty() && subscription.is_denied(subject) {
+            return false;
+        }
+        let claim = subscription.claim();
+        if claim == Claim::Exhausted {
+            return false;
+        }
+        let head = &mut self.scratch;
+        head.clear();
+        head.extend_from_slice(if header_len.is_some() {
+            b"HMSG "
+        } else {
+            b"MSG "
+        });
+        head.extend_from_slice(subject.as_bytes());
+        head.push(b' ');
+        head.extend_from_slice(&subscription.sid);
+        head.push(b' ');
+        if let Some(reply) = reply {
+            head.extend_from_slice(reply);
+            head.push(b' ');
+        }
+        let mut number = itoa::Buffer::new();
+        if let Some(header_len) = header_len {
+            head.extend_from_slice(number.format(header_len).as_bytes());
+            head.push(b' ');
+        }
+        head.extend_from_slice(number.format(payload.len()).as_bytes());
+        head.extend_from_slice(b"\r\n");
+        let queued = subscription.outbound.push(&[head, payload, b"\r\n"]);
+        if claim == Claim::DeliverLast {
+            self.shared.router.remove(subscription);
+        }
+        match queued {
+            Queued::Closed => return false,
+            Queued::Wake => self.wakes.push(subscription.outbound.clone()),
+            Queued::Pending => {}
+        }
+        self.counters.messages_out += 1;
+        self.counters.bytes_out += payload.len() as u64;
+        true
+    }
+
+    /// The 503 status goes to the first of our own subscriptions that matches the reply
+    /// subject, in match order (what nats-server picks).
+    fn send_no_responders(&mut self, reply: &str) {
+        if !is_valid_literal(reply) {
+            return;
+        }
+        let matches = self.shared.router.lookup(reply);
+        let own = matches
+            .plain
+            .iter()
+            .find(|subscription| subscription.client_id == self.client_id)
+            .cloned();
+        if let Some(subscription) = own {
+            self.deliver_to(
+                &subscription,
+                reply,
+                None,
+                Some(NO_RESPONDERS.len()),
+                NO_RESPONDERS,
+            );
+        }
+    }
+
+    fn subscribe(&mut self, subject: &[u8], queue: Option<&[u8]>, sid: Bytes) -> Keep {
+        let (Ok(subject), Ok(queue)) = (
+            std::str::from_utf8(subject),
+            queue.map(std::str::from_utf8).transpose(),
+        ) else {
+            return false;
+        };
+        if !is_valid_pattern(subject) || queue.is_some_and(|queue| !is_valid_literal(queue)) {
+            self.send_error("Invalid Subject");
+            return true;
+        }
+        let mut deny = Vec::new();
+        if let Some(permissions) = &self.permissions {
+            if !permissions.subscribe.allows(subject) {
+                let text = match queue {
+                    Some(queue) => format!(
+                        "Permissions Violation for Subscription to \"{subject}\" using queue \"{queue}\""
+                    ),
+                    None => format!("Permissions Violation for Subscription to \"{subject}\""),
+                };
+                self.send_error(&text);
+                return true;
+            }
+            deny = permissions.subscribe.partial_denials(subject);
+        }
+        let is_taken = self
+            .subscriptions
+            .get(&sid)
+            .is_some_and(|existing| !existing.is_exhausted());
+        if !is_taken {
+            if self.subscriptions.len() >= self.sweep_at {
+                self.subscriptions
+                    .retain(|_, subscription| !subscription.is_exhausted());
+                self.sweep_at = (self.subscriptions.len() * 2).max(64);
+            }
+            let subscription = Arc::new(Subscription::new(
+                self.client_id,
+                self.outbound.clone(),
+                // Copied: a slice would pin the whole read chunk for the subscription's life.
+                Bytes::copy_from_slice(&sid),
+                subject.to_owned(),
+                queue.map(str::to_owned),
+                deny,
+            ));
+            self.shared.router.insert(subscription.clone());
+            self.subscriptions
+                .insert(subscription.sid.clone(), subscription);
+        }
+        self.send_ok();
+        true
+    }
+
+    fn unsubscribe(&mut self, sid: &[u8], max: Option<u64>) {
+        if let Some(subscription) = self.subscriptions.get(sid) {
+            let remove_now = match max {
+                Some(max) if max > 0 => subscription.set_max(max),
+                _ => true,
+            };
+            if remove_now {
+                self.shared.router.remove(subscription);
+                self.subscriptions.remove(sid);
+            }
+        }
+        self.send_ok();
+    }
+
+    fn lookup(&mut self, subject: &str) -> Arc<Matches> {
+        let generation = self.shared.router.generation();
+        if generation != self.cache_generation {
+            self.cache.clear();
+            self.cache_generation = generation;
+        }
+        if let Some(matches) = self.cache.get(subject) {
+            return matches.clone();
+        }
+        let matches = self.shared.router.lookup(subject);
+        if self.cache.len() >= LOCAL_CACHE_LIMIT {
+            self.cache.clear();
+        }
+        self.cache.insert(subject.into(), matches.clone());
+        matches
+    }
+
+    /// Server-side keepalive: skipped while the client is active; a third outstanding ping
+    /// is a stale connection.
+    fn on_ping_timer(&mut self) -> Keep {
+        let config = &self.shared.config;
+        if self.has_round_trip && self.last_activity.elapsed() < config.ping_interval {
+            return true;
+        }
+        if self.pings_out + 1 > config.max_pings_out {
+            self.send_error("Stale Connection");
+            return false;
+        }
+        self.pings_out += 1;
+        self.push_own(&[b"PING\r\n"]);
+        true
+    }
+
+    fn send_ok(&mut self) {
+        if self.verbose {
+            self.push_own(&[b"+OK\r\n"]);
+        }
+    }
+
+    fn send_error(&mut self, text: &str) {
+        self.push_own(&[b"-ERR '", text.as_bytes(), b"'\r\n"]);
+    }
+
+    fn push_own(&mut self, pieces: &[&[u8]]) {
+        if self.outbound.push(pieces) == Queued::Wake {
+            self.wakes.push(self.outbound.clone());
+        }
+    }
+
+    fn wake_all(&mut self) {
+        for outbound in self.wakes.drain(..) {
+            outbound.wake();
+        }
+    }
+
+    fn flush_counters(&mut self) {
+        let stats = &self.shared.stats;
+        let counters = std::mem::take(&mut self.counters);
+        if counters.messages_in > 0 {
+            stats
+                .messages_in
+                .fetch_add(counters.messages_in, Ordering::Relaxed);
+            stats
+                .bytes_in
+                .fetch_add(counters.bytes_in, Ordering::Relaxed);
+        }
+        if counters.messages_out > 0 {
+            stats
+                .messages_out
+                .fetch_add(counters.messages_out, Ordering::Relaxed);
+            stats
+                .bytes_out
+                .fetch_add(counters.bytes_out, Ordering::Relaxed);
+        }
+    }
+
+    /// xorshift64: queue-member choice needs spread, not cryptographic randomness, and this
+    /// avoids a thread-local RNG lookup per message.
+    fn next_random(&mut self) -> u64 {
+        let mut value = self.random;
+        value ^= value << 13;
+        value ^= value >> 7;
+        value ^= value << 17;
+        self.random = value;
+        value
+    }
+}
+
+/// Drains the outbound buffer into the socket until it is closed. A write that exceeds the
+/// write deadline marks the client a slow consumer. When this ends, the reader is cancelled.
+async fn write_loop<W: AsyncWrite + Unpin>(
+    mut writer: W,
+    outbound: Arc<Outbound>,
+    shared: Arc<Shared>,
+    cancel: CancellationToken,
+) {
+    let deadline = shared.config.write_deadline;
+    let mut batch = Vec::with_capacity(READ_SIZE);
+    loop {
+        match outbound.take(&mut batch) {
+            Batch::Write => {
+                let write = async {
+                    writer.write_all(&batch).await?;
+                    writer.flush().await
+                };
+                match timeout(deadline, write).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => {
+                        outbound.close(Close::Now);
+                        break;
+                    }
+                    Err(_) => {
+                        tracing::info!("bus slow consumer: write deadline exceeded");
+                        shared.stats.slow_consumers.fetch_add(1, Ordering::Relaxed);
+                        outbound.close(Close::Now);
+                        break;
+                    }
+                }
+                batch.clear();
+                // One burst must not pin a huge buffer for the connection's whole life.
+                if batch.capacity() > 4 * 1024 * 1024 {
+                    batch = Vec::with_capacity(READ_SIZE);
+                }
+            }
+            Batch::Wait => outbound.wait().await,
+            Batch::Close(Close::AfterFlush) => {
+                let _ = timeout(Duration::from_secs(1), writer.shutdown()).await;
+                break;
+            }
+            Batch::Close(Close::Now) => break,
+        }
+    }
+    cancel.cancel();
+}

@@ -1,0 +1,367 @@
+//! The embedded broker: the accept loop, the connection cap, shared state, and shutdown.
+//!
+//! Owns the [`Broker`] entry point and what every connection shares (config, authenticator,
+//! subject index, stats, the client registry used for lame duck). Each accepted socket gets
+//! its own task (`connection.rs`); a semaphore caps how many run at once, and an mpsc sender
+//! held by every task tells shutdown when the last one has finished (mini-redis' pattern).
+//! Invariant: nothing here, nor in any connection, awaits while holding a lock.
+
+mod auth;
+mod connection;
+mod outbound;
+mod protocol;
+mod router;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, Semaphore};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub use auth::{
+    AllowDeny, AuthRequest, Authenticator, NoAuth, Permissions, StaticAuth, SubjectRule,
+};
+
+use connection::Info;
+use outbound::{Close, Outbound};
+use router::Router;
+
+/// Broker limits and identity. `Default` matches nats-server's defaults.
+#[derive(Clone)]
+pub struct BrokerConfig {
+    /// Largest PUB/HPUB payload (headers included); announced in INFO.
+    pub max_payload: usize,
+    /// Longest control line, counted from the first argument (as nats-server counts).
+    pub max_control_line: usize,
+    /// How often an idle client is pinged.
+    pub ping_interval: Duration,
+    /// Unanswered pings tolerated; one more is `Stale Connection`.
+    pub max_pings_out: u32,
+    /// Time allowed for CONNECT when auth is required, and for a TLS handshake.
+    pub auth_timeout: Duration,
+    /// Bytes queued for one client before it is dropped as a slow consumer.
+    pub max_pending_bytes: usize,
+    /// Longest a single socket write may take before the client is a slow consumer.
+    pub write_deadline: Duration,
+    /// Connections served at once; the next gets `-ERR 'maximum connections exceeded'`.
+    pub max_connections: usize,
+    /// Announced in INFO as `server_name`.
+    pub server_name: String,
+    /// TLS for every client (INFO says `tls_required`); rustls with ring.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Announced as `tls_verify`: set it when `tls` requests client certificates.
+    pub tls_verify: bool,
+    /// Handshake before INFO (nats-server ≥ 2.10.4 `handshake_first`; async-nats
+    /// `tls_first()`).
+    pub tls_handshake_first: bool,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        BrokerConfig {
+            max_payload: 1024 * 1024,
+            max_control_line: 4096,
+            ping_interval: Duration::from_secs(120),
+            max_pings_out: 2,
+            auth_timeout: Duration::from_secs(2),
+            max_pending_bytes: 64 * 1024 * 1024,
+            write_deadline: Duration::from_secs(10),
+            max_connections: 64 * 1024,
+            server_name: "svc".into(),
+            tls: None,
+            tls_verify: false,
+            tls_handshake_first: false,
+        }
+    }
+}
+
+impl std::fmt::Debug for BrokerConfig {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("BrokerConfig")
+            .field("max_payload", &self.max_payload)
+            .field("max_control_line", &self.max_control_line)
+            .field("ping_interval", &self.ping_interval)
+            .field("max_pings_out", &self.max_pings_out)
+            .field("auth_timeout", &self.auth_timeout)
+            .field("max_pending_bytes", &self.max_pending_bytes)
+            .field("write_deadline", &self.write_deadline)
+            .field("max_connections", &self.max_connections)
+            .field("server_name", &self.server_name)
+            .field("tls", &self.tls.is_some())
+            .field("tls_verify", &self.tls_verify)
+            .field("tls_handshake_first", &self.tls_handshake_first)
+            .finish()
+    }
+}
+
+/// Live counters, updated with relaxed atomics (read them for metrics, not for ordering).
+/// Message counters are added once per read chunk, so they lag by at most one chunk.
+#[derive(Debug, Default)]
+pub struct BrokerStats {
+    /// Connections open now (a gauge).
+    pub connections: AtomicU64,
+    /// Connections accepted since start.
+    pub total_connections: AtomicU64,
+    /// PUB/HPUB received.
+    pub messages_in: AtomicU64,
+    /// MSG/HMSG queued to subscribers.
+    pub messages_out: AtomicU64,
+    pub bytes_in: AtomicU64,
+    pub bytes_out: AtomicU64,
+    /// Clients dropped for exceeding `max_pending_bytes` or `write_deadline`.
+    pub slow_consumers: AtomicU64,
+}
+
+/// What every connection task shares.
+pub(crate) struct Shared {
+    pub config: BrokerConfig,
+    pub auth: Arc<dyn Authenticator>,
+    pub router: Router,
+    pub stats: Arc<BrokerStats>,
+    pub server_id: String,
+    pub host: String,
+    pub port: u16,
+    clients: Mutex<HashMap<u64, Client>>,
+}
+
+struct Client {
+    outbound: Arc<Outbound>,
+    cancel: CancellationToken,
+}
+
+impl Shared {
+    fn clients(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Client>> {
+        self.clients
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub(crate) fn register(
+        &self,
+        client_id: u64,
+        outbound: Arc<Outbound>,
+        cancel: CancellationToken,
+    ) {
+        self.clients()
+            .insert(client_id, Client { outbound, cancel });
+    }
+
+    pub(crate) fn unregister(&self, client_id: u64) {
+        self.clients().remove(&client_id);
+    }
+
+    fn info(&self, client_id: u64, client_ip: String, ldm: bool) -> Vec<u8> {
+        Info {
+            server_id: &self.server_id,
+            server_name: &self.config.server_name,
+            version: connection::NATS_VERSION,
+            svc_version: env!("CARGO_PKG_VERSION"),
+            proto: 1,
+            host: &self.host,
+            port: self.port,
+            headers: true,
+            max_payload: self.config.max_payload,
+            client_id,
+            client_ip,
+            auth_required: self.auth.auth_required(),
+            tls_required: self.config.tls.is_some(),
+            tls_verify: self.config.tls.is_some() && self.config.tls_verify,
+            tls_available: self.config.tls.is_some(),
+            nonce: "",
+            ldm,
+            jetstream: false,
+        }
+        .to_line()
+    }
+}
+
+/// The embedded NATS-protocol broker.
+pub struct Broker;
+
+impl Broker {
+    /// Starts serving `listener` on the current runtime and returns at once. The listener is
+    /// taken already bound so the caller owns address choice (and port 0 in tests).
+    pub async fn start(
+        config: BrokerConfig,
+        auth: Arc<dyn Authenticator>,
+        listener: TcpListener,
+    ) -> std::io::Result<BrokerHandle> {
+        let local_addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            auth,
+            router: Router::default(),
+            stats: Arc::new(BrokerStats::default()),
+            server_id: make_server_id(),
+            host: local_addr.ip().to_string(),
+            port: local_addr.port(),
+            clients: Mutex::new(HashMap::new()),
+            config,
+        });
+        let stop = CancellationToken::new();
+        let (done_sender, done) = mpsc::channel(1);
+        let accept_task = tokio::spawn(accept_loop(
+            shared.clone(),
+            listener,
+            stop.clone(),
+            done_sender,
+        ));
+        tracing::info!(%local_addr, "bus broker listening");
+        Ok(BrokerHandle {
+            shared,
+            local_addr,
+            stop,
+            accept_task: Some(accept_task),
+            done,
+        })
+    }
+}
+
+/// Controls a running broker. Dropping it stops accepting and closes every connection
+/// at once; [`BrokerHandle::shutdown`] does it gracefully.
+pub struct BrokerHandle {
+    shared: Arc<Shared>,
+    local_addr: SocketAddr,
+    stop: CancellationToken,
+    accept_task: Option<JoinHandle<()>>,
+    done: mpsc::Receiver<()>,
+}
+
+impl BrokerHandle {
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    pub fn stats(&self) -> &BrokerStats {
+        &self.shared.stats
+    }
+
+    /// Lame duck, then close: stop accepting, send every client INFO with `ldm: true` (so
+    /// clients reconnect elsewhere or back off), wait up to `grace` for them to leave, then
+    /// flush what is queued and close the rest. Returns when every connection task has
+    /// finished, or after one more write deadline if some peer will not take its bytes.
+    pub async fn shutdown(mut self, grace: Duration) {
+        self.stop.cancel();
+        if let Some(task) = self.accept_task.take() {
+            let _ = task.await;
+        }
+        let lame_duck: Vec<(u64, Arc<Outbound>)> = self
+            .shared
+            .clients()
+            .iter()
+            .map(|(id, client)| (*id, client.outbound.clone()))
+            .collect();
+        for (client_id, outbound) in lame_duck {
+            let info = self.shared.info(client_id, String::new(), true);
+            outbound.push_now(&[&info]);
+        }
+        if timeout_recv(&mut self.done, grace).await {
+            return;
+        }
+        for client in self.shared.clients().values() {
+            client.cancel.cancel();
+        }
+        let flush_budget = self.shared.config.write_deadline + Duration::from_secs(1);
+        if !timeout_recv(&mut self.done, flush_budget).await {
+            tracing::warn!("bus shutdown: some connections did not finish flushing");
+            for client in self.shared.clients().values() {
+                client.outbound.close(Close::Now);
+            }
+        }
+    }
+}
+
+/// True when every sender is gone (all connection tasks finished) within `limit`.
+async fn timeout_recv(done: &mut mpsc::Receiver<()>, limit: Duration) -> bool {
+    matches!(tokio::time::timeout(limit, done.recv()).await, Ok(None))
+}
+
+impl Drop for BrokerHandle {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        for client in self.shared.clients().values() {
+            client.outbound.close(Close::Now);
+            client.cancel.cancel();
+        }
+    }
+}
+
+async fn accept_loop(
+    shared: Arc<Shared>,
+    listener: TcpListener,
+    stop: CancellationToken,
+    done: mpsc::Sender<()>,
+) {
+    let slots = Arc::new(Semaphore::new(shared.config.max_connections));
+    let mut next_client_id: u64 = 0;
+    let mut backoff = Duration::from_millis(5);
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.cancelled() => return,
+            accepted = listener.accept() => accepted,
+        };
+        let (socket, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                // Usually EMFILE: back off instead of spinning, and keep serving.
+                tracing::warn!(%error, "bus accept failed; retrying in {backoff:?}");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                continue;
+            }
+        };
+        backoff = Duration::from_millis(5);
+        next_client_id += 1;
+        let client_id = next_client_id;
+        let shared = shared.clone();
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            tokio::spawn(reject_connection(shared, socket, peer, client_id));
+            continue;
+        };
+        let done = done.clone();
+        tokio::spawn(async move {
+            shared.stats.connections.fetch_add(1, Ordering::Relaxed);
+            shared
+                .stats
+                .total_connections
+                .fetch_add(1, Ordering::Relaxed);
+            connection::serve(shared.clone(), socket, peer, client_id).await;
+            shared.stats.connections.fetch_sub(1, Ordering::Relaxed);
+            drop(permit);
+            drop(done);
+        });
+    }
+}
+
+/// Over the connection cap: INFO, the error nats-server sends, close.
+async fn reject_connection(
+    shared: Arc<Shared>,
+    mut socket: tokio::net::TcpStream,
+    peer: SocketAddr,
+    client_id: u64,
+) {
+    tracing::warn!(%peer, "bus connection cap reached");
+    let mut reply = shared.info(client_id, peer.ip().to_string(), false);
+    reply.extend_from_slice(b"-ERR 'maximum connections exceeded'\r\n");
+    let write = async {
+        socket.write_all(&reply).await?;
+        socket.shutdown().await
+    };
+    let _ = tokio::time::timeout(shared.config.write_deadline, write).await;
+}
+
+/// 56 characters from A–Z and 2–7, starting with `N`, shaped like nats-server's ids.
+fn make_server_id() -> String {
+    use rand::Rng as _;
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
+    let mut random = rand::thread_rng();
+    std::iter::once('N')
+        .chain((0..55).map(|_| char::from(ALPHABET[random.gen_range(0..ALPHABET.len())])))
+        .collect()
+}

@@ -1,0 +1,535 @@
+//! Client operations on the wire: an incremental parser from bytes to [`ClientOp`].
+//!
+//! Owns framing only (nats-protocol.md "Framing"): where an op ends, its arguments, and the
+//! two fatal limits. It knows nothing of subscriptions or permissions. "Not enough bytes yet"
+//! is [`Parsed::NeedMore`], distinct from a malformed op, because one read may hold half a
+//! verb or fifty ops. Every op is cut out of the read buffer as one frozen `Bytes`, and its
+//! fields are slices of it, so a publish is never copied on the way in.
+
+use bytes::{Buf, Bytes, BytesMut};
+
+/// One operation a client sent.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum ClientOp {
+    /// `CONNECT <json>`; the JSON is decoded by the connection.
+    Connect(Bytes),
+    /// `PUB` or `HPUB`. `payload` holds headers and body; `header_len` is 0 for PUB.
+    Publish(Publish),
+    /// `SUB <subject> [queue] <sid>`.
+    Subscribe {
+        subject: Bytes,
+        queue: Option<Bytes>,
+        sid: Bytes,
+    },
+    /// `UNSUB <sid> [max]`. A max that is not a number means "now", as in nats-server.
+    Unsubscribe {
+        sid: Bytes,
+        max: Option<u64>,
+    },
+    Ping,
+    Pong,
+    /// `INFO` and `+OK` from a client carry nothing we use; they are accepted and dropped.
+    Ignored,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Publish {
+    pub subject: Bytes,
+    pub reply: Option<Bytes>,
+    /// `Some(header bytes)` for HPUB.
+    pub header_len: Option<usize>,
+    pub payload: Bytes,
+}
+
+/// The outcome of one parse step.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Parsed {
+    Op(ClientOp),
+    /// The buffer holds only part of an op. `frame_len` is the whole op's size when the
+    /// control line is complete (so the reader can reserve room for a large payload), else 0.
+    NeedMore {
+        frame_len: usize,
+    },
+}
+
+/// Malformed input. Every variant closes the connection; `error_text` says whether an
+/// `-ERR` goes first (nats-server closes silently on wrong argument counts).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ProtocolError {
+    UnknownOperation,
+    ControlLineExceeded,
+    PayloadTooLarge,
+    BadArguments,
+}
+
+impl ProtocolError {
+    /// The exact `-ERR` text nats-server 2.9.10 sends, if any.
+    pub(crate) fn error_text(self) -> Option<&'static str> {
+        match self {
+            ProtocolError::UnknownOperation => Some("Unknown Protocol Operation"),
+            ProtocolError::ControlLineExceeded => Some("maximum control line exceeded"),
+            ProtocolError::PayloadTooLarge => Some("Maximum Payload Violation"),
+            ProtocolError::BadArguments => None,
+        }
+    }
+}
+
+/// The parser's limits; it keeps no other state, so a partial op is simply re-parsed when
+/// more bytes arrive (cheap: only the control line is scanned twice).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Parser {
+    pub max_control_line: usize,
+    pub max_payload: usize,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Verb {
+    Pub,
+    Hpub,
+    Sub,
+    Unsub,
+    Connect,
+    Info,
+    Ping,
+    Pong,
+    Ok,
+    Err,
+}
+
+impl Parser {
+    /// Takes one op off the front of `buffer`, or says more bytes are needed.
+    pub(crate) fn parse(&self, buffer: &mut BytesMut) -> Result<Parsed, ProtocolError> {
+        if buffer.is_empty() {
+            return Ok(Parsed::NeedMore { frame_len: 0 });
+        }
+        let verb_len = buffer
+            .iter()
+            .position(|&byte| is_separator(byte) || byte == b'\r' || byte == b'\n');
+        let verb = match (
+            recognise_verb(&buffer[..verb_len.unwrap_or(buffer.len())]),
+            verb_len,
+        ) {
+            (Recognised::Verb(verb), _) => verb,
+            (Recognised::Partial, None) => return Ok(Parsed::NeedMore { frame_len: 0 }),
+            (Recognised::Partial, Some(_)) | (Recognised::Unknown, _) => {
+                return Err(ProtocolError::UnknownOperation)
+            }
+        };
+        let Some(verb_len) = verb_len else {
+            return Ok(Parsed::NeedMore { frame_len: 0 });
+        };
+        let Some(newline) = memchr::memchr(b'\n', buffer) else {
+            if buffer.len() - verb_len > self.max_control_line + 1 {
+                return Err(ProtocolError::ControlLineExceeded);
+            }
+            return Ok(Parsed::NeedMore { frame_len: 0 });
+        };
+        let line_end = if newline > 0 && buffer[newline - 1] == b'\r' {
+            newline - 1
+        } else {
+            newline
+        };
+        let line_end = line_end.max(verb_len);
+        let args_start = verb_len
+            + buffer[verb_len..line_end]
+                .iter()
+                .take_while(|&&byte| is_separator(byte))
+                .count();
+        if line_end - args_start > self.max_control_line {
+            return Err(ProtocolError::ControlLineExceeded);
+        }
+        let line_len = newline + 1;
+        match verb {
+            Verb::Ping | Verb::Pong | Verb::Ok | Verb::Info => {
+                buffer.advance(line_len);
+                let op = match verb {
+                    Verb::Ping => ClientOp::Ping,
+                    Verb::Pong => ClientOp::Pong,
+                    _ => ClientOp::Ignored,
+                };
+                Ok(Parsed::Op(op))
+            }
+            // `-ERR <text>` from a client is closed silently by nats-server; a bare `-ERR`
+            // is an unknown operation (its state machine wants a separator).
+            Verb::Err if is_separator(buffer[verb_len]) => Err(ProtocolError::BadArguments),
+            Verb::Err => Err(ProtocolError::UnknownOperation),
+            Verb::Connect => {
+                let frame = buffer.split_to(line_len).freeze();
+                Ok(Parsed::Op(ClientOp::Connect(
+                    frame.slice(args_start..line_end),
+                )))
+            }
+            Verb::Pub | Verb::Hpub => {
+                self.parse_publish(buffer, verb == Verb::Hpub, args_start, line_end, line_len)
+            }
+            Verb::Sub | Verb::Unsub => {
+                // These verbs need an argument separator, exactly like nats-server's state
+                // machine: `UNSUB\r\n` is an unknown operation, `UNSUB \r\n` a bad argument.
+                if !is_separator(buffer[verb_len]) {
+                    return Err(ProtocolError::UnknownOperation);
+                }
+                let frame = buffer.split_to(line_len).freeze();
+                let args = split_arguments(&frame, args_start, line_end);
+                let arg = |index: usize| frame.slice(args[index].0..args[index].1);
+                if verb == Verb::Sub {
+                    match args.len() {
+                        2 => Ok(Parsed::Op(ClientOp::Subscribe {
+                            subject: arg(0),
+                            queue: None,
+                            sid: arg(1),
+                        })),
+                        3 => Ok(Parsed::Op(ClientOp::Subscribe {
+                            subject: arg(0),
+                            queue: Some(arg(1)),
+                            sid: arg(2),
+                        })),
+                        _ => Err(ProtocolError::BadArguments),
+                    }
+                } else {
+                    match args.len() {
+                        1 => Ok(Parsed::Op(ClientOp::Unsubscribe {
+                            sid: arg(0),
+                            max: None,
+                        })),
+                        2 => Ok(Parsed::Op(ClientOp::Unsubscribe {
+                            sid: arg(0),
+                            max: parse_size(&arg(1)).map(|max| max as u64),
+                        })),
+                        _ => Err(ProtocolError::BadArguments),
+                    }
+                }
+            }
+        }
+    }
+
+    fn parse_publish(
+        &self,
+        buffer: &mut BytesMut,
+        has_headers: bool,
+        args_start: usize,
+        line_end: usize,
+        line_len: usize,
+    ) -> Result<Parsed, ProtocolError> {
+        let verb_len = if has_headers { 4 } else { 3 };
+        if !is_separator(buffer[verb_len]) {
+            return Err(ProtocolError::UnknownOperation);
+        }
+        let args = split_arguments(&buffer[..], args_start, line_end);
+        let sizes = if has_headers { 2 } else { 1 };
+        if args.len() < 1 + sizes || args.len() > 2 + sizes {
+            return Err(ProtocolError::BadArguments);
+        }
+        let size_at = |index: usize| parse_size(&buffer[args[index].0..args[index].1]);
+        let total_len = size_at(args.len() - 1).ok_or(ProtocolError::BadArguments)?;
+        let header_len = if has_headers {
+            let header_len = size_at(args.len() - 2).ok_or(ProtocolError::BadArguments)?;
+            if header_len > total_len {
+                return Err(ProtocolError::BadArguments);
+            }
+            Some(header_len)
+        } else {
+            None
+        };
+        // Checked before waiting for the payload, so a huge size never makes us buffer it.
+        if total_len > self.max_payload {
+            return Err(ProtocolError::PayloadTooLarge);
+        }
+        let frame_len = line_len + total_len + 2;
+        if buffer.len() < frame_len {
+            return Ok(Parsed::NeedMore { frame_len });
+        }
+        if &buffer[frame_len - 2..frame_len] != b"\r\n" {
+            return Err(ProtocolError::UnknownOperation);
+        }
+        let frame = buffer.split_to(frame_len).freeze();
+        let slice = |index: usize| frame.slice(args[index].0..args[index].1);
+        Ok(Parsed::Op(ClientOp::Publish(Publish {
+            subject: slice(0),
+            reply: (args.len() == 2 + sizes).then(|| slice(1)),
+            header_len,
+            payload: frame.slice(line_len..line_len + total_len),
+        })))
+    }
+}
+
+enum Recognised {
+    Verb(Verb),
+    /// A strict prefix of a verb: not yet an error, the rest may be in the next read.
+    Partial,
+    Unknown,
+}
+
+fn recognise_verb(word: &[u8]) -> Recognised {
+    // PING, PONG and +OK are matched on their prefix: nats-server ignores anything after
+    // them up to the newline (`PINGX` is a ping). The others must be the whole word, or a
+    // prefix of one while the word is still arriving.
+    const FIXED: [(&[u8], Verb); 3] = [
+        (b"PING", Verb::Ping),
+        (b"PONG", Verb::Pong),
+        (b"+OK", Verb::Ok),
+    ];
+    const WORDS: [(&[u8], Verb); 7] = [
+        (b"PUB", Verb::Pub),
+        (b"HPUB", Verb::Hpub),
+        (b"SUB", Verb::Sub),
+        (b"UNSUB", Verb::Unsub),
+        (b"CONNECT", Verb::Connect),
+        (b"INFO", Verb::Info),
+        (b"-ERR", Verb::Err),
+    ];
+    for (name, verb) in FIXED {
+        if word.len() >= name.len() && word[..name.len()].eq_ignore_ascii_case(name) {
+            return Recognised::Verb(verb);
+        }
+    }
+    for (name, verb) in WORDS {
+        if word.eq_ignore_ascii_case(name) {
+            return Recognised::Verb(verb);
+        }
+    }
+    let is_prefix = FIXED
+        .iter()
+        .chain(WORDS.iter())
+        .any(|(name, _)| word.len() < name.len() && name[..word.len()].eq_ignore_ascii_case(word));
+    if is_prefix {
+        Recognised::Partial
+    } else {
+        Recognised::Unknown
+    }
+}
+
+fn is_separator(byte: u8) -> bool {
+    byte == b' ' || byte == b'\t'
+}
+
+/// Start and end offsets of the whitespace-separated arguments in `line[start..end]`.
+fn split_arguments(line: &[u8], start: usize, end: usize) -> Vec<(usize, usize)> {
+    let mut arguments = Vec::with_capacity(4);
+    let mut position = start;
+    while position < end {
+        while position < end && is_separator(line[position]) {
+            position += 1;
+        }
+        let begin = position;
+        while position < end && !is_separator(line[position]) {
+            position += 1;
+        }
+        if begin < position {
+            arguments.push((begin, position));
+        }
+    }
+    arguments
+}
+
+/// A decimal size; `None` for anything else (empty, signs, overflow), like nats' parseSize.
+fn parse_size(digits: &[u8]) -> Option<usize> {
+    if digits.is_empty() || digits.len() > 18 {
+        return None;
+    }
+    digits.iter().try_fold(0usize, |total, &byte| {
+        byte.is_ascii_digit()
+            .then(|| total * 10 + usize::from(byte - b'0'))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parser() -> Parser {
+        Parser {
+            max_control_line: 4096,
+            max_payload: 1024,
+        }
+    }
+
+    fn parse_all(input: &[u8]) -> (Vec<ClientOp>, Option<ProtocolError>, usize) {
+        let mut buffer = BytesMut::from(input);
+        let mut ops = Vec::new();
+        loop {
+            match parser().parse(&mut buffer) {
+                Ok(Parsed::Op(op)) => ops.push(op),
+                Ok(Parsed::NeedMore { .. }) => return (ops, None, buffer.len()),
+                Err(error) => return (ops, Some(error), buffer.len()),
+            }
+        }
+    }
+
+    fn publish(
+        subject: &str,
+        reply: Option<&str>,
+        header_len: Option<usize>,
+        payload: &str,
+    ) -> ClientOp {
+        ClientOp::Publish(Publish {
+            subject: Bytes::copy_from_slice(subject.as_bytes()),
+            reply: reply.map(|reply| Bytes::copy_from_slice(reply.as_bytes())),
+            header_len,
+            payload: Bytes::copy_from_slice(payload.as_bytes()),
+        })
+    }
+
+    fn subscribe(subject: &str, queue: Option<&str>, sid: &str) -> ClientOp {
+        ClientOp::Subscribe {
+            subject: Bytes::copy_from_slice(subject.as_bytes()),
+            queue: queue.map(|queue| Bytes::copy_from_slice(queue.as_bytes())),
+            sid: Bytes::copy_from_slice(sid.as_bytes()),
+        }
+    }
+
+    #[test]
+    fn complete_ops() {
+        let cases: Vec<(&[u8], ClientOp)> = vec![
+            (b"PING\r\n", ClientOp::Ping),
+            (b"ping\r\n", ClientOp::Ping),
+            (b"PINGX\r\n", ClientOp::Ping),
+            (b"PONG\r\n", ClientOp::Pong),
+            (b"+OK\r\n", ClientOp::Ignored),
+            (b"INFO {}\r\n", ClientOp::Ignored),
+            (
+                b"CONNECT {\"a\":1}\r\n",
+                ClientOp::Connect(Bytes::from_static(b"{\"a\":1}")),
+            ),
+            (b"PUB a 0\r\n\r\n", publish("a", None, None, "")),
+            (
+                b"pub a  r 5\r\nhello\r\n",
+                publish("a", Some("r"), None, "hello"),
+            ),
+            (b"PUB\ta\t2\r\n\r\n\r\n", publish("a", None, None, "\r\n")),
+            (b"PUB a 1\nx\r\n", publish("a", None, None, "x")),
+            (
+                b"HPUB FOO 22 33\r\nNATS/1.0\r\nBar: Baz\r\n\r\nHello NATS!\r\n",
+                publish(
+                    "FOO",
+                    None,
+                    Some(22),
+                    "NATS/1.0\r\nBar: Baz\r\n\r\nHello NATS!",
+                ),
+            ),
+            (b"SUB a 1\r\n", subscribe("a", None, "1")),
+            (b"sub  a  q  x9\r\n", subscribe("a", Some("q"), "x9")),
+            (
+                b"UNSUB 1\r\n",
+                ClientOp::Unsubscribe {
+                    sid: Bytes::from_static(b"1"),
+                    max: None,
+                },
+            ),
+            (
+                b"UNSUB 1 5\r\n",
+                ClientOp::Unsubscribe {
+                    sid: Bytes::from_static(b"1"),
+                    max: Some(5),
+                },
+            ),
+            (
+                b"UNSUB 1 x\r\n",
+                ClientOp::Unsubscribe {
+                    sid: Bytes::from_static(b"1"),
+                    max: None,
+                },
+            ),
+        ];
+        for (input, expected) in cases {
+            let (ops, error, left) = parse_all(input);
+            assert_eq!(
+                (ops, error, left),
+                (vec![expected], None, 0),
+                "{:?}",
+                String::from_utf8_lossy(input)
+            );
+        }
+    }
+
+    #[test]
+    fn malformed_ops() {
+        let cases: Vec<(&[u8], ProtocolError)> = vec![
+            (b"FOO\r\n", ProtocolError::UnknownOperation),
+            (b"MSG a 1 1\r\nx\r\n", ProtocolError::UnknownOperation),
+            (b"-ERR\r\n", ProtocolError::UnknownOperation),
+            (b"-ERR 'x'\r\n", ProtocolError::BadArguments),
+            (b"PI PING\r\n", ProtocolError::UnknownOperation),
+            (b"\r\n", ProtocolError::UnknownOperation),
+            (b"PUBX a 1\r\n", ProtocolError::UnknownOperation),
+            (b"UNSUB\r\n", ProtocolError::UnknownOperation),
+            (b"PUB a 2\r\nabc\r\n", ProtocolError::UnknownOperation),
+            (b"PUB a\r\n", ProtocolError::BadArguments),
+            (b"PUB a b c d\r\n", ProtocolError::BadArguments),
+            (b"PUB a x\r\n", ProtocolError::BadArguments),
+            (b"PUB a -1\r\n", ProtocolError::BadArguments),
+            (b"HPUB a 6 5\r\nhello\r\n", ProtocolError::BadArguments),
+            (b"SUB a\r\n", ProtocolError::BadArguments),
+            (b"SUB a 1 2 3\r\n", ProtocolError::BadArguments),
+            (b"UNSUB 1 2 3\r\n", ProtocolError::BadArguments),
+            (b"PUB a 1025\r\n", ProtocolError::PayloadTooLarge),
+            (b"HPUB a 10 1025\r\n", ProtocolError::PayloadTooLarge),
+        ];
+        for (input, expected) in cases {
+            let (_, error, _) = parse_all(input);
+            assert_eq!(
+                error,
+                Some(expected),
+                "{:?}",
+                String::from_utf8_lossy(input)
+            );
+        }
+    }
+
+    #[test]
+    fn control_line_limit_counts_arguments_only() {
+        let at_limit = format!("PUB {} 0\r\n\r\n", "a".repeat(4094));
+        let over_limit = format!("PUB {} 0\r\n\r\n", "a".repeat(4095));
+        let unterminated = format!("PUB {}", "a".repeat(5000));
+        let cases = [
+            (at_limit.as_str(), None),
+            (
+                over_limit.as_str(),
+                Some(ProtocolError::ControlLineExceeded),
+            ),
+            (
+                unterminated.as_str(),
+                Some(ProtocolError::ControlLineExceeded),
+            ),
+        ];
+        for (input, expected) in cases {
+            assert_eq!(
+                parse_all(input.as_bytes()).1,
+                expected,
+                "{} bytes",
+                input.len()
+            );
+        }
+    }
+
+    #[test]
+    fn every_split_point_gives_the_same_ops() {
+        let input: &[u8] = b"CONNECT {}\r\nSUB a 1\r\nPUB a r 3\r\nx\ny\r\nHPUB a 12 14\r\nNATS/1.0\r\n\r\nhi\r\nPING\r\n";
+        let (expected, error, _) = parse_all(input);
+        assert_eq!((expected.len(), error), (5, None));
+        for split in 0..input.len() {
+            let mut buffer = BytesMut::from(&input[..split]);
+            let mut ops = Vec::new();
+            let mut fed = false;
+            loop {
+                match parser().parse(&mut buffer).expect("valid input") {
+                    Parsed::Op(op) => ops.push(op),
+                    Parsed::NeedMore { .. } if !fed => {
+                        buffer.extend_from_slice(&input[split..]);
+                        fed = true;
+                    }
+                    Parsed::NeedMore { .. } => break,
+                }
+            }
+            assert_eq!(ops, expected, "split at {split}");
+        }
+    }
+
+    #[test]
+    fn need_more_reports_the_frame_size() {
+        let mut buffer = BytesMut::from(&b"PUB a 100\r\nabc"[..]);
+        assert_eq!(
+            parser().parse(&mut buffer),
+            Ok(Parsed::NeedMore { frame_len: 113 })
+        );
+    }
+}

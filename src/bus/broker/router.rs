@@ -1,0 +1,394 @@
+//! Subject index: which subscriptions match a published subject.
+//!
+//! Owns the token trie and the literal-subject cache. Never touches sockets or awaits;
+//! callers hold the index lock only for an insert, a removal or a cache miss, which is why
+//! it is a std mutex. The cache exists because most traffic repeats a few subjects; SUB and
+//! UNSUB clear it and bump `generation`, which also invalidates the per-connection caches
+//! that let a busy publisher skip the lock entirely.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bytes::Bytes;
+
+use super::outbound::Outbound;
+
+/// Cached subjects kept before the cache is dropped wholesale; bounds memory under subject
+/// churn (unique inbox replies) without an LRU's bookkeeping on every publish.
+const CACHE_LIMIT: usize = 4096;
+
+/// One SUB of one connection.
+pub(crate) struct Subscription {
+    pub client_id: u64,
+    pub outbound: Arc<Outbound>,
+    pub sid: Bytes,
+    pub subject: String,
+    pub queue: Option<String>,
+    /// Deny patterns of the subscriber that overlap this subscription without containing
+    /// it; messages on subjects they match are not delivered (as nats-server does).
+    pub deny: Vec<String>,
+    /// `UNSUB <sid> <max>`: deliveries allowed in total; `u64::MAX` means no limit.
+    max: AtomicU64,
+    delivered: AtomicU64,
+}
+
+/// Whether one more message may go to a subscription.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Claim {
+    Deliver,
+    /// Deliver, and this was the last one `UNSUB max` allowed: remove the subscription.
+    DeliverLast,
+    Exhausted,
+}
+
+impl Subscription {
+    pub(crate) fn new(
+        client_id: u64,
+        outbound: Arc<Outbound>,
+        sid: Bytes,
+        subject: String,
+        queue: Option<String>,
+        deny: Vec<String>,
+    ) -> Self {
+        Subscription {
+            client_id,
+            outbound,
+            sid,
+            subject,
+            queue,
+            deny,
+            max: AtomicU64::new(u64::MAX),
+            delivered: AtomicU64::new(0),
+        }
+    }
+
+    /// Reserves one delivery. Publishers on different connections may race here; the
+    /// counter makes sure at most `max` of them win.
+    pub(crate) fn claim(&self) -> Claim {
+        // Counted even without a limit: a later `UNSUB <sid> <max>` counts earlier deliveries.
+        let number = self.delivered.fetch_add(1, Ordering::AcqRel) + 1;
+        let max = self.max.load(Ordering::Acquire);
+        match number.cmp(&max) {
+            std::cmp::Ordering::Less => Claim::Deliver,
+            std::cmp::Ordering::Equal => Claim::DeliverLast,
+            std::cmp::Ordering::Greater => Claim::Exhausted,
+        }
+    }
+
+    /// Sets the limit; returns true when it is already reached and the caller must remove
+    /// the subscription now.
+    pub(crate) fn set_max(&self, max: u64) -> bool {
+        self.max.store(max, Ordering::Release);
+        self.delivered.load(Ordering::Acquire) >= max
+    }
+
+    pub(crate) fn is_exhausted(&self) -> bool {
+        let max = self.max.load(Ordering::Acquire);
+        max != u64::MAX && self.delivered.load(Ordering::Acquire) >= max
+    }
+
+    /// True when a message on `subject` must be withheld by the subscriber's deny rules.
+    pub(crate) fn is_denied(&self, subject: &str) -> bool {
+        self.deny
+            .iter()
+            .any(|pattern| crate::bus::subjects::subject_matches(pattern, subject))
+    }
+}
+
+/// The subscriptions one subject reaches, in nats-server's order.
+#[derive(Default)]
+pub(crate) struct Matches {
+    pub plain: Vec<Arc<Subscription>>,
+    /// One entry per queue name; each message goes to one member of each.
+    pub groups: Vec<Vec<Arc<Subscription>>>,
+}
+
+impl Matches {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.plain.is_empty() && self.groups.is_empty()
+    }
+}
+
+#[derive(Default)]
+struct Level {
+    literal: HashMap<Box<str>, Node>,
+    single: Option<Box<Node>>,
+    full: Option<Box<Node>>,
+}
+
+#[derive(Default)]
+struct Node {
+    next: Option<Box<Level>>,
+    subscriptions: Vec<Arc<Subscription>>,
+}
+
+impl Level {
+    fn is_empty(&self) -> bool {
+        self.literal.is_empty() && self.single.is_none() && self.full.is_none()
+    }
+
+    fn child(&mut self, token: &str) -> &mut Node {
+        match token {
+            "*" => self.single.get_or_insert_with(Box::default),
+            ">" => self.full.get_or_insert_with(Box::default),
+            _ => self.literal.entry(token.into()).or_default(),
+        }
+    }
+
+    /// Removes `target` under `tokens`; returns true if it was found. Empty nodes are
+    /// pruned on the way back up so unique inbox subjects do not leak trie nodes.
+    fn remove(&mut self, tokens: &[&str], target: &Arc<Subscription>) -> bool {
+        let Some((first, rest)) = tokens.split_first() else {
+            return false;
+        };
+        let slot_is_empty;
+        let found;
+        {
+            let node = match *first {
+                "*" => self.single.as_deref_mut(),
+                ">" => self.full.as_deref_mut(),
+                literal => self.literal.get_mut(literal),
+            };
+            let Some(node) = node else {
+                return false;
+            };
+            found = if rest.is_empty() {
+                let before = node.subscriptions.len();
+                node.subscriptions.retain(|sub| !Arc::ptr_eq(sub, target));
+                node.subscriptions.len() != before
+            } else {
+                let found = node
+                    .next
+                    .as_deref_mut()
+                    .is_some_and(|next| next.remove(rest, target));
+                if node.next.as_deref().is_some_and(Level::is_empty) {
+                    node.next = None;
+                }
+                found
+            };
+            slot_is_empty = node.subscriptions.is_empty() && node.next.is_none();
+        }
+        if slot_is_empty {
+            match *first {
+                "*" => self.single = None,
+                ">" => self.full = None,
+                literal => {
+                    self.literal.remove(literal);
+                }
+            }
+        }
+        found
+    }
+
+    /// nats-server's match order: at each level `>` first, then everything under `*`, then
+    /// the literal token; at the last token the literal node before the `*` node. Keeping it
+    /// means a connection with overlapping subscriptions sees MSGs in the same order.
+    fn collect<'a>(&'a self, tokens: &[&str], found: &mut Vec<&'a Node>) {
+        let Some((first, rest)) = tokens.split_first() else {
+            return;
+        };
+        if let Some(full) = &self.full {
+            found.push(full);
+        }
+        if !rest.is_empty() {
+            if let Some(next) = self.single.as_ref().and_then(|node| node.next.as_deref()) {
+                next.collect(rest, found);
+            }
+        }
+        if let Some(node) = self.literal.get(*first) {
+            if rest.is_empty() {
+                found.push(node);
+            } else if let Some(next) = &node.next {
+                next.collect(rest, found);
+            }
+        }
+        if rest.is_empty() {
+            if let Some(single) = &self.single {
+                found.push(single);
+            }
+        }
+    }
+}
+
+#[derive(Default)]
+struct Index {
+    root: Level,
+    cache: HashMap<Box<str>, Arc<Matches>>,
+}
+
+#[derive(Default)]
+pub(crate) struct Router {
+    index: Mutex<Index>,
+    generation: AtomicU64,
+}
+
+impl Router {
+    fn lock(&self) -> MutexGuard<'_, Index> {
+        // Index updates are single assignments per node; a panic elsewhere cannot leave it
+        // in a state worse than one missing subscription.
+        self.index
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Bumped on every change; per-connection caches compare it before trusting an entry.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn insert(&self, subscription: Arc<Subscription>) {
+        let mut index = self.lock();
+        let mut level = &mut index.root;
+        let tokens: Vec<&str> = subscription.subject.split('.').collect();
+        let (last, init) = tokens
+            .split_last()
+            .expect("split yields at least one token");
+        for token in init {
+            level = level.child(token).next.get_or_insert_with(Box::default);
+        }
+        level.child(last).subscriptions.push(subscription.clone());
+        index.cache.clear();
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Removes the subscription if it is still indexed; removing twice is harmless.
+    pub(crate) fn remove(&self, subscription: &Arc<Subscription>) {
+        let tokens: Vec<&str> = subscription.subject.split('.').collect();
+        let mut index = self.lock();
+        if index.root.remove(&tokens, subscription) {
+            index.cache.clear();
+            self.generation.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    pub(crate) fn lookup(&self, subject: &str) -> Arc<Matches> {
+        let mut index = self.lock();
+        if let Some(matches) = index.cache.get(subject) {
+            return matches.clone();
+        }
+        let tokens: Vec<&str> = subject.split('.').collect();
+        let mut nodes = Vec::new();
+        index.root.collect(&tokens, &mut nodes);
+        let mut matches = Matches::default();
+        let mut group_names: Vec<&str> = Vec::new();
+        for node in nodes {
+            for subscription in &node.subscriptions {
+                match &subscription.queue {
+                    None => matches.plain.push(subscription.clone()),
+                    Some(queue) => match group_names.iter().position(|name| name == queue) {
+                        Some(at) => matches.groups[at].push(subscription.clone()),
+                        None => {
+                            group_names.push(queue);
+                            matches.groups.push(vec![subscription.clone()]);
+                        }
+                    },
+                }
+            }
+        }
+        let matches = Arc::new(matches);
+        if index.cache.len() >= CACHE_LIMIT {
+            index.cache.clear();
+        }
+        index.cache.insert(subject.into(), matches.clone());
+        matches
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bus::broker::BrokerStats;
+
+    fn subscription(sid: &str, subject: &str, queue: Option<&str>) -> Arc<Subscription> {
+        let outbound = Arc::new(Outbound::new(1024, Arc::new(BrokerStats::default())));
+        Arc::new(Subscription::new(
+            1,
+            outbound,
+            Bytes::copy_from_slice(sid.as_bytes()),
+            subject.into(),
+            queue.map(Into::into),
+            Vec::new(),
+        ))
+    }
+
+    fn sids(matches: &Matches) -> (Vec<String>, Vec<Vec<String>>) {
+        let name = |sub: &Arc<Subscription>| String::from_utf8_lossy(&sub.sid).into_owned();
+        (
+            matches.plain.iter().map(name).collect(),
+            matches
+                .groups
+                .iter()
+                .map(|group| group.iter().map(name).collect())
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn lookup_order_and_groups() {
+        let router = Router::default();
+        let subs = [
+            subscription("lit", "a.b", None),
+            subscription("star", "a.*", None),
+            subscription("full", "a.>", None),
+            subscription("root", ">", None),
+            subscription("q1", "a.b", Some("workers")),
+            subscription("q2", "a.*", Some("workers")),
+            subscription("q3", "a.b", Some("other")),
+            subscription("miss", "a.b.c", None),
+        ];
+        for sub in &subs {
+            router.insert(sub.clone());
+        }
+        // (subject, plain sids in order, queue groups with their member sids)
+        type Case<'a> = (&'a str, Vec<&'a str>, Vec<Vec<&'a str>>);
+        let cases: [Case; 4] = [
+            (
+                "a.b",
+                vec!["root", "full", "lit", "star"],
+                vec![vec!["q1", "q2"], vec!["q3"]],
+            ),
+            ("a.c", vec!["root", "full", "star"], vec![vec!["q2"]]),
+            ("a.b.c", vec!["root", "full", "miss"], vec![]),
+            ("b", vec!["root"], vec![]),
+        ];
+        for (subject, plain, groups) in cases {
+            let (got_plain, got_groups) = sids(&router.lookup(subject));
+            assert_eq!(got_plain, plain, "{subject}");
+            assert_eq!(got_groups, groups, "{subject}");
+        }
+        for sub in &subs {
+            router.remove(sub);
+            router.remove(sub);
+        }
+        assert!(router.lookup("a.b").is_empty());
+        assert!(router.lock().root.is_empty(), "empty nodes are pruned");
+    }
+
+    #[test]
+    fn cache_is_invalidated_by_changes() {
+        let router = Router::default();
+        assert!(router.lookup("x").is_empty());
+        let generation = router.generation();
+        let sub = subscription("1", "x", None);
+        router.insert(sub.clone());
+        assert_ne!(router.generation(), generation);
+        assert_eq!(router.lookup("x").plain.len(), 1);
+        router.remove(&sub);
+        assert!(router.lookup("x").is_empty());
+    }
+
+    #[test]
+    fn claim_respects_max() {
+        let sub = subscription("1", "x", None);
+        assert_eq!(sub.claim(), Claim::Deliver);
+        assert!(!sub.set_max(3));
+        let claims: Vec<Claim> = (0..3).map(|_| sub.claim()).collect();
+        assert_eq!(
+            claims,
+            [Claim::Deliver, Claim::DeliverLast, Claim::Exhausted]
+        );
+        assert!(sub.is_exhausted());
+    }
+}
