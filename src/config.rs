@@ -116,6 +116,26 @@ pub struct ServerConfig {
     pub tls: TlsConfig,
     pub policy_dir: PathBuf,
     pub limits: LimitsConfig,
+    /// Retention of the durable streams (events, audit mirror) under data_dir/jetstream/.
+    pub streams: StreamsConfig,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StreamsConfig {
+    /// Records older than this may be dropped (whole segments at a time).
+    pub max_age: ConfigDuration,
+    /// Oldest segments are dropped while a stream holds more than this many bytes.
+    pub max_bytes: u64,
+}
+
+impl Default for StreamsConfig {
+    fn default() -> Self {
+        StreamsConfig {
+            max_age: ConfigDuration(Duration::from_secs(30 * 86_400)),
+            max_bytes: 1024 * 1024 * 1024,
+        }
+    }
 }
 
 impl Default for ServerConfig {
@@ -134,6 +154,7 @@ impl Default for ServerConfig {
             tls: TlsConfig::default(),
             policy_dir: PathBuf::from("/etc/svc/policies"),
             limits: LimitsConfig::default(),
+            streams: StreamsConfig::default(),
         }
     }
 }
@@ -179,6 +200,9 @@ pub struct BusConfig {
     pub external_urls: Vec<String>,
     /// Largest message payload the embedded broker accepts, in bytes.
     pub max_payload: u64,
+    /// Token the server presents to an external cluster (ignored for the embedded broker,
+    /// where the server uses an internal credential made at start).
+    pub external_token: Secret,
 }
 
 impl Default for BusConfig {
@@ -186,6 +210,7 @@ impl Default for BusConfig {
         BusConfig {
             external_urls: Vec::new(),
             max_payload: 1024 * 1024,
+            external_token: Secret::default(),
         }
     }
 }
@@ -320,6 +345,7 @@ const AGENT_SCHEMA: Schema = Schema {
         "tls",
         "policy_dir",
         "limits",
+        "streams",
     ],
 };
 

@@ -6,17 +6,33 @@
 use std::sync::Arc;
 
 use crate::audit::Auditor;
+use crate::events::Events;
 use crate::store::Store;
+use crate::stream::StreamLog;
 
 pub struct Domain {
     pub store: Arc<dyn Store>,
     /// The one writer of audit rows.
     pub auditor: Auditor,
+    /// The one emitter of events.
+    pub events: Arc<Events>,
 }
 
 impl Domain {
-    pub fn new(store: Arc<dyn Store>, policy_dir: std::path::PathBuf) -> Self {
-        let auditor = Auditor::new(store.clone(), policy_dir);
-        Domain { store, auditor }
+    /// `audit_mirror` is the `audit` stream log the auditor copies every row to.
+    pub fn new(
+        store: Arc<dyn Store>,
+        policy_dir: std::path::PathBuf,
+        events: Arc<Events>,
+        audit_mirror: Option<Arc<StreamLog>>,
+    ) -> Self {
+        let auditor = Auditor::new(store.clone(), policy_dir)
+            .with_events(events.clone())
+            .with_mirror(audit_mirror);
+        Domain {
+            store,
+            auditor,
+            events,
+        }
     }
 }

@@ -24,6 +24,19 @@ pub fn ulid() -> String {
         .collect()
 }
 
+/// The creation time (Unix milliseconds) a ULID carries, or None if `id` is not a ULID.
+pub fn ulid_millis(id: &str) -> Option<i64> {
+    if id.len() != 26 {
+        return None;
+    }
+    let mut value: u128 = 0;
+    for byte in id.bytes() {
+        let digit = CROCKFORD.iter().position(|c| *c == byte.to_ascii_uppercase())?;
+        value = (value << 5) | digit as u128;
+    }
+    Some((value >> 80) as i64)
+}
+
 /// `count` random base62 characters from the OS RNG.
 pub fn random_base62(count: usize) -> String {
     let mut rng = OsRng;
@@ -49,6 +62,10 @@ mod tests {
         assert_eq!(a.len(), 26);
         assert!(a < b, "{a} < {b}");
         assert_ne!(ulid(), ulid());
+        let now = crate::clock::now_millis();
+        let millis = ulid_millis(&ulid()).unwrap();
+        assert!((millis - now).abs() < 1000);
+        assert_eq!(ulid_millis("not-a-ulid"), None);
     }
 
     #[test]

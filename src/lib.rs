@@ -12,6 +12,7 @@ pub mod config;
 pub mod dispatch;
 pub mod domain;
 pub mod error;
+pub mod events;
 pub mod ids;
 pub mod metrics;
 pub mod server;

@@ -26,6 +26,10 @@ pub struct Auditor {
     store: Arc<dyn Store>,
     policy_dir: PathBuf,
     policies: RwLock<Arc<PolicySet>>,
+    /// Where policy_allow / policy_deny go.
+    events: Option<Arc<crate::events::Events>>,
+    /// The `audit` stream log: a second, append-only copy of every row.
+    mirror: Option<Arc<crate::stream::StreamLog>>,
 }
 
 /// What happened, before it is recorded.
@@ -130,9 +134,21 @@ impl Auditor {
             store,
             policy_dir,
             policies: RwLock::new(Arc::new(PolicySet::default())),
+            events: None,
+            mirror: None,
         };
         auditor.reload_policies();
         auditor
+    }
+
+    pub fn with_events(mut self, events: Arc<crate::events::Events>) -> Self {
+        self.events = Some(events);
+        self
+    }
+
+    pub fn with_mirror(mut self, mirror: Option<Arc<crate::stream::StreamLog>>) -> Self {
+        self.mirror = mirror;
+        self
     }
 
     /// Loads the policy directory again (start and SIGHUP); bad files are logged and skipped.

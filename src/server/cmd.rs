@@ -11,6 +11,9 @@ use base64::Engine;
 use super::{BoundAddrs, Context, LISTEN_ADDRS_FILE, SHUTDOWN_GRACE};
 use crate::auth;
 use crate::config::{self, ConfigErrors, Loaded, LogFormat, Secret, ServerConfig};
+use crate::domain::Domain;
+use crate::events::Events;
+use crate::stream::{StreamConfig, StreamLog};
 use crate::Result;
 
 #[derive(FromArgs)]
@@ -251,15 +254,35 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
         }
     }
 
+    let (stop_sender, stop) = tokio::sync::watch::channel(false);
+    let jetstream = data_dir.join("jetstream");
+    let stream_config = StreamConfig {
+        max_age: Some(config.streams.max_age.0),
+        max_bytes: Some(config.streams.max_bytes),
+        ..StreamConfig::default()
+    };
+    let events_log = StreamLog::open(&jetstream.join("events"), stream_config.clone())?;
+    let audit_log = StreamLog::open(&jetstream.join("audit"), stream_config)?;
+    let events = Arc::new(Events::new(events_log.clone(), stop.clone()));
+    let domain = Domain::new(store, config.policy_dir.clone(), events, Some(audit_log.clone()));
+
     let http_listener = bind(&config.listen.http, "listen.http").await?;
     let grpc_listener = bind(&config.listen.grpc, "listen.grpc").await?;
+    let bus_listener = if config.bus.external_urls.is_empty() {
+        Some(bind(&config.listen.bus, "listen.bus").await?)
+    } else {
+        None
+    };
+    let bus = super::bus::start(&config, &domain, bus_listener).await?;
     let bound = BoundAddrs {
         http: http_listener.local_addr()?,
         grpc: grpc_listener.local_addr()?,
+        bus: bus.address.clone(),
     };
-    let context = Arc::new(Context::new(config, data_dir.clone(), store));
+    let streams = vec![("events", events_log.clone()), ("audit", audit_log.clone())];
+    let context = Arc::new(Context::new(config, data_dir.clone(), domain, bus, streams));
+    tokio::spawn(enforce_retention(vec![events_log, audit_log]));
 
-    let (stop_sender, stop) = tokio::sync::watch::channel(false);
     let http_task = tokio::spawn(super::http::serve(
         context.clone(),
         http_listener,
@@ -274,10 +297,17 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
 
     let addrs = serde_json::to_vec_pretty(&bound).map_err(crate::Error::internal)?;
     std::fs::write(data_dir.join(LISTEN_ADDRS_FILE), addrs)?;
-    tracing::info!(http = %bound.http, grpc = %bound.grpc, data_dir = %data_dir.display(), "svc-server started");
+    tracing::info!(http = %bound.http, grpc = %bound.grpc, bus = %bound.bus, data_dir = %data_dir.display(), "svc-server started");
+    let started = serde_json::json!({"version": env!("CARGO_PKG_VERSION"), "http": bound.http, "grpc": bound.grpc, "bus": bound.bus});
+    context.domain.events.emit_system("server_started", "server", started).await;
 
-    wait_for_stop_signal().await;
+    wait_for_stop_signal(&context).await;
     tracing::info!(grace = ?SHUTDOWN_GRACE, "stop requested: no new connections; draining in-flight requests");
+    context
+        .domain
+        .events
+        .emit_system("server_stopping", "server", serde_json::json!({}))
+        .await;
     context.grpc_serving.store(false, Ordering::Relaxed);
     let _ = stop_sender.send(true);
     // Both servers drain on their own; the grace bounds them together.
@@ -289,6 +319,7 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     if drained.is_err() {
         tracing::warn!("grace period over: closing the remaining connections");
     }
+    context.bus.shutdown(std::time::Duration::from_secs(2)).await;
     let _ = std::fs::remove_file(data_dir.join(LISTEN_ADDRS_FILE));
     tracing::info!("svc-server stopped");
     Ok(())
@@ -300,18 +331,41 @@ async fn bind(address: &str, key: &str) -> Result<tokio::net::TcpListener> {
         .map_err(|e| crate::Error::Unavailable(format!("{key}: cannot listen on {address}: {e}")))
 }
 
-async fn wait_for_stop_signal() {
+/// Waits for SIGTERM or SIGINT; SIGHUP reloads the policies meanwhile.
+async fn wait_for_stop_signal(context: &Context) {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
+    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
     ) else {
         // Without signal handlers the process can still be killed; run until then.
         std::future::pending::<()>().await;
         return;
     };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+    loop {
+        tokio::select! {
+            _ = term.recv() => return,
+            _ = int.recv() => return,
+            _ = hup.recv() => {
+                let count = context.domain.auditor.reload_policies();
+                tracing::info!(count, "SIGHUP: policies reloaded");
+            }
+        }
+    }
+}
+
+/// Applies stream retention once a minute (whole segments; cheap when nothing is due).
+async fn enforce_retention(logs: Vec<Arc<StreamLog>>) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(60));
+    loop {
+        tick.tick().await;
+        for log in &logs {
+            match log.enforce_retention() {
+                Ok(0) => {}
+                Ok(dropped) => tracing::info!(dropped, "stream retention dropped old records"),
+                Err(e) => tracing::warn!(error = %e, "stream retention failed"),
+            }
+        }
     }
 }

@@ -4,6 +4,7 @@
 //! Start-up order: config → data dir → store (migrations) → bootstrap admin key → listeners →
 //! `listen-addrs.json` (so tests and tools can find ports bound as `:0`) → serve.
 
+pub mod bus;
 mod cmd;
 pub mod grpc;
 mod health;
@@ -19,7 +20,6 @@ use crate::auth::{self, Principal, RateLimiter};
 use crate::config::ServerConfig;
 use crate::domain::Domain;
 use crate::metrics::Metrics;
-use crate::store::Store;
 use crate::Result;
 
 pub use cmd::main;
@@ -36,6 +36,9 @@ pub struct Context {
     pub config: ServerConfig,
     pub data_dir: PathBuf,
     pub domain: Domain,
+    pub bus: bus::Bus,
+    /// The durable streams, by name, for readiness.
+    pub streams: Vec<(&'static str, Arc<crate::stream::StreamLog>)>,
     pub rate_limiter: RateLimiter,
     pub metrics: Metrics,
     pub started: Instant,
@@ -44,16 +47,23 @@ pub struct Context {
 }
 
 impl Context {
-    pub fn new(config: ServerConfig, data_dir: PathBuf, store: Arc<dyn Store>) -> Self {
+    pub fn new(
+        config: ServerConfig,
+        data_dir: PathBuf,
+        domain: Domain,
+        bus: bus::Bus,
+        streams: Vec<(&'static str, Arc<crate::stream::StreamLog>)>,
+    ) -> Self {
         let rate_limiter = RateLimiter::new(
             config.rate_limit.requests_per_second,
             config.rate_limit.burst,
         );
-        let domain = Domain::new(store, config.policy_dir.clone());
         Context {
             config,
             data_dir,
             domain,
+            bus,
+            streams,
             rate_limiter,
             metrics: Metrics::default(),
             started: Instant::now(),
@@ -76,8 +86,10 @@ impl Context {
 }
 
 /// Addresses the listeners actually bound (ports may have been `:0`).
-#[derive(Clone, Copy, Debug, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct BoundAddrs {
     pub http: SocketAddr,
     pub grpc: SocketAddr,
+    /// The embedded broker's address, or the external cluster's URLs.
+    pub bus: String,
 }

@@ -308,7 +308,7 @@ impl Authenticator for StaticAuth {
 }
 
 /// Compares without an early exit on the first differing byte.
-fn constant_time_eq(expected: &[u8], given: &[u8]) -> bool {
+pub fn constant_time_eq(expected: &[u8], given: &[u8]) -> bool {
     let mut difference = expected.len() ^ given.len();
     for (index, byte) in expected.iter().enumerate() {
         difference |= usize::from(byte ^ given.get(index).copied().unwrap_or(!byte));

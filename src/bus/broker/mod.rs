@@ -25,6 +25,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use auth::{
+    constant_time_eq,
     AllowDeny, AuthRequest, Authenticator, NoAuth, Permissions, StaticAuth, SubjectRule,
 };
 

@@ -1,0 +1,205 @@
+//! The server's side of the bus: the embedded broker (or an external NATS cluster), the
+//! API-key authenticator, and the server's own client, which subsystems use exactly as they
+//! would against an external cluster.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+
+use crate::auth::{self, Role};
+use crate::bus::{subjects, AllowDeny, AuthRequest, Authenticator, Broker, BrokerConfig, BrokerHandle, Permissions};
+use crate::config::ServerConfig;
+use crate::domain::Domain;
+use crate::store::Store;
+use crate::{Error, Result};
+
+/// API keys are bus credentials (contract §7): `auth_token` = key, or `user` = key id and
+/// `pass` = key. No credentials: the enrolment permissions only. The server's own client
+/// presents an internal token made at start.
+pub struct ApiKeyAuthenticator {
+    store: Arc<dyn Store>,
+    internal_token: String,
+}
+
+/// What a role may do on the bus.
+pub fn permissions_for(role: Role, user: String) -> Permissions {
+    match role {
+        Role::Admin => Permissions::allow_all(user),
+        // Commands reach agents only through the server, and enrolment is the server's.
+        Role::Operator => {
+            let rules = || AllowDeny::all().deny([subjects::ENROLL, subjects::AGENTS_ALL]);
+            Permissions { user, publish: rules(), subscribe: rules() }
+        }
+        Role::Readonly => Permissions {
+            user,
+            publish: AllowDeny::none(),
+            subscribe: AllowDeny::only([subjects::EVENTS_ALL]),
+        },
+    }
+}
+
+#[async_trait]
+impl Authenticator for ApiKeyAuthenticator {
+    fn auth_required(&self) -> bool {
+        true
+    }
+
+    async fn authenticate(&self, request: &AuthRequest<'_>) -> Option<Permissions> {
+        if !request.has_credentials() {
+            return Some(Permissions::enrolment());
+        }
+        let key = match (request.auth_token, request.user, request.pass) {
+            (Some(token), _, _) => {
+                if crate::bus::broker::constant_time_eq(token.as_bytes(), self.internal_token.as_bytes()) {
+                    return Some(Permissions::allow_all("server"));
+                }
+                token
+            }
+            (None, Some(_), Some(pass)) => pass,
+            _ => return None,
+        };
+        let principal = auth::authenticate(self.store.as_ref(), key).await.ok()?;
+        // user/pass must name the key's own id.
+        if request.auth_token.is_none() && request.user != Some(principal.id.as_str()) {
+            return None;
+        }
+        Some(permissions_for(principal.role, format!("apikey:{}", principal.id)))
+    }
+}
+
+/// The running bus from the server's point of view.
+pub struct Bus {
+    /// The embedded broker; None when an external cluster is used (or after shutdown).
+    broker: std::sync::Mutex<Option<BrokerHandle>>,
+    pub is_embedded: bool,
+    pub client: async_nats::Client,
+    /// Where clients reach the bus (the embedded broker's address, or the external URLs).
+    pub address: String,
+    connected: Arc<AtomicBool>,
+}
+
+impl Bus {
+    pub fn is_connected(&self) -> bool {
+        self.connected.load(Ordering::Relaxed)
+            && self.client.connection_state() == async_nats::connection::State::Connected
+    }
+
+    /// Reads the embedded broker's counters (None for an external cluster).
+    pub fn with_stats<T>(&self, read: impl FnOnce(&crate::bus::BrokerStats) -> T) -> Option<T> {
+        let broker = self.broker.lock().expect("broker lock poisoned");
+        broker.as_ref().map(|b| read(b.stats()))
+    }
+
+    /// Lame duck for the embedded broker; the server's client flushes first.
+    pub async fn shutdown(&self, grace: Duration) {
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.client.flush()).await;
+        let broker = self.broker.lock().expect("broker lock poisoned").take();
+        if let Some(broker) = broker {
+            broker.shutdown(grace).await;
+        }
+    }
+}
+
+/// Starts the embedded broker on `listener` (or uses `bus.external_urls`), connects the
+/// server's client, and installs the live event fan-out.
+pub async fn start(config: &ServerConfig, domain: &Domain, listener: Option<TcpListener>) -> Result<Bus> {
+    let connected = Arc::new(AtomicBool::new(false));
+    let (broker, urls, token) = match listener {
+        Some(listener) => {
+            let internal_token = crate::ids::random_base62(48);
+            let authenticator = ApiKeyAuthenticator {
+                store: domain.store.clone(),
+                internal_token: internal_token.clone(),
+            };
+            let broker_config = BrokerConfig {
+                max_payload: config.bus.max_payload as usize,
+                ..BrokerConfig::default()
+            };
+            let broker = Broker::start(broker_config, Arc::new(authenticator), listener)
+                .await
+                .map_err(|e| Error::Unavailable(format!("bus broker: {e}")))?;
+            let url = format!("nats://{}", broker.local_addr());
+            (Some(broker), vec![url], Some(internal_token))
+        }
+        None => {
+            let token = config.bus.external_token.expose().to_string();
+            (None, config.bus.external_urls.clone(), (!token.is_empty()).then_some(token))
+        }
+    };
+    let address = urls.join(",");
+    let events = domain.events.clone();
+    let (state_sender, mut state_changes) = mpsc::unbounded_channel();
+    let mut options = async_nats::ConnectOptions::new()
+        .name("svc-server")
+        .retry_on_initial_connect()
+        .event_callback(move |event| {
+            let sender = state_sender.clone();
+            async move {
+                let _ = sender.send(event);
+            }
+        });
+    if let Some(token) = token {
+        options = options.token(token);
+    }
+    let client = tokio::time::timeout(Duration::from_secs(10), options.connect(urls.clone()))
+        .await
+        .map_err(|_| Error::Unavailable(format!("bus: no connection to {address} within 10s")))?
+        .map_err(|e| Error::Unavailable(format!("bus: cannot connect to {address}: {e}")))?;
+    // retry_on_initial_connect returns before the first connection; wait for it briefly so
+    // readiness is true from the start when the bus is there.
+    for _ in 0..200 {
+        if client.connection_state() == async_nats::connection::State::Connected {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    connected.store(client.connection_state() == async_nats::connection::State::Connected, Ordering::Relaxed);
+
+    // bus_healthy / bus_degraded follow the server's own connection.
+    let flag = connected.clone();
+    let monitor_events = events.clone();
+    tokio::spawn(async move {
+        while let Some(event) = state_changes.recv().await {
+            let (healthy, detail) = match &event {
+                async_nats::Event::Connected => (true, "connected".to_string()),
+                async_nats::Event::Disconnected => (false, "disconnected".to_string()),
+                _ => continue,
+            };
+            let was = flag.swap(healthy, Ordering::Relaxed);
+            if was != healthy {
+                let event_type = if healthy { "bus_healthy" } else { "bus_degraded" };
+                monitor_events
+                    .emit_system(event_type, "server", serde_json::json!({"detail": detail}))
+                    .await;
+            }
+        }
+    });
+
+    // Live fan-out: one task publishes in emit order; a full queue drops (counted in logs)
+    // rather than slowing emitters, since the durable log already has every event.
+    let (live_sender, mut live) = mpsc::channel::<(String, Vec<u8>)>(4096);
+    let publisher = client.clone();
+    tokio::spawn(async move {
+        while let Some((subject, bytes)) = live.recv().await {
+            if let Err(e) = publisher.publish(subject, bytes.into()).await {
+                tracing::warn!(error = %e, "live event publish failed");
+            }
+        }
+    });
+    events.set_publisher(Box::new(move |subject, bytes| {
+        if live_sender.try_send((subject.to_string(), bytes)).is_err() {
+            tracing::warn!("live event queue full: event stored but not fanned out live");
+        }
+    }));
+    Ok(Bus {
+        is_embedded: broker.is_some(),
+        broker: std::sync::Mutex::new(broker),
+        client,
+        address,
+        connected,
+    })
+}
