@@ -19,6 +19,11 @@
 //! step over them, so a reader sees a gap in sequences and never a corrupt record. A bad tail of
 //! an older segment is treated the same way. Bytes that fail their checksum at read time (damage
 //! that appeared after open) make that read fail with `Error::Internal`.
+//!
+//! The trade-off: keeping good records after bad bytes never throws away an acknowledged record,
+//! but a power loss that persisted the pages of the last, unacknowledged batch out of order can
+//! leave a hole followed by good records; that shows up as damage (a gap, an error in the log)
+//! rather than as a quietly truncated tail.
 
 mod crc32c;
 mod frame;
