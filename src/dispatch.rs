@@ -25,6 +25,7 @@ fn table() -> Vec<(&'static str, Entry)> {
     // CLIs with some commands built have their own entry; the rest come from the table.
     let built: &[(&str, Main)] = &[
         ("svc-audit", cli::audit::main),
+        ("svc-events", cli::events::main),
         ("svc-policy", cli::policy::main),
     ];
     for tool in planned::TOOLS {

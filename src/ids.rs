@@ -31,7 +31,9 @@ pub fn ulid_millis(id: &str) -> Option<i64> {
     }
     let mut value: u128 = 0;
     for byte in id.bytes() {
-        let digit = CROCKFORD.iter().position(|c| *c == byte.to_ascii_uppercase())?;
+        let digit = CROCKFORD
+            .iter()
+            .position(|c| *c == byte.to_ascii_uppercase())?;
         value = (value << 5) | digit as u128;
     }
     Some((value >> 80) as i64)

@@ -122,14 +122,14 @@ fn commands_not_built_yet_say_so_and_fail() {
     let names = Names::new();
     let cases: &[(&str, &[&str], &str)] = &[
         (
-            "svc-events",
-            &["list"],
-            "svc-events: 'list' is not implemented yet",
+            "svc-identity",
+            &["status"],
+            "svc-identity: 'status' is not implemented yet",
         ),
         (
-            "svc-secrets",
-            &["--api-key", "k", "get", "db/prod"],
-            "svc-secrets: 'get' is not implemented yet",
+            "svc-files",
+            &["put", "a", "b"],
+            "svc-files: 'put' is not implemented yet",
         ),
         (
             "svcctl",
@@ -143,8 +143,8 @@ fn commands_not_built_yet_say_so_and_fail() {
         ),
         (
             "svcctl",
-            &["events", "types"],
-            "svc-events: 'types' is not implemented yet",
+            &["--api-key", "k", "cluster", "status"],
+            "svc-cluster: 'status' is not implemented yet",
         ),
         ("svc-agent", &[], "svc-agent: 'run' is not implemented yet"),
     ];

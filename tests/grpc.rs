@@ -3,7 +3,7 @@
 mod common;
 
 use common::{Options, TestServer};
-use svc::proto::event_service_client::EventServiceClient;
+use svc::proto::cluster_service_client::ClusterServiceClient;
 use tonic::Code;
 
 fn with_key<T>(message: T, key: &str) -> tonic::Request<T> {
@@ -87,20 +87,20 @@ async fn reflection_lists_the_six_services() {
 #[tokio::test]
 async fn svc_services_require_a_valid_key_then_answer_unimplemented() {
     let server = TestServer::start();
-    let mut client = EventServiceClient::new(channel(&server).await);
+    let mut client = ClusterServiceClient::new(channel(&server).await);
 
-    let status = client.types(svc::proto::Empty {}).await.unwrap_err();
+    let status = client.status(svc::proto::Empty {}).await.unwrap_err();
     assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
 
     let unknown = format!("svc_{}", "Z".repeat(40));
     let status = client
-        .types(with_key(svc::proto::Empty {}, &unknown))
+        .status(with_key(svc::proto::Empty {}, &unknown))
         .await
         .unwrap_err();
     assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
 
     let status = client
-        .types(with_key(svc::proto::Empty {}, &server.admin_key))
+        .status(with_key(svc::proto::Empty {}, &server.admin_key))
         .await
         .unwrap_err();
     assert_eq!(status.code(), Code::Unimplemented, "{status:?}");
@@ -109,7 +109,7 @@ async fn svc_services_require_a_valid_key_then_answer_unimplemented() {
     // A deleted key fails its next gRPC call too.
     let (id, key) = server.create_key("grpc", "readonly");
     let status = client
-        .types(with_key(svc::proto::Empty {}, &key))
+        .status(with_key(svc::proto::Empty {}, &key))
         .await
         .unwrap_err();
     assert_eq!(status.code(), Code::Unimplemented);
@@ -120,7 +120,7 @@ async fn svc_services_require_a_valid_key_then_answer_unimplemented() {
         None,
     );
     let status = client
-        .types(with_key(svc::proto::Empty {}, &key))
+        .status(with_key(svc::proto::Empty {}, &key))
         .await
         .unwrap_err();
     assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
@@ -132,12 +132,12 @@ async fn rate_limit_is_resource_exhausted() {
         config_yaml: "rate_limit: { requests_per_second: 1, burst: 2 }\n".into(),
         ..Options::default()
     });
-    let mut client = EventServiceClient::new(channel(&server).await);
+    let mut client = ClusterServiceClient::new(channel(&server).await);
     let mut codes = Vec::new();
     for _ in 0..5 {
         codes.push(
             client
-                .types(with_key(svc::proto::Empty {}, &server.admin_key))
+                .status(with_key(svc::proto::Empty {}, &server.admin_key))
                 .await
                 .unwrap_err()
                 .code(),
@@ -154,11 +154,11 @@ async fn rate_limit_is_resource_exhausted() {
 #[tokio::test]
 async fn grpc_calls_show_in_metrics() {
     let server = TestServer::start();
-    let mut client = EventServiceClient::new(channel(&server).await);
-    let _ = client.types(svc::proto::Empty {}).await;
+    let mut client = ClusterServiceClient::new(channel(&server).await);
+    let _ = client.status(svc::proto::Empty {}).await;
     let metrics = server.request("GET", "/metrics", None, None).body;
     assert!(
-        metrics.contains("svc_grpc_requests_total{method=\"/svc.v1.EventService/Types\",code=\"unauthenticated\"} 1"),
+        metrics.contains("svc_grpc_requests_total{method=\"/svc.v1.ClusterService/Status\",code=\"unauthenticated\"} 1"),
         "{metrics}"
     );
 }

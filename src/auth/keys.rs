@@ -143,6 +143,13 @@ pub async fn create_key(
         Err(_) => action,
     };
     domain.auditor.record(principal, action, &result).await;
+    if let Ok((record, _)) = &result {
+        let payload = json!({"id": record.id, "name": record.name, "role": record.role, "by": principal.name});
+        domain
+            .events
+            .emit_system("apikey_created", "server", payload)
+            .await;
+    }
     result
 }
 
@@ -263,6 +270,13 @@ pub async fn delete_key(domain: &Domain, principal: &Principal, id: &str) -> Res
             &result,
         )
         .await;
+    if result.is_ok() {
+        let payload = json!({"id": id, "by": principal.name});
+        domain
+            .events
+            .emit_system("apikey_revoked", "server", payload)
+            .await;
+    }
     result
 }
 

@@ -9,6 +9,7 @@
 pub mod audit;
 pub mod client;
 pub mod ctl;
+pub mod events;
 pub mod output;
 pub mod planned;
 pub mod policy;

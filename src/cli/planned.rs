@@ -117,7 +117,7 @@ pub const TOOLS: &[Planned] = &[
         ],
         default: None,
         is_client: true,
-        built: &[],
+        built: &["list", "get", "emit", "subscribe", "watch", "replay", "stats", "types"],
     },
     Planned {
         name: "svc-identity",

@@ -78,7 +78,9 @@ impl Filter {
                 return Ok(None);
             }
             clock::parse_time_or_ago(text).map(Some).ok_or_else(|| {
-                Error::Invalid(format!("{name} '{text}' is neither RFC 3339 nor a duration like 24h"))
+                Error::Invalid(format!(
+                    "{name} '{text}' is neither RFC 3339 nor a duration like 24h"
+                ))
             })
         };
         for name in &types {
@@ -89,7 +91,10 @@ impl Filter {
         let min_severity = match min_severity {
             "" => None,
             text => Some(types::severity_rank(text).ok_or_else(|| {
-                Error::Invalid(format!("severity '{text}' is not one of {}", SEVERITIES.join(", ")))
+                Error::Invalid(format!(
+                    "severity '{text}' is not one of {}",
+                    SEVERITIES.join(", ")
+                ))
             })?),
         };
         Ok(Filter {
@@ -176,7 +181,9 @@ impl Events {
             }
             None => kind.severity.to_string(),
         };
-        let payload = new.payload.unwrap_or_else(|| Value::Object(Default::default()));
+        let payload = new
+            .payload
+            .unwrap_or_else(|| Value::Object(Default::default()));
         if !payload.is_object() {
             return Err(Error::Invalid("payload must be a JSON object".into()));
         }
@@ -187,13 +194,18 @@ impl Events {
             event_type: kind.name.to_string(),
             category: kind.category.to_string(),
             severity,
-            source: new.source.filter(|s| !s.is_empty()).unwrap_or_else(|| default_source.to_string()),
+            source: new
+                .source
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| default_source.to_string()),
             timestamp: clock::format_rfc3339(now),
             payload,
         };
         let bytes = serde_json::to_vec(&event).map_err(Error::internal)?;
         if bytes.len() > MAX_PAYLOAD_BYTES {
-            return Err(Error::TooLarge(format!("event is larger than {MAX_PAYLOAD_BYTES} bytes")));
+            return Err(Error::TooLarge(format!(
+                "event is larger than {MAX_PAYLOAD_BYTES} bytes"
+            )));
         }
         event.seq = self.log.append(now, bytes).await?;
         *self
@@ -202,7 +214,12 @@ impl Events {
             .expect("counts lock poisoned")
             .entry(event.event_type.clone())
             .or_default() += 1;
-        if let Some(publish) = self.publisher.read().expect("publisher lock poisoned").as_ref() {
+        if let Some(publish) = self
+            .publisher
+            .read()
+            .expect("publisher lock poisoned")
+            .as_ref()
+        {
             if let Ok(live) = serde_json::to_vec(&event) {
                 publish(&crate::bus::subjects::event(&event.event_type), live);
             }
@@ -231,7 +248,12 @@ impl Events {
     }
 
     /// A page of events in stream order, from the cursor (a sequence) or `since`.
-    pub fn list(&self, filter: &Filter, limit: usize, cursor: Option<u64>) -> Result<(Vec<Event>, Option<u64>)> {
+    pub fn list(
+        &self,
+        filter: &Filter,
+        limit: usize,
+        cursor: Option<u64>,
+    ) -> Result<(Vec<Event>, Option<u64>)> {
         let mut next = match cursor {
             Some(seq) => seq,
             None => self.start_seq(filter)?,
@@ -239,13 +261,17 @@ impl Events {
         let mut items = Vec::new();
         loop {
             let batch = self.log.read(next, READ_BATCH)?;
-            let Some(last) = batch.last() else { return Ok((items, None)) };
+            let Some(last) = batch.last() else {
+                return Ok((items, None));
+            };
             let last_seq = last.seq;
             for record in &batch {
                 if filter.until_ms.is_some_and(|u| record.timestamp_ms >= u) {
                     return Ok((items, None));
                 }
-                if let Some(event) = decode(record).filter(|e| filter.matches(e, record.timestamp_ms)) {
+                if let Some(event) =
+                    decode(record).filter(|e| filter.matches(e, record.timestamp_ms))
+                {
                     items.push(event);
                     if items.len() == limit {
                         let more = record.seq < self.log.last_seq();
@@ -261,14 +287,22 @@ impl Events {
     pub fn get(&self, id: &str) -> Result<Event> {
         let not_found = || Error::NotFound(format!("event '{id}' not found"));
         if let Ok(seq) = id.parse::<u64>() {
-            return self.log.read(seq, 1)?.first().filter(|r| r.seq == seq).and_then(decode).ok_or_else(not_found);
+            return self
+                .log
+                .read(seq, 1)?
+                .first()
+                .filter(|r| r.seq == seq)
+                .and_then(decode)
+                .ok_or_else(not_found);
         }
         let millis = ids::ulid_millis(id).ok_or_else(not_found)?;
         // The id is made just before the append, so its record sits within moments of it.
         let mut next = self.log.seq_for_time(millis - 5_000)?;
         loop {
             let batch = self.log.read(next, READ_BATCH)?;
-            let Some(last) = batch.last() else { return Err(not_found()) };
+            let Some(last) = batch.last() else {
+                return Err(not_found());
+            };
             for record in &batch {
                 if record.timestamp_ms > millis + 5_000 {
                     return Err(not_found());
@@ -314,7 +348,9 @@ impl Events {
                     return;
                 }
                 next = record.seq + 1;
-                if let Some(event) = decode(record).filter(|e| filter.matches(e, record.timestamp_ms)) {
+                if let Some(event) =
+                    decode(record).filter(|e| filter.matches(e, record.timestamp_ms))
+                {
                     if out.send(Ok(event)).await.is_err() {
                         return;
                     }
@@ -346,7 +382,9 @@ impl Events {
                 if filter.until_ms.is_some_and(|u| record.timestamp_ms >= u) {
                     return Ok(stats);
                 }
-                if let Some(event) = decode(record).filter(|e| filter.matches(e, record.timestamp_ms)) {
+                if let Some(event) =
+                    decode(record).filter(|e| filter.matches(e, record.timestamp_ms))
+                {
                     stats.total += 1;
                     *stats.by_type.entry(event.event_type).or_default() += 1;
                     *stats.by_severity.entry(event.severity).or_default() += 1;
@@ -365,16 +403,24 @@ pub struct Stats {
 }
 
 /// `svc-events emit` through any transport: operator or admin, audited.
-pub async fn emit(domain: &crate::domain::Domain, principal: &Principal, new: NewEvent) -> Result<Event> {
-    let action = crate::audit::Action::new("event.emit", "event", "")
-        .detail(serde_json::json!({"type": new.event_type, "severity": new.severity, "source": new.source}));
+pub async fn emit(
+    domain: &crate::domain::Domain,
+    principal: &Principal,
+    new: NewEvent,
+) -> Result<Event> {
+    let action = crate::audit::Action::new("event.emit", "event", "").detail(
+        serde_json::json!({"type": new.event_type, "severity": new.severity, "source": new.source}),
+    );
     let result = async {
         principal.require(Role::Operator)?;
         domain.events.emit(new, &principal.name).await
     }
     .await;
     let action = match &result {
-        Ok(event) => crate::audit::Action { resource_id: event.id.clone(), ..action },
+        Ok(event) => crate::audit::Action {
+            resource_id: event.id.clone(),
+            ..action
+        },
         Err(_) => action,
     };
     domain.auditor.record(principal, action, &result).await;

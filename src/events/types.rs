@@ -11,7 +11,11 @@ pub struct EventType {
 }
 
 const fn t(name: &'static str, category: &'static str, severity: &'static str) -> EventType {
-    EventType { name, category, severity }
+    EventType {
+        name,
+        category,
+        severity,
+    }
 }
 
 pub const TYPES: &[EventType] = &[
@@ -57,8 +61,16 @@ mod tests {
         assert_eq!(TYPES.len(), 22);
         let categories = ["agent", "job", "bus", "policy", "security", "system"];
         for event_type in TYPES {
-            assert!(categories.contains(&event_type.category), "{}", event_type.name);
-            assert!(severity_rank(event_type.severity).is_some(), "{}", event_type.name);
+            assert!(
+                categories.contains(&event_type.category),
+                "{}",
+                event_type.name
+            );
+            assert!(
+                severity_rank(event_type.severity).is_some(),
+                "{}",
+                event_type.name
+            );
         }
         let mut names: Vec<&str> = TYPES.iter().map(|t| t.name).collect();
         names.sort();

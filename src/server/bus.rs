@@ -11,7 +11,10 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
 use crate::auth::{self, Role};
-use crate::bus::{subjects, AllowDeny, AuthRequest, Authenticator, Broker, BrokerConfig, BrokerHandle, Permissions};
+use crate::bus::{
+    subjects, AllowDeny, AuthRequest, Authenticator, Broker, BrokerConfig, BrokerHandle,
+    Permissions,
+};
 use crate::config::ServerConfig;
 use crate::domain::Domain;
 use crate::store::Store;
@@ -32,7 +35,11 @@ pub fn permissions_for(role: Role, user: String) -> Permissions {
         // Commands reach agents only through the server, and enrolment is the server's.
         Role::Operator => {
             let rules = || AllowDeny::all().deny([subjects::ENROLL, subjects::AGENTS_ALL]);
-            Permissions { user, publish: rules(), subscribe: rules() }
+            Permissions {
+                user,
+                publish: rules(),
+                subscribe: rules(),
+            }
         }
         Role::Readonly => Permissions {
             user,
@@ -54,7 +61,10 @@ impl Authenticator for ApiKeyAuthenticator {
         }
         let key = match (request.auth_token, request.user, request.pass) {
             (Some(token), _, _) => {
-                if crate::bus::broker::constant_time_eq(token.as_bytes(), self.internal_token.as_bytes()) {
+                if crate::bus::broker::constant_time_eq(
+                    token.as_bytes(),
+                    self.internal_token.as_bytes(),
+                ) {
                     return Some(Permissions::allow_all("server"));
                 }
                 token
@@ -67,7 +77,10 @@ impl Authenticator for ApiKeyAuthenticator {
         if request.auth_token.is_none() && request.user != Some(principal.id.as_str()) {
             return None;
         }
-        Some(permissions_for(principal.role, format!("apikey:{}", principal.id)))
+        Some(permissions_for(
+            principal.role,
+            format!("apikey:{}", principal.id),
+        ))
     }
 }
 
@@ -106,7 +119,11 @@ impl Bus {
 
 /// Starts the embedded broker on `listener` (or uses `bus.external_urls`), connects the
 /// server's client, and installs the live event fan-out.
-pub async fn start(config: &ServerConfig, domain: &Domain, listener: Option<TcpListener>) -> Result<Bus> {
+pub async fn start(
+    config: &ServerConfig,
+    domain: &Domain,
+    listener: Option<TcpListener>,
+) -> Result<Bus> {
     let connected = Arc::new(AtomicBool::new(false));
     let (broker, urls, token) = match listener {
         Some(listener) => {
@@ -127,7 +144,11 @@ pub async fn start(config: &ServerConfig, domain: &Domain, listener: Option<TcpL
         }
         None => {
             let token = config.bus.external_token.expose().to_string();
-            (None, config.bus.external_urls.clone(), (!token.is_empty()).then_some(token))
+            (
+                None,
+                config.bus.external_urls.clone(),
+                (!token.is_empty()).then_some(token),
+            )
         }
     };
     let address = urls.join(",");
@@ -157,7 +178,10 @@ pub async fn start(config: &ServerConfig, domain: &Domain, listener: Option<TcpL
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    connected.store(client.connection_state() == async_nats::connection::State::Connected, Ordering::Relaxed);
+    connected.store(
+        client.connection_state() == async_nats::connection::State::Connected,
+        Ordering::Relaxed,
+    );
 
     // bus_healthy / bus_degraded follow the server's own connection.
     let flag = connected.clone();
@@ -171,7 +195,11 @@ pub async fn start(config: &ServerConfig, domain: &Domain, listener: Option<TcpL
             };
             let was = flag.swap(healthy, Ordering::Relaxed);
             if was != healthy {
-                let event_type = if healthy { "bus_healthy" } else { "bus_degraded" };
+                let event_type = if healthy {
+                    "bus_healthy"
+                } else {
+                    "bus_degraded"
+                };
                 monitor_events
                     .emit_system(event_type, "server", serde_json::json!({"detail": detail}))
                     .await;

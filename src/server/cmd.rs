@@ -264,7 +264,12 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     let events_log = StreamLog::open(&jetstream.join("events"), stream_config.clone())?;
     let audit_log = StreamLog::open(&jetstream.join("audit"), stream_config)?;
     let events = Arc::new(Events::new(events_log.clone(), stop.clone()));
-    let domain = Domain::new(store, config.policy_dir.clone(), events, Some(audit_log.clone()));
+    let domain = Domain::new(
+        store,
+        config.policy_dir.clone(),
+        events,
+        Some(audit_log.clone()),
+    );
 
     let http_listener = bind(&config.listen.http, "listen.http").await?;
     let grpc_listener = bind(&config.listen.grpc, "listen.grpc").await?;
@@ -299,7 +304,11 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     std::fs::write(data_dir.join(LISTEN_ADDRS_FILE), addrs)?;
     tracing::info!(http = %bound.http, grpc = %bound.grpc, bus = %bound.bus, data_dir = %data_dir.display(), "svc-server started");
     let started = serde_json::json!({"version": env!("CARGO_PKG_VERSION"), "http": bound.http, "grpc": bound.grpc, "bus": bound.bus});
-    context.domain.events.emit_system("server_started", "server", started).await;
+    context
+        .domain
+        .events
+        .emit_system("server_started", "server", started)
+        .await;
 
     wait_for_stop_signal(&context).await;
     tracing::info!(grace = ?SHUTDOWN_GRACE, "stop requested: no new connections; draining in-flight requests");
@@ -319,7 +328,10 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     if drained.is_err() {
         tracing::warn!("grace period over: closing the remaining connections");
     }
-    context.bus.shutdown(std::time::Duration::from_secs(2)).await;
+    context
+        .bus
+        .shutdown(std::time::Duration::from_secs(2))
+        .await;
     let _ = std::fs::remove_file(data_dir.join(LISTEN_ADDRS_FILE));
     tracing::info!("svc-server stopped");
     Ok(())

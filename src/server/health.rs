@@ -57,6 +57,38 @@ pub async fn readiness(context: &Context) -> Readiness {
             Component::failing("unavailable", "gRPC server is not accepting")
         },
     );
+    components.insert(
+        "bus",
+        if context.bus.is_connected() {
+            Component::ok()
+        } else {
+            let which = if context.bus.is_embedded {
+                "embedded broker"
+            } else {
+                "external cluster"
+            };
+            Component::failing(
+                "unavailable",
+                format!(
+                    "server not connected to the {which} at {}",
+                    context.bus.address
+                ),
+            )
+        },
+    );
+    let stream_problems: Vec<String> = context
+        .streams
+        .iter()
+        .filter_map(|(name, log)| log.health().err().map(|e| format!("{name}: {e}")))
+        .collect();
+    components.insert(
+        "stream_store",
+        if stream_problems.is_empty() {
+            Component::ok()
+        } else {
+            Component::failing("unavailable", stream_problems.join("; "))
+        },
+    );
     let ready = components.values().all(Component::is_ok);
     Readiness { ready, components }
 }

@@ -78,6 +78,8 @@ pub struct TestServer {
     pub config_file: PathBuf,
     pub http: SocketAddr,
     pub grpc: SocketAddr,
+    /// `nats://host:port` of the embedded broker (or the external URLs).
+    pub bus: String,
     pub admin_key: String,
     _temp: tempfile::TempDir,
     child: Option<Child>,
@@ -117,6 +119,7 @@ impl TestServer {
             config_file,
             http: "127.0.0.1:1".parse().unwrap(),
             grpc: "127.0.0.1:1".parse().unwrap(),
+            bus: String::new(),
             admin_key: String::new(),
             log_file: temp.path().join("server.log"),
             _temp: temp,
@@ -155,6 +158,7 @@ impl TestServer {
                 if let Ok(addrs) = serde_json::from_str::<serde_json::Value>(&text) {
                     self.http = addrs["http"].as_str().unwrap().parse().unwrap();
                     self.grpc = addrs["grpc"].as_str().unwrap().parse().unwrap();
+                    self.bus = addrs["bus"].as_str().unwrap_or_default().to_string();
                     if http_request(self.http, "GET", "/health/ready", &[], None)
                         .map(|r| r.status == 200)
                         .unwrap_or(false)
@@ -347,6 +351,60 @@ fn dechunk(mut body: &str) -> String {
         body = rest[size..].trim_start_matches("\r\n");
     }
     out
+}
+
+/// The bus address without the scheme, for raw TCP.
+pub fn bus_socket(url: &str) -> SocketAddr {
+    url.trim_start_matches("nats://").parse().unwrap()
+}
+
+/// Starts Debian's nats-server on an ephemeral port, or returns None (printing why) when it
+/// is not installed and this is not CI; under CI its absence is a failure.
+pub fn start_nats_server() -> Option<NatsServer> {
+    let binary = ["/usr/sbin/nats-server", "/usr/bin/nats-server"]
+        .into_iter()
+        .find(|p| Path::new(p).exists());
+    let Some(binary) = binary else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "nats-server is required under CI (apt-get install nats-server)"
+        );
+        eprintln!("skipped: nats-server not installed (apt-get install nats-server)");
+        return None;
+    };
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = Command::new(binary)
+        .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(addr).is_err() {
+        assert!(Instant::now() < deadline, "nats-server did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Some(NatsServer {
+        child,
+        url: format!("nats://{addr}"),
+    })
+}
+
+pub struct NatsServer {
+    child: Child,
+    pub url: String,
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 pub fn assert_private(path: &Path) {

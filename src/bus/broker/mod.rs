@@ -25,8 +25,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use auth::{
-    constant_time_eq,
-    AllowDeny, AuthRequest, Authenticator, NoAuth, Permissions, StaticAuth, SubjectRule,
+    constant_time_eq, AllowDeny, AuthRequest, Authenticator, NoAuth, Permissions, StaticAuth,
+    SubjectRule,
 };
 
 use connection::Info;

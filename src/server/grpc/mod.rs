@@ -6,6 +6,7 @@
 //! Health and reflection stay open, as /health does on REST.
 
 mod auth_layer;
+mod events;
 mod policy;
 mod stubs;
 
@@ -45,7 +46,9 @@ pub async fn serve(context: Arc<Context>, listener: TcpListener, mut stop: watch
     let router = tonic::transport::Server::builder()
         .layer(auth_layer::AuthLayer::new(context.clone()))
         .add_service(health_service)
-        .add_service(EventServiceServer::new(stubs::Events))
+        .add_service(EventServiceServer::new(events::Events {
+            context: context.clone(),
+        }))
         .add_service(PolicyServiceServer::new(policy::Policy {
             context: context.clone(),
         }))

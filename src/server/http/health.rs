@@ -6,6 +6,66 @@ use super::{json_response, Body};
 use crate::metrics::Exposition;
 use crate::server::{health, Context};
 
+/// The embedded broker's counters (absent with an external cluster, which has its own).
+fn write_bus(context: &Context, out: &mut Exposition) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let Some(stats) = context.bus.with_stats(|s| {
+        (
+            s.connections.load(Relaxed),
+            s.messages_in.load(Relaxed),
+            s.messages_out.load(Relaxed),
+            s.bytes_in.load(Relaxed),
+            s.bytes_out.load(Relaxed),
+            s.slow_consumers.load(Relaxed),
+        )
+    }) else {
+        return;
+    };
+    let (connections, messages_in, messages_out, bytes_in, bytes_out, slow) = stats;
+    out.family(
+        "svc_bus_connections",
+        "gauge",
+        "Client connections open on the embedded bus.",
+    );
+    out.sample("svc_bus_connections", &[], connections as f64);
+    out.family(
+        "svc_bus_messages_total",
+        "counter",
+        "Messages through the embedded bus (in = published, out = delivered).",
+    );
+    out.sample(
+        "svc_bus_messages_total",
+        &[("direction", "in")],
+        messages_in as f64,
+    );
+    out.sample(
+        "svc_bus_messages_total",
+        &[("direction", "out")],
+        messages_out as f64,
+    );
+    out.family(
+        "svc_bus_bytes_total",
+        "counter",
+        "Payload bytes through the embedded bus.",
+    );
+    out.sample(
+        "svc_bus_bytes_total",
+        &[("direction", "in")],
+        bytes_in as f64,
+    );
+    out.sample(
+        "svc_bus_bytes_total",
+        &[("direction", "out")],
+        bytes_out as f64,
+    );
+    out.family(
+        "svc_bus_slow_consumers_total",
+        "counter",
+        "Clients disconnected for not reading fast enough.",
+    );
+    out.sample("svc_bus_slow_consumers_total", &[], slow as f64);
+}
+
 pub fn live() -> Response<Body> {
     json_response(StatusCode::OK, &serde_json::json!({"status": "ok"}))
 }
@@ -43,6 +103,15 @@ pub async fn metrics(context: &Context) -> Response<Body> {
         context.started.elapsed().as_secs_f64(),
     );
     context.metrics.write(&mut out);
+    write_bus(context, &mut out);
+    out.family(
+        "svc_events_total",
+        "counter",
+        "Events emitted since start, by type.",
+    );
+    for (event_type, count) in context.domain.events.counts() {
+        out.sample("svc_events_total", &[("type", &event_type)], count as f64);
+    }
     Response::builder()
         .status(StatusCode::OK)
         .header(

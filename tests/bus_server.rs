@@ -1,0 +1,248 @@
+//! The server's bus: API keys as bus credentials with role permissions, the anonymous
+//! enrolment rights, live events on svc.events.>, health and metrics, and the external mode
+//! against Debian's nats-server.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use common::{bus_socket, Options, TestServer};
+use futures_util::StreamExt;
+
+/// A raw protocol session: sends `ops` after CONNECT with `connect_json`, then PING, and
+/// returns every line up to the PONG (or the close).
+fn session(server: &TestServer, connect_json: &str, ops: &str) -> Vec<String> {
+    let stream = TcpStream::connect(bus_socket(&server.bus)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut info = String::new();
+    reader.read_line(&mut info).unwrap();
+    assert!(info.starts_with("INFO {"), "{info}");
+    let mut writer = stream;
+    write!(writer, "CONNECT {connect_json}\r\n{ops}PING\r\n").unwrap();
+    let mut lines = Vec::new();
+    loop {
+        let mut line = String::new();
+        match reader.read_line(&mut line) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {
+                let line = line.trim_end().to_string();
+                let done = line == "PONG";
+                lines.push(line);
+                if done {
+                    break;
+                }
+            }
+        }
+    }
+    lines
+}
+
+#[test]
+fn api_keys_are_bus_credentials_with_role_permissions() {
+    let server = TestServer::start();
+    let (_, readonly) = server.create_key("viewer", "readonly");
+    let (operator_id, operator) = server.create_key("ops", "operator");
+    let quiet = |fields: &str| format!("{{\"verbose\":false,\"pedantic\":false,{fields}}}");
+
+    // Admin: anything.
+    let admin = session(
+        &server,
+        &quiet(&format!("\"auth_token\":\"{}\"", server.admin_key)),
+        "SUB svc.agent.web.cmd 1\r\nPUB svc.agent.web.cmd 2\r\nhi\r\n",
+    );
+    assert_eq!(admin.last().unwrap(), "PONG", "{admin:?}");
+    assert!(
+        admin
+            .iter()
+            .any(|l| l.starts_with("MSG svc.agent.web.cmd 1 2")),
+        "{admin:?}"
+    );
+
+    // Readonly: subscribe to events only, publish nothing.
+    let ro = session(
+        &server,
+        &quiet(&format!("\"auth_token\":\"{readonly}\"")),
+        "SUB svc.events.> 1\r\nSUB other 2\r\nPUB svc.events.x 1\r\na\r\n",
+    );
+    assert_eq!(
+        ro,
+        [
+            "-ERR 'Permissions Violation for Subscription to \"other\"'",
+            "-ERR 'Permissions Violation for Publish to \"svc.events.x\"'",
+            "PONG"
+        ]
+    );
+
+    // Operator, with user = key id and pass = key: everything but enrolment and agents' subjects.
+    let op = session(
+        &server,
+        &quiet(&format!(
+            "\"user\":\"{operator_id}\",\"pass\":\"{operator}\""
+        )),
+        "SUB jobs.> 1\r\nSUB svc.agent.web.cmd 2\r\nPUB svc.enroll 1\r\nx\r\n",
+    );
+    assert_eq!(
+        op,
+        [
+            "-ERR 'Permissions Violation for Subscription to \"svc.agent.web.cmd\"'",
+            "-ERR 'Permissions Violation for Publish to \"svc.enroll\"'",
+            "PONG"
+        ]
+    );
+
+    // Wrong or deleted keys are refused.
+    let unknown = format!("svc_{}", "q".repeat(40));
+    let refused = session(
+        &server,
+        &quiet(&format!("\"auth_token\":\"{unknown}\"")),
+        "",
+    );
+    assert_eq!(refused, ["-ERR 'Authorization Violation'"]);
+    let mismatched = session(
+        &server,
+        &quiet(&format!("\"user\":\"someone\",\"pass\":\"{operator}\"")),
+        "",
+    );
+    assert_eq!(mismatched, ["-ERR 'Authorization Violation'"]);
+}
+
+#[test]
+fn anonymous_clients_may_only_enrol() {
+    let server = TestServer::start();
+    let lines = session(
+        &server,
+        "{\"verbose\":false,\"pedantic\":false}",
+        "SUB _INBOX.> 1\r\nSUB _INBOX.abcdefghijklmnopqrst.* 2\r\nPUB svc.enroll 2\r\nhi\r\nPUB svc.events.x 1\r\na\r\n",
+    );
+    assert_eq!(
+        lines,
+        [
+            "-ERR 'Permissions Violation for Subscription to \"_INBOX.>\"'",
+            "-ERR 'Permissions Violation for Publish to \"svc.events.x\"'",
+            "PONG"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn events_fan_out_live_to_stock_clients() {
+    let server = TestServer::start();
+    let (_, readonly) = server.create_key("watcher", "readonly");
+    let client = async_nats::ConnectOptions::with_token(readonly)
+        .connect(server.bus.as_str())
+        .await
+        .unwrap();
+    let mut events = client.subscribe("svc.events.>").await.unwrap();
+    client.flush().await.unwrap();
+    let (id, _) = tokio::task::spawn_blocking({
+        let http = server.http;
+        let key = server.admin_key.clone();
+        move || {
+            let response = common::http_request(
+                http,
+                "POST",
+                "/api/v1/apikeys",
+                &[("Authorization", &format!("Bearer {key}"))],
+                Some(br#"{"name":"live","role":"readonly"}"#),
+            )
+            .unwrap();
+            let json = response.json();
+            (json["id"].as_str().unwrap().to_string(), ())
+        }
+    })
+    .await
+    .unwrap();
+    let message = tokio::time::timeout(Duration::from_secs(10), events.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(message.subject.as_str(), "svc.events.apikey_created");
+    let event: serde_json::Value = serde_json::from_slice(&message.payload).unwrap();
+    assert_eq!(event["payload"]["id"], id.as_str());
+    assert!(
+        event["seq"].as_u64().unwrap() > 0,
+        "live events carry their stream sequence"
+    );
+}
+
+#[test]
+fn health_and_metrics_cover_the_bus_and_the_streams() {
+    let server = TestServer::start();
+    let ready = server.request("GET", "/health/ready", None, None).json();
+    assert_eq!(ready["components"]["bus"]["status"], "ok", "{ready}");
+    assert_eq!(
+        ready["components"]["stream_store"]["status"], "ok",
+        "{ready}"
+    );
+    let _open = TcpStream::connect(bus_socket(&server.bus)).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let metrics = server.request("GET", "/metrics", None, None).body;
+    for expected in [
+        "svc_health_ready{component=\"bus\"} 1",
+        "svc_health_ready{component=\"stream_store\"} 1",
+        "svc_bus_messages_total{direction=\"in\"}",
+        "svc_bus_bytes_total{direction=\"out\"}",
+        "svc_bus_slow_consumers_total 0",
+        "svc_events_total{type=\"server_started\"} 1",
+    ] {
+        assert!(metrics.contains(expected), "missing {expected}:\n{metrics}");
+    }
+    let connections: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("svc_bus_connections "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        connections >= 2.0,
+        "the server's own client and ours: {connections}"
+    );
+}
+
+#[tokio::test]
+async fn external_mode_uses_an_existing_nats_server() {
+    let Some(nats) = common::start_nats_server() else {
+        return;
+    };
+    let server = TestServer::start_with(Options {
+        env: vec![("SVC_BUS__EXTERNAL_URLS".into(), nats.url.clone())],
+        ..Options::default()
+    });
+    assert_eq!(server.bus, nats.url);
+    let ready = server.request("GET", "/health/ready", None, None).json();
+    assert_eq!(ready["components"]["bus"]["status"], "ok", "{ready}");
+    // No embedded broker: nothing listens on the configured bus port, and there are no
+    // embedded broker metrics.
+    let metrics = server.request("GET", "/metrics", None, None).body;
+    assert!(!metrics.contains("svc_bus_connections"), "{metrics}");
+
+    let client = async_nats::connect(nats.url.as_str()).await.unwrap();
+    let mut events = client.subscribe("svc.events.apikey_created").await.unwrap();
+    client.flush().await.unwrap();
+    let http = server.http;
+    let key = server.admin_key.clone();
+    tokio::task::spawn_blocking(move || {
+        let auth = format!("Bearer {key}");
+        common::http_request(
+            http,
+            "POST",
+            "/api/v1/apikeys",
+            &[("Authorization", &auth)],
+            Some(br#"{"name":"ext","role":"readonly"}"#),
+        )
+        .unwrap()
+    })
+    .await
+    .unwrap();
+    let message = tokio::time::timeout(Duration::from_secs(10), events.next())
+        .await
+        .unwrap()
+        .unwrap();
+    let event: serde_json::Value = serde_json::from_slice(&message.payload).unwrap();
+    assert_eq!(event["payload"]["name"], "ext");
+}
