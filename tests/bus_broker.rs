@@ -587,3 +587,83 @@ async fn stats_count_traffic() {
     .collect();
     assert_eq!(got, expected);
 }
+
+/// A self-signed certificate for 127.0.0.1 made with the openssl CLI, or `None` without it.
+fn self_signed_certificate(
+    dir: &std::path::Path,
+) -> Option<(std::path::PathBuf, std::path::PathBuf)> {
+    let cert = dir.join("cert.pem");
+    let key = dir.join("key.pem");
+    let status = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .args(["-days", "1", "-subj", "/CN=localhost"])
+        .args(["-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"])
+        .args(["-addext", "basicConstraints=critical,CA:FALSE"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .ok()?;
+    status.success().then_some((cert, key))
+}
+
+#[tokio::test]
+async fn tls_upgrade_and_tls_first() {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let dir = tempfile::tempdir().unwrap();
+    let Some((cert_path, key_path)) = self_signed_certificate(dir.path()) else {
+        println!("skip: openssl CLI not available to make a test certificate");
+        return;
+    };
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&cert_path)
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let key = PrivateKeyDer::from_pem_file(&key_path).unwrap();
+    let tls = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .unwrap();
+    let tls = Arc::new(tls);
+    for handshake_first in [false, true] {
+        let config = BrokerConfig {
+            tls: Some(tls.clone()),
+            tls_handshake_first: handshake_first,
+            ..BrokerConfig::default()
+        };
+        let broker = start_broker(config, Arc::new(NoAuth)).await;
+        let mut options = async_nats::ConnectOptions::new()
+            .add_root_certificates(cert_path.clone())
+            .require_tls(true);
+        if handshake_first {
+            options = options.tls_first();
+        }
+        let nats = options
+            .connect(format!("tls://127.0.0.1:{}", broker.local_addr().port()))
+            .await
+            .unwrap();
+        let mut subscription = nats.subscribe("secure").await.unwrap();
+        nats.publish("secure", "over tls".into()).await.unwrap();
+        assert_eq!(
+            &next(&mut subscription).await.payload[..],
+            b"over tls",
+            "tls_first={handshake_first}"
+        );
+    }
+}

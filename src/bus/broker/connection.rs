@@ -206,6 +206,8 @@ struct Session {
     sweep_at: usize,
     cache: HashMap<Box<str>, Arc<Matches>>,
     cache_generation: u64,
+    /// The last subject published and its matches, valid for `cache_generation`.
+    last_subject: Option<(Box<str>, Arc<Matches>)>,
     /// Outbounds (other connections' and ours) to wake when the current chunk is done.
     wakes: Vec<Arc<Outbound>>,
     scratch: Vec<u8>,
@@ -257,6 +259,7 @@ impl Session {
             sweep_at: 64,
             cache: HashMap::new(),
             cache_generation: 0,
+            last_subject: None,
             wakes: Vec::new(),
             scratch: Vec::with_capacity(256),
             random: rand::random::<u64>() | 1,
@@ -677,16 +680,26 @@ impl Session {
         let generation = self.shared.router.generation();
         if generation != self.cache_generation {
             self.cache.clear();
+            self.last_subject = None;
             self.cache_generation = generation;
         }
+        // Most publishers repeat one subject: compare bytes before paying for a hash.
+        if let Some((last, matches)) = &self.last_subject {
+            if **last == *subject {
+                return matches.clone();
+            }
+        }
         if let Some(matches) = self.cache.get(subject) {
-            return matches.clone();
+            let matches = matches.clone();
+            self.last_subject = Some((subject.into(), matches.clone()));
+            return matches;
         }
         let matches = self.shared.router.lookup(subject);
         if self.cache.len() >= LOCAL_CACHE_LIMIT {
             self.cache.clear();
         }
         self.cache.insert(subject.into(), matches.clone());
+        self.last_subject = Some((subject.into(), matches.clone()));
         matches
     }
 

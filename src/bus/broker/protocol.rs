@@ -302,9 +302,32 @@ fn is_separator(byte: u8) -> bool {
     byte == b' ' || byte == b'\t'
 }
 
-/// Start and end offsets of the whitespace-separated arguments in `line[start..end]`.
-fn split_arguments(line: &[u8], start: usize, end: usize) -> Vec<(usize, usize)> {
-    let mut arguments = Vec::with_capacity(4);
+/// The whitespace-separated arguments of a control line, as offsets. A fixed array, not a
+/// Vec: this runs once per op, and no op has more than four arguments (a fifth is kept only
+/// so "too many" can be told apart).
+struct Arguments {
+    spans: [(usize, usize); 5],
+    count: usize,
+}
+
+impl Arguments {
+    fn len(&self) -> usize {
+        self.count
+    }
+}
+
+impl std::ops::Index<usize> for Arguments {
+    type Output = (usize, usize);
+    fn index(&self, index: usize) -> &(usize, usize) {
+        &self.spans[..self.count][index]
+    }
+}
+
+fn split_arguments(line: &[u8], start: usize, end: usize) -> Arguments {
+    let mut arguments = Arguments {
+        spans: [(0, 0); 5],
+        count: 0,
+    };
     let mut position = start;
     while position < end {
         while position < end && is_separator(line[position]) {
@@ -315,7 +338,12 @@ fn split_arguments(line: &[u8], start: usize, end: usize) -> Vec<(usize, usize)>
             position += 1;
         }
         if begin < position {
-            arguments.push((begin, position));
+            if arguments.count == arguments.spans.len() {
+                // Too many for any verb; the callers reject counts above four.
+                break;
+            }
+            arguments.spans[arguments.count] = (begin, position);
+            arguments.count += 1;
         }
     }
     arguments
