@@ -1,0 +1,257 @@
+//! Events and audit benchmarks (issue 5), against the real release binary:
+//! durable emit throughput over gRPC with 16 concurrent clients; `svc-events replay -o json`
+//! of 1,000,000 stored events; `svc-audit log` with two filters over 1,000,000 rows; and the
+//! cost the audit append adds to an operation.
+//!
+//! The million events and rows are written straight into a fresh data dir first (the stream
+//! log API and SQLite, with a valid hash chain), because emitting them one by one would make
+//! the set-up the benchmark. Loopback only; bounded to a few minutes.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use svc::proto::event_service_client::EventServiceClient;
+use svc::proto::policy_service_client::PolicyServiceClient;
+
+const EVENTS: u64 = 1_000_000;
+const AUDIT_ROWS: i64 = 1_000_000;
+const EMITTERS: usize = 16;
+const EMIT_PHASE: Duration = Duration::from_secs(8);
+
+fn main() {
+    let root = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("bench dir");
+    let data = root.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+
+    let started = Instant::now();
+    runtime.block_on(fill_events(&data));
+    println!("set-up: {EVENTS} events written to the stream log in {:.1?}", started.elapsed());
+    let started = Instant::now();
+    fill_audit(&data);
+    println!("set-up: {AUDIT_ROWS} audit rows written to SQLite in {:.1?}", started.elapsed());
+    audit_overhead(&runtime, &data);
+
+    let bin = root.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    for name in ["svc-server", "svc-events", "svc-audit"] {
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_svc"), bin.join(name)).unwrap();
+    }
+    let config = root.path().join("server.yaml");
+    let master: [u8; 32] = rand::random();
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir: {}\nlisten: {{http: 127.0.0.1:0, grpc: 127.0.0.1:0, bus: 127.0.0.1:0}}\nhmacsecret: bench\nmaster_key: {}\nrate_limit: {{requests_per_second: 1000000000, burst: 1000000000}}\nlog_level: warn\n",
+            data.display(),
+            base64::engine::general_purpose::STANDARD.encode(master)
+        ),
+    )
+    .unwrap();
+    let key = format!("svc_{}", "B".repeat(40));
+    let mut server = Command::new(bin.join("svc-server"))
+        .arg("--config")
+        .arg(&config)
+        .env("SVC_BOOTSTRAP_API_KEY", &key)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let addrs_file = data.join("listen-addrs.json");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let addrs: serde_json::Value = loop {
+        if let Some(addrs) = std::fs::read_to_string(&addrs_file).ok().and_then(|t| serde_json::from_str(&t).ok()) {
+            break addrs;
+        }
+        assert!(Instant::now() < deadline, "server did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let grpc = addrs["grpc"].as_str().unwrap().to_string();
+
+    let (rate, per_client) = runtime.block_on(emit_throughput(&grpc, &key));
+    println!("emit (durable, audited) over gRPC, {EMITTERS} clients, {EMIT_PHASE:?}: {rate:.0} events/s (goal 30,000; slowest client {per_client} events)");
+
+    let started = Instant::now();
+    let mut replay = Command::new(bin.join("svc-events"))
+        .args(["--server", &grpc, "--api-key", &key, "-o", "json", "replay", "--since", "2000-01-01T00:00:00Z"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = BufReader::new(replay.stdout.take().unwrap()).lines().count() as u64;
+    replay.wait().unwrap();
+    let elapsed = started.elapsed();
+    println!(
+        "svc-events replay -o json: {lines} events in {elapsed:.2?} = {:.0} events/s (goal 200,000)",
+        lines as f64 / elapsed.as_secs_f64()
+    );
+
+    let (p50, p99) = runtime.block_on(audit_query(&grpc, &key));
+    println!("audit log, --action 'secret.*' --user user-3, limit 50, over {AUDIT_ROWS} rows (gRPC): p50 {p50:.2?}, p99 {p99:.2?} (goal p50 20 ms)");
+    let mut cli_times = Vec::new();
+    for _ in 0..10 {
+        let started = Instant::now();
+        let output = Command::new(bin.join("svc-audit"))
+            .args(["--server", &grpc, "--api-key", &key, "-o", "json", "log", "--action", "secret.*", "--user", "user-3"])
+            .output()
+            .unwrap();
+        assert!(output.status.success());
+        cli_times.push(started.elapsed());
+    }
+    cli_times.sort();
+    println!("the same through the svc-audit CLI (process start included): p50 {:.2?}", cli_times[cli_times.len() / 2]);
+
+    unsafe {
+        libc::kill(server.id() as i32, libc::SIGTERM);
+    }
+    let _ = server.wait();
+}
+
+const ACTIONS: &[&str] = &["apikey.create", "apikey.delete", "secret.read", "secret.write", "exec.run", "agent.quarantine", "event.emit", "transit.encrypt"];
+
+async fn fill_events(data: &Path) {
+    let log = svc::stream::StreamLog::open(&data.join("jetstream/events"), svc::stream::StreamConfig::default()).unwrap();
+    let start = svc::clock::now_millis() - 3_600_000;
+    let mut n = 0u64;
+    while n < EVENTS {
+        let batch: Vec<(i64, Vec<u8>)> = (0..1000u64)
+            .map(|i| {
+                let millis = start + ((n + i) as i64) / 300;
+                let event = serde_json::json!({
+                    "id": svc::ids::ulid(), "type": "command_completed", "category": "job",
+                    "severity": "info", "source": format!("agent-{}", (n + i) % 100),
+                    "timestamp": svc::clock::format_rfc3339(millis), "payload": {"exit_code": 0, "n": n + i},
+                });
+                (millis, serde_json::to_vec(&event).unwrap())
+            })
+            .collect();
+        log.append_batch(batch).await.unwrap();
+        n += 1000;
+    }
+}
+
+fn fill_audit(data: &Path) {
+    let store = svc::store::SqliteStore::open(&data.join("svc.db")).unwrap();
+    drop(store);
+    let mut db = rusqlite::Connection::open(data.join("svc.db")).unwrap();
+    let tx = db.transaction().unwrap();
+    let mut prev = svc::audit::chain::GENESIS.to_string();
+    let start = svc::clock::now_millis() - 86_400_000;
+    {
+        let mut insert = tx
+            .prepare("INSERT INTO audit_events (seq, id, timestamp, user_id, action, resource_type, resource_id, outcome, policy_id, decision, severity, detail, prev_hash, hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)")
+            .unwrap();
+        for seq in 1..=AUDIT_ROWS {
+            let action = ACTIONS[(seq as usize) % ACTIONS.len()];
+            let mut row = svc::store::AuditRow {
+                seq,
+                id: svc::ids::ulid(),
+                timestamp: svc::clock::format_rfc3339(start + seq * 80),
+                user: format!("user-{}", seq % 10),
+                action: action.into(),
+                resource_type: action.split('.').next().unwrap().into(),
+                resource_id: format!("r{}", seq % 1000),
+                outcome: "success".into(),
+                policy_id: None,
+                decision: None,
+                severity: "medium".into(),
+                detail: "{}".into(),
+                prev_hash: prev.clone(),
+                hash: String::new(),
+            };
+            row.hash = svc::audit::chain::seal(&row);
+            prev = row.hash.clone();
+            insert
+                .execute(rusqlite::params![row.seq, row.id, row.timestamp, row.user, row.action, row.resource_type, row.resource_id, row.outcome, row.policy_id, row.decision, row.severity, row.detail, row.prev_hash, row.hash])
+                .unwrap();
+        }
+    }
+    tx.commit().unwrap();
+}
+
+/// What one audit append costs, measured in-process on the million-row database.
+fn audit_overhead(runtime: &tokio::runtime::Runtime, data: &Path) {
+    let copy = data.with_file_name("overhead.db");
+    std::fs::copy(data.join("svc.db"), &copy).unwrap();
+    let store: Arc<dyn svc::store::Store> = Arc::new(svc::store::SqliteStore::open(&copy).unwrap());
+    let auditor = svc::audit::Auditor::new(store, data.join("no-policies"));
+    let principal = svc::auth::Principal::server();
+    let mut times = Vec::new();
+    runtime.block_on(async {
+        for i in 0..2000 {
+            let action = svc::audit::Action::new("apikey.create", "apikey", format!("k{i}")).detail(serde_json::json!({"name": "bench", "role": "readonly"}));
+            let started = Instant::now();
+            auditor.append(&principal, action, "success").await.unwrap();
+            times.push(started.elapsed());
+        }
+    });
+    times.sort();
+    println!(
+        "audit append (added to each audited operation, e.g. an API-key create): p50 {:.3?}, p99 {:.3?} (goal 1 ms)",
+        times[times.len() / 2],
+        times[times.len() * 99 / 100]
+    );
+}
+
+fn with_key<T>(message: T, key: &str) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.metadata_mut().insert("authorization", format!("Bearer {key}").parse().unwrap());
+    request
+}
+
+async fn emit_throughput(grpc: &str, key: &str) -> (f64, u64) {
+    let total = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + EMIT_PHASE;
+    let mut tasks = Vec::new();
+    for client_index in 0..EMITTERS {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{grpc}")).unwrap().connect().await.unwrap();
+        let mut client = EventServiceClient::new(channel);
+        let key = key.to_string();
+        let total = total.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut mine = 0u64;
+            while Instant::now() < deadline {
+                let request = svc::proto::EmitEventRequest {
+                    r#type: "command_completed".into(),
+                    severity: String::new(),
+                    source: format!("bench-{client_index}"),
+                    payload_json: "{\"exit_code\":0}".into(),
+                };
+                client.emit(with_key(request, &key)).await.unwrap();
+                mine += 1;
+            }
+            total.fetch_add(mine, Ordering::Relaxed);
+            mine
+        }));
+    }
+    let started = Instant::now();
+    let mut slowest = u64::MAX;
+    for task in tasks {
+        slowest = slowest.min(task.await.unwrap());
+    }
+    (total.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64().max(EMIT_PHASE.as_secs_f64()), slowest)
+}
+
+async fn audit_query(grpc: &str, key: &str) -> (Duration, Duration) {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{grpc}")).unwrap().connect().await.unwrap();
+    let mut client = PolicyServiceClient::new(channel);
+    let mut times = Vec::new();
+    for _ in 0..50 {
+        let request = svc::proto::AuditLogRequest {
+            action: "secret.*".into(),
+            user: "user-3".into(),
+            page: Some(svc::proto::PageRequest { limit: 50, cursor: String::new() }),
+            ..Default::default()
+        };
+        let started = Instant::now();
+        let page = client.audit_log(with_key(request, key)).await.unwrap().into_inner();
+        times.push(started.elapsed());
+        assert_eq!(page.items.len(), 50);
+    }
+    times.sort();
+    (times[times.len() / 2], times[times.len() * 99 / 100])
+}
