@@ -27,14 +27,24 @@ fn main() {
     let root = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("bench dir");
     let data = root.path().join("data");
     std::fs::create_dir_all(&data).unwrap();
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
 
     let started = Instant::now();
     runtime.block_on(fill_events(&data));
-    println!("set-up: {EVENTS} events written to the stream log in {:.1?}", started.elapsed());
+    println!(
+        "set-up: {EVENTS} events written to the stream log in {:.1?}",
+        started.elapsed()
+    );
     let started = Instant::now();
     fill_audit(&data);
-    println!("set-up: {AUDIT_ROWS} audit rows written to SQLite in {:.1?}", started.elapsed());
+    println!(
+        "set-up: {AUDIT_ROWS} audit rows written to SQLite in {:.1?}",
+        started.elapsed()
+    );
     audit_overhead(&runtime, &data);
 
     let bin = root.path().join("bin");
@@ -65,7 +75,10 @@ fn main() {
     let addrs_file = data.join("listen-addrs.json");
     let deadline = Instant::now() + Duration::from_secs(60);
     let addrs: serde_json::Value = loop {
-        if let Some(addrs) = std::fs::read_to_string(&addrs_file).ok().and_then(|t| serde_json::from_str(&t).ok()) {
+        if let Some(addrs) = std::fs::read_to_string(&addrs_file)
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+        {
             break addrs;
         }
         assert!(Instant::now() < deadline, "server did not start");
@@ -78,11 +91,23 @@ fn main() {
 
     let started = Instant::now();
     let mut replay = Command::new(bin.join("svc-events"))
-        .args(["--server", &grpc, "--api-key", &key, "-o", "json", "replay", "--since", "2000-01-01T00:00:00Z"])
+        .args([
+            "--server",
+            &grpc,
+            "--api-key",
+            &key,
+            "-o",
+            "json",
+            "replay",
+            "--since",
+            "2000-01-01T00:00:00Z",
+        ])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let lines = BufReader::new(replay.stdout.take().unwrap()).lines().count() as u64;
+    let lines = BufReader::new(replay.stdout.take().unwrap())
+        .lines()
+        .count() as u64;
     replay.wait().unwrap();
     let elapsed = started.elapsed();
     println!(
@@ -96,14 +121,29 @@ fn main() {
     for _ in 0..10 {
         let started = Instant::now();
         let output = Command::new(bin.join("svc-audit"))
-            .args(["--server", &grpc, "--api-key", &key, "-o", "json", "log", "--action", "secret.*", "--user", "user-3"])
+            .args([
+                "--server",
+                &grpc,
+                "--api-key",
+                &key,
+                "-o",
+                "json",
+                "log",
+                "--action",
+                "secret.*",
+                "--user",
+                "user-3",
+            ])
             .output()
             .unwrap();
         assert!(output.status.success());
         cli_times.push(started.elapsed());
     }
     cli_times.sort();
-    println!("the same through the svc-audit CLI (process start included): p50 {:.2?}", cli_times[cli_times.len() / 2]);
+    println!(
+        "the same through the svc-audit CLI (process start included): p50 {:.2?}",
+        cli_times[cli_times.len() / 2]
+    );
 
     unsafe {
         libc::kill(server.id() as i32, libc::SIGTERM);
@@ -111,10 +151,23 @@ fn main() {
     let _ = server.wait();
 }
 
-const ACTIONS: &[&str] = &["apikey.create", "apikey.delete", "secret.read", "secret.write", "exec.run", "agent.quarantine", "event.emit", "transit.encrypt"];
+const ACTIONS: &[&str] = &[
+    "apikey.create",
+    "apikey.delete",
+    "secret.read",
+    "secret.write",
+    "exec.run",
+    "agent.quarantine",
+    "event.emit",
+    "transit.encrypt",
+];
 
 async fn fill_events(data: &Path) {
-    let log = svc::stream::StreamLog::open(&data.join("jetstream/events"), svc::stream::StreamConfig::default()).unwrap();
+    let log = svc::stream::StreamLog::open(
+        &data.join("jetstream/events"),
+        svc::stream::StreamConfig::default(),
+    )
+    .unwrap();
     let start = svc::clock::now_millis() - 3_600_000;
     let mut n = 0u64;
     while n < EVENTS {
@@ -166,7 +219,22 @@ fn fill_audit(data: &Path) {
             row.hash = svc::audit::chain::seal(&row);
             prev = row.hash.clone();
             insert
-                .execute(rusqlite::params![row.seq, row.id, row.timestamp, row.user, row.action, row.resource_type, row.resource_id, row.outcome, row.policy_id, row.decision, row.severity, row.detail, row.prev_hash, row.hash])
+                .execute(rusqlite::params![
+                    row.seq,
+                    row.id,
+                    row.timestamp,
+                    row.user,
+                    row.action,
+                    row.resource_type,
+                    row.resource_id,
+                    row.outcome,
+                    row.policy_id,
+                    row.decision,
+                    row.severity,
+                    row.detail,
+                    row.prev_hash,
+                    row.hash
+                ])
                 .unwrap();
         }
     }
@@ -183,7 +251,8 @@ fn audit_overhead(runtime: &tokio::runtime::Runtime, data: &Path) {
     let mut times = Vec::new();
     runtime.block_on(async {
         for i in 0..2000 {
-            let action = svc::audit::Action::new("apikey.create", "apikey", format!("k{i}")).detail(serde_json::json!({"name": "bench", "role": "readonly"}));
+            let action = svc::audit::Action::new("apikey.create", "apikey", format!("k{i}"))
+                .detail(serde_json::json!({"name": "bench", "role": "readonly"}));
             let started = Instant::now();
             auditor.append(&principal, action, "success").await.unwrap();
             times.push(started.elapsed());
@@ -199,7 +268,9 @@ fn audit_overhead(runtime: &tokio::runtime::Runtime, data: &Path) {
 
 fn with_key<T>(message: T, key: &str) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
-    request.metadata_mut().insert("authorization", format!("Bearer {key}").parse().unwrap());
+    request
+        .metadata_mut()
+        .insert("authorization", format!("Bearer {key}").parse().unwrap());
     request
 }
 
@@ -208,7 +279,11 @@ async fn emit_throughput(grpc: &str, key: &str) -> (f64, u64) {
     let deadline = Instant::now() + EMIT_PHASE;
     let mut tasks = Vec::new();
     for client_index in 0..EMITTERS {
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{grpc}")).unwrap().connect().await.unwrap();
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{grpc}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
         let mut client = EventServiceClient::new(channel);
         let key = key.to_string();
         let total = total.clone();
@@ -233,22 +308,40 @@ async fn emit_throughput(grpc: &str, key: &str) -> (f64, u64) {
     for task in tasks {
         slowest = slowest.min(task.await.unwrap());
     }
-    (total.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64().max(EMIT_PHASE.as_secs_f64()), slowest)
+    (
+        total.load(Ordering::Relaxed) as f64
+            / started
+                .elapsed()
+                .as_secs_f64()
+                .max(EMIT_PHASE.as_secs_f64()),
+        slowest,
+    )
 }
 
 async fn audit_query(grpc: &str, key: &str) -> (Duration, Duration) {
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{grpc}")).unwrap().connect().await.unwrap();
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{grpc}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
     let mut client = PolicyServiceClient::new(channel);
     let mut times = Vec::new();
     for _ in 0..50 {
         let request = svc::proto::AuditLogRequest {
             action: "secret.*".into(),
             user: "user-3".into(),
-            page: Some(svc::proto::PageRequest { limit: 50, cursor: String::new() }),
+            page: Some(svc::proto::PageRequest {
+                limit: 50,
+                cursor: String::new(),
+            }),
             ..Default::default()
         };
         let started = Instant::now();
-        let page = client.audit_log(with_key(request, key)).await.unwrap().into_inner();
+        let page = client
+            .audit_log(with_key(request, key))
+            .await
+            .unwrap()
+            .into_inner();
         times.push(started.elapsed());
         assert_eq!(page.items.len(), 50);
     }

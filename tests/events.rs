@@ -8,20 +8,12 @@ use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::{run, TestServer};
+use common::{run, with_key, TestServer};
 use svc::proto::event_service_client::EventServiceClient;
 use svc::proto::{EmitEventRequest, EventFilter, SubscribeEventsRequest};
 
 fn json(result: &common::Run) -> serde_json::Value {
     serde_json::from_str(&result.stdout).unwrap_or_else(|e| panic!("{e}: {result:?}"))
-}
-
-fn with_key<T>(message: T, key: &str) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request
-        .metadata_mut()
-        .insert("authorization", format!("Bearer {key}").parse().unwrap());
-    request
 }
 
 #[test]

@@ -2,17 +2,9 @@
 
 mod common;
 
-use common::{Options, TestServer};
+use common::{with_key, Options, TestServer};
 use svc::proto::cluster_service_client::ClusterServiceClient;
 use tonic::Code;
-
-fn with_key<T>(message: T, key: &str) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request
-        .metadata_mut()
-        .insert("authorization", format!("Bearer {key}").parse().unwrap());
-    request
-}
 
 async fn channel(server: &TestServer) -> tonic::transport::Channel {
     tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc))

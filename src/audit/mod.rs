@@ -308,36 +308,24 @@ impl Query {
 /// `svc-audit log`: newest first, paged by cursor.
 pub async fn log(store: &dyn Store, principal: &Principal, query: &Query) -> Result<Page> {
     principal.require(Role::Readonly)?;
-    let limit = query
-        .limit
-        .filter(|l| *l > 0)
-        .unwrap_or(DEFAULT_PAGE)
-        .min(MAX_PAGE) as usize;
-    let filter = query.to_filter()?;
-    // One extra row tells whether another page exists.
-    let mut rows = store.query_audit(&filter, limit + 1).await?;
-    let next_cursor = if rows.len() > limit {
-        rows.truncate(limit);
-        rows.last().map(|r| r.seq.to_string())
-    } else {
-        None
-    };
-    Ok(Page {
-        items: rows.into_iter().map(Entry::from).collect(),
-        next_cursor,
-    })
+    page(store, query, None).await
 }
 
 /// `svc-policy violations`: audited actions a policy denied (audit mode records, never blocks).
 pub async fn violations(store: &dyn Store, principal: &Principal, query: &Query) -> Result<Page> {
     principal.require(Role::Readonly)?;
+    page(store, query, Some("deny")).await
+}
+
+async fn page(store: &dyn Store, query: &Query, decision: Option<&str>) -> Result<Page> {
     let limit = query
         .limit
         .filter(|l| *l > 0)
         .unwrap_or(DEFAULT_PAGE)
         .min(MAX_PAGE) as usize;
     let mut filter = query.to_filter()?;
-    filter.decision = Some("deny".into());
+    filter.decision = decision.map(str::to_string);
+    // One extra row tells whether another page exists.
     let mut rows = store.query_audit(&filter, limit + 1).await?;
     let next_cursor = if rows.len() > limit {
         rows.truncate(limit);

@@ -407,6 +407,15 @@ impl Drop for NatsServer {
     }
 }
 
+/// A gRPC request carrying `authorization: Bearer KEY`.
+pub fn with_key<T>(message: T, key: &str) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request
+        .metadata_mut()
+        .insert("authorization", format!("Bearer {key}").parse().unwrap());
+    request
+}
+
 pub fn assert_private(path: &Path) {
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
