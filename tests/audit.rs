@@ -443,3 +443,107 @@ fn stats_and_compliance_reports() {
         "{table:?}"
     );
 }
+
+#[test]
+fn sighup_reloads_policies_and_decisions_become_events_and_stream_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = TestServer::start_with(Options {
+        config_yaml: format!("policy_dir: {}\n", dir.path().display()),
+        ..Options::default()
+    });
+    let key = server.admin_key.clone();
+    let empty = run(server
+        .cli("svc-policy")
+        .args(["--api-key", &key, "-o", "json", "list"]));
+    assert_eq!(json(&empty), serde_json::json!([]));
+
+    let with_set = DENY_ADMIN_KEYS.replace(
+        "severity: critical",
+        "severity: critical\npolicy_set: baseline",
+    );
+    std::fs::write(dir.path().join("keys.yaml"), with_set).unwrap();
+    unsafe {
+        libc::kill(server.pid() as i32, libc::SIGHUP);
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let list = json(&run(server.cli("svc-policy").args([
+            "--api-key",
+            &key,
+            "-o",
+            "json",
+            "list",
+        ])));
+        if list.as_array().unwrap().len() == 1 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "SIGHUP did not reload the policies"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let sets = run(server
+        .cli("svc-policy")
+        .args(["--api-key", &key, "list", "--policy-sets"]));
+    assert!(
+        sets.stdout
+            .lines()
+            .any(|l| l.starts_with("baseline") && l.ends_with('1')),
+        "{sets:?}"
+    );
+    let set =
+        run(server
+            .cli("svc-policy")
+            .args(["--api-key", &key, "show", "baseline", "--policy-set"]));
+    assert_eq!(set.stdout.trim(), "no-admin-keys", "{set:?}");
+
+    server.create_key("after-reload", "readonly");
+    let events = json(&run(server.cli("svc-events").args([
+        "--api-key",
+        &key,
+        "-o",
+        "json",
+        "list",
+        "--type",
+        "policy_deny",
+    ])));
+    let event = &events["items"][0];
+    assert_eq!(event["payload"]["policy_id"], "no-admin-keys");
+    assert_eq!(event["payload"]["action"], "apikey.create");
+    assert_eq!(event["category"], "policy");
+
+    // Every audit row is mirrored to the audit stream (read once the server has stopped).
+    let rows = json(&run(server.cli("svc-audit").args([
+        "--api-key",
+        &key,
+        "-o",
+        "json",
+        "log",
+    ])));
+    let ids: Vec<String> = rows["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .map(|e| e["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(server.stop_with(libc::SIGTERM), Some(0));
+    let mirror = svc::stream::StreamLog::open(
+        &server.data_dir.join("jetstream/audit"),
+        svc::stream::StreamConfig::default(),
+    )
+    .unwrap();
+    let mirrored: Vec<String> = mirror
+        .read(1, 1000)
+        .unwrap()
+        .iter()
+        .map(|r| {
+            serde_json::from_slice::<serde_json::Value>(&r.payload).unwrap()["id"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(mirrored, ids);
+}

@@ -246,3 +246,81 @@ async fn external_mode_uses_an_existing_nats_server() {
     let event: serde_json::Value = serde_json::from_slice(&message.payload).unwrap();
     assert_eq!(event["payload"]["name"], "ext");
 }
+
+#[tokio::test]
+async fn losing_the_external_cluster_degrades_readiness_and_emits_bus_events() {
+    let Some(nats) = common::start_nats_server() else {
+        return;
+    };
+    let port = nats.url.rsplit(':').next().unwrap().to_string();
+    let server = TestServer::start_with(Options {
+        env: vec![("SVC_BUS__EXTERNAL_URLS".into(), nats.url.clone())],
+        ..Options::default()
+    });
+    drop(nats);
+    let wait_for = |status: u16| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let ready = server.request("GET", "/health/ready", None, None);
+            if ready.status == status {
+                return ready.json();
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "readiness never became {status}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let degraded = wait_for(503);
+    assert_eq!(
+        degraded["components"]["bus"]["status"], "unavailable",
+        "{degraded}"
+    );
+    assert!(degraded["components"]["bus"]["detail"]
+        .as_str()
+        .unwrap()
+        .contains("external cluster"));
+
+    // The cluster comes back on the same port; the server reconnects by itself.
+    let _back = std::process::Command::new(
+        ["/usr/sbin/nats-server", "/usr/bin/nats-server"]
+            .into_iter()
+            .find(|p| std::path::Path::new(p).exists())
+            .unwrap(),
+    )
+    .args(["-a", "127.0.0.1", "-p", &port])
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::null())
+    .spawn()
+    .unwrap();
+    let _kill_on_exit = KillOnDrop(_back);
+    wait_for(200);
+    let key = server.admin_key.clone();
+    let events = common::run(server.cli("svc-events").args([
+        "--api-key",
+        &key,
+        "-o",
+        "json",
+        "list",
+        "--category",
+        "bus",
+    ]));
+    let list: serde_json::Value = serde_json::from_str(&events.stdout).unwrap();
+    let types: Vec<&str> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(types, ["bus_degraded", "bus_healthy"], "{list}");
+}
+
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

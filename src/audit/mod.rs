@@ -217,7 +217,33 @@ impl Auditor {
             .store
             .append_audit(row, chain::GENESIS, &chain::seal)
             .await?;
-        Ok(stored.into())
+        let entry = Entry::from(stored);
+        if let Some(mirror) = &self.mirror {
+            // The store row is the record; the mirror is a copy for stream consumers, so it
+            // is written in the background rather than adding an fsync to every operation.
+            if let Ok(bytes) = serde_json::to_vec(&entry) {
+                let mirror = mirror.clone();
+                let millis =
+                    clock::parse_rfc3339(&entry.timestamp).unwrap_or_else(clock::now_millis);
+                tokio::spawn(async move {
+                    if let Err(e) = mirror.append(millis, bytes).await {
+                        tracing::error!(error = %e, "audit mirror append failed");
+                    }
+                });
+            }
+        }
+        if let (Some(events), Some(decision)) = (&self.events, &decision) {
+            let event_type = match decision.effect {
+                Effect::Allow => "policy_allow",
+                Effect::Deny => "policy_deny",
+            };
+            let payload = serde_json::json!({
+                "policy_id": decision.policy_id, "action": entry.action, "user": entry.user,
+                "resource": resource, "audit_id": entry.id,
+            });
+            events.emit_system(event_type, "policy", payload).await;
+        }
+        Ok(entry)
     }
 }
 
