@@ -43,7 +43,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// Sets SVC_GIT_COMMIT and SVC_BUILD_DATE for the `-v/--version` line.
+/// Sets BUILT_GIT_COMMIT and BUILT_DATE for the `-v/--version` line.
 fn stamp_version() {
     println!("cargo:rerun-if-changed=.git/HEAD");
     println!("cargo:rerun-if-changed=.git/refs/heads");
@@ -67,8 +67,8 @@ fn stamp_version() {
                 .unwrap_or(0)
         });
     let (year, month, day) = civil_from_days(seconds.div_euclid(86_400));
-    println!("cargo:rustc-env=SVC_GIT_COMMIT={commit}");
-    println!("cargo:rustc-env=SVC_BUILD_DATE={year:04}-{month:02}-{day:02}");
+    println!("cargo:rustc-env=BUILT_GIT_COMMIT={commit}");
+    println!("cargo:rustc-env=BUILT_DATE={year:04}-{month:02}-{day:02}");
 }
 
 /// Days since 1970-01-01 to (year, month, day) in the proleptic Gregorian calendar.

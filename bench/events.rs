@@ -64,12 +64,16 @@ fn main() {
     )
     .unwrap();
     let key = format!("svc_{}", "B".repeat(40));
+    let log_path = root.path().join("server.log");
+    let log = std::fs::File::create(&log_path).unwrap();
     let mut server = Command::new(bin.join("svc-server"))
         .arg("--config")
         .arg(&config)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
         .env("SVC_BOOTSTRAP_API_KEY", &key)
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(log)
         .spawn()
         .unwrap();
     let addrs_file = data.join("listen-addrs.json");
@@ -81,7 +85,17 @@ fn main() {
         {
             break addrs;
         }
-        assert!(Instant::now() < deadline, "server did not start");
+        if let Ok(Some(status)) = server.try_wait() {
+            panic!(
+                "server exited ({status}): {}",
+                std::fs::read_to_string(&log_path).unwrap_or_default()
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "server did not start: {}",
+            std::fs::read_to_string(&log_path).unwrap_or_default()
+        );
         std::thread::sleep(Duration::from_millis(20));
     };
     let grpc = addrs["grpc"].as_str().unwrap().to_string();

@@ -258,29 +258,65 @@ async fn emit(common: Common, args: EmitArgs) -> Result<(), CliError> {
     show(&common, &event)
 }
 
-/// Prints each event as it arrives; stdout is flushed per event so pipes see them at once.
-async fn print_stream(mut stream: tonic::Streaming<Event>, compact: bool) -> Result<(), CliError> {
+/// How a stream is printed.
+#[derive(Clone, Copy, PartialEq)]
+enum Style {
+    /// One compact line per event, flushed at once (`watch`).
+    Compact,
+    /// JSON Lines, flushed per event so pipes see live events at once (`subscribe`).
+    Live,
+    /// JSON Lines through a buffer, flushed at the end (`replay`: throughput matters).
+    Bulk,
+}
+
+/// One event as a JSON line. Written by hand around the payload, which is already JSON text,
+/// so a replay does not parse and re-encode every payload.
+fn json_line(event: &Event) -> String {
+    let text = |s: &str| serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into());
+    let payload = if event.payload_json.is_empty() {
+        "{}"
+    } else {
+        &event.payload_json
+    };
+    format!(
+        "{{\"id\":{},\"seq\":{},\"type\":{},\"category\":{},\"severity\":{},\"source\":{},\"timestamp\":{},\"payload\":{}}}",
+        text(&event.id),
+        event.seq,
+        text(&event.r#type),
+        text(&event.category),
+        text(&event.severity),
+        text(&event.source),
+        text(&event.timestamp),
+        payload
+    )
+}
+
+async fn print_stream(mut stream: tonic::Streaming<Event>, style: Style) -> Result<(), CliError> {
     use std::io::Write;
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::with_capacity(256 * 1024, stdout.lock());
+    let failed = |e: std::io::Error| CliError::failed(format!("stdout: {e}"));
     while let Some(event) = stream.message().await? {
-        let line = if compact {
+        if style == Style::Compact {
             let payload = if event.payload_json == "{}" {
                 String::new()
             } else {
                 format!(" {}", event.payload_json)
             };
-            format!(
+            writeln!(
+                out,
                 "{} {:<8} {:<26} source={}{}",
                 event.timestamp, event.severity, event.r#type, event.source, payload
             )
+            .map_err(failed)?;
         } else {
-            event_json(&event).to_string()
-        };
-        let mut out = std::io::stdout().lock();
-        writeln!(out, "{line}")
-            .and_then(|_| out.flush())
-            .map_err(|e| CliError::failed(format!("stdout: {e}")))?;
+            writeln!(out, "{}", json_line(&event)).map_err(failed)?;
+        }
+        if style != Style::Bulk {
+            out.flush().map_err(failed)?;
+        }
     }
-    Ok(())
+    out.flush().map_err(failed)
 }
 
 async fn follow(common: Common, args: FilterArgs, compact: bool) -> Result<(), CliError> {
@@ -292,7 +328,7 @@ async fn follow(common: Common, args: FilterArgs, compact: bool) -> Result<(), C
         .subscribe(authorized(&common, request)?)
         .await?
         .into_inner();
-    print_stream(stream, compact).await
+    print_stream(stream, if compact { Style::Compact } else { Style::Live }).await
 }
 
 async fn replay(common: Common, args: FilterArgs) -> Result<(), CliError> {
@@ -309,7 +345,7 @@ async fn replay(common: Common, args: FilterArgs) -> Result<(), CliError> {
         .replay(authorized(&common, request)?)
         .await?
         .into_inner();
-    print_stream(stream, false).await
+    print_stream(stream, Style::Bulk).await
 }
 
 async fn stats(common: Common, args: StatsArgs) -> Result<(), CliError> {

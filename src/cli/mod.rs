@@ -147,8 +147,8 @@ pub fn version_line(program: &str) -> String {
     format!(
         "{program} {} (commit {}, built {})",
         env!("CARGO_PKG_VERSION"),
-        env!("SVC_GIT_COMMIT"),
-        env!("SVC_BUILD_DATE")
+        env!("BUILT_GIT_COMMIT"),
+        env!("BUILT_DATE")
     )
 }
 
