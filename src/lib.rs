@@ -13,6 +13,7 @@ pub mod dispatch;
 pub mod domain;
 pub mod error;
 pub mod events;
+pub mod identity;
 pub mod ids;
 pub mod metrics;
 pub mod server;

@@ -271,6 +271,10 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
         Some(audit_log.clone()),
     );
 
+    // The embedded CA: made on first start; master_key must open it on every start.
+    let identity_keys = crate::identity::Keys::from_config(&config)?;
+    crate::identity::ensure_ca(domain.store.as_ref(), &identity_keys).await?;
+
     let http_listener = bind(&config.listen.http, "listen.http").await?;
     let grpc_listener = bind(&config.listen.grpc, "listen.grpc").await?;
     let bus_listener = if config.bus.external_urls.is_empty() {
