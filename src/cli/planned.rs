@@ -130,7 +130,7 @@ pub const TOOLS: &[Planned] = &[
         ],
         default: None,
         is_client: true,
-        built: &[],
+        built: &["ca", "status", "psk", "token"],
     },
     Planned {
         name: "svc-secrets",

@@ -8,8 +8,7 @@
 
 use rcgen::{
     BasicConstraints, CertificateParams, CertificateSigningRequestParams, DistinguishedName,
-    DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType,
-    SerialNumber,
+    DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType, SerialNumber,
 };
 use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
 use sha2::{Digest, Sha256};
@@ -207,13 +206,17 @@ pub fn verify_agent(
 
 fn agent_id_of(cert: &X509Certificate<'_>) -> Option<String> {
     let names = cert.subject_alternative_name().ok()??;
-    names.value.general_names.iter().find_map(|name| match name {
-        GeneralName::URI(uri) => uri
-            .strip_prefix("spiffe://svc/agent/")
-            .filter(|id| !id.is_empty())
-            .map(str::to_string),
-        _ => None,
-    })
+    names
+        .value
+        .general_names
+        .iter()
+        .find_map(|name| match name {
+            GeneralName::URI(uri) => uri
+                .strip_prefix("spiffe://svc/agent/")
+                .filter(|id| !id.is_empty())
+                .map(str::to_string),
+            _ => None,
+        })
 }
 
 /// Seals `plaintext` with AES-256-GCM: base64 of nonce ‖ ciphertext ‖ tag. `context` is bound
@@ -298,6 +301,9 @@ mod tests {
         assert_eq!(verified.agent_id, "web-01");
         assert!(verify_agent(&signing.cert_pem, &der, b"other", Some(signature.as_ref())).is_err());
         assert!(verify_agent(&other.cert_pem, &der, b"nonce", Some(signature.as_ref())).is_err());
-        assert_eq!(describe(&root.cert_pem).unwrap().subject, "O=svc, CN=svc root CA");
+        assert_eq!(
+            describe(&root.cert_pem).unwrap().subject,
+            "O=svc, CN=svc root CA"
+        );
     }
 }

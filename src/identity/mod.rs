@@ -27,8 +27,8 @@ use crate::{clock, ids, Error, Result};
 
 pub use ca::CertificateInfo;
 pub use tokens::{
-    cleanup_tokens, create_token, list_tokens, revoke_token, token_state, CreatedToken,
-    NewToken, TokenFilter, TokenView,
+    cleanup_tokens, create_token, list_tokens, revoke_token, token_state, CreatedToken, NewToken,
+    TokenFilter, TokenView,
 };
 
 /// The server secrets identity needs. `Debug` never shows them.
@@ -131,7 +131,9 @@ pub async fn ensure_ca(store: &dyn Store, keys: &Keys) -> Result<()> {
         }
         None => {
             let signing = ca::make_signing(&root)?;
-            store.insert_ca(&sealed_row(keys, SIGNING, &signing)?).await?;
+            store
+                .insert_ca(&sealed_row(keys, SIGNING, &signing)?)
+                .await?;
             tracing::info!("created the signing CA");
         }
     }
@@ -341,7 +343,11 @@ pub async fn psk(
     .await;
     domain
         .auditor
-        .record(principal, Action::new("agent.psk", "agent", agent_id), &result)
+        .record(
+            principal,
+            Action::new("agent.psk", "agent", agent_id),
+            &result,
+        )
         .await;
     result
 }
@@ -438,7 +444,9 @@ async fn enrol_checked(
     let store = domain.store.as_ref();
     let token = match (&request.token, &request.psk) {
         (Some(_), Some(_)) => {
-            return Err(Error::Invalid("give a join token or a PSK, not both".into()))
+            return Err(Error::Invalid(
+                "give a join token or a PSK, not both".into(),
+            ))
         }
         (None, None) => return Err(Error::Invalid("a join token or a PSK is required".into())),
         (Some(token), None) => {
@@ -460,7 +468,10 @@ async fn enrol_checked(
     let fingerprint = ca::fingerprint(&ca::pem_to_der(&certificate)?);
     let now = clock::now_rfc3339();
     if let Some(row) = token {
-        if !store.use_join_token(&row.id, &now, &request.agent_id).await? {
+        if !store
+            .use_join_token(&row.id, &now, &request.agent_id)
+            .await?
+        {
             return Err(Error::Unauthenticated("join token already used".into()));
         }
     }

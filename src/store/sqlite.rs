@@ -448,7 +448,9 @@ impl Store for SqliteStore {
                 params![row.kind, row.created_at],
             )?;
             tx.execute(
-                &format!("INSERT INTO ca ({CA_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"),
+                &format!(
+                    "INSERT INTO ca ({CA_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+                ),
                 params![
                     row.id,
                     row.kind,
