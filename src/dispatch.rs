@@ -28,6 +28,7 @@ fn table() -> Vec<(&'static str, Entry)> {
         ("svc-events", cli::events::main),
         ("svc-policy", cli::policy::main),
         ("svc-identity", cli::identity::main),
+        ("svc-agent", crate::agent::main),
     ];
     for tool in planned::TOOLS {
         match built.iter().find(|(name, _)| *name == tool.name) {

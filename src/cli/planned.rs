@@ -28,7 +28,7 @@ pub const AGENT: Planned = Planned {
     ],
     default: Some("run"),
     is_client: false,
-    built: &[],
+    built: &["bootstrap"],
 };
 
 pub const CTL_AGENT: Planned = Planned {

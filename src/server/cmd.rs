@@ -291,6 +291,7 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     let streams = vec![("events", events_log.clone()), ("audit", audit_log.clone())];
     let context = Arc::new(Context::new(config, data_dir.clone(), domain, bus, streams));
     tokio::spawn(enforce_retention(vec![events_log, audit_log]));
+    tokio::spawn(super::enrol::serve(context.clone()));
 
     let http_task = tokio::spawn(super::http::serve(
         context.clone(),
