@@ -113,6 +113,31 @@ pub async fn current_signing_pem(store: &dyn Store) -> Result<String> {
     Ok(active(store).await?.1.cert_pem)
 }
 
+/// Authenticates an agent on the bus: its certificate must chain to the current signing CA
+/// (so a rotation cuts older identities off), be its latest enrolment (a re-bootstrap
+/// replaces the previous certificate), and `signature` must sign `nonce` with its key.
+/// `signature` may be None only when TLS already proved possession of the key.
+pub async fn authenticate_agent(
+    store: &dyn Store,
+    certificate_der: &[u8],
+    nonce: &[u8],
+    signature: Option<&[u8]>,
+) -> Result<String> {
+    let signing = current_signing_pem(store).await?;
+    let verified = ca::verify_agent(&signing, certificate_der, nonce, signature)?;
+    match store.get_agent(&verified.agent_id).await? {
+        Some(agent) if agent.fingerprint == verified.fingerprint => Ok(verified.agent_id),
+        Some(_) => Err(Error::Unauthenticated(format!(
+            "agent '{}' has enrolled again since this certificate was issued",
+            verified.agent_id
+        ))),
+        None => Err(Error::Unauthenticated(format!(
+            "agent '{}' is not enrolled",
+            verified.agent_id
+        ))),
+    }
+}
+
 /// At start: makes the root and signing CA on first run, and checks master_key opens them.
 pub async fn ensure_ca(store: &dyn Store, keys: &Keys) -> Result<()> {
     let rows = store.active_ca().await?;
