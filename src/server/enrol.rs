@@ -63,6 +63,9 @@ async fn answer(context: &Context, keys: &Keys, payload: &[u8]) -> Vec<u8> {
             serde_json::to_vec(&enrolled).expect("enrolment replies serialize")
         }
         Err(error) => {
+            if let crate::Error::Internal(cause) = &error {
+                tracing::error!(agent_id, %cause, "enrolment failed");
+            }
             tracing::info!(agent_id, %error, "enrolment refused");
             error_reply(error.code(), &error.to_string())
         }

@@ -635,7 +635,7 @@ mod tests {
         let reopened = SqliteStore::open(&path).unwrap();
         assert_eq!(
             reopened.schema_version().await.unwrap(),
-            MIGRATIONS.len() as i64
+            MIGRATIONS.last().map(|m| m.0).unwrap()
         );
         assert_eq!(reopened.list_api_keys().await.unwrap().len(), 1);
     }
