@@ -27,6 +27,8 @@ fn table() -> Vec<(&'static str, Entry)> {
         ("svc-audit", cli::audit::main),
         ("svc-events", cli::events::main),
         ("svc-policy", cli::policy::main),
+        ("svc-identity", cli::identity::main),
+        ("svc-agent", crate::agent::main),
     ];
     for tool in planned::TOOLS {
         match built.iter().find(|(name, _)| *name == tool.name) {

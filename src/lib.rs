@@ -3,6 +3,7 @@
 //! `main.rs` only hands argv to [`dispatch`]; everything else lives in the modules below, one
 //! per domain or transport. See docs/ARCHITECTURE.md for the map and its invariants.
 
+pub mod agent;
 pub mod audit;
 pub mod auth;
 pub mod bus;
@@ -13,6 +14,7 @@ pub mod dispatch;
 pub mod domain;
 pub mod error;
 pub mod events;
+pub mod identity;
 pub mod ids;
 pub mod metrics;
 pub mod server;

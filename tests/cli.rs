@@ -122,9 +122,9 @@ fn commands_not_built_yet_say_so_and_fail() {
     let names = Names::new();
     let cases: &[(&str, &[&str], &str)] = &[
         (
-            "svc-identity",
-            &["status"],
-            "svc-identity: 'status' is not implemented yet",
+            "svc-agent",
+            &["service", "install"],
+            "svc-agent: 'service' is not implemented yet",
         ),
         (
             "svc-files",

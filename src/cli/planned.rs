@@ -28,7 +28,7 @@ pub const AGENT: Planned = Planned {
     ],
     default: Some("run"),
     is_client: false,
-    built: &[],
+    built: &["bootstrap"],
 };
 
 pub const CTL_AGENT: Planned = Planned {
@@ -130,7 +130,7 @@ pub const TOOLS: &[Planned] = &[
         ],
         default: None,
         is_client: true,
-        built: &[],
+        built: &["ca", "status", "psk", "token"],
     },
     Planned {
         name: "svc-secrets",

@@ -59,6 +59,9 @@ impl Authenticator for ApiKeyAuthenticator {
         if !request.has_credentials() {
             return Some(Permissions::enrolment());
         }
+        if request.jwt.is_some() || request.peer_certificates.is_some() {
+            return agent_permissions(self.store.as_ref(), request).await;
+        }
         let key = match (request.auth_token, request.user, request.pass) {
             (Some(token), _, _) => {
                 if crate::bus::broker::constant_time_eq(
@@ -230,4 +233,62 @@ pub async fn start(
         address,
         connected,
     })
+}
+
+/// What an enrolled agent may do on the bus (contract §7): its own subjects, replies to
+/// requests made of it, and its own private reply inbox.
+pub fn agent_bus_permissions(agent_id: &str) -> Permissions {
+    use crate::bus::SubjectRule;
+    Permissions {
+        user: format!("agent:{agent_id}"),
+        publish: AllowDeny {
+            allow: vec![
+                SubjectRule::pattern(subjects::agent_all(agent_id)),
+                SubjectRule::pattern(format!("{}>", subjects::INBOX_PREFIX)),
+            ],
+            deny: Vec::new(),
+        },
+        subscribe: AllowDeny {
+            allow: vec![
+                SubjectRule::pattern(subjects::agent_all(agent_id)),
+                SubjectRule::private_inbox("_INBOX", 16),
+            ],
+            deny: Vec::new(),
+        },
+    }
+}
+
+/// An agent's CONNECT: its certificate from TLS (the leaf) or from `jwt` (PEM), and, without
+/// TLS, a signature of the nonce in `sig` or `pass` (base64url). See `identity::authenticate_agent`.
+async fn agent_permissions(store: &dyn Store, request: &AuthRequest<'_>) -> Option<Permissions> {
+    use base64::Engine;
+    let from_tls = request
+        .peer_certificates
+        .and_then(|chain| chain.first())
+        .map(|leaf| leaf.as_ref().to_vec());
+    let (certificate, signature) = match from_tls {
+        Some(der) => (der, None),
+        None => {
+            let der = crate::identity::ca::pem_to_der(request.jwt?).ok()?;
+            let encoded = request.sig.or(request.pass)?;
+            let signature = base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(encoded.trim_end_matches('='))
+                .ok()?;
+            (der, Some(signature))
+        }
+    };
+    match crate::identity::authenticate_agent(
+        store,
+        &certificate,
+        request.nonce.as_bytes(),
+        signature.as_deref(),
+    )
+    .await
+    {
+        Ok(agent_id) => Some(agent_bus_permissions(&agent_id)),
+        Err(error) => {
+            tracing::info!(%error, client_ip = %request.client_ip, "agent bus authentication refused");
+            None
+        }
+    }
 }

@@ -271,6 +271,10 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
         Some(audit_log.clone()),
     );
 
+    // The embedded CA: made on first start; master_key must open it on every start.
+    let identity_keys = crate::identity::Keys::from_config(&config)?;
+    crate::identity::ensure_ca(domain.store.as_ref(), &identity_keys).await?;
+
     let http_listener = bind(&config.listen.http, "listen.http").await?;
     let grpc_listener = bind(&config.listen.grpc, "listen.grpc").await?;
     let bus_listener = if config.bus.external_urls.is_empty() {
@@ -287,6 +291,7 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     let streams = vec![("events", events_log.clone()), ("audit", audit_log.clone())];
     let context = Arc::new(Context::new(config, data_dir.clone(), domain, bus, streams));
     tokio::spawn(enforce_retention(vec![events_log, audit_log]));
+    tokio::spawn(super::enrol::serve(context.clone()));
 
     let http_task = tokio::spawn(super::http::serve(
         context.clone(),

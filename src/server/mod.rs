@@ -6,6 +6,7 @@
 
 pub mod bus;
 mod cmd;
+mod enrol;
 pub mod grpc;
 mod health;
 pub mod http;

@@ -20,6 +20,7 @@ pub use sqlite::SqliteStore;
 pub const MIGRATIONS: &[(i64, &str, &str)] = &[
     (1, "api_keys", include_str!("migrations/0001_api_keys.sql")),
     (2, "audit", include_str!("migrations/0002_audit.sql")),
+    (4, "identity", include_str!("migrations/0004_identity.sql")),
 ];
 
 /// A stored API key (never the key itself: only its hash).
@@ -144,6 +145,66 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Vec<(String, u64)>>;
     /// Rows in chain order with `seq > after_seq`, at most `limit` (verify and export).
     async fn audit_chain(&self, after_seq: i64, limit: usize) -> Result<Vec<AuditRow>>;
+
+    /// The active (not retired) CA rows.
+    async fn active_ca(&self) -> Result<Vec<CaRow>>;
+    /// Inserts `row`; when it is a signing CA, retires the active one at `row.created_at`
+    /// in the same transaction, so there is never more or less than one.
+    async fn insert_ca(&self, row: &CaRow) -> Result<()>;
+    async fn insert_join_token(&self, row: &JoinTokenRow) -> Result<()>;
+    async fn list_join_tokens(&self) -> Result<Vec<JoinTokenRow>>;
+    async fn find_join_token_by_hash(&self, token_hash: &str) -> Result<Option<JoinTokenRow>>;
+    /// Sets revoked_at unless already revoked; returns the row (None: unknown id).
+    async fn revoke_join_token(&self, id: &str, revoked_at: &str) -> Result<Option<JoinTokenRow>>;
+    /// Marks an unused, unrevoked token used; false when another use won the race.
+    async fn use_join_token(&self, id: &str, used_at: &str, used_by: &str) -> Result<bool>;
+    /// Deletes revoked tokens and tokens that expired before `now`; returns how many.
+    async fn delete_finished_join_tokens(&self, now: &str) -> Result<u64>;
+    /// Inserts or replaces the agent's enrolment (labels, fingerprint, time), keeping its
+    /// quarantine flag.
+    async fn upsert_agent(&self, row: &AgentRow) -> Result<()>;
+    async fn get_agent(&self, id: &str) -> Result<Option<AgentRow>>;
+}
+
+/// A CA certificate and its encrypted key (identity).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CaRow {
+    pub id: String,
+    /// `root` or `signing`.
+    pub kind: String,
+    pub cert_pem: String,
+    /// AES-256-GCM under master_key; never cleartext.
+    pub key_encrypted: String,
+    pub fingerprint: String,
+    pub not_before: String,
+    pub not_after: String,
+    pub created_at: String,
+    pub retired_at: Option<String>,
+}
+
+/// A join token as stored (only its hash).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct JoinTokenRow {
+    pub id: String,
+    pub token_hash: String,
+    pub agent_id: Option<String>,
+    pub created_by: String,
+    pub created_at: String,
+    pub expires_at: String,
+    pub used_at: Option<String>,
+    pub used_by: Option<String>,
+    pub revoked_at: Option<String>,
+}
+
+/// An enrolled agent.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AgentRow {
+    pub id: String,
+    /// JSON object, as text.
+    pub labels: String,
+    pub fingerprint: String,
+    pub enrolled_at: String,
+    pub is_quarantined: bool,
 }
 
 /// Opens the configured store and applies pending migrations.

@@ -12,7 +12,8 @@ use async_trait::async_trait;
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
 use super::{
-    ApiKeyChange, ApiKeyRow, AuditFilter, AuditGroup, AuditRow, AuditSeal, Store, MIGRATIONS,
+    AgentRow, ApiKeyChange, ApiKeyRow, AuditFilter, AuditGroup, AuditRow, AuditSeal, CaRow,
+    JoinTokenRow, Store, MIGRATIONS,
 };
 use crate::{Error, Result};
 
@@ -147,6 +148,40 @@ fn audit_from_row(row: &Row<'_>) -> rusqlite::Result<AuditRow> {
         detail: row.get(11)?,
         prev_hash: row.get(12)?,
         hash: row.get(13)?,
+    })
+}
+
+const CA_COLUMNS: &str =
+    "id, kind, cert_pem, key_encrypted, fingerprint, not_before, not_after, created_at, retired_at";
+
+fn ca_from_row(row: &Row<'_>) -> rusqlite::Result<CaRow> {
+    Ok(CaRow {
+        id: row.get(0)?,
+        kind: row.get(1)?,
+        cert_pem: row.get(2)?,
+        key_encrypted: row.get(3)?,
+        fingerprint: row.get(4)?,
+        not_before: row.get(5)?,
+        not_after: row.get(6)?,
+        created_at: row.get(7)?,
+        retired_at: row.get(8)?,
+    })
+}
+
+const JOIN_TOKEN_COLUMNS: &str =
+    "id, token_hash, agent_id, created_by, created_at, expires_at, used_at, used_by, revoked_at";
+
+fn join_token_from_row(row: &Row<'_>) -> rusqlite::Result<JoinTokenRow> {
+    Ok(JoinTokenRow {
+        id: row.get(0)?,
+        token_hash: row.get(1)?,
+        agent_id: row.get(2)?,
+        created_by: row.get(3)?,
+        created_at: row.get(4)?,
+        expires_at: row.get(5)?,
+        used_at: row.get(6)?,
+        used_by: row.get(7)?,
+        revoked_at: row.get(8)?,
     })
 }
 
@@ -409,6 +444,163 @@ impl Store for SqliteStore {
             Ok(())
         })
     }
+
+    async fn active_ca(&self) -> Result<Vec<CaRow>> {
+        self.with(|c| {
+            let mut statement = c.prepare_cached(&format!(
+                "SELECT {CA_COLUMNS} FROM ca WHERE retired_at IS NULL ORDER BY created_at"
+            ))?;
+            let rows = statement.query_map([], ca_from_row)?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+    }
+
+    async fn insert_ca(&self, row: &CaRow) -> Result<()> {
+        self.with(|c| {
+            let tx = c.transaction()?;
+            tx.execute(
+                "UPDATE ca SET retired_at = ?2 WHERE kind = ?1 AND retired_at IS NULL",
+                params![row.kind, row.created_at],
+            )?;
+            tx.execute(
+                &format!(
+                    "INSERT INTO ca ({CA_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+                ),
+                params![
+                    row.id,
+                    row.kind,
+                    row.cert_pem,
+                    row.key_encrypted,
+                    row.fingerprint,
+                    row.not_before,
+                    row.not_after,
+                    row.created_at,
+                    row.retired_at
+                ],
+            )?;
+            tx.commit()?;
+            Ok(())
+        })
+    }
+
+    async fn insert_join_token(&self, row: &JoinTokenRow) -> Result<()> {
+        self.with(|c| {
+            c.prepare_cached(&format!(
+                "INSERT INTO join_tokens ({JOIN_TOKEN_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+            ))?
+            .execute(params![
+                row.id,
+                row.token_hash,
+                row.agent_id,
+                row.created_by,
+                row.created_at,
+                row.expires_at,
+                row.used_at,
+                row.used_by,
+                row.revoked_at
+            ])?;
+            Ok(())
+        })
+    }
+
+    async fn list_join_tokens(&self) -> Result<Vec<JoinTokenRow>> {
+        self.with(|c| {
+            let mut statement = c.prepare_cached(&format!(
+                "SELECT {JOIN_TOKEN_COLUMNS} FROM join_tokens ORDER BY created_at, id"
+            ))?;
+            let rows = statement.query_map([], join_token_from_row)?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+    }
+
+    async fn find_join_token_by_hash(&self, token_hash: &str) -> Result<Option<JoinTokenRow>> {
+        self.with(|c| {
+            Ok(c.prepare_cached(&format!(
+                "SELECT {JOIN_TOKEN_COLUMNS} FROM join_tokens WHERE token_hash = ?1"
+            ))?
+            .query_row([token_hash], join_token_from_row)
+            .optional()?)
+        })
+    }
+
+    async fn revoke_join_token(&self, id: &str, revoked_at: &str) -> Result<Option<JoinTokenRow>> {
+        self.with(|c| {
+            let tx = c.transaction()?;
+            tx.execute(
+                "UPDATE join_tokens SET revoked_at = ?2 WHERE id = ?1 AND revoked_at IS NULL",
+                params![id, revoked_at],
+            )?;
+            let row = tx
+                .query_row(
+                    &format!("SELECT {JOIN_TOKEN_COLUMNS} FROM join_tokens WHERE id = ?1"),
+                    [id],
+                    join_token_from_row,
+                )
+                .optional()?;
+            tx.commit()?;
+            Ok(row)
+        })
+    }
+
+    async fn use_join_token(&self, id: &str, used_at: &str, used_by: &str) -> Result<bool> {
+        self.with(|c| {
+            let changed = c
+                .prepare_cached(
+                    "UPDATE join_tokens SET used_at = ?2, used_by = ?3 \
+                     WHERE id = ?1 AND used_at IS NULL AND revoked_at IS NULL",
+                )?
+                .execute(params![id, used_at, used_by])?;
+            Ok(changed == 1)
+        })
+    }
+
+    async fn delete_finished_join_tokens(&self, now: &str) -> Result<u64> {
+        self.with(|c| {
+            let deleted = c
+                .prepare_cached(
+                    "DELETE FROM join_tokens WHERE revoked_at IS NOT NULL OR expires_at <= ?1",
+                )?
+                .execute([now])?;
+            Ok(deleted as u64)
+        })
+    }
+
+    async fn upsert_agent(&self, row: &AgentRow) -> Result<()> {
+        self.with(|c| {
+            c.prepare_cached(
+                "INSERT INTO agents (id, labels, fingerprint, enrolled_at, quarantined) \
+                 VALUES (?1, ?2, ?3, ?4, ?5) \
+                 ON CONFLICT (id) DO UPDATE SET labels = excluded.labels, \
+                 fingerprint = excluded.fingerprint, enrolled_at = excluded.enrolled_at",
+            )?
+            .execute(params![
+                row.id,
+                row.labels,
+                row.fingerprint,
+                row.enrolled_at,
+                row.is_quarantined
+            ])?;
+            Ok(())
+        })
+    }
+
+    async fn get_agent(&self, id: &str) -> Result<Option<AgentRow>> {
+        self.with(|c| {
+            Ok(c.prepare_cached(
+                "SELECT id, labels, fingerprint, enrolled_at, quarantined FROM agents WHERE id = ?1",
+            )?
+            .query_row([id], |row| {
+                Ok(AgentRow {
+                    id: row.get(0)?,
+                    labels: row.get(1)?,
+                    fingerprint: row.get(2)?,
+                    enrolled_at: row.get(3)?,
+                    is_quarantined: row.get(4)?,
+                })
+            })
+            .optional()?)
+        })
+    }
 }
 
 #[cfg(test)]
@@ -458,7 +650,7 @@ mod tests {
         let reopened = SqliteStore::open(&path).unwrap();
         assert_eq!(
             reopened.schema_version().await.unwrap(),
-            MIGRATIONS.len() as i64
+            MIGRATIONS.last().map(|m| m.0).unwrap()
         );
         assert_eq!(reopened.list_api_keys().await.unwrap().len(), 1);
     }

@@ -7,6 +7,7 @@
 
 mod auth_layer;
 mod events;
+mod identity;
 mod policy;
 mod stubs;
 
@@ -52,7 +53,9 @@ pub async fn serve(context: Arc<Context>, listener: TcpListener, mut stop: watch
         .add_service(PolicyServiceServer::new(policy::Policy {
             context: context.clone(),
         }))
-        .add_service(IdentityServiceServer::new(stubs::Identity))
+        .add_service(IdentityServiceServer::new(identity::Identity {
+            context: context.clone(),
+        }))
         .add_service(SecretsServiceServer::new(stubs::Secrets))
         .add_service(ClusterServiceServer::new(stubs::Cluster))
         .add_service(FleetServiceServer::new(stubs::Fleet));

@@ -4,12 +4,10 @@
 
 use crate::proto;
 
-pub struct Identity;
 pub struct Secrets;
 pub struct Cluster;
 pub struct Fleet;
 
-impl proto::identity_service_server::IdentityService for Identity {}
 impl proto::secrets_service_server::SecretsService for Secrets {}
 impl proto::cluster_service_server::ClusterService for Cluster {}
 impl proto::fleet_service_server::FleetService for Fleet {}

@@ -1,0 +1,353 @@
+//! `svc-agent bootstrap`: enrol this host. Makes the agent's key pair locally, sends a CSR on
+//! `svc.enroll` over an anonymous bus connection, and writes what comes back: key.pem (0600),
+//! cert.pem and ca.pem under state_dir, and the agent's settings into its config file
+//! (keeping every other key already there). No private key ever leaves the host.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use argh::FromArgs;
+use serde_yaml_ng::{Mapping, Value};
+
+use super::{CA_FILE, CERT_FILE, DEFAULT_CONFIG, KEY_FILE};
+use crate::bus::subjects;
+use crate::cli::{exit, parse_args, run_async, CliError};
+use crate::identity::{EnrolRequest, Enrolled};
+
+const DEFAULT_STATE_DIR: &str = "/var/lib/svc-agent";
+const ENROL_TIMEOUT: Duration = Duration::from_secs(15);
+
+#[derive(FromArgs)]
+/// Enrol this host with the server: on a terminal a short wizard asks for what is missing;
+/// with --non-interactive every value comes from the flags.
+#[argh(help_triggers("-h", "--help"))]
+struct Args {
+    /// never prompt; fail on missing values
+    #[argh(switch)]
+    non_interactive: bool,
+    /// the bus URL of the server: nats://HOST:4222
+    #[argh(option)]
+    server: Option<String>,
+    /// this agent's id (letters, digits, '-' and '_')
+    #[argh(option)]
+    agent_id: Option<String>,
+    /// a join token from `svc-identity token create`
+    #[argh(option)]
+    token: Option<String>,
+    /// the agent's PSK from `svc-identity psk AGENT_ID`
+    #[argh(option)]
+    psk: Option<String>,
+    /// labels: k=v,k2=v2
+    #[argh(option)]
+    labels: Option<String>,
+}
+
+/// The values enrolment needs, after flags and prompts.
+struct Settings {
+    server: String,
+    agent_id: String,
+    credential: Credential,
+    labels: BTreeMap<String, String>,
+}
+
+enum Credential {
+    Token(String),
+    Psk(String),
+}
+
+pub fn main(program: &str, config: Option<PathBuf>, args: &[String]) -> i32 {
+    let name = format!("{program} bootstrap");
+    let args = match parse_args::<Args>(&name, args) {
+        Ok(args) => args,
+        Err(code) => return code,
+    };
+    let settings = match settings(args) {
+        Ok(settings) => settings,
+        Err(error) => {
+            eprintln!("{program}: {error}");
+            return error.code;
+        }
+    };
+    let config = config.unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG));
+    run_async(program, bootstrap(config, settings))
+}
+
+fn parse_labels(text: &str) -> Result<BTreeMap<String, String>, CliError> {
+    let mut labels = BTreeMap::new();
+    for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some((key, value)) if !key.trim().is_empty() => {
+                labels.insert(key.trim().to_string(), value.trim().to_string());
+            }
+            _ => {
+                return Err(CliError::usage(format!(
+                    "invalid label '{pair}' (expected k=v)"
+                )))
+            }
+        }
+    }
+    Ok(labels)
+}
+
+fn prompt(question: &str) -> Result<String, CliError> {
+    eprint!("{question}: ");
+    let _ = std::io::stderr().flush();
+    let mut line = String::new();
+    std::io::stdin()
+        .lock()
+        .read_line(&mut line)
+        .map_err(|e| CliError::usage(format!("cannot read the answer: {e}")))?;
+    Ok(line.trim().to_string())
+}
+
+/// Resolves flags, asking on a terminal for what is missing unless --non-interactive.
+fn settings(args: Args) -> Result<Settings, CliError> {
+    let can_prompt = !args.non_interactive && std::io::stdin().is_terminal();
+    if !args.non_interactive && !can_prompt {
+        return Err(CliError::usage(
+            "stdin is not a terminal: pass --non-interactive with --server, --agent-id and --token or --psk",
+        ));
+    }
+    let ask = |value: Option<String>, flag: &str, question: &str| match value {
+        Some(value) => Ok(value),
+        None if can_prompt => prompt(question),
+        None => Err(CliError::usage(format!("{flag} is required"))),
+    };
+    let server = ask(args.server, "--server", "Server bus URL (nats://HOST:4222)")?;
+    let agent_id = ask(args.agent_id, "--agent-id", "Agent id")?;
+    let credential = match (args.token, args.psk) {
+        (Some(_), Some(_)) => return Err(CliError::usage("give --token or --psk, not both")),
+        (Some(token), None) => Credential::Token(token),
+        (None, Some(psk)) => Credential::Psk(psk),
+        (None, None) if can_prompt => {
+            let answer = prompt("Join token (or leave empty to use a PSK)")?;
+            if answer.is_empty() {
+                Credential::Psk(prompt("PSK")?)
+            } else {
+                Credential::Token(answer)
+            }
+        }
+        (None, None) => return Err(CliError::usage("--token or --psk is required")),
+    };
+    let labels = match args.labels {
+        Some(text) => parse_labels(&text)?,
+        None if can_prompt => parse_labels(&prompt("Labels (k=v,k2=v2; empty for none)")?)?,
+        None => BTreeMap::new(),
+    };
+    if server.is_empty() || agent_id.is_empty() {
+        return Err(CliError::usage(
+            "the server URL and the agent id are required",
+        ));
+    }
+    crate::identity::validate_agent_id(&agent_id).map_err(|e| CliError::usage(e.to_string()))?;
+    Ok(Settings {
+        server,
+        agent_id,
+        credential,
+        labels,
+    })
+}
+
+/// Reads the agent config as YAML (empty when the file does not exist yet).
+fn read_config(path: &Path) -> Result<Mapping, CliError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) if text.trim().is_empty() => Ok(Mapping::new()),
+        Ok(text) => match serde_yaml_ng::from_str::<Value>(&text) {
+            Ok(Value::Mapping(mapping)) => Ok(mapping),
+            Ok(_) => Err(CliError::failed(format!(
+                "{}: expected a YAML mapping",
+                path.display()
+            ))),
+            Err(e) => Err(CliError::failed(format!("{}: {e}", path.display()))),
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Mapping::new()),
+        Err(e) => Err(CliError::failed(format!(
+            "cannot read {}: {e}",
+            path.display()
+        ))),
+    }
+}
+
+fn section<'a>(config: &'a mut Mapping, name: &str) -> &'a mut Mapping {
+    let entry = config
+        .entry(Value::from(name))
+        .or_insert_with(|| Value::Mapping(Mapping::new()));
+    if !entry.is_mapping() {
+        *entry = Value::Mapping(Mapping::new());
+    }
+    entry.as_mapping_mut().expect("made a mapping above")
+}
+
+fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<(), CliError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let fail =
+        |e: std::io::Error| CliError::failed(format!("cannot write {}: {e}", path.display()));
+    let temporary = path.with_extension("tmp");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(&temporary)
+        .map_err(fail)?;
+    file.write_all(contents).map_err(fail)?;
+    file.sync_all().map_err(fail)?;
+    // The mode of an existing file is not changed by open; set it explicitly.
+    std::fs::set_permissions(
+        &temporary,
+        std::os::unix::fs::PermissionsExt::from_mode(mode),
+    )
+    .map_err(fail)?;
+    std::fs::rename(&temporary, path).map_err(fail)
+}
+
+/// Sends the CSR and waits for the certificate.
+async fn request_certificate(settings: &Settings, csr: String) -> Result<Enrolled, CliError> {
+    let unreachable = |e: &dyn std::fmt::Display| {
+        CliError::new(
+            exit::UNREACHABLE,
+            format!("cannot reach the bus at {}: {e}", settings.server),
+        )
+    };
+    let connect = async_nats::ConnectOptions::new()
+        .name("svc-agent bootstrap")
+        .custom_inbox_prefix(super::private_inbox_prefix())
+        .connect(settings.server.as_str());
+    let client = tokio::time::timeout(ENROL_TIMEOUT, connect)
+        .await
+        .map_err(|_| unreachable(&"timed out"))?
+        .map_err(|e| unreachable(&e))?;
+    let (token, psk) = match &settings.credential {
+        Credential::Token(token) => (Some(token.clone()), None),
+        Credential::Psk(psk) => (None, Some(psk.clone())),
+    };
+    let request = EnrolRequest {
+        agent_id: settings.agent_id.clone(),
+        labels: settings.labels.clone(),
+        csr,
+        token,
+        psk,
+    };
+    let payload = serde_json::to_vec(&request).expect("enrolment requests serialize");
+    let reply = tokio::time::timeout(
+        ENROL_TIMEOUT,
+        client.request(subjects::ENROLL, payload.into()),
+    )
+    .await
+    .map_err(|_| unreachable(&"no enrolment answer in time"))?
+    .map_err(|e| match e.kind() {
+        async_nats::RequestErrorKind::NoResponders => CliError::new(
+            exit::UNREACHABLE,
+            format!("no svc-server answers enrolment on {}", settings.server),
+        ),
+        _ => unreachable(&e),
+    })?;
+    let value: serde_json::Value = serde_json::from_slice(&reply.payload)
+        .map_err(|e| CliError::failed(format!("malformed enrolment reply: {e}")))?;
+    if let Some(error) = value.get("error") {
+        let message = error["message"].as_str().unwrap_or("enrolment refused");
+        let code = match error["code"].as_str() {
+            Some("unauthenticated" | "permission_denied") => exit::DENIED,
+            _ => exit::FAILED,
+        };
+        return Err(CliError::new(code, format!("enrolment refused: {message}")));
+    }
+    serde_json::from_value(value)
+        .map_err(|e| CliError::failed(format!("malformed enrolment reply: {e}")))
+}
+
+async fn bootstrap(config_path: PathBuf, settings: Settings) -> Result<(), CliError> {
+    let mut config = read_config(&config_path)?;
+    let state_dir = section(&mut config, "agent")
+        .get("state_dir")
+        .and_then(Value::as_str)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
+
+    // The key pair is made here and only its CSR travels.
+    let key = rcgen::KeyPair::generate()
+        .map_err(|e| CliError::failed(format!("cannot make a key pair: {e}")))?;
+    let mut params = rcgen::CertificateParams::default();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, settings.agent_id.as_str());
+    let csr = params
+        .serialize_request(&key)
+        .and_then(|csr| csr.pem())
+        .map_err(|e| CliError::failed(format!("cannot make the CSR: {e}")))?;
+
+    let enrolled = request_certificate(&settings, csr).await?;
+
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&state_dir)
+            .map_err(|e| CliError::failed(format!("cannot create {}: {e}", state_dir.display())))?;
+    }
+    write_file(
+        &state_dir.join(KEY_FILE),
+        key.serialize_pem().as_bytes(),
+        0o600,
+    )?;
+    write_file(
+        &state_dir.join(CERT_FILE),
+        enrolled.certificate.as_bytes(),
+        0o600,
+    )?;
+    write_file(
+        &state_dir.join(CA_FILE),
+        enrolled.ca_chain.as_bytes(),
+        0o600,
+    )?;
+
+    let agent = section(&mut config, "agent");
+    agent.insert("id".into(), settings.agent_id.clone().into());
+    let mut labels = Mapping::new();
+    for (key, value) in &settings.labels {
+        labels.insert(key.clone().into(), value.clone().into());
+    }
+    agent.insert("labels".into(), Value::Mapping(labels));
+    agent.insert(
+        "state_dir".into(),
+        state_dir.to_string_lossy().into_owned().into(),
+    );
+    let urls: Vec<Value> = settings
+        .server
+        .split(',')
+        .map(|url| Value::from(url.trim()))
+        .collect();
+    section(&mut config, "nats").insert("urls".into(), Value::Sequence(urls));
+    let text = serde_yaml_ng::to_string(&Value::Mapping(config))
+        .map_err(|e| CliError::failed(format!("cannot write the config: {e}")))?;
+    if let Some(parent) = config_path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| CliError::failed(format!("cannot create {}: {e}", parent.display())))?;
+    }
+    write_file(&config_path, text.as_bytes(), 0o600)?;
+    eprintln!(
+        "enrolled as '{}': certificate in {}, config in {}",
+        settings.agent_id,
+        state_dir.display(),
+        config_path.display()
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels() {
+        let parsed = parse_labels("role=web, env=prod").unwrap();
+        assert_eq!(parsed.get("role").map(String::as_str), Some("web"));
+        assert_eq!(parsed.get("env").map(String::as_str), Some("prod"));
+        assert!(parse_labels("").unwrap().is_empty());
+        assert_eq!(parse_labels("novalue").unwrap_err().code, exit::USAGE);
+        assert_eq!(parse_labels("=x").unwrap_err().code, exit::USAGE);
+    }
+}

@@ -1,0 +1,137 @@
+//! svc-agent: the host daemon. Built so far: `bootstrap` (enrolment) and the bus credentials
+//! an enrolled agent connects with; the daemon run and `service` are still planned.
+//!
+//! `--config PATH` is global (`svc-agent --config PATH bootstrap ...`, or after the command);
+//! it is taken out here before the command's own parser runs.
+
+mod bootstrap;
+
+use std::path::{Path, PathBuf};
+
+use crate::cli::{exit, planned};
+
+/// The agent's files under `state_dir`.
+pub const KEY_FILE: &str = "key.pem";
+pub const CERT_FILE: &str = "cert.pem";
+pub const CA_FILE: &str = "ca.pem";
+pub const DEFAULT_CONFIG: &str = "/etc/svc/agent.yaml";
+
+pub fn main(program: &str, args: Vec<String>) -> i32 {
+    let (config, rest) = match take_config(args) {
+        Ok(split) => split,
+        Err(message) => {
+            eprintln!("{program}: {message}");
+            return exit::USAGE;
+        }
+    };
+    match rest.first().map(String::as_str) {
+        Some("bootstrap") => bootstrap::main(program, config, &rest[1..]),
+        _ => planned::run(&planned::AGENT, &rest),
+    }
+}
+
+/// Takes `--config PATH` / `--config=PATH` out of the arguments (before any `--`).
+fn take_config(args: Vec<String>) -> Result<(Option<PathBuf>, Vec<String>), String> {
+    let mut config = None;
+    let mut rest = Vec::with_capacity(args.len());
+    let mut iter = args.into_iter();
+    while let Some(arg) = iter.next() {
+        if arg == "--" {
+            rest.push(arg);
+            rest.extend(iter.by_ref());
+            break;
+        }
+        if arg == "--config" {
+            config = Some(PathBuf::from(iter.next().ok_or("--config needs a value")?));
+        } else if let Some(value) = arg.strip_prefix("--config=") {
+            config = Some(PathBuf::from(value));
+        } else {
+            rest.push(arg);
+        }
+    }
+    Ok((config, rest))
+}
+
+/// Bus credentials of an enrolled agent: its certificate (PEM, in CONNECT `jwt`) and a
+/// signature of the INFO nonce with its key (base64url, in `sig`'s place: CONNECT `pass`,
+/// since async-nats sends `sig` only with its nkeys feature). The server checks the
+/// certificate against the current signing CA and the signature against the certificate.
+pub fn bus_credentials(state_dir: &Path) -> crate::Result<(String, ring::signature::EcdsaKeyPair)> {
+    let read = |name: &str| {
+        std::fs::read_to_string(state_dir.join(name)).map_err(|e| {
+            crate::Error::Invalid(format!(
+                "cannot read {}: {e} (run svc-agent bootstrap)",
+                state_dir.join(name).display()
+            ))
+        })
+    };
+    let cert_pem = read(CERT_FILE)?;
+    let key_pem = read(KEY_FILE)?;
+    let (_, key) = x509_parser::pem::parse_x509_pem(key_pem.as_bytes())
+        .map_err(|_| crate::Error::Invalid("key.pem is not PEM".into()))?;
+    let signer = ring::signature::EcdsaKeyPair::from_pkcs8(
+        &ring::signature::ECDSA_P256_SHA256_ASN1_SIGNING,
+        &key.contents,
+        &ring::rand::SystemRandom::new(),
+    )
+    .map_err(|_| crate::Error::Invalid("key.pem is not a PKCS#8 P-256 key".into()))?;
+    Ok((cert_pem, signer))
+}
+
+/// Connect options that authenticate as the agent whose files are under `state_dir`, with a
+/// private reply-inbox prefix (`_INBOX.<22 random>`), as the broker requires.
+pub fn connect_options(state_dir: &Path) -> crate::Result<async_nats::ConnectOptions> {
+    use base64::Engine;
+    let (cert_pem, signer) = bus_credentials(state_dir)?;
+    let signer = std::sync::Arc::new(signer);
+    let options = async_nats::ConnectOptions::with_auth_callback(move |nonce: Vec<u8>| {
+        let cert_pem = cert_pem.clone();
+        let signer = signer.clone();
+        async move {
+            let signature = signer
+                .sign(&ring::rand::SystemRandom::new(), &nonce)
+                .map_err(|_| async_nats::AuthError::new("cannot sign the nonce"))?;
+            let mut auth = async_nats::Auth::new();
+            auth.jwt = Some(cert_pem);
+            auth.password =
+                Some(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(signature.as_ref()));
+            Ok(auth)
+        }
+    });
+    Ok(options.custom_inbox_prefix(private_inbox_prefix()))
+}
+
+/// `_INBOX.<22 random base62>`: a reply prefix no other client can guess.
+pub fn private_inbox_prefix() -> String {
+    format!("_INBOX.{}", crate::ids::random_base62(22))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_flag_anywhere() {
+        let strings = |args: &[&str]| args.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let cases: [(&[&str], Option<&str>, &[&str]); 4] = [
+            (
+                &["--config", "a.yaml", "bootstrap"],
+                Some("a.yaml"),
+                &["bootstrap"],
+            ),
+            (
+                &["bootstrap", "--config=b.yaml", "-x"],
+                Some("b.yaml"),
+                &["bootstrap", "-x"],
+            ),
+            (&["bootstrap"], None, &["bootstrap"]),
+            (&["--", "--config", "c"], None, &["--", "--config", "c"]),
+        ];
+        for (args, config, rest) in cases {
+            let (got_config, got_rest) = take_config(strings(args)).unwrap();
+            assert_eq!(got_config, config.map(PathBuf::from), "{args:?}");
+            assert_eq!(got_rest, strings(rest), "{args:?}");
+        }
+        assert!(take_config(strings(&["--config"])).is_err());
+    }
+}

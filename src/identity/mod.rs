@@ -1,0 +1,554 @@
+//! Identity (contract §10): the embedded CA, one-shot join tokens, PSKs, and enrolment.
+//!
+//! Owns every rule about who an agent is. Transports (gRPC `IdentityService`, the bus
+//! `svc.enroll` handler, the broker's agent authenticator) call the functions here with a
+//! `Principal` and translate the result; no crypto or SQL lives in them.
+//!
+//! The CA lives in the store (`ca` table), keys sealed under master_key, and is read back on
+//! each use rather than cached: a rotation is then seen at once by every part of this server
+//! and by every server that shares the store, and the cost (one indexed read and an AES-GCM
+//! open) is small next to a certificate signature. Keeping it in the store rather than in
+//! files under data_dir/ca/ also means backups and `svc-migrate` carry it like every row.
+
+pub mod ca;
+mod tokens;
+
+use std::collections::BTreeMap;
+
+use base64::Engine;
+use serde::Serialize;
+
+use crate::audit::Action;
+use crate::auth::{Principal, Role};
+use crate::config::ServerConfig;
+use crate::domain::Domain;
+use crate::store::{AgentRow, CaRow, Store};
+use crate::{clock, ids, Error, Result};
+
+pub use ca::CertificateInfo;
+pub use tokens::{
+    cleanup_tokens, create_token, list_tokens, revoke_token, token_state, CreatedToken, NewToken,
+    TokenFilter, TokenView,
+};
+
+/// The server secrets identity needs. `Debug` never shows them.
+pub struct Keys {
+    master_key: [u8; 32],
+    hmacsecret: Vec<u8>,
+}
+
+impl std::fmt::Debug for Keys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Keys([REDACTED])")
+    }
+}
+
+impl Keys {
+    /// From the validated server configuration (master_key: base64 of 32 bytes).
+    pub fn from_config(config: &ServerConfig) -> Result<Keys> {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(config.master_key.expose().trim())
+            .map_err(|_| Error::Invalid("master_key must be base64 of exactly 32 bytes".into()))?;
+        let master_key = bytes
+            .try_into()
+            .map_err(|_| Error::Invalid("master_key must be base64 of exactly 32 bytes".into()))?;
+        Ok(Keys {
+            master_key,
+            hmacsecret: config.hmacsecret.expose().as_bytes().to_vec(),
+        })
+    }
+}
+
+const ROOT: &str = "root";
+const SIGNING: &str = "signing";
+
+fn seal_context(kind: &str, id: &str) -> String {
+    format!("ca:{kind}:{id}")
+}
+
+fn sealed_row(keys: &Keys, kind: &str, issued: &ca::Issued) -> Result<CaRow> {
+    let id = ids::ulid();
+    let info = ca::describe(&issued.cert_pem)?;
+    Ok(CaRow {
+        key_encrypted: ca::seal(
+            &keys.master_key,
+            &seal_context(kind, &id),
+            issued.key_pem.as_bytes(),
+        )?,
+        id,
+        kind: kind.into(),
+        cert_pem: issued.cert_pem.clone(),
+        fingerprint: info.fingerprint,
+        not_before: info.not_before,
+        not_after: info.not_after,
+        created_at: clock::now_rfc3339(),
+        retired_at: None,
+    })
+}
+
+fn unseal(keys: &Keys, row: &CaRow) -> Result<ca::Issued> {
+    let key = ca::open(
+        &keys.master_key,
+        &seal_context(&row.kind, &row.id),
+        &row.key_encrypted,
+    )?;
+    Ok(ca::Issued {
+        cert_pem: row.cert_pem.clone(),
+        key_pem: String::from_utf8(key).map_err(Error::internal)?,
+    })
+}
+
+/// The active root and signing CA rows.
+async fn active(store: &dyn Store) -> Result<(CaRow, CaRow)> {
+    let rows = store.active_ca().await?;
+    let find = |kind: &str| rows.iter().find(|row| row.kind == kind).cloned();
+    match (find(ROOT), find(SIGNING)) {
+        (Some(root), Some(signing)) => Ok((root, signing)),
+        _ => Err(Error::Unavailable("the CA is not initialised".into())),
+    }
+}
+
+/// The current signing CA certificate (PEM), which agent identities must chain to.
+pub async fn current_signing_pem(store: &dyn Store) -> Result<String> {
+    Ok(active(store).await?.1.cert_pem)
+}
+
+/// Authenticates an agent on the bus: its certificate must chain to the current signing CA
+/// (so a rotation cuts older identities off), be its latest enrolment (a re-bootstrap
+/// replaces the previous certificate), and `signature` must sign `nonce` with its key.
+/// `signature` may be None only when TLS already proved possession of the key.
+pub async fn authenticate_agent(
+    store: &dyn Store,
+    certificate_der: &[u8],
+    nonce: &[u8],
+    signature: Option<&[u8]>,
+) -> Result<String> {
+    let signing = current_signing_pem(store).await?;
+    let verified = ca::verify_agent(&signing, certificate_der, nonce, signature)?;
+    match store.get_agent(&verified.agent_id).await? {
+        Some(agent) if agent.fingerprint == verified.fingerprint => Ok(verified.agent_id),
+        Some(_) => Err(Error::Unauthenticated(format!(
+            "agent '{}' has enrolled again since this certificate was issued",
+            verified.agent_id
+        ))),
+        None => Err(Error::Unauthenticated(format!(
+            "agent '{}' is not enrolled",
+            verified.agent_id
+        ))),
+    }
+}
+
+/// At start: makes the root and signing CA on first run, and checks master_key opens them.
+pub async fn ensure_ca(store: &dyn Store, keys: &Keys) -> Result<()> {
+    let rows = store.active_ca().await?;
+    let root = match rows.iter().find(|row| row.kind == ROOT) {
+        Some(row) => unseal(keys, row)?,
+        None => {
+            let root = ca::make_root()?;
+            store.insert_ca(&sealed_row(keys, ROOT, &root)?).await?;
+            tracing::info!("created the root CA");
+            root
+        }
+    };
+    match rows.iter().find(|row| row.kind == SIGNING) {
+        Some(row) => {
+            unseal(keys, row)?;
+        }
+        None => {
+            let signing = ca::make_signing(&root)?;
+            store
+                .insert_ca(&sealed_row(keys, SIGNING, &signing)?)
+                .await?;
+            tracing::info!("created the signing CA");
+        }
+    }
+    Ok(())
+}
+
+/// `ca info`: both certificates.
+#[derive(Clone, Debug, Serialize)]
+pub struct CaInfo {
+    pub root_ca: CertificateInfo,
+    pub signing_ca: CertificateInfo,
+}
+
+pub async fn ca_info(domain: &Domain, principal: &Principal) -> Result<CaInfo> {
+    principal.require(Role::Readonly)?;
+    let (root, signing) = active(domain.store.as_ref()).await?;
+    Ok(CaInfo {
+        root_ca: ca::describe(&root.cert_pem)?,
+        signing_ca: ca::describe(&signing.cert_pem)?,
+    })
+}
+
+/// `ca rotate-signing`: a new signing CA under the same root. Agent certificates from the old
+/// one stop authenticating on the bus at once (the broker checks against the current one).
+pub async fn rotate_signing(domain: &Domain, keys: &Keys, principal: &Principal) -> Result<CaInfo> {
+    let result = async {
+        principal.require(Role::Admin)?;
+        let (root, old) = active(domain.store.as_ref()).await?;
+        let signing = ca::make_signing(&unseal(keys, &root)?)?;
+        let row = sealed_row(keys, SIGNING, &signing)?;
+        domain.store.insert_ca(&row).await?;
+        Ok((old.fingerprint, row.fingerprint))
+    }
+    .await;
+    let detail = match &result {
+        Ok((old, new)) => serde_json::json!({"old_fingerprint": old, "new_fingerprint": new}),
+        Err(_) => serde_json::json!({}),
+    };
+    domain
+        .auditor
+        .record(
+            principal,
+            Action::new("ca.rotate_signing", "ca", SIGNING).detail(detail.clone()),
+            &result,
+        )
+        .await;
+    result?;
+    domain
+        .events
+        .emit_system("ca_signing_rotated", &principal.name, detail)
+        .await;
+    ca_info(domain, principal).await
+}
+
+/// `ca export`: the public chain, signing CA first, then the root.
+pub async fn export_chain(domain: &Domain, principal: &Principal) -> Result<String> {
+    let result = async {
+        principal.require(Role::Admin)?;
+        let (root, signing) = active(domain.store.as_ref()).await?;
+        Ok(format!("{}{}", signing.cert_pem, root.cert_pem))
+    }
+    .await;
+    domain
+        .auditor
+        .record(principal, Action::new("ca.export", "ca", "chain"), &result)
+        .await;
+    result
+}
+
+/// PBKDF2 rounds for `ca encrypt` (OWASP's figure for PBKDF2-HMAC-SHA256).
+const PBKDF2_ROUNDS: u32 = 600_000;
+const MIN_PASSPHRASE: usize = 12;
+
+/// `ca encrypt`: both CA certificates and keys, sealed under a key derived from a passphrase,
+/// as a self-describing JSON document for offline keeping.
+pub async fn encrypt_ca(
+    domain: &Domain,
+    keys: &Keys,
+    principal: &Principal,
+    passphrase: &str,
+) -> Result<Vec<u8>> {
+    let result = async {
+        principal.require(Role::Admin)?;
+        if passphrase.chars().count() < MIN_PASSPHRASE {
+            return Err(Error::Invalid(format!(
+                "the passphrase must have at least {MIN_PASSPHRASE} characters"
+            )));
+        }
+        let (root, signing) = active(domain.store.as_ref()).await?;
+        let (root_key, signing_key) = (unseal(keys, &root)?, unseal(keys, &signing)?);
+        let plaintext = serde_json::to_vec(&serde_json::json!({
+            "root_ca": {"certificate": root.cert_pem, "private_key": root_key.key_pem},
+            "signing_ca": {"certificate": signing.cert_pem, "private_key": signing_key.key_pem},
+        }))
+        .map_err(Error::internal)?;
+        let salt: [u8; 16] = rand::random();
+        let mut key = [0u8; 32];
+        ring::pbkdf2::derive(
+            ring::pbkdf2::PBKDF2_HMAC_SHA256,
+            std::num::NonZeroU32::new(PBKDF2_ROUNDS).expect("rounds are not zero"),
+            &salt,
+            passphrase.as_bytes(),
+            &mut key,
+        );
+        const FORMAT: &str = "svc-ca-backup/v1";
+        let sealed = ca::seal(&key, FORMAT, &plaintext)?;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let document = serde_json::json!({
+            "format": FORMAT,
+            "created_at": clock::now_rfc3339(),
+            "kdf": {"name": "pbkdf2-hmac-sha256", "rounds": PBKDF2_ROUNDS, "salt": b64.encode(salt)},
+            "cipher": {"name": "aes-256-gcm", "layout": "base64(nonce[12] || ciphertext || tag[16])", "aad": FORMAT},
+            "ciphertext": sealed,
+            "contents": "JSON {root_ca, signing_ca}: {certificate, private_key} in PEM",
+        });
+        let mut bytes = serde_json::to_vec_pretty(&document).map_err(Error::internal)?;
+        bytes.push(b'\n');
+        Ok(bytes)
+    }
+    .await;
+    domain
+        .auditor
+        .record(principal, Action::new("ca.encrypt", "ca", "keys"), &result)
+        .await;
+    result
+}
+
+/// `status`: provider health, token counts by state, and the earliest CA expiry.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Status {
+    pub provider: String,
+    pub health: String,
+    pub detail: String,
+    pub tokens: BTreeMap<String, u64>,
+    pub ca_not_after: String,
+}
+
+pub async fn status(domain: &Domain, keys: &Keys, principal: &Principal) -> Result<Status> {
+    principal.require(Role::Readonly)?;
+    let mut tokens: BTreeMap<String, u64> = ["unused", "used", "revoked", "expired"]
+        .into_iter()
+        .map(|state| (state.to_string(), 0))
+        .collect();
+    let now = clock::now_rfc3339();
+    for row in domain.store.list_join_tokens().await? {
+        *tokens.entry(token_state(&row, &now).into()).or_default() += 1;
+    }
+    let mut status = Status {
+        provider: "embedded".into(),
+        tokens,
+        ..Status::default()
+    };
+    let checked = async {
+        let (root, signing) = active(domain.store.as_ref()).await?;
+        unseal(keys, &root)?;
+        unseal(keys, &signing)?;
+        Ok::<_, Error>(root.not_after.min(signing.not_after))
+    }
+    .await;
+    match checked {
+        Ok(not_after) if not_after > now => {
+            status.health = "ok".into();
+            status.ca_not_after = not_after;
+        }
+        Ok(not_after) => {
+            status.health = "expired".into();
+            status.detail = format!("a CA certificate expired at {not_after}");
+            status.ca_not_after = not_after;
+        }
+        Err(error) => {
+            status.health = "error".into();
+            status.detail = match error {
+                Error::Internal(cause) => cause,
+                other => other.to_string(),
+            };
+        }
+    }
+    Ok(status)
+}
+
+/// The bootstrap PSK of an agent: hex HMAC-SHA256(hmacsecret, agent_id).
+pub fn psk_for(keys: &Keys, agent_id: &str) -> String {
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &keys.hmacsecret);
+    hex::encode(ring::hmac::sign(&key, agent_id.as_bytes()).as_ref())
+}
+
+fn is_valid_psk(keys: &Keys, agent_id: &str, psk: &str) -> bool {
+    let Ok(given) = hex::decode(psk.trim()) else {
+        return false;
+    };
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &keys.hmacsecret);
+    ring::hmac::verify(&key, agent_id.as_bytes(), &given).is_ok()
+}
+
+/// `psk AGENT_ID` (admin): the PSK is a credential, so showing it is audited.
+pub async fn psk(
+    domain: &Domain,
+    keys: &Keys,
+    principal: &Principal,
+    agent_id: &str,
+) -> Result<String> {
+    let result = async {
+        principal.require(Role::Admin)?;
+        validate_agent_id(agent_id)?;
+        Ok(psk_for(keys, agent_id))
+    }
+    .await;
+    domain
+        .auditor
+        .record(
+            principal,
+            Action::new("agent.psk", "agent", agent_id),
+            &result,
+        )
+        .await;
+    result
+}
+
+/// Agent ids become bus subject tokens and SAN path segments: letters, digits, `-` and `_`.
+pub fn validate_agent_id(agent_id: &str) -> Result<()> {
+    let is_valid = !agent_id.is_empty()
+        && agent_id.len() <= 64
+        && agent_id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if is_valid {
+        Ok(())
+    } else {
+        Err(Error::Invalid(format!(
+            "invalid agent id '{agent_id}' (1-64 letters, digits, '-' or '_')"
+        )))
+    }
+}
+
+/// What an agent sends on `svc.enroll`. It carries a CSR, never a private key.
+#[derive(Clone, Debug, Default, serde::Deserialize, Serialize)]
+#[serde(default)]
+pub struct EnrolRequest {
+    pub agent_id: String,
+    pub labels: BTreeMap<String, String>,
+    /// PEM certificate signing request for the agent's locally made key.
+    pub csr: String,
+    pub token: Option<String>,
+    pub psk: Option<String>,
+}
+
+/// What the agent gets back: public material only.
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
+pub struct Enrolled {
+    pub certificate: String,
+    /// Signing CA then root, PEM.
+    pub ca_chain: String,
+}
+
+/// Enrols an agent: checks the join token (or PSK), issues its certificate from the signing
+/// CA, burns the token, records the agent. Audited as `agent.enroll` whatever the outcome.
+pub async fn enrol(domain: &Domain, keys: &Keys, request: EnrolRequest) -> Result<Enrolled> {
+    let principal = Principal {
+        id: format!("agent:{}", request.agent_id),
+        name: request.agent_id.clone(),
+        role: Role::Readonly,
+    };
+    let method = if request.token.is_some() {
+        "token"
+    } else {
+        "psk"
+    };
+    let mut credential_id = None;
+    let result = enrol_checked(domain, keys, &request, &mut credential_id).await;
+    let mut detail = serde_json::json!({"method": method, "labels": request.labels});
+    if let Some(id) = &credential_id {
+        detail["credential_id"] = serde_json::json!(id);
+    }
+    match &result {
+        Ok((_, fingerprint)) => detail["fingerprint"] = serde_json::json!(fingerprint),
+        Err(error) => detail["reason"] = serde_json::json!(error.to_string()),
+    }
+    domain
+        .auditor
+        .record(
+            &principal,
+            Action::new("agent.enroll", "agent", &request.agent_id).detail(detail),
+            &result,
+        )
+        .await;
+    let (enrolled, fingerprint) = result?;
+    domain
+        .events
+        .emit_system(
+            "agent_enrolled",
+            &request.agent_id,
+            serde_json::json!({
+                "agent_id": request.agent_id, "labels": request.labels,
+                "fingerprint": fingerprint, "method": method,
+            }),
+        )
+        .await;
+    Ok(enrolled)
+}
+
+async fn enrol_checked(
+    domain: &Domain,
+    keys: &Keys,
+    request: &EnrolRequest,
+    credential_id: &mut Option<String>,
+) -> Result<(Enrolled, String)> {
+    validate_agent_id(&request.agent_id)?;
+    let store = domain.store.as_ref();
+    let token = match (&request.token, &request.psk) {
+        (Some(_), Some(_)) => {
+            return Err(Error::Invalid(
+                "give a join token or a PSK, not both".into(),
+            ))
+        }
+        (None, None) => return Err(Error::Invalid("a join token or a PSK is required".into())),
+        (Some(token), None) => {
+            let row = tokens::check_for_enrolment(store, token, &request.agent_id).await?;
+            *credential_id = Some(row.id.clone());
+            Some(row)
+        }
+        (None, Some(psk)) => {
+            if !is_valid_psk(keys, &request.agent_id, psk) {
+                return Err(Error::Unauthenticated("invalid PSK".into()));
+            }
+            None
+        }
+    };
+    let (root, signing_row) = active(store).await?;
+    let signing = unseal(keys, &signing_row)?;
+    // Issue before burning the token: a bad CSR must not cost the operator a token.
+    let certificate = ca::issue_agent(&signing, &request.agent_id, &request.csr)?;
+    let fingerprint = ca::fingerprint(&ca::pem_to_der(&certificate)?);
+    let now = clock::now_rfc3339();
+    if let Some(row) = token {
+        if !store
+            .use_join_token(&row.id, &now, &request.agent_id)
+            .await?
+        {
+            return Err(Error::Unauthenticated("join token already used".into()));
+        }
+    }
+    let labels = serde_json::to_string(&request.labels).map_err(Error::internal)?;
+    store
+        .upsert_agent(&AgentRow {
+            id: request.agent_id.clone(),
+            labels,
+            fingerprint: fingerprint.clone(),
+            enrolled_at: now,
+            is_quarantined: false,
+        })
+        .await?;
+    Ok((
+        Enrolled {
+            certificate,
+            ca_chain: format!("{}{}", signing_row.cert_pem, root.cert_pem),
+        },
+        fingerprint,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agent_ids() {
+        let cases = [
+            ("web-01", true),
+            ("a_b", true),
+            ("", false),
+            ("a.b", false),
+            ("a*", false),
+            ("a>", false),
+            ("a b", false),
+        ];
+        for (id, expected) in cases {
+            assert_eq!(validate_agent_id(id).is_ok(), expected, "{id:?}");
+        }
+    }
+
+    #[test]
+    fn psk_is_hmac_of_the_agent_id() {
+        let keys = Keys {
+            master_key: [0; 32],
+            hmacsecret: b"secret".to_vec(),
+        };
+        let psk = psk_for(&keys, "web-01");
+        assert_eq!(psk.len(), 64);
+        assert!(is_valid_psk(&keys, "web-01", &psk));
+        assert!(!is_valid_psk(&keys, "web-02", &psk));
+        assert!(!is_valid_psk(&keys, "web-01", "zz"));
+    }
+}

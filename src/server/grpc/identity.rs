@@ -1,0 +1,188 @@
+//! IdentityService: the embedded CA, PSKs and join tokens (contract §10). Thin: unpack, call
+//! the identity domain with the caller's principal, pack.
+
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+
+use super::principal;
+use crate::identity::{self, CertificateInfo, Keys, TokenView};
+use crate::proto;
+use crate::server::Context;
+use crate::Error;
+
+pub struct Identity {
+    pub context: Arc<Context>,
+}
+
+impl Identity {
+    fn keys(&self) -> Result<Keys, Status> {
+        Ok(Keys::from_config(&self.context.config)?)
+    }
+}
+
+fn certificate(info: CertificateInfo) -> proto::Certificate {
+    proto::Certificate {
+        subject: info.subject,
+        fingerprint: info.fingerprint,
+        not_before: info.not_before,
+        not_after: info.not_after,
+    }
+}
+
+fn ca_info_response(info: identity::CaInfo) -> proto::CaInfoResponse {
+    proto::CaInfoResponse {
+        root_ca: Some(certificate(info.root_ca)),
+        signing_ca: Some(certificate(info.signing_ca)),
+    }
+}
+
+fn token_message(view: TokenView, cleartext: String) -> proto::JoinToken {
+    proto::JoinToken {
+        id: view.id,
+        token: cleartext,
+        agent_id: view.agent_id.unwrap_or_default(),
+        created_at: view.created_at,
+        expires_at: view.expires_at,
+        used_at: view.used_at.unwrap_or_default(),
+        revoked_at: view.revoked_at.unwrap_or_default(),
+        state: view.state,
+        created_by: view.created_by,
+        used_by: view.used_by.unwrap_or_default(),
+    }
+}
+
+fn optional(text: String) -> Option<String> {
+    (!text.is_empty()).then_some(text)
+}
+
+#[tonic::async_trait]
+impl proto::identity_service_server::IdentityService for Identity {
+    async fn ca_info(
+        &self,
+        request: Request<proto::Empty>,
+    ) -> Result<Response<proto::CaInfoResponse>, Status> {
+        let caller = principal(&request)?;
+        let info = identity::ca_info(&self.context.domain, &caller).await?;
+        Ok(Response::new(ca_info_response(info)))
+    }
+
+    async fn rotate_signing(
+        &self,
+        request: Request<proto::Empty>,
+    ) -> Result<Response<proto::CaInfoResponse>, Status> {
+        let caller = principal(&request)?;
+        let info = identity::rotate_signing(&self.context.domain, &self.keys()?, &caller).await?;
+        Ok(Response::new(ca_info_response(info)))
+    }
+
+    async fn export_ca(
+        &self,
+        request: Request<proto::Empty>,
+    ) -> Result<Response<proto::ExportCaResponse>, Status> {
+        let caller = principal(&request)?;
+        let pem = identity::export_chain(&self.context.domain, &caller).await?;
+        Ok(Response::new(proto::ExportCaResponse { pem }))
+    }
+
+    async fn encrypt_ca(
+        &self,
+        request: Request<proto::EncryptCaRequest>,
+    ) -> Result<Response<proto::EncryptCaResponse>, Status> {
+        let caller = principal(&request)?;
+        let passphrase = request.into_inner().passphrase;
+        let data =
+            identity::encrypt_ca(&self.context.domain, &self.keys()?, &caller, &passphrase).await?;
+        Ok(Response::new(proto::EncryptCaResponse { data }))
+    }
+
+    async fn status(
+        &self,
+        request: Request<proto::Empty>,
+    ) -> Result<Response<proto::IdentityStatusResponse>, Status> {
+        let caller = principal(&request)?;
+        let status = identity::status(&self.context.domain, &self.keys()?, &caller).await?;
+        let count = |state: &str| status.tokens.get(state).copied().unwrap_or(0);
+        Ok(Response::new(proto::IdentityStatusResponse {
+            tokens_unused: count("unused"),
+            tokens_used: count("used"),
+            tokens_revoked: count("revoked"),
+            tokens_expired: count("expired"),
+            provider: status.provider,
+            health: status.health,
+            ca_not_after: status.ca_not_after,
+            detail: status.detail,
+        }))
+    }
+
+    async fn psk(
+        &self,
+        request: Request<proto::PskRequest>,
+    ) -> Result<Response<proto::PskResponse>, Status> {
+        let caller = principal(&request)?;
+        let agent_id = request.into_inner().agent_id;
+        let psk = identity::psk(&self.context.domain, &self.keys()?, &caller, &agent_id).await?;
+        Ok(Response::new(proto::PskResponse { psk }))
+    }
+
+    async fn create_token(
+        &self,
+        request: Request<proto::CreateTokenRequest>,
+    ) -> Result<Response<proto::JoinToken>, Status> {
+        let caller = principal(&request)?;
+        let wanted = request.into_inner();
+        let ttl = match optional(wanted.ttl) {
+            Some(text) => Some(crate::clock::parse_duration(&text).ok_or_else(|| {
+                Error::Invalid(format!("invalid ttl '{text}' (e.g. 30m, 24h, 7d)"))
+            })?),
+            None => None,
+        };
+        let new = identity::NewToken {
+            ttl,
+            agent_id: optional(wanted.agent_id),
+        };
+        let created = identity::create_token(&self.context.domain, &caller, new).await?;
+        Ok(Response::new(token_message(
+            created.token,
+            created.cleartext,
+        )))
+    }
+
+    async fn list_tokens(
+        &self,
+        request: Request<proto::ListTokensRequest>,
+    ) -> Result<Response<proto::ListTokensResponse>, Status> {
+        let caller = principal(&request)?;
+        let wanted = request.into_inner();
+        let filter = identity::TokenFilter {
+            unused: wanted.unused,
+            unexpired: wanted.unexpired,
+        };
+        let tokens = identity::list_tokens(&self.context.domain, &caller, filter).await?;
+        Ok(Response::new(proto::ListTokensResponse {
+            tokens: tokens
+                .into_iter()
+                .map(|view| token_message(view, String::new()))
+                .collect(),
+        }))
+    }
+
+    async fn revoke_token(
+        &self,
+        request: Request<proto::RevokeTokenRequest>,
+    ) -> Result<Response<proto::JoinToken>, Status> {
+        let caller = principal(&request)?;
+        let id = request.into_inner().id;
+        let view = identity::revoke_token(&self.context.domain, &caller, &id).await?;
+        Ok(Response::new(token_message(view, String::new())))
+    }
+
+    async fn cleanup_tokens(
+        &self,
+        request: Request<proto::Empty>,
+    ) -> Result<Response<proto::CleanupTokensResponse>, Status> {
+        let caller = principal(&request)?;
+        let removed = identity::cleanup_tokens(&self.context.domain, &caller).await?;
+        Ok(Response::new(proto::CleanupTokensResponse { removed }))
+    }
+}
