@@ -93,13 +93,15 @@ fn migrate(connection: &mut Connection) -> Result<()> {
             applied_at TEXT NOT NULL
         )",
     )?;
-    let current: i64 = connection.query_row(
-        "SELECT COALESCE(MAX(version), 0) FROM schema_version",
-        [],
-        |row| row.get(0),
-    )?;
+    // Every migration not yet recorded is applied, not only those above the highest: branches
+    // may add migrations out of order, and none of ours depends on a later one.
+    let applied: Vec<i64> = {
+        let mut statement = connection.prepare("SELECT version FROM schema_version")?;
+        let rows = statement.query_map([], |row| row.get(0))?;
+        rows.collect::<rusqlite::Result<_>>()?
+    };
     for (version, name, sql) in MIGRATIONS {
-        if *version <= current {
+        if applied.contains(version) {
             continue;
         }
         let tx = connection.transaction()?;
