@@ -12,11 +12,17 @@ pub struct Domain {
     pub store: Arc<dyn Store>,
     /// The one writer of audit rows.
     pub auditor: Auditor,
+    /// The secrets engine's master key, caches and backends (sealed until `secrets::start`).
+    pub secrets: crate::secrets::Secrets,
 }
 
 impl Domain {
     pub fn new(store: Arc<dyn Store>, policy_dir: std::path::PathBuf) -> Self {
         let auditor = Auditor::new(store.clone(), policy_dir);
-        Domain { store, auditor }
+        Domain {
+            store,
+            auditor,
+            secrets: Default::default(),
+        }
     }
 }

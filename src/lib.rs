@@ -13,6 +13,7 @@ pub mod domain;
 pub mod error;
 pub mod ids;
 pub mod metrics;
+pub mod secrets;
 pub mod server;
 pub mod store;
 

@@ -4,6 +4,8 @@
 //! (nothing awaits while a connection is checked out) instead of paying a `spawn_blocking`
 //! hop per call. WAL lets the pooled readers run beside the one writer.
 
+mod secrets;
+
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -365,6 +367,10 @@ impl Store for SqliteStore {
                 .execute(params![id, used_at])?;
             Ok(())
         })
+    }
+
+    fn secrets(&self) -> &dyn super::SecretStore {
+        self
     }
 }
 
