@@ -26,6 +26,7 @@ fn table() -> Vec<(&'static str, Entry)> {
     let built: &[(&str, Main)] = &[
         ("svc-audit", cli::audit::main),
         ("svc-policy", cli::policy::main),
+        ("svc-secrets", cli::secrets::main),
     ];
     for tool in planned::TOOLS {
         match built.iter().find(|(name, _)| *name == tool.name) {

@@ -12,6 +12,7 @@ pub mod ctl;
 pub mod output;
 pub mod planned;
 pub mod policy;
+pub mod secrets;
 
 use std::fmt;
 

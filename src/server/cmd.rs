@@ -258,6 +258,12 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
         grpc: grpc_listener.local_addr()?,
     };
     let context = Arc::new(Context::new(config, data_dir.clone(), store));
+    // Refuses a wrong master_key before anything is served; then expired leases get revoked.
+    let master_key = decode_master_key(&context.config.master_key).ok_or_else(|| {
+        crate::Error::Invalid("master_key must be base64 of exactly 32 bytes".into())
+    })?;
+    crate::secrets::start(&context.domain, &master_key, &context.config.secrets).await?;
+    crate::secrets::leases::spawn_reaper(context.clone(), |c| &c.domain);
 
     let (stop_sender, stop) = tokio::sync::watch::channel(false);
     let http_task = tokio::spawn(super::http::serve(

@@ -7,6 +7,7 @@
 
 mod auth_layer;
 mod policy;
+mod secrets;
 mod stubs;
 
 use std::sync::Arc;
@@ -50,7 +51,9 @@ pub async fn serve(context: Arc<Context>, listener: TcpListener, mut stop: watch
             context: context.clone(),
         }))
         .add_service(IdentityServiceServer::new(stubs::Identity))
-        .add_service(SecretsServiceServer::new(stubs::Secrets))
+        .add_service(SecretsServiceServer::new(secrets::Secrets {
+            context: context.clone(),
+        }))
         .add_service(ClusterServiceServer::new(stubs::Cluster))
         .add_service(FleetServiceServer::new(stubs::Fleet));
     let router = match (reflection_v1, reflection_v1alpha) {

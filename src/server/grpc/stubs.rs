@@ -6,12 +6,10 @@ use crate::proto;
 
 pub struct Events;
 pub struct Identity;
-pub struct Secrets;
 pub struct Cluster;
 pub struct Fleet;
 
 impl proto::event_service_server::EventService for Events {}
 impl proto::identity_service_server::IdentityService for Identity {}
-impl proto::secrets_service_server::SecretsService for Secrets {}
 impl proto::cluster_service_server::ClusterService for Cluster {}
 impl proto::fleet_service_server::FleetService for Fleet {}
