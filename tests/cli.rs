@@ -127,9 +127,9 @@ fn commands_not_built_yet_say_so_and_fail() {
             "svc-events: 'list' is not implemented yet",
         ),
         (
-            "svc-secrets",
-            &["--api-key", "k", "get", "db/prod"],
-            "svc-secrets: 'get' is not implemented yet",
+            "svc-identity",
+            &["--api-key", "k", "status"],
+            "svc-identity: 'status' is not implemented yet",
         ),
         (
             "svcctl",
