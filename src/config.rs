@@ -118,6 +118,7 @@ pub struct ServerConfig {
     pub limits: LimitsConfig,
     /// Retention of the durable streams (events, audit mirror) under data_dir/jetstream/.
     pub streams: StreamsConfig,
+    pub secrets: SecretsConfig,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -155,6 +156,7 @@ impl Default for ServerConfig {
             policy_dir: PathBuf::from("/etc/svc/policies"),
             limits: LimitsConfig::default(),
             streams: StreamsConfig::default(),
+            secrets: SecretsConfig::default(),
         }
     }
 }
@@ -318,6 +320,35 @@ impl Default for NatsSection {
     }
 }
 
+/// The secrets engine's backends (contract §11).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SecretsConfig {
+    pub postgres: PostgresSecretsConfig,
+}
+
+/// The PostgreSQL dynamic-credential backend; empty `url` turns it off.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PostgresSecretsConfig {
+    /// Admin connection URL (a role with CREATEROLE), e.g. postgres://vault@127.0.0.1/postgres.
+    pub url: Secret,
+    /// Lease length when `creds` gives no --ttl, and the renew increment by default.
+    pub default_ttl: ConfigDuration,
+    /// No lease outlives this from its creation, however often it is renewed.
+    pub max_ttl: ConfigDuration,
+}
+
+impl Default for PostgresSecretsConfig {
+    fn default() -> Self {
+        PostgresSecretsConfig {
+            url: Secret::default(),
+            default_ttl: ConfigDuration(Duration::from_secs(3600)),
+            max_ttl: ConfigDuration(Duration::from_secs(24 * 3600)),
+        }
+    }
+}
+
 /// Which keys of a config kind hold free-form maps (any key allowed below them), and which
 /// top-level keys belong to the other daemon (their variables are skipped, not rejected).
 struct Schema {
@@ -346,6 +377,7 @@ const AGENT_SCHEMA: Schema = Schema {
         "policy_dir",
         "limits",
         "streams",
+        "secrets",
     ],
 };
 

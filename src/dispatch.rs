@@ -29,6 +29,7 @@ fn table() -> Vec<(&'static str, Entry)> {
         ("svc-policy", cli::policy::main),
         ("svc-identity", cli::identity::main),
         ("svc-agent", crate::agent::main),
+        ("svc-secrets", cli::secrets::main),
     ];
     for tool in planned::TOOLS {
         match built.iter().find(|(name, _)| *name == tool.name) {

@@ -16,6 +16,8 @@ pub struct Domain {
     pub auditor: Auditor,
     /// The one emitter of events.
     pub events: Arc<Events>,
+    /// The secrets engine's master key, caches and backends (sealed until `secrets::start`).
+    pub secrets: crate::secrets::Secrets,
 }
 
 impl Domain {
@@ -33,6 +35,18 @@ impl Domain {
             store,
             auditor,
             events,
+            secrets: Default::default(),
         }
+    }
+
+    /// A domain over `store` with its events log under `dir/jetstream/events` and policies
+    /// from `dir/policies`, no audit mirror: for unit tests and offline tools.
+    pub fn in_dir(store: Arc<dyn Store>, dir: &std::path::Path) -> crate::Result<Self> {
+        let log = StreamLog::open(&dir.join("jetstream/events"), Default::default())?;
+        // The sender is leaked on purpose: nothing here ever stops.
+        let (stop, stopping) = tokio::sync::watch::channel(false);
+        std::mem::forget(stop);
+        let events = Arc::new(Events::new(log, stopping));
+        Ok(Domain::new(store, dir.join("policies"), events, None))
     }
 }

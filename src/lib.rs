@@ -17,6 +17,7 @@ pub mod events;
 pub mod identity;
 pub mod ids;
 pub mod metrics;
+pub mod secrets;
 pub mod server;
 pub mod store;
 pub mod stream;

@@ -254,7 +254,11 @@ fn watch_and_subscribe_see_events_emitted_after_they_start() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subscriber_joining_mid_stream_sees_every_event_exactly_once() {
-    let server = TestServer::start();
+    // 300 emits in a burst: lift the per-key rate limit, which is not under test here.
+    let server = TestServer::start_with(common::Options {
+        config_yaml: "rate_limit: { requests_per_second: 100000, burst: 100000 }\n".into(),
+        ..common::Options::default()
+    });
     let key = server.admin_key.clone();
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc))
         .unwrap()

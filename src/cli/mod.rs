@@ -14,6 +14,7 @@ pub mod identity;
 pub mod output;
 pub mod planned;
 pub mod policy;
+pub mod secrets;
 
 use std::fmt;
 

@@ -59,6 +59,31 @@ impl Keys {
     }
 }
 
+impl Keys {
+    /// The keys in force for `domain`: the master key follows a `rotate-master`, which
+    /// the configuration file only learns at the next restart.
+    pub fn current(config: &ServerConfig, domain: &Domain) -> Result<Keys> {
+        let mut keys = Keys::from_config(config)?;
+        if let Some(master) = domain.secrets.current_master() {
+            keys.master_key = master;
+        }
+        Ok(keys)
+    }
+}
+
+/// Re-seals every active CA key from `old` to `new` master key; returns how many.
+pub async fn reseal_ca(store: &dyn Store, old: &[u8; 32], new: &[u8; 32]) -> Result<u64> {
+    let rows = store.active_ca().await?;
+    for row in &rows {
+        let context = seal_context(&row.kind, &row.id);
+        let key = ca::open(old, &context, &row.key_encrypted)?;
+        store
+            .update_ca_key(&row.id, &ca::seal(new, &context, &key)?)
+            .await?;
+    }
+    Ok(rows.len() as u64)
+}
+
 const ROOT: &str = "root";
 const SIGNING: &str = "signing";
 

@@ -271,6 +271,13 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
         Some(audit_log.clone()),
     );
 
+    // Refuses a wrong master_key (with a message saying what to do) before anything else
+    // opens data sealed under it; expired leases get revoked once the server runs.
+    let master_key = decode_master_key(&config.master_key).ok_or_else(|| {
+        crate::Error::Invalid("master_key must be base64 of exactly 32 bytes".into())
+    })?;
+    crate::secrets::start(&domain, &master_key, &config.secrets).await?;
+
     // The embedded CA: made on first start; master_key must open it on every start.
     let identity_keys = crate::identity::Keys::from_config(&config)?;
     crate::identity::ensure_ca(domain.store.as_ref(), &identity_keys).await?;
@@ -292,6 +299,7 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     let context = Arc::new(Context::new(config, data_dir.clone(), domain, bus, streams));
     tokio::spawn(enforce_retention(vec![events_log, audit_log]));
     tokio::spawn(super::enrol::serve(context.clone()));
+    crate::secrets::leases::spawn_reaper(context.clone(), |c| &c.domain);
 
     let http_task = tokio::spawn(super::http::serve(
         context.clone(),

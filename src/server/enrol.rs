@@ -17,13 +17,6 @@ const QUEUE_GROUP: &str = "svc-server";
 
 /// Answers enrolment requests until the server's bus client goes away.
 pub async fn serve(context: Arc<Context>) {
-    let keys = match Keys::from_config(&context.config) {
-        Ok(keys) => Arc::new(keys),
-        Err(e) => {
-            tracing::error!(error = %e, "enrolment disabled");
-            return;
-        }
-    };
     let mut requests = match context
         .bus
         .client
@@ -41,9 +34,8 @@ pub async fn serve(context: Arc<Context>) {
             continue;
         };
         let context = context.clone();
-        let keys = keys.clone();
         tokio::spawn(async move {
-            let answer = answer(&context, &keys, &message.payload).await;
+            let answer = answer(&context, &message.payload).await;
             if let Err(e) = context.bus.client.publish(reply, answer.into()).await {
                 tracing::warn!(error = %e, "enrolment reply not sent");
             }
@@ -51,13 +43,18 @@ pub async fn serve(context: Arc<Context>) {
     }
 }
 
-async fn answer(context: &Context, keys: &Keys, payload: &[u8]) -> Vec<u8> {
+async fn answer(context: &Context, payload: &[u8]) -> Vec<u8> {
+    // Per request, so a master-key rotation is followed without a restart.
+    let keys = match Keys::current(&context.config, &context.domain) {
+        Ok(keys) => keys,
+        Err(e) => return error_reply("internal", &e.to_string()),
+    };
     let request: EnrolRequest = match serde_json::from_slice(payload) {
         Ok(request) => request,
         Err(e) => return error_reply("bad_request", &format!("malformed enrolment request: {e}")),
     };
     let agent_id = request.agent_id.clone();
-    match identity::enrol(&context.domain, keys, request).await {
+    match identity::enrol(&context.domain, &keys, request).await {
         Ok(enrolled) => {
             tracing::info!(agent_id, "agent enrolled");
             serde_json::to_vec(&enrolled).expect("enrolment replies serialize")

@@ -4,6 +4,7 @@
 //! kept portable (TEXT timestamps in RFC 3339, no driver-specific types), and the migrations in
 //! `migrations/` are embedded in the binary and applied in order at start.
 
+mod secrets;
 mod sqlite;
 
 use std::path::Path;
@@ -14,12 +15,17 @@ use async_trait::async_trait;
 use crate::config::{StoreConfig, StoreDriver};
 use crate::Result;
 
+pub use secrets::{
+    LeaseRow, Rewrap, SecretRow, SecretStore, SecretVersionRow, TransitKeyRow, TransitVersionRow,
+    Wrapped,
+};
 pub use sqlite::SqliteStore;
 
 /// Every migration, in order. A migration is never edited once released: add a new one.
 pub const MIGRATIONS: &[(i64, &str, &str)] = &[
     (1, "api_keys", include_str!("migrations/0001_api_keys.sql")),
     (2, "audit", include_str!("migrations/0002_audit.sql")),
+    (3, "secrets", include_str!("migrations/0003_secrets.sql")),
     (4, "identity", include_str!("migrations/0004_identity.sql")),
 ];
 
@@ -146,8 +152,12 @@ pub trait Store: Send + Sync + 'static {
     /// Rows in chain order with `seq > after_seq`, at most `limit` (verify and export).
     async fn audit_chain(&self, after_seq: i64, limit: usize) -> Result<Vec<AuditRow>>;
 
+    /// The secrets tables (KV, transit, leases, master-key check).
+    fn secrets(&self) -> &dyn SecretStore;
     /// The active (not retired) CA rows.
     async fn active_ca(&self) -> Result<Vec<CaRow>>;
+    /// Replaces a CA row's sealed key (master-key rotation).
+    async fn update_ca_key(&self, id: &str, key_encrypted: &str) -> Result<()>;
     /// Inserts `row`; when it is a signing CA, retires the active one at `row.created_at`
     /// in the same transaction, so there is never more or less than one.
     async fn insert_ca(&self, row: &CaRow) -> Result<()>;

@@ -17,7 +17,7 @@ pub struct Identity {
 
 impl Identity {
     fn keys(&self) -> Result<Keys, Status> {
-        Ok(Keys::from_config(&self.context.config)?)
+        Ok(Keys::current(&self.context.config, &self.context.domain)?)
     }
 }
 

@@ -4,10 +4,8 @@
 
 use crate::proto;
 
-pub struct Secrets;
 pub struct Cluster;
 pub struct Fleet;
 
-impl proto::secrets_service_server::SecretsService for Secrets {}
 impl proto::cluster_service_server::ClusterService for Cluster {}
 impl proto::fleet_service_server::FleetService for Fleet {}
