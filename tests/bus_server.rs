@@ -24,22 +24,7 @@ fn session(server: &TestServer, connect_json: &str, ops: &str) -> Vec<String> {
     assert!(info.starts_with("INFO {"), "{info}");
     let mut writer = stream;
     write!(writer, "CONNECT {connect_json}\r\n{ops}PING\r\n").unwrap();
-    let mut lines = Vec::new();
-    loop {
-        let mut line = String::new();
-        match reader.read_line(&mut line) {
-            Ok(0) | Err(_) => break,
-            Ok(_) => {
-                let line = line.trim_end().to_string();
-                let done = line == "PONG";
-                lines.push(line);
-                if done {
-                    break;
-                }
-            }
-        }
-    }
-    lines
+    common::lines_until_pong(&mut reader)
 }
 
 #[test]

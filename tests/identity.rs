@@ -392,22 +392,7 @@ fn agent_session(server: &TestServer, state: &Path, ops: &str) -> Vec<String> {
     });
     let mut writer = stream;
     write!(writer, "CONNECT {connect}\r\n{ops}PING\r\n").unwrap();
-    let mut lines = Vec::new();
-    loop {
-        let mut line = String::new();
-        match reader.read_line(&mut line) {
-            Ok(0) | Err(_) => break,
-            Ok(_) => {
-                let line = line.trim_end().to_string();
-                let done = line == "PONG";
-                lines.push(line);
-                if done {
-                    break;
-                }
-            }
-        }
-    }
-    lines
+    common::lines_until_pong(&mut reader)
 }
 
 #[test]

@@ -407,6 +407,26 @@ impl Drop for NatsServer {
     }
 }
 
+/// Reads NATS protocol lines up to and including the PONG (or until the socket closes).
+pub fn lines_until_pong(reader: &mut impl std::io::BufRead) -> Vec<String> {
+    let mut lines = Vec::new();
+    loop {
+        let mut line = String::new();
+        match reader.read_line(&mut line) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {
+                let line = line.trim_end().to_string();
+                let done = line == "PONG";
+                lines.push(line);
+                if done {
+                    break;
+                }
+            }
+        }
+    }
+    lines
+}
+
 /// A gRPC request carrying `authorization: Bearer KEY`.
 pub fn with_key<T>(message: T, key: &str) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
