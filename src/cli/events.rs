@@ -7,7 +7,7 @@ use argh::FromArgs;
 
 use super::client::{authorized, grpc_channel};
 use super::output::{print_json, print_table};
-use super::{parse_args, run_async, CliError, Common, Output};
+use super::{CliError, Common, Output};
 use crate::proto::event_service_client::EventServiceClient;
 use crate::proto::{self, Event};
 
@@ -17,23 +17,19 @@ pub fn main(program: &str, args: Vec<String>) -> i32 {
 
 fn run(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
     let name = format!("{program} {command}");
-    macro_rules! with {
-        ($args:ty, $body:expr) => {
-            match parse_args::<$args>(&name, args) {
-                Ok(parsed) => run_async(program, $body(common, parsed)),
-                Err(code) => code,
-            }
-        };
-    }
     match command {
-        "list" => with!(ListArgs, list),
-        "get" => with!(GetArgs, get),
-        "emit" => with!(EmitArgs, emit),
-        "subscribe" => with!(FilterArgs, |c, a| follow(c, a, false)),
-        "watch" => with!(FilterArgs, |c, a| follow(c, a, true)),
-        "replay" => with!(FilterArgs, replay),
-        "stats" => with!(StatsArgs, stats),
-        _ => with!(TypesArgs, types),
+        "list" => super::run_command::<ListArgs, _>(program, &name, args, common, list),
+        "get" => super::run_command::<GetArgs, _>(program, &name, args, common, get),
+        "emit" => super::run_command::<EmitArgs, _>(program, &name, args, common, emit),
+        "subscribe" => super::run_command::<FilterArgs, _>(program, &name, args, common, |c, a| {
+            follow(c, a, false)
+        }),
+        "watch" => super::run_command::<FilterArgs, _>(program, &name, args, common, |c, a| {
+            follow(c, a, true)
+        }),
+        "replay" => super::run_command::<FilterArgs, _>(program, &name, args, common, replay),
+        "stats" => super::run_command::<StatsArgs, _>(program, &name, args, common, stats),
+        _ => super::run_command::<TypesArgs, _>(program, &name, args, common, types),
     }
 }
 

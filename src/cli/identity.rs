@@ -7,7 +7,7 @@ use argh::FromArgs;
 
 use super::client::{authorized, grpc_channel};
 use super::output::{print_json, print_table};
-use super::{parse_args, run_async, CliError, Common, Output};
+use super::{CliError, Common, Output};
 use crate::proto::identity_service_client::IdentityServiceClient;
 use crate::proto::{self, JoinToken};
 
@@ -17,19 +17,11 @@ pub fn main(program: &str, args: Vec<String>) -> i32 {
 
 fn run(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
     let name = format!("{program} {command}");
-    macro_rules! with {
-        ($args:ty, $body:expr) => {
-            match parse_args::<$args>(&name, args) {
-                Ok(parsed) => run_async(program, $body(common, parsed)),
-                Err(code) => code,
-            }
-        };
-    }
     match command {
-        "ca" => with!(CaArgs, ca),
-        "status" => with!(StatusArgs, status),
-        "psk" => with!(PskArgs, psk),
-        _ => with!(TokenArgs, token),
+        "ca" => super::run_command::<CaArgs, _>(program, &name, args, common, ca),
+        "status" => super::run_command::<StatusArgs, _>(program, &name, args, common, status),
+        "psk" => super::run_command::<PskArgs, _>(program, &name, args, common, psk),
+        _ => super::run_command::<TokenArgs, _>(program, &name, args, common, token),
     }
 }
 

@@ -209,6 +209,24 @@ pub fn run_partly_built(
     }
 }
 
+/// Parses one command's arguments and runs its body: the usual shape of a built command.
+pub fn run_command<A, F>(
+    program: &str,
+    name: &str,
+    args: &[String],
+    common: Common,
+    body: impl FnOnce(Common, A) -> F,
+) -> i32
+where
+    A: FromArgs,
+    F: std::future::Future<Output = Result<(), CliError>>,
+{
+    match parse_args::<A>(name, args) {
+        Ok(parsed) => run_async(program, body(common, parsed)),
+        Err(code) => code,
+    }
+}
+
 /// Runs a CLI body on a current-thread runtime; prints its error as `program: message`.
 pub fn run_async<F>(program: &str, body: F) -> i32
 where
