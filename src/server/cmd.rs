@@ -226,6 +226,7 @@ fn ensure_dev_secrets(program: &str, config: &mut ServerConfig) -> Result<()> {
 }
 
 async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
+    let mut signals = StopSignals::install()?;
     create_private_dir(&config.data_dir)?;
     if dev {
         ensure_dev_secrets(program, &mut config)?;
@@ -323,7 +324,7 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
         .emit_system("server_started", "server", started)
         .await;
 
-    wait_for_stop_signal(&context).await;
+    signals.wait(&context).await;
     tracing::info!(grace = ?SHUTDOWN_GRACE, "stop requested: no new connections; draining in-flight requests");
     context
         .domain
@@ -357,24 +358,36 @@ async fn bind(address: &str, key: &str) -> Result<tokio::net::TcpListener> {
 }
 
 /// Waits for SIGTERM or SIGINT; SIGHUP reloads the policies meanwhile.
-async fn wait_for_stop_signal(context: &Context) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::hangup()),
-    ) else {
-        // Without signal handlers the process can still be killed; run until then.
-        std::future::pending::<()>().await;
-        return;
-    };
-    loop {
-        tokio::select! {
-            _ = term.recv() => return,
-            _ = int.recv() => return,
-            _ = hup.recv() => {
-                let count = context.domain.auditor.reload_policies();
-                tracing::info!(count, "SIGHUP: policies reloaded");
+/// The signals the server handles, installed before the server announces its addresses:
+/// a SIGTERM that arrives during start-up must drain the server, not kill it.
+struct StopSignals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    fn install() -> Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let install =
+            |kind| signal(kind).map_err(|e| crate::Error::Internal(format!("signal handler: {e}")));
+        Ok(StopSignals {
+            term: install(SignalKind::terminate())?,
+            int: install(SignalKind::interrupt())?,
+            hup: install(SignalKind::hangup())?,
+        })
+    }
+
+    /// Waits for SIGTERM or SIGINT; SIGHUP reloads the policies meanwhile.
+    async fn wait(&mut self, context: &Context) {
+        loop {
+            tokio::select! {
+                _ = self.term.recv() => return,
+                _ = self.int.recv() => return,
+                _ = self.hup.recv() => {
+                    let count = context.domain.auditor.reload_policies();
+                    tracing::info!(count, "SIGHUP: policies reloaded");
+                }
             }
         }
     }
