@@ -112,7 +112,9 @@ impl Bus {
 
     /// Lame duck for the embedded broker; the server's client flushes first.
     pub async fn shutdown(&self, grace: Duration) {
-        let _ = tokio::time::timeout(Duration::from_secs(2), self.client.flush()).await;
+        // Drain (flush, unsubscribe, close) the server's own client first: the broker's lame
+        // duck waits for clients to leave, and this one otherwise never would.
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.client.drain()).await;
         let broker = self.broker.lock().expect("broker lock poisoned").take();
         if let Some(broker) = broker {
             broker.shutdown(grace).await;
