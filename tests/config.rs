@@ -4,6 +4,16 @@ mod common;
 
 use common::{run, Names};
 
+/// `svc-server --config FILE --check-config` with `env` set.
+fn check_config(names: &Names, file: &std::path::Path, env: &[(&str, &str)]) -> common::Run {
+    let mut command = names.command("svc-server");
+    command.arg("--config").arg(file).arg("--check-config");
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    run(&mut command)
+}
+
 #[test]
 fn check_config_accepts_a_valid_file_and_environment() {
     let names = Names::new();
@@ -17,12 +27,7 @@ fn check_config_accepts_a_valid_file_and_environment() {
         ),
     )
     .unwrap();
-    let result = run(names
-        .command("svc-server")
-        .arg("--config")
-        .arg(&file)
-        .arg("--check-config")
-        .env("SVC_LISTEN__HTTP", "127.0.0.1:18080"));
+    let result = check_config(&names, &file, &[("SVC_LISTEN__HTTP", "127.0.0.1:18080")]);
     assert_eq!(result.code, 0, "{result:?}");
 }
 
@@ -36,12 +41,7 @@ fn check_config_lists_every_problem() {
         "listen:\n  htp: 1.2.3.4:80\nbogus: true\nmaster_key: short\n",
     )
     .unwrap();
-    let result = run(names
-        .command("svc-server")
-        .arg("--config")
-        .arg(&file)
-        .arg("--check-config")
-        .env("SVC_LISTEN__NOPE", "x"));
+    let result = check_config(&names, &file, &[("SVC_LISTEN__NOPE", "x")]);
     assert_eq!(result.code, 1, "{result:?}");
     let name = file.display().to_string();
     assert!(
@@ -64,11 +64,7 @@ fn check_config_lists_every_problem() {
     );
 
     std::fs::write(&file, "master_key: short\nlisten: { http: nowhere }\n").unwrap();
-    let result = run(names
-        .command("svc-server")
-        .arg("--config")
-        .arg(&file)
-        .arg("--check-config"));
+    let result = check_config(&names, &file, &[]);
     assert_eq!(result.code, 1, "{result:?}");
     for expected in [
         "hmacsecret is missing",
@@ -92,18 +88,9 @@ fn environment_overrides_the_file() {
         ),
     )
     .unwrap();
-    let bad = run(names
-        .command("svc-server")
-        .arg("--config")
-        .arg(&file)
-        .arg("--check-config"));
+    let bad = check_config(&names, &file, &[]);
     assert_eq!(bad.code, 1, "{bad:?}");
-    let fixed = run(names
-        .command("svc-server")
-        .arg("--config")
-        .arg(&file)
-        .arg("--check-config")
-        .env("SVC_LISTEN__HTTP", "127.0.0.1:18080"));
+    let fixed = check_config(&names, &file, &[("SVC_LISTEN__HTTP", "127.0.0.1:18080")]);
     assert_eq!(fixed.code, 0, "{fixed:?}");
 }
 

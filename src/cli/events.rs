@@ -150,14 +150,9 @@ async fn client(
     Ok(EventServiceClient::new(grpc_channel(common).await?))
 }
 
+/// One event as a JSON value: the same document `json_line` writes for streams.
 fn event_json(event: &Event) -> serde_json::Value {
-    let payload: serde_json::Value =
-        serde_json::from_str(&event.payload_json).unwrap_or(serde_json::Value::Null);
-    serde_json::json!({
-        "id": event.id, "seq": event.seq, "type": event.r#type, "category": event.category,
-        "severity": event.severity, "source": event.source, "timestamp": event.timestamp,
-        "payload": payload,
-    })
+    serde_json::from_str(&json_line(event)).unwrap_or(serde_json::Value::Null)
 }
 
 fn event_row(event: &Event) -> Vec<String> {
