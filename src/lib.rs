@@ -19,6 +19,7 @@ pub mod ids;
 pub mod metrics;
 pub mod secrets;
 pub mod server;
+pub mod state;
 pub mod store;
 pub mod stream;
 
