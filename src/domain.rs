@@ -18,6 +18,8 @@ pub struct Domain {
     pub events: Arc<Events>,
     /// The secrets engine's master key, caches and backends (sealed until `secrets::start`).
     pub secrets: crate::secrets::Secrets,
+    /// Agents' liveness, jobs waiting for answers, and the bus client commands go out on.
+    pub fleet: crate::fleet::Fleet,
 }
 
 impl Domain {
@@ -36,6 +38,7 @@ impl Domain {
             auditor,
             events,
             secrets: Default::default(),
+            fleet: Default::default(),
         }
     }
 

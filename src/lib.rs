@@ -14,6 +14,7 @@ pub mod dispatch;
 pub mod domain;
 pub mod error;
 pub mod events;
+pub mod fleet;
 pub mod identity;
 pub mod ids;
 pub mod metrics;

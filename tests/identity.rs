@@ -424,7 +424,7 @@ fn enrolled_agents_use_their_own_subjects_until_the_signing_ca_rotates() {
         &server,
         &web1.state(),
         "SUB svc.agent.web-02.cmd 1\r\nPUB svc.agent.web-02.heartbeat 1\r\nx\r\n\
-         SUB _INBOX.> 2\r\nPUB svc.enroll 1\r\nx\r\n",
+         SUB _INBOX.> 2\r\nPUB svc.enroll 1\r\nx\r\nPUB _INBOX.abcdefghijklmnopqrstuv.1 1\r\nx\r\n",
     );
     assert_eq!(
         other,
@@ -433,6 +433,7 @@ fn enrolled_agents_use_their_own_subjects_until_the_signing_ca_rotates() {
             "-ERR 'Permissions Violation for Publish to \"svc.agent.web-02.heartbeat\"'",
             "-ERR 'Permissions Violation for Subscription to \"_INBOX.>\"'",
             "-ERR 'Permissions Violation for Publish to \"svc.enroll\"'",
+            "-ERR 'Permissions Violation for Publish to \"_INBOX.abcdefghijklmnopqrstuv.1\"'",
             "PONG",
         ]
     );

@@ -1,10 +1,15 @@
-//! svc-agent: the host daemon. Built so far: `bootstrap` (enrolment) and the bus credentials
-//! an enrolled agent connects with; the daemon run and `service` are still planned.
+//! svc-agent: the host daemon. `bootstrap` enrols (bootstrap.rs), `run` (the default) is the
+//! daemon (daemon.rs: heartbeats, commands; exec.rs runs programs, `crate::state` applies
+//! states), `service` manages its systemd unit (service.rs). The bus credentials an enrolled
+//! agent connects with are here.
 //!
 //! `--config PATH` is global (`svc-agent --config PATH bootstrap ...`, or after the command);
 //! it is taken out here before the command's own parser runs.
 
 mod bootstrap;
+mod daemon;
+mod exec;
+mod service;
 
 use std::path::{Path, PathBuf};
 
@@ -26,7 +31,20 @@ pub fn main(program: &str, args: Vec<String>) -> i32 {
     };
     match rest.first().map(String::as_str) {
         Some("bootstrap") => bootstrap::main(program, config, &rest[1..]),
+        Some("service") => service::main(program, config, &rest[1..]),
+        Some("run") => run_daemon(program, config, &rest[1..]),
+        None => run_daemon(program, config, &[]),
+        Some(flag) if flag.starts_with("--") && !matches!(flag, "--help" | "--version") => {
+            run_daemon(program, config, &rest)
+        }
         _ => planned::run(&planned::AGENT, &rest),
+    }
+}
+
+fn run_daemon(program: &str, config: Option<PathBuf>, args: &[String]) -> i32 {
+    match crate::cli::parse_args::<daemon::RunArgs>(&format!("{program} run"), args) {
+        Ok(args) => daemon::main(program, config, args),
+        Err(code) => code,
     }
 }
 

@@ -10,8 +10,6 @@ pub const ENROLL: &str = "svc.enroll";
 pub const AGENTS_ALL: &str = "svc.agent.>";
 /// Every event type, for `svc-events` and readonly principals.
 pub const EVENTS_ALL: &str = "svc.events.>";
-/// The reply-inbox prefix stock clients use.
-pub const INBOX_PREFIX: &str = "_INBOX.";
 
 /// `svc.agent.<id>.heartbeat`: the agent's periodic liveness report.
 pub fn agent_heartbeat(agent_id: &str) -> String {

@@ -7,7 +7,6 @@ use serde_json::{json, Value};
 
 use super::client::http_json;
 use super::output::{print_json, print_table};
-use super::planned::{self, CTL_AGENT, CTL_EXEC, CTL_STATE};
 use super::{exit, run_async, take_common, version_line, CliError, Common, Output, COMMON_HELP};
 use crate::auth::ApiKey;
 
@@ -49,9 +48,9 @@ pub fn main(program: &str, mut args: Vec<String>) -> i32 {
             exit::OK
         }
         "apikey" => apikey(program, common, &rest),
-        "agent" => planned::run(&CTL_AGENT, &rest),
-        "exec" => planned::run(&CTL_EXEC, &rest),
-        "state" => planned::run(&CTL_STATE, &rest),
+        "agent" => super::fleet::agent(program, common, &rest),
+        "exec" => super::fleet::exec(program, common, &rest),
+        "state" => super::fleet::state(program, common, &rest),
         "ctl" | "server" | "agent-daemon" => unknown(program, &command),
         name => {
             // Built-in svc-NAME modes run in-process with the common flags passed on.

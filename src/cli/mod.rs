@@ -10,6 +10,7 @@ pub mod audit;
 pub mod client;
 pub mod ctl;
 pub mod events;
+pub mod fleet;
 pub mod identity;
 pub mod output;
 pub mod planned;

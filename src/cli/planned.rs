@@ -25,59 +25,11 @@ pub const AGENT: Planned = Planned {
     commands: &[
         ("bootstrap", "enrol: interactive wizard, or --non-interactive --server URL --agent-id ID (--token T | --psk P) [--labels k=v,...]"),
         ("service", "manage the systemd unit: install | uninstall | status"),
+        ("run", "run the daemon (the default): [--log-level LEVEL]"),
     ],
     default: Some("run"),
     is_client: false,
-    built: &["bootstrap"],
-};
-
-pub const CTL_AGENT: Planned = Planned {
-    name: "svcctl agent",
-    about: "Inspect registered agents; quarantine and unquarantine them.",
-    commands: &[
-        ("list", "list agents"),
-        ("show", "show one agent: ID"),
-        (
-            "quarantine",
-            "reject an agent's heartbeats and send it no commands: ID [--reason TEXT]",
-        ),
-        ("unquarantine", "reverse a quarantine: ID"),
-    ],
-    default: None,
-    is_client: true,
-    built: &[],
-};
-
-pub const CTL_STATE: Planned = Planned {
-    name: "svcctl state",
-    about: "Declarative state: compile, check (dry run), apply, and detect drift.",
-    commands: &[
-        ("compile", "validate and print the resources of FILE"),
-        (
-            "check",
-            "report what applying FILE would change: FILE [--target SEL]",
-        ),
-        (
-            "apply",
-            "apply FILE on the targeted agents: FILE [--target SEL]",
-        ),
-        (
-            "drift",
-            "compare each agent's last applied state with the host: [--target SEL]",
-        ),
-    ],
-    default: None,
-    is_client: true,
-    built: &[],
-};
-
-pub const CTL_EXEC: Planned = Planned {
-    name: "svcctl exec",
-    about: "Run a command on agents: [--target SEL] [--timeout D] [--concurrency N] -- CMD ARGS...",
-    commands: &[],
-    default: Some("exec"),
-    is_client: true,
-    built: &[],
+    built: &["bootstrap", "service", "run"],
 };
 
 /// Every planned `svc-NAME` CLI.

@@ -204,6 +204,14 @@ pub fn verify_agent(
     })
 }
 
+/// The agent id in a PEM certificate's `spiffe://svc/agent/<id>` SAN (what the bus will
+/// take the holder to be).
+pub fn agent_id_in(cert_pem: &str) -> Option<String> {
+    let (_, pem) = x509_parser::pem::parse_x509_pem(cert_pem.as_bytes()).ok()?;
+    let cert = pem.parse_x509().ok()?;
+    agent_id_of(&cert)
+}
+
 fn agent_id_of(cert: &X509Certificate<'_>) -> Option<String> {
     let names = cert.subject_alternative_name().ok()??;
     names

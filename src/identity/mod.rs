@@ -532,7 +532,7 @@ async fn enrol_checked(
             labels,
             fingerprint: fingerprint.clone(),
             enrolled_at: now,
-            is_quarantined: false,
+            ..AgentRow::default()
         })
         .await?;
     Ok((

@@ -237,17 +237,16 @@ pub async fn start(
     })
 }
 
-/// What an enrolled agent may do on the bus (contract §7): its own subjects, replies to
-/// requests made of it, and its own private reply inbox.
+/// What an enrolled agent may do on the bus (contract §7): publish only under its own
+/// subjects — results go to `svc.agent.<id>.result`, never to a reply inbox, so the subject
+/// proves the sender and no agent can answer for another — and subscribe to its own subjects
+/// and its own private reply inbox.
 pub fn agent_bus_permissions(agent_id: &str) -> Permissions {
     use crate::bus::SubjectRule;
     Permissions {
         user: format!("agent:{agent_id}"),
         publish: AllowDeny {
-            allow: vec![
-                SubjectRule::pattern(subjects::agent_all(agent_id)),
-                SubjectRule::pattern(format!("{}>", subjects::INBOX_PREFIX)),
-            ],
+            allow: vec![SubjectRule::pattern(subjects::agent_all(agent_id))],
             deny: Vec::new(),
         },
         subscribe: AllowDeny {

@@ -265,12 +265,15 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     let events_log = StreamLog::open(&jetstream.join("events"), stream_config.clone())?;
     let audit_log = StreamLog::open(&jetstream.join("audit"), stream_config)?;
     let events = Arc::new(Events::new(events_log.clone(), stop.clone()));
-    let domain = Domain::new(
+    let mut domain = Domain::new(
         store,
         config.policy_dir.clone(),
         events,
         Some(audit_log.clone()),
     );
+    domain.fleet = crate::fleet::Fleet::new(config.agents.heartbeat_timeout.0);
+    let agents = crate::fleet::load(&domain).await?;
+    tracing::debug!(agents, "agent registry loaded");
 
     // Refuses a wrong master_key (with a message saying what to do) before anything else
     // opens data sealed under it; expired leases get revoked once the server runs.
@@ -300,6 +303,7 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     let context = Arc::new(Context::new(config, data_dir.clone(), domain, bus, streams));
     tokio::spawn(enforce_retention(vec![events_log, audit_log]));
     tokio::spawn(super::enrol::serve(context.clone()));
+    super::fleet::start(context.clone()).await?;
     crate::secrets::leases::spawn_reaper(context.clone(), |c| &c.domain);
 
     let http_task = tokio::spawn(super::http::serve(

@@ -57,6 +57,9 @@ async fn answer(context: &Context, payload: &[u8]) -> Vec<u8> {
     match identity::enrol(&context.domain, &keys, request).await {
         Ok(enrolled) => {
             tracing::info!(agent_id, "agent enrolled");
+            if let Err(e) = crate::fleet::refresh(&context.domain, &agent_id).await {
+                tracing::warn!(agent_id, error = %e, "registry not refreshed after enrolment");
+            }
             serde_json::to_vec(&enrolled).expect("enrolment replies serialize")
         }
         Err(error) => {

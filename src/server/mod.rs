@@ -7,6 +7,7 @@
 pub mod bus;
 mod cmd;
 mod enrol;
+mod fleet;
 pub mod grpc;
 mod health;
 pub mod http;

@@ -4,6 +4,7 @@
 //! kept portable (TEXT timestamps in RFC 3339, no driver-specific types), and the migrations in
 //! `migrations/` are embedded in the binary and applied in order at start.
 
+mod fleet;
 mod secrets;
 mod sqlite;
 
@@ -15,6 +16,7 @@ use async_trait::async_trait;
 use crate::config::{StoreConfig, StoreDriver};
 use crate::Result;
 
+pub use fleet::{AgentStateRow, FleetStore};
 pub use secrets::{
     LeaseRow, Rewrap, SecretRow, SecretStore, SecretVersionRow, TransitKeyRow, TransitVersionRow,
     Wrapped,
@@ -27,6 +29,7 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
     (2, "audit", include_str!("migrations/0002_audit.sql")),
     (3, "secrets", include_str!("migrations/0003_secrets.sql")),
     (4, "identity", include_str!("migrations/0004_identity.sql")),
+    (5, "fleet", include_str!("migrations/0005_fleet.sql")),
 ];
 
 /// A stored API key (never the key itself: only its hash).
@@ -154,6 +157,8 @@ pub trait Store: Send + Sync + 'static {
 
     /// The secrets tables (KV, transit, leases, master-key check).
     fn secrets(&self) -> &dyn SecretStore;
+    /// The fleet tables (registry, quarantine, heartbeats, applied states).
+    fn fleet(&self) -> &dyn FleetStore;
     /// The active (not retired) CA rows.
     async fn active_ca(&self) -> Result<Vec<CaRow>>;
     /// Replaces a CA row's sealed key (master-key rotation).
@@ -215,6 +220,9 @@ pub struct AgentRow {
     pub fingerprint: String,
     pub enrolled_at: String,
     pub is_quarantined: bool,
+    pub quarantine_reason: Option<String>,
+    pub quarantined_at: Option<String>,
+    pub last_heartbeat_at: Option<String>,
 }
 
 /// Opens the configured store and applies pending migrations.

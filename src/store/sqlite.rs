@@ -4,6 +4,7 @@
 //! (nothing awaits while a connection is checked out) instead of paying a `spawn_blocking`
 //! hop per call. WAL lets the pooled readers run beside the one writer.
 
+mod fleet;
 mod secrets;
 
 use std::path::{Path, PathBuf};
@@ -606,23 +607,20 @@ impl Store for SqliteStore {
 
     async fn get_agent(&self, id: &str) -> Result<Option<AgentRow>> {
         self.with(|c| {
-            Ok(c.prepare_cached(
-                "SELECT id, labels, fingerprint, enrolled_at, quarantined FROM agents WHERE id = ?1",
-            )?
-            .query_row([id], |row| {
-                Ok(AgentRow {
-                    id: row.get(0)?,
-                    labels: row.get(1)?,
-                    fingerprint: row.get(2)?,
-                    enrolled_at: row.get(3)?,
-                    is_quarantined: row.get(4)?,
-                })
-            })
+            Ok(c.prepare_cached(&format!(
+                "SELECT {} FROM agents WHERE id = ?1",
+                fleet::AGENT_COLUMNS
+            ))?
+            .query_row([id], fleet::agent_from_row)
             .optional()?)
         })
     }
 
     fn secrets(&self) -> &dyn super::SecretStore {
+        self
+    }
+
+    fn fleet(&self) -> &dyn super::FleetStore {
         self
     }
 }

@@ -7,6 +7,7 @@
 
 mod auth_layer;
 mod events;
+mod fleet;
 mod identity;
 mod policy;
 mod secrets;
@@ -60,7 +61,9 @@ pub async fn serve(context: Arc<Context>, listener: TcpListener, mut stop: watch
             context: context.clone(),
         }))
         .add_service(ClusterServiceServer::new(stubs::Cluster))
-        .add_service(FleetServiceServer::new(stubs::Fleet));
+        .add_service(FleetServiceServer::new(fleet::Fleet {
+            context: context.clone(),
+        }));
     let router = match (reflection_v1, reflection_v1alpha) {
         (Ok(v1), Ok(v1alpha)) => router.add_service(v1).add_service(v1alpha),
         (Err(e), _) | (_, Err(e)) => {

@@ -5,7 +5,5 @@
 use crate::proto;
 
 pub struct Cluster;
-pub struct Fleet;
 
 impl proto::cluster_service_server::ClusterService for Cluster {}
-impl proto::fleet_service_server::FleetService for Fleet {}

@@ -112,6 +112,10 @@ pub async fn metrics(context: &Context) -> Response<Body> {
     for (event_type, count) in context.domain.events.counts() {
         out.sample("svc_events_total", &[("type", &event_type)], count as f64);
     }
+    out.family("svc_agents", "gauge", "Enrolled agents by state.");
+    for (state, count) in context.domain.fleet.registry.counts() {
+        out.sample("svc_agents", &[("state", state)], count as f64);
+    }
     Response::builder()
         .status(StatusCode::OK)
         .header(

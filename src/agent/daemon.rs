@@ -1,0 +1,328 @@
+//! `svc-agent [--config PATH]`: the daemon. Connects to the bus as this agent (certificate +
+//! signed nonce), heartbeats every `heartbeat_interval`, and runs the commands the server
+//! sends on `svc.agent.<id>.cmd` (exec and state), answering on `svc.agent.<id>.result`.
+//!
+//! One thread: a current-thread runtime keeps an idle agent at a few MB; command output is
+//! read asynchronously and state runs on the blocking pool.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+
+use crate::bus::subjects;
+use crate::cli::{exit, CliError};
+use crate::config::{self, AgentConfig};
+use crate::fleet::protocol::{
+    Command, ExecOutcome, Heartbeat, Reply, ReplyOutcome, StateOutcome, Work,
+};
+
+/// Jobs run at once; more wait their turn (a fan-out must not fork-bomb a host).
+const MAX_JOBS: usize = 16;
+
+#[derive(argh::FromArgs)]
+/// Run the agent daemon (the default command): connect to the bus with this agent's
+/// certificate, heartbeat, and run the commands and states the server sends.
+#[argh(help_triggers("-h", "--help"))]
+pub struct RunArgs {
+    /// log level or filter (default info; SVC_LOG and RUST_LOG also work)
+    #[argh(option)]
+    log_level: Option<String>,
+}
+
+pub fn main(program: &str, config_path: Option<PathBuf>, args: RunArgs) -> i32 {
+    let loaded = match config::load_agent(config_path.as_deref(), &config::process_env()) {
+        Ok(loaded) => loaded,
+        Err(errors) => {
+            for problem in &errors.0 {
+                eprintln!("{program}: {problem}");
+            }
+            return exit::FAILED;
+        }
+    };
+    let config = loaded.config;
+    if config.agent.id.is_empty() {
+        eprintln!("{program}: agent.id is not set: enrol first with `{program} bootstrap`");
+        return exit::FAILED;
+    }
+    if config.nats.urls.is_empty() {
+        eprintln!("{program}: nats.urls is empty");
+        return exit::FAILED;
+    }
+    init_logging(args.log_level.as_deref().unwrap_or("info"));
+    crate::cli::run_async(program, run(config))
+}
+
+fn init_logging(level: &str) {
+    use tracing_subscriber::EnvFilter;
+    let filter = std::env::var("SVC_LOG")
+        .or_else(|_| std::env::var("RUST_LOG"))
+        .unwrap_or_else(|_| level.to_string());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_new(&filter).unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+async fn run(config: AgentConfig) -> Result<(), CliError> {
+    let id = config.agent.id.clone();
+    let state_dir = &config.agent.state_dir;
+    let failed = |e: crate::Error| CliError::failed(e.to_string());
+    // The bus knows the agent by its certificate; a config naming another id would only
+    // earn permission violations, so say so now.
+    let (cert_pem, _) = super::bus_credentials(state_dir).map_err(failed)?;
+    match crate::identity::ca::agent_id_in(&cert_pem) {
+        Some(cert_id) if cert_id == id => {}
+        other => return Err(CliError::failed(format!(
+            "the certificate in {} is for agent {:?}, but agent.id is '{id}': run bootstrap again",
+            state_dir.display(),
+            other.unwrap_or_default()
+        ))),
+    }
+    let mut stop = StopSignals::install()?;
+    let agent_id = id.clone();
+    let client = super::connect_options(state_dir)
+        .map_err(failed)?
+        .name(format!("svc-agent {id}"))
+        .retry_on_initial_connect()
+        .event_callback(move |event| {
+            let agent_id = agent_id.clone();
+            async move { log_bus_event(&agent_id, event) }
+        })
+        .connect(config.nats.urls.clone())
+        .await
+        .map_err(|e| CliError::new(exit::UNREACHABLE, format!("cannot connect to the bus: {e}")))?;
+    let mut commands = client
+        .subscribe(subjects::agent_command(&id))
+        .await
+        .map_err(|e| CliError::new(exit::UNREACHABLE, format!("cannot subscribe: {e}")))?;
+    tracing::info!(agent_id = %id, urls = ?config.nats.urls, "svc-agent started");
+
+    let running = Arc::new(AtomicU32::new(0));
+    let heartbeat = tokio::spawn(heartbeats(
+        client.clone(),
+        id.clone(),
+        config.agent.heartbeat_interval.0,
+        running.clone(),
+    ));
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_JOBS));
+    loop {
+        tokio::select! {
+            message = commands.next() => {
+                let Some(message) = message else { break };
+                let Ok(permit) = slots.clone().acquire_owned().await else { break };
+                let (client, id, running) = (client.clone(), id.clone(), running.clone());
+                tokio::spawn(async move {
+                    running.fetch_add(1, Ordering::Relaxed);
+                    handle(&client, &id, &message.payload).await;
+                    running.fetch_sub(1, Ordering::Relaxed);
+                    drop(permit);
+                });
+            }
+            _ = stop.wait() => break,
+        }
+    }
+    tracing::info!(agent_id = %id, "stopping");
+    heartbeat.abort();
+    // Running jobs get a moment to send their answers; then the connection is drained.
+    let _ = tokio::time::timeout(Duration::from_secs(5), slots.acquire_many(MAX_JOBS as u32)).await;
+    let _ = tokio::time::timeout(Duration::from_secs(2), client.drain()).await;
+    Ok(())
+}
+
+fn log_bus_event(agent_id: &str, event: async_nats::Event) {
+    match event {
+        async_nats::Event::Connected => tracing::info!(agent_id, "connected to the bus"),
+        async_nats::Event::Disconnected => {
+            tracing::warn!(agent_id, "disconnected from the bus; reconnecting")
+        }
+        async_nats::Event::ServerError(async_nats::ServerError::AuthorizationViolation) => {
+            tracing::error!(
+                agent_id,
+                "the bus refused this agent's certificate (signing CA rotated, or enrolled again elsewhere): run `svc-agent bootstrap` with a new join token"
+            )
+        }
+        other => tracing::debug!(agent_id, event = %other, "bus event"),
+    }
+}
+
+async fn heartbeats(
+    client: async_nats::Client,
+    id: String,
+    interval: Duration,
+    running: Arc<AtomicU32>,
+) {
+    let subject = subjects::agent_heartbeat(&id);
+    let hostname = hostname();
+    let mut tick = tokio::time::interval(interval.max(Duration::from_millis(100)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let beat = Heartbeat {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            hostname: hostname.clone(),
+            running_jobs: running.load(Ordering::Relaxed),
+        };
+        let payload = serde_json::to_vec(&beat).expect("heartbeats serialize");
+        if let Err(e) = client.publish(subject.clone(), payload.into()).await {
+            tracing::warn!(error = %e, "heartbeat not sent");
+        }
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|name| name.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// Runs one command and publishes its answer.
+async fn handle(client: &async_nats::Client, id: &str, payload: &[u8]) {
+    let command: Command = match serde_json::from_slice(payload) {
+        Ok(command) => command,
+        Err(e) => {
+            tracing::warn!(error = %e, "malformed command ignored");
+            return;
+        }
+    };
+    let started = Instant::now();
+    let timeout = Duration::from_millis(command.timeout_ms.max(1));
+    let outcome = match command.work {
+        Work::Exec { argv } => {
+            tracing::info!(job_id = %command.job_id, program = argv.first().map(String::as_str).unwrap_or(""), "exec");
+            ReplyOutcome::Exec(super::exec::run(&argv, timeout).await)
+        }
+        Work::State { mode, plan } => {
+            tracing::info!(job_id = %command.job_id, ?mode, resources = plan.resources.len(), "state");
+            ReplyOutcome::State(run_state(plan, mode, timeout).await)
+        }
+    };
+    let mut reply = Reply {
+        job_id: command.job_id,
+        duration_ms: started.elapsed().as_millis() as u64,
+        outcome,
+    };
+    let max = client.server_info().max_payload.max(64 * 1024);
+    let bytes = encode_within(&mut reply, max);
+    if let Err(e) = client
+        .publish(subjects::agent_result(id), bytes.into())
+        .await
+    {
+        tracing::warn!(job_id = %reply.job_id, error = %e, "result not sent");
+    }
+}
+
+/// Serializes a reply, cutting its output until it fits in one bus message.
+fn encode_within(reply: &mut Reply, max: usize) -> Vec<u8> {
+    loop {
+        let bytes = serde_json::to_vec(reply).expect("replies serialize");
+        if bytes.len() <= max {
+            return bytes;
+        }
+        match &mut reply.outcome {
+            ReplyOutcome::Exec(ExecOutcome {
+                stdout,
+                stderr,
+                truncated,
+                ..
+            }) if !(stdout.is_empty() && stderr.is_empty()) => {
+                for text in [stdout, stderr] {
+                    let mut cut = text.len() / 2;
+                    while !text.is_char_boundary(cut) {
+                        cut -= 1;
+                    }
+                    text.truncate(cut);
+                }
+                *truncated = true;
+            }
+            ReplyOutcome::State(outcome)
+                if outcome.outcomes.iter().any(|o| !o.detail.is_empty()) =>
+            {
+                for o in &mut outcome.outcomes {
+                    o.detail.clear();
+                }
+            }
+            _ => return bytes,
+        }
+    }
+}
+
+async fn run_state(
+    plan: crate::state::Plan,
+    mode: crate::state::Mode,
+    timeout: Duration,
+) -> StateOutcome {
+    let work = tokio::task::spawn_blocking(move || crate::state::run(&plan, mode));
+    match tokio::time::timeout(timeout, work).await {
+        Ok(Ok(outcomes)) => StateOutcome {
+            outcomes,
+            ..StateOutcome::default()
+        },
+        Ok(Err(e)) => StateOutcome {
+            error: Some(format!("state run failed: {e}")),
+            ..StateOutcome::default()
+        },
+        // The resources already started keep going on the blocking pool; the server is told
+        // now rather than after an unknown time.
+        Err(_) => StateOutcome {
+            timed_out: true,
+            error: Some(format!(
+                "state run did not finish within {}",
+                crate::clock::format_duration(timeout)
+            )),
+            ..StateOutcome::default()
+        },
+    }
+}
+
+/// SIGTERM and SIGINT stop the daemon.
+struct StopSignals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    fn install() -> Result<Self, CliError> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let install =
+            |kind| signal(kind).map_err(|e| CliError::failed(format!("signal handler: {e}")));
+        Ok(StopSignals {
+            term: install(SignalKind::terminate())?,
+            int: install(SignalKind::interrupt())?,
+        })
+    }
+
+    async fn wait(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_are_cut_to_fit() {
+        let mut reply = Reply {
+            job_id: "J".into(),
+            duration_ms: 1,
+            outcome: ReplyOutcome::Exec(ExecOutcome {
+                stdout: "\u{1}".repeat(100_000),
+                stderr: "é".repeat(10_000),
+                ..ExecOutcome::default()
+            }),
+        };
+        let bytes = encode_within(&mut reply, 64 * 1024);
+        assert!(bytes.len() <= 64 * 1024);
+        let decoded: Reply = serde_json::from_slice(&bytes).unwrap();
+        let ReplyOutcome::Exec(outcome) = decoded.outcome else {
+            panic!("exec")
+        };
+        assert!(outcome.truncated);
+    }
+}

@@ -1,0 +1,247 @@
+//! `svc-agent service install|uninstall|status`: the systemd unit `svc-agent.service`.
+//!
+//! The unit text is the one in `systemd/` (embedded), with ExecStart pointed at this binary
+//! and the agent's config. `--no-start` only writes the unit (images, chroots, tests); without
+//! it systemctl must be there, and its absence is an error that says the unit was written.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use argh::FromArgs;
+
+use crate::cli::{exit, parse_args, CliError, Output};
+
+const UNIT_NAME: &str = "svc-agent.service";
+const UNIT_TEMPLATE: &str = include_str!("../../systemd/svc-agent.service");
+const DEFAULT_UNIT_DIR: &str = "/etc/systemd/system";
+
+#[derive(FromArgs)]
+/// Manage the svc-agent systemd unit.
+#[argh(help_triggers("-h", "--help"))]
+struct Args {
+    #[argh(subcommand)]
+    command: ServiceCommand,
+}
+
+#[derive(FromArgs)]
+#[argh(subcommand)]
+enum ServiceCommand {
+    Install(InstallArgs),
+    Uninstall(UninstallArgs),
+    Status(StatusArgs),
+}
+
+#[derive(FromArgs)]
+/// Write the unit, reload systemd, enable and start the agent.
+#[argh(subcommand, name = "install", help_triggers("-h", "--help"))]
+struct InstallArgs {
+    /// where unit files go (default /etc/systemd/system)
+    #[argh(option, default = "PathBuf::from(DEFAULT_UNIT_DIR)")]
+    unit_dir: PathBuf,
+    /// the svc-agent executable the unit runs (default: this program)
+    #[argh(option)]
+    binary: Option<PathBuf>,
+    /// only write the unit; do not call systemctl
+    #[argh(switch)]
+    no_start: bool,
+}
+
+#[derive(FromArgs)]
+/// Stop and disable the agent and remove the unit.
+#[argh(subcommand, name = "uninstall", help_triggers("-h", "--help"))]
+struct UninstallArgs {
+    /// where unit files go (default /etc/systemd/system)
+    #[argh(option, default = "PathBuf::from(DEFAULT_UNIT_DIR)")]
+    unit_dir: PathBuf,
+    /// only remove the unit; do not call systemctl
+    #[argh(switch)]
+    no_stop: bool,
+}
+
+#[derive(FromArgs)]
+/// Show whether the unit is installed, enabled and running (exit 0 only when running).
+#[argh(subcommand, name = "status", help_triggers("-h", "--help"))]
+struct StatusArgs {
+    /// where unit files go (default /etc/systemd/system)
+    #[argh(option, default = "PathBuf::from(DEFAULT_UNIT_DIR)")]
+    unit_dir: PathBuf,
+    /// table (default) or json
+    #[argh(option, short = 'o', default = "Output::Table")]
+    output: Output,
+}
+
+pub fn main(program: &str, config: Option<PathBuf>, args: &[String]) -> i32 {
+    let parsed = match parse_args::<Args>(&format!("{program} service"), args) {
+        Ok(parsed) => parsed,
+        Err(code) => return code,
+    };
+    let result = match parsed.command {
+        ServiceCommand::Install(args) => install(config, args),
+        ServiceCommand::Uninstall(args) => uninstall(args),
+        ServiceCommand::Status(args) => status(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("{program}: {}", error.message);
+            error.code
+        }
+    }
+}
+
+/// The unit text for `binary` and `config`.
+fn unit_text(binary: &Path, config: &Path) -> String {
+    UNIT_TEMPLATE
+        .lines()
+        .map(|line| {
+            if line.starts_with("ExecStart=") {
+                // current_exe() resolves the svc-agent symlink to the multi-call `svc`,
+                // which needs the mode named: `svc agent`.
+                let mode = if binary.file_name().is_some_and(|name| name == "svc-agent") {
+                    ""
+                } else {
+                    " agent"
+                };
+                format!(
+                    "ExecStart={}{mode} --config {}",
+                    binary.display(),
+                    config.display()
+                )
+            } else {
+                line.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+        + "\n"
+}
+
+/// Runs `systemctl ARGS`; Err when systemctl is missing or fails.
+fn systemctl(args: &[&str]) -> Result<String, CliError> {
+    let output = Command::new("systemctl").args(args).output().map_err(|e| {
+        CliError::failed(if e.kind() == std::io::ErrorKind::NotFound {
+            "systemctl not found: this host does not run systemd".to_string()
+        } else {
+            format!("cannot run systemctl: {e}")
+        })
+    })?;
+    let text = String::from_utf8_lossy(&output.stdout).trim().to_string();
+    if output.status.success() {
+        Ok(text)
+    } else {
+        Err(CliError::failed(format!(
+            "systemctl {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr).trim()
+        )))
+    }
+}
+
+fn install(config: Option<PathBuf>, args: InstallArgs) -> Result<i32, CliError> {
+    let binary = match args.binary {
+        Some(binary) => binary,
+        None => std::env::current_exe()
+            .map_err(|e| CliError::failed(format!("cannot find this program's path: {e}")))?,
+    };
+    let config = config.unwrap_or_else(|| PathBuf::from(super::DEFAULT_CONFIG));
+    let config = std::path::absolute(&config).unwrap_or(config);
+    let path = args.unit_dir.join(UNIT_NAME);
+    std::fs::create_dir_all(&args.unit_dir)
+        .map_err(|e| CliError::failed(format!("cannot create {}: {e}", args.unit_dir.display())))?;
+    std::fs::write(&path, unit_text(&binary, &config))
+        .map_err(|e| CliError::failed(format!("cannot write {}: {e}", path.display())))?;
+    // Units are read by systemd as root and hold no secret: world-readable like any unit.
+    let _ = std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644));
+    eprintln!("wrote {}", path.display());
+    if args.no_start {
+        return Ok(exit::OK);
+    }
+    let started =
+        systemctl(&["daemon-reload"]).and_then(|_| systemctl(&["enable", "--now", UNIT_NAME]));
+    match started {
+        Ok(_) => {
+            eprintln!("svc-agent enabled and started");
+            Ok(exit::OK)
+        }
+        Err(error) => Err(CliError::failed(format!(
+            "{}; the unit is written at {}, start it when systemd is available",
+            error.message,
+            path.display()
+        ))),
+    }
+}
+
+fn uninstall(args: UninstallArgs) -> Result<i32, CliError> {
+    let path = args.unit_dir.join(UNIT_NAME);
+    if !args.no_stop {
+        systemctl(&["disable", "--now", UNIT_NAME])?;
+    }
+    match std::fs::remove_file(&path) {
+        Ok(()) => eprintln!("removed {}", path.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            eprintln!("{} was not installed", path.display())
+        }
+        Err(e) => {
+            return Err(CliError::failed(format!(
+                "cannot remove {}: {e}",
+                path.display()
+            )))
+        }
+    }
+    if !args.no_stop {
+        systemctl(&["daemon-reload"])?;
+    }
+    Ok(exit::OK)
+}
+
+fn status(args: StatusArgs) -> Result<i32, CliError> {
+    let path = args.unit_dir.join(UNIT_NAME);
+    let installed = path.exists();
+    // is-active / is-enabled print the state and exit non-zero when it is not "active" /
+    // "enabled": the printed word is what matters.
+    let query = |what: &str| -> String {
+        match Command::new("systemctl").args([what, UNIT_NAME]).output() {
+            Ok(output) => String::from_utf8_lossy(&output.stdout).trim().to_string(),
+            Err(_) => "unknown (systemctl not found)".to_string(),
+        }
+    };
+    let active = query("is-active");
+    let enabled = query("is-enabled");
+    match args.output {
+        Output::Json => crate::cli::output::print_json(&serde_json::json!({
+            "unit": path, "installed": installed, "active": active, "enabled": enabled,
+        }))?,
+        Output::Table => crate::cli::output::print_table(
+            &["UNIT", "INSTALLED", "ENABLED", "ACTIVE"],
+            &[vec![
+                path.display().to_string(),
+                installed.to_string(),
+                enabled,
+                active.clone(),
+            ]],
+        ),
+    }
+    Ok(if active == "active" {
+        exit::OK
+    } else {
+        exit::FAILED
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unit_runs_this_binary_with_the_config() {
+        let text = unit_text(
+            Path::new("/opt/svc/bin/svc-agent"),
+            Path::new("/etc/a.yaml"),
+        );
+        assert!(text.contains("\nExecStart=/opt/svc/bin/svc-agent --config /etc/a.yaml\n"));
+        assert_eq!(text.matches("ExecStart=").count(), 1);
+        assert!(text.contains("[Install]"));
+        let multi = unit_text(Path::new("/usr/bin/svc"), Path::new("/etc/a.yaml"));
+        assert!(multi.contains("\nExecStart=/usr/bin/svc agent --config /etc/a.yaml\n"));
+    }
+}

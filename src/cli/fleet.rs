@@ -1,0 +1,617 @@
+//! `svcctl agent|exec|state` (FleetService): the registry, quarantine, remote exec and
+//! declarative state. `state compile` runs here with no server; the other state commands
+//! compile the file here too (so `source:` files are read on this machine) and send the plan.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use argh::FromArgs;
+
+use super::client::{authorized, grpc_channel};
+use super::output::{print_json, print_table};
+use super::{exit, run_command, CliError, Common, Output};
+use crate::proto::fleet_service_client::FleetServiceClient;
+use crate::proto::{self, Agent};
+
+async fn client(
+    common: &Common,
+) -> Result<FleetServiceClient<tonic::transport::Channel>, CliError> {
+    Ok(FleetServiceClient::new(grpc_channel(common).await?))
+}
+
+fn duration(text: &Option<String>, flag: &str) -> Result<u64, CliError> {
+    match text {
+        None => Ok(0),
+        Some(text) => crate::clock::parse_duration(text)
+            .filter(|d| !d.is_zero())
+            .map(|d| d.as_millis() as u64)
+            .ok_or_else(|| CliError::usage(format!("invalid {flag} '{text}' (e.g. 30s, 5m)"))),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// svcctl agent
+
+#[derive(FromArgs)]
+/// Inspect registered agents; quarantine and unquarantine them.
+#[argh(help_triggers("-h", "--help"))]
+struct AgentArgs {
+    #[argh(subcommand)]
+    command: AgentCommand,
+}
+
+#[derive(FromArgs)]
+#[argh(subcommand)]
+enum AgentCommand {
+    List(ListArgs),
+    Show(ShowArgs),
+    Quarantine(QuarantineArgs),
+    Unquarantine(UnquarantineArgs),
+}
+
+#[derive(FromArgs)]
+/// List enrolled agents with their state (connected, disconnected, pending, quarantined).
+#[argh(subcommand, name = "list", help_triggers("-h", "--help"))]
+struct ListArgs {
+    /// only agents matching: *, id globs (web-*), a comma list, or labels (role=web,env=prod)
+    #[argh(option, short = 't')]
+    target: Option<String>,
+}
+
+#[derive(FromArgs)]
+/// Show one agent.
+#[argh(subcommand, name = "show", help_triggers("-h", "--help"))]
+struct ShowArgs {
+    /// agent id
+    #[argh(positional)]
+    id: String,
+}
+
+#[derive(FromArgs)]
+/// Quarantine an agent: its heartbeats are rejected and it gets no commands (operator).
+#[argh(subcommand, name = "quarantine", help_triggers("-h", "--help"))]
+struct QuarantineArgs {
+    /// agent id
+    #[argh(positional)]
+    id: String,
+    /// why, for the audit log and the agent record
+    #[argh(option)]
+    reason: Option<String>,
+}
+
+#[derive(FromArgs)]
+/// Lift an agent's quarantine (operator).
+#[argh(subcommand, name = "unquarantine", help_triggers("-h", "--help"))]
+struct UnquarantineArgs {
+    /// agent id
+    #[argh(positional)]
+    id: String,
+}
+
+pub fn agent(program: &str, common: Common, args: &[String]) -> i32 {
+    run_command::<AgentArgs, _>(
+        program,
+        &format!("{program} agent"),
+        args,
+        common,
+        agent_command,
+    )
+}
+
+fn agent_json(agent: &Agent) -> serde_json::Value {
+    let optional = |text: &str| {
+        if text.is_empty() {
+            serde_json::Value::Null
+        } else {
+            serde_json::json!(text)
+        }
+    };
+    let labels: std::collections::BTreeMap<_, _> = agent.labels.iter().collect();
+    serde_json::json!({
+        "id": agent.id, "state": agent.state, "labels": labels,
+        "quarantined": agent.quarantined,
+        "quarantine_reason": optional(&agent.quarantine_reason),
+        "quarantined_at": optional(&agent.quarantined_at),
+        "last_heartbeat_at": optional(&agent.last_heartbeat_at),
+        "enrolled_at": agent.enrolled_at, "fingerprint": agent.fingerprint,
+        "hostname": optional(&agent.hostname), "version": optional(&agent.version),
+    })
+}
+
+fn print_agents(agents: &[Agent]) {
+    let rows: Vec<Vec<String>> = agents
+        .iter()
+        .map(|a| {
+            let mut labels: Vec<String> =
+                a.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            labels.sort();
+            let dash = |text: &str| {
+                if text.is_empty() {
+                    "-".to_string()
+                } else {
+                    text.to_string()
+                }
+            };
+            vec![
+                a.id.clone(),
+                a.state.clone(),
+                dash(&labels.join(",")),
+                dash(&a.last_heartbeat_at),
+                dash(&a.hostname),
+                dash(&a.quarantine_reason),
+            ]
+        })
+        .collect();
+    print_table(
+        &[
+            "ID",
+            "STATE",
+            "LABELS",
+            "LAST HEARTBEAT",
+            "HOSTNAME",
+            "QUARANTINE REASON",
+        ],
+        &rows,
+    );
+}
+
+async fn agent_command(common: Common, args: AgentArgs) -> Result<(), CliError> {
+    let mut client = client(&common).await?;
+    let one = match args.command {
+        AgentCommand::List(args) => {
+            let request = proto::ListAgentsRequest {
+                target: args.target.unwrap_or_default(),
+            };
+            let agents = client
+                .list_agents(authorized(&common, request)?)
+                .await?
+                .into_inner()
+                .agents;
+            match common.output {
+                Output::Json => print_json(&agents.iter().map(agent_json).collect::<Vec<_>>())?,
+                Output::Table => print_agents(&agents),
+            }
+            return Ok(());
+        }
+        AgentCommand::Show(args) => {
+            let request = proto::AgentRequest { id: args.id };
+            client.get_agent(authorized(&common, request)?).await?
+        }
+        AgentCommand::Quarantine(args) => {
+            let request = proto::QuarantineRequest {
+                id: args.id,
+                reason: args.reason.unwrap_or_default(),
+            };
+            client.quarantine(authorized(&common, request)?).await?
+        }
+        AgentCommand::Unquarantine(args) => {
+            let request = proto::AgentRequest { id: args.id };
+            client.unquarantine(authorized(&common, request)?).await?
+        }
+    }
+    .into_inner();
+    match common.output {
+        Output::Json => print_json(&agent_json(&one)),
+        Output::Table => {
+            print_agents(std::slice::from_ref(&one));
+            Ok(())
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// svcctl exec
+
+#[derive(FromArgs)]
+/// Run a program on agents (no shell: use `-- sh -c '...'` for one) and stream each agent's
+/// exit code, output and duration as it arrives. Exits 1 if any agent failed, timed out or
+/// could not be reached; quarantined agents are skipped.
+#[argh(help_triggers("-h", "--help"))]
+struct ExecArgs {
+    /// which agents: * (default), id globs (web-*), a comma list, or labels (role=web,env=prod)
+    #[argh(option, short = 't')]
+    target: Option<String>,
+    /// how long each agent may run it (default 60s; e.g. 30s, 5m)
+    #[argh(option)]
+    timeout: Option<String>,
+    /// how many agents run it at once (default: all)
+    #[argh(option)]
+    concurrency: Option<u32>,
+    /// the command and its arguments, after --
+    #[argh(positional, greedy)]
+    command: Vec<String>,
+}
+
+pub fn exec(program: &str, common: Common, args: &[String]) -> i32 {
+    run_command::<ExecArgs, _>(
+        program,
+        &format!("{program} exec"),
+        args,
+        common,
+        exec_command,
+    )
+}
+
+/// Counts of results by status, for the summary line and the exit code.
+#[derive(Default, serde::Serialize)]
+struct Summary {
+    agents: u64,
+    #[serde(flatten)]
+    by_status: std::collections::BTreeMap<String, u64>,
+    job_id: String,
+}
+
+impl Summary {
+    fn add(&mut self, status: &str, job_id: &str) {
+        self.agents += 1;
+        *self.by_status.entry(status.to_string()).or_default() += 1;
+        if self.job_id.is_empty() {
+            self.job_id = job_id.to_string();
+        }
+    }
+
+    fn count(&self, statuses: &[&str]) -> u64 {
+        statuses
+            .iter()
+            .map(|s| self.by_status.get(*s).copied().unwrap_or(0))
+            .sum()
+    }
+
+    fn line(&self) -> String {
+        let parts: Vec<String> = self
+            .by_status
+            .iter()
+            .map(|(status, n)| format!("{n} {}", status.replace('_', " ")))
+            .collect();
+        format!(
+            "{} agent{}: {} (job {})",
+            self.agents,
+            if self.agents == 1 { "" } else { "s" },
+            parts.join(", "),
+            self.job_id
+        )
+    }
+
+    /// Prints the summary (stderr for tables, a last JSON line otherwise) and turns the
+    /// counts of `failing` statuses into the exit code.
+    fn finish(&self, output: Output, failing: &[&str]) -> Result<(), CliError> {
+        match output {
+            Output::Json => println!("{}", serde_json::json!({ "summary": self })),
+            Output::Table => eprintln!("{}", self.line()),
+        }
+        if self.count(failing) > 0 {
+            // The details are above; the exit code carries the verdict.
+            Err(CliError::new(
+                exit::FAILED,
+                format!(
+                    "{} of {} agents did not succeed",
+                    self.count(failing),
+                    self.agents
+                ),
+            ))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+fn write_block(out: &mut impl Write, label: &str, text: &[u8]) {
+    if text.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "  [{label}]");
+    for line in String::from_utf8_lossy(text).lines() {
+        let _ = writeln!(out, "  {line}");
+    }
+}
+
+async fn exec_command(common: Common, args: ExecArgs) -> Result<(), CliError> {
+    if args.command.is_empty() {
+        return Err(CliError::usage(
+            "no command given: svcctl exec [--target SEL] -- CMD ARGS...",
+        ));
+    }
+    let request = proto::ExecRequest {
+        target: args.target.unwrap_or_default(),
+        argv: args.command,
+        timeout_ms: duration(&args.timeout, "--timeout")?,
+        concurrency: args.concurrency.unwrap_or(0),
+    };
+    let mut stream = client(&common)
+        .await?
+        .exec(authorized(&common, request)?)
+        .await?
+        .into_inner();
+    let mut summary = Summary::default();
+    let stdout = std::io::stdout();
+    while let Some(result) = stream.message().await? {
+        summary.add(&result.status, &result.job_id);
+        let mut out = stdout.lock();
+        match common.output {
+            Output::Json => {
+                let line = serde_json::json!({
+                    "agent_id": result.agent_id, "status": result.status,
+                    "exit_code": result.exit_code,
+                    "stdout": String::from_utf8_lossy(&result.stdout),
+                    "stderr": String::from_utf8_lossy(&result.stderr),
+                    "duration_ms": result.duration_ms, "timed_out": result.timed_out,
+                    "truncated": result.truncated,
+                    "error": (!result.error.is_empty()).then_some(&result.error),
+                    "job_id": result.job_id,
+                });
+                let _ = writeln!(out, "{line}");
+            }
+            Output::Table => {
+                let _ = writeln!(
+                    out,
+                    "== {}  {}  exit {}  {} ms",
+                    result.agent_id, result.status, result.exit_code, result.duration_ms
+                );
+                if !result.error.is_empty() {
+                    let _ = writeln!(out, "  error: {}", result.error);
+                }
+                write_block(&mut out, "stdout", &result.stdout);
+                write_block(&mut out, "stderr", &result.stderr);
+                if result.truncated {
+                    let _ = writeln!(out, "  (output truncated)");
+                }
+            }
+        }
+        let _ = out.flush();
+    }
+    summary.finish(common.output, &["failed", "timed_out", "unreachable"])
+}
+
+// ---------------------------------------------------------------------------------------
+// svcctl state
+
+#[derive(FromArgs)]
+/// Declarative state: compile (here, no server), check (dry run), apply, drift.
+#[argh(help_triggers("-h", "--help"))]
+struct StateArgs {
+    #[argh(subcommand)]
+    command: StateCommand,
+}
+
+#[derive(FromArgs)]
+#[argh(subcommand)]
+enum StateCommand {
+    Compile(CompileArgs),
+    Check(RunArgs),
+    Apply(ApplyArgs),
+    Drift(DriftArgs),
+}
+
+#[derive(FromArgs)]
+/// Validate a state file and print its resources (no server needed); `-o json` prints the
+/// compiled plan. Errors name the line.
+#[argh(subcommand, name = "compile", help_triggers("-h", "--help"))]
+struct CompileArgs {
+    /// the state file (YAML list of resources)
+    #[argh(positional)]
+    file: PathBuf,
+}
+
+/// Flags shared by check and apply (argh has no flatten, so apply repeats them).
+#[derive(FromArgs)]
+/// Report what applying the state file would change on the targeted agents (dry run).
+#[argh(subcommand, name = "check", help_triggers("-h", "--help"))]
+struct RunArgs {
+    /// the state file (YAML list of resources)
+    #[argh(positional)]
+    file: PathBuf,
+    /// which agents: * (default), id globs, a comma list, or labels (role=web)
+    #[argh(option, short = 't')]
+    target: Option<String>,
+    /// how long each agent may take (default 10m)
+    #[argh(option)]
+    timeout: Option<String>,
+    /// how many agents work at once (default: all)
+    #[argh(option)]
+    concurrency: Option<u32>,
+}
+
+#[derive(FromArgs)]
+/// Apply the state file on the targeted agents and report what changed. Applying the same
+/// state again changes nothing. Exits 1 if any resource or agent failed.
+#[argh(subcommand, name = "apply", help_triggers("-h", "--help"))]
+struct ApplyArgs {
+    /// the state file (YAML list of resources)
+    #[argh(positional)]
+    file: PathBuf,
+    /// which agents: * (default), id globs, a comma list, or labels (role=web)
+    #[argh(option, short = 't')]
+    target: Option<String>,
+    /// how long each agent may take (default 10m)
+    #[argh(option)]
+    timeout: Option<String>,
+    /// how many agents work at once (default: all)
+    #[argh(option)]
+    concurrency: Option<u32>,
+}
+
+#[derive(FromArgs)]
+/// Check each agent's last applied state against the host now; exits 1 when anything
+/// drifted (or an agent failed).
+#[argh(subcommand, name = "drift", help_triggers("-h", "--help"))]
+struct DriftArgs {
+    /// which agents: * (default), id globs, a comma list, or labels (role=web)
+    #[argh(option, short = 't')]
+    target: Option<String>,
+    /// how long each agent may take (default 10m)
+    #[argh(option)]
+    timeout: Option<String>,
+}
+
+pub fn state(program: &str, common: Common, args: &[String]) -> i32 {
+    run_command::<StateArgs, _>(
+        program,
+        &format!("{program} state"),
+        args,
+        common,
+        state_command,
+    )
+}
+
+/// Compiles a state file on this machine (sources relative to its directory).
+fn compile(file: &Path) -> Result<crate::state::Plan, CliError> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| CliError::failed(format!("cannot read {}: {e}", file.display())))?;
+    let base = file
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    crate::state::compile(&text, base)
+        .map_err(|e| CliError::failed(format!("{}: {e}", file.display())))
+}
+
+async fn state_command(common: Common, args: StateArgs) -> Result<(), CliError> {
+    let (operation, file, target, timeout, concurrency) = match args.command {
+        StateCommand::Compile(args) => {
+            let plan = compile(&args.file)?;
+            return match common.output {
+                Output::Json => print_json(&plan),
+                Output::Table => {
+                    let rows: Vec<Vec<String>> = plan
+                        .resources
+                        .iter()
+                        .enumerate()
+                        .map(|(i, resource)| {
+                            let text = serde_json::to_value(resource).unwrap_or_default();
+                            let (kind, fields) = text
+                                .as_object()
+                                .and_then(|o| o.iter().next())
+                                .map(|(k, v)| (k.clone(), v.to_string()))
+                                .unwrap_or_default();
+                            vec![(i + 1).to_string(), kind, fields]
+                        })
+                        .collect();
+                    print_table(&["#", "KIND", "SETTINGS"], &rows);
+                    Ok(())
+                }
+            };
+        }
+        StateCommand::Check(a) => ("check", Some(a.file), a.target, a.timeout, a.concurrency),
+        StateCommand::Apply(a) => ("apply", Some(a.file), a.target, a.timeout, a.concurrency),
+        StateCommand::Drift(a) => ("drift", None, a.target, a.timeout, None),
+    };
+    let plan = match &file {
+        Some(file) => serde_json::to_string(&compile(file)?)
+            .map_err(|e| CliError::failed(format!("cannot encode the plan: {e}")))?,
+        None => String::new(),
+    };
+    let request = proto::StateRequest {
+        target: target.unwrap_or_default(),
+        plan,
+        timeout_ms: duration(&timeout, "--timeout")?,
+        concurrency: concurrency.unwrap_or(0),
+    };
+    let mut client = client(&common).await?;
+    let request = authorized(&common, request)?;
+    let mut stream = match operation {
+        "check" => client.state_check(request).await?,
+        "apply" => client.state_apply(request).await?,
+        _ => client.state_drift(request).await?,
+    }
+    .into_inner();
+    let mut summary = Summary::default();
+    let stdout = std::io::stdout();
+    while let Some(result) = stream.message().await? {
+        summary.add(&result.status, &result.job_id);
+        let mut out = stdout.lock();
+        match common.output {
+            Output::Json => {
+                let _ = writeln!(out, "{}", state_json(&result));
+            }
+            Output::Table => print_state_result(&mut out, &result, operation),
+        }
+        let _ = out.flush();
+    }
+    let mut failing = vec!["failed", "timed_out", "unreachable"];
+    if operation == "drift" {
+        failing.push("drift");
+    }
+    summary.finish(common.output, &failing)
+}
+
+fn state_json(result: &proto::StateResult) -> serde_json::Value {
+    let outcomes: Vec<serde_json::Value> = result
+        .outcomes
+        .iter()
+        .map(|o| {
+            serde_json::json!({
+                "resource": o.resource, "changed": o.changed, "detail": o.detail,
+                "error": (!o.error.is_empty()).then_some(&o.error),
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "agent_id": result.agent_id, "status": result.status, "outcomes": outcomes,
+        "drift": result.drift, "duration_ms": result.duration_ms,
+        "error": (!result.error.is_empty()).then_some(&result.error),
+        "job_id": result.job_id,
+    })
+}
+
+fn print_state_result(out: &mut impl Write, result: &proto::StateResult, operation: &str) {
+    let _ = writeln!(
+        out,
+        "== {}  {}  {} ms",
+        result.agent_id, result.status, result.duration_ms
+    );
+    if !result.error.is_empty() {
+        let _ = writeln!(out, "  error: {}", result.error);
+    }
+    let rows: Vec<Vec<String>> = result
+        .outcomes
+        .iter()
+        .map(|o| {
+            let word = match (o.error.is_empty(), o.changed, operation) {
+                (false, _, _) => "failed",
+                (true, true, "apply") => "changed",
+                (true, true, "drift") if result.drift.contains(&o.resource) => "drifted",
+                (true, true, _) => "would change",
+                (true, false, _) => "ok",
+            };
+            let detail = if o.error.is_empty() {
+                o.detail.clone()
+            } else {
+                o.error.clone()
+            };
+            vec![format!("  {word}"), o.resource.clone(), detail]
+        })
+        .collect();
+    if !rows.is_empty() {
+        let _ = write!(
+            out,
+            "{}",
+            super::output::format_table(&["  RESULT", "RESOURCE", "DETAIL"], &rows)
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_counts_and_exit() {
+        let mut summary = Summary::default();
+        summary.add("ok", "J");
+        summary.add("failed", "J");
+        summary.add("skipped", "J");
+        assert_eq!(
+            summary.line(),
+            "3 agents: 1 failed, 1 ok, 1 skipped (job J)"
+        );
+        assert_eq!(summary.count(&["failed", "timed_out"]), 1);
+        assert!(summary.finish(Output::Table, &["timed_out"]).is_ok());
+        assert_eq!(
+            summary.finish(Output::Table, &["failed"]).unwrap_err().code,
+            exit::FAILED
+        );
+        assert_eq!(duration(&Some("5m".into()), "--timeout").unwrap(), 300_000);
+        assert!(duration(&Some("0s".into()), "--timeout").is_err());
+        assert_eq!(duration(&None, "--timeout").unwrap(), 0);
+    }
+}

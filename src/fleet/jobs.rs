@@ -1,0 +1,187 @@
+//! One command to many agents: publish on each `svc.agent.<id>.cmd`, collect the answers that
+//! arrive on `svc.agent.<id>.result`, and give up on an agent at its deadline.
+//!
+//! The server has one subscription to every agent's results and hands each answer to the job
+//! waiting for it ([`Jobs::deliver`]); an answer for a job or agent that is not waited for
+//! (late, duplicated or forged by an admin key) is dropped.
+//!
+//! [`Command`]: super::protocol::Command `concurrency` bounds how many
+//! agents are working at once, as Salt's batch mode does.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::protocol::Reply;
+use super::Fleet;
+use crate::bus::subjects;
+use crate::Result;
+
+/// How long after its own timeout an agent's answer is still waited for: the agent stops the
+/// work at the timeout and needs a moment to say so.
+pub const ANSWER_GRACE: Duration = Duration::from_secs(5);
+
+/// Jobs waiting for answers, by job id.
+#[derive(Default)]
+pub struct Jobs {
+    waiting: Mutex<HashMap<String, mpsc::UnboundedSender<(String, Reply)>>>,
+}
+
+impl Jobs {
+    fn register(&self, job_id: &str) -> mpsc::UnboundedReceiver<(String, Reply)> {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        self.lock().insert(job_id.to_string(), sender);
+        receiver
+    }
+
+    fn finish(&self, job_id: &str) {
+        self.lock().remove(job_id);
+    }
+
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, mpsc::UnboundedSender<(String, Reply)>>> {
+        self.waiting.lock().expect("jobs lock poisoned")
+    }
+
+    /// Hands an agent's answer to the job waiting for it; false when none is.
+    pub fn deliver(&self, agent_id: &str, reply: Reply) -> bool {
+        match self.lock().get(&reply.job_id) {
+            Some(sender) => sender.send((agent_id.to_string(), reply)).is_ok(),
+            None => false,
+        }
+    }
+}
+
+/// What became of the command for one agent.
+#[derive(Debug)]
+pub enum Delivery {
+    Answered(Reply),
+    /// No answer by the deadline.
+    NoAnswer,
+    /// The command could not be published.
+    NotSent(String),
+}
+
+/// Sends each agent its command (`agents`: id and payload, a serialized [`Command`] for
+/// `job_id`), at most `concurrency` (0: all) at a time, and reports each agent's outcome on
+/// `out` as it comes. Returns when every agent has answered or timed out, or when `out` is
+/// closed (the caller went away; agents still finish their work). `on_dispatch` is called for
+/// each agent right after its command is published.
+pub async fn run(
+    fleet: &Fleet,
+    job_id: &str,
+    timeout: Duration,
+    agents: Vec<(String, bytes::Bytes)>,
+    concurrency: usize,
+    mut on_dispatch: impl FnMut(&str),
+    out: mpsc::Sender<(String, Delivery)>,
+) -> Result<()> {
+    let bus = fleet.bus()?.clone();
+    let wait = timeout + ANSWER_GRACE;
+    let limit = if concurrency == 0 {
+        usize::MAX
+    } else {
+        concurrency
+    };
+    let mut answers = fleet.jobs.register(job_id);
+    let mut queue = agents.into_iter();
+    let mut in_flight: HashMap<String, Instant> = HashMap::new();
+    loop {
+        while in_flight.len() < limit {
+            let Some((agent, payload)) = queue.next() else {
+                break;
+            };
+            match bus.publish(subjects::agent_command(&agent), payload).await {
+                Ok(()) => {
+                    on_dispatch(&agent);
+                    in_flight.insert(agent, Instant::now() + wait);
+                }
+                Err(e) => {
+                    if out
+                        .send((agent, Delivery::NotSent(e.to_string())))
+                        .await
+                        .is_err()
+                    {
+                        break;
+                    }
+                }
+            }
+        }
+        let Some(deadline) = in_flight.values().min().copied() else {
+            break;
+        };
+        tokio::select! {
+            answer = answers.recv() => {
+                let Some((agent, reply)) = answer else { break };
+                if in_flight.remove(&agent).is_some()
+                    && out.send((agent, Delivery::Answered(reply))).await.is_err()
+                {
+                    break;
+                }
+            }
+            _ = tokio::time::sleep_until(deadline) => {
+                let now = Instant::now();
+                let expired: Vec<String> = in_flight
+                    .iter()
+                    .filter(|(_, at)| **at <= now)
+                    .map(|(agent, _)| agent.clone())
+                    .collect();
+                for agent in expired {
+                    in_flight.remove(&agent);
+                    if out.send((agent, Delivery::NoAnswer)).await.is_err() {
+                        break;
+                    }
+                }
+            }
+            _ = out.closed() => break,
+        }
+    }
+    fleet.jobs.finish(job_id);
+    Ok(())
+}
+
+/// Emits a job's events in batches from a task of its own, so that collecting 1,000 answers
+/// never waits for an fdatasync per event. Events are appended in the order they are sent
+/// here: a batch's emits all reach the log's writer on their first poll, in order.
+pub struct EventSink {
+    sender: mpsc::UnboundedSender<(&'static str, String, serde_json::Value)>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl EventSink {
+    pub fn start(events: std::sync::Arc<crate::events::Events>) -> EventSink {
+        let (sender, mut receiver) =
+            mpsc::unbounded_channel::<(&'static str, String, serde_json::Value)>();
+        let task = tokio::spawn(async move {
+            while let Some(first) = receiver.recv().await {
+                let mut batch = vec![first];
+                while batch.len() < 1024 {
+                    match receiver.try_recv() {
+                        Ok(next) => batch.push(next),
+                        Err(_) => break,
+                    }
+                }
+                let emits = batch.into_iter().map(|(event_type, source, payload)| {
+                    let events = &events;
+                    async move { events.emit_system(event_type, &source, payload).await }
+                });
+                futures_util::future::join_all(emits).await;
+            }
+        });
+        EventSink { sender, task }
+    }
+
+    pub fn emit(&self, event_type: &'static str, source: &str, payload: serde_json::Value) {
+        let _ = self.sender.send((event_type, source.to_string(), payload));
+    }
+
+    /// Waits until every event sent here is stored.
+    pub async fn close(self) {
+        drop(self.sender);
+        let _ = self.task.await;
+    }
+}

@@ -1,0 +1,345 @@
+//! The fleet (contract §10): the agent registry with liveness from heartbeats, quarantine,
+//! remote exec, and declarative state sent to agents.
+//!
+//! - `registry.rs`: who is connected (heartbeats in memory, written to the store in batches);
+//! - `selector.rs`: `--target` selectors;
+//! - `protocol.rs`: the JSON the server and agents exchange on the bus;
+//! - `jobs.rs`: sending one command to many agents and collecting their answers by deadline;
+//! - `exec.rs`, `state.rs`: `svcctl exec` and `svcctl state check|apply|drift` on top of jobs.
+//!
+//! Transports (gRPC FleetService, the server's bus subscriptions) call the functions here with
+//! a `Principal`; the bus client that carries commands is set once the bus is up.
+
+pub mod exec;
+pub mod jobs;
+pub mod protocol;
+pub mod registry;
+pub mod selector;
+pub mod state;
+
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::audit::Action;
+use crate::auth::{Principal, Role};
+use crate::domain::Domain;
+use crate::{clock, Error, Result};
+
+pub use registry::{Registry, Verdict};
+pub use selector::Selector;
+
+/// The fleet's shared state: liveness, jobs waiting for answers, and the bus client.
+pub struct Fleet {
+    pub registry: Registry,
+    pub jobs: jobs::Jobs,
+    bus: OnceLock<async_nats::Client>,
+}
+
+impl Fleet {
+    pub fn new(heartbeat_timeout: Duration) -> Fleet {
+        Fleet {
+            registry: Registry::new(heartbeat_timeout),
+            jobs: jobs::Jobs::default(),
+            bus: OnceLock::new(),
+        }
+    }
+
+    /// Gives the fleet the client it sends commands with (once, when the bus is up).
+    pub fn set_bus(&self, client: async_nats::Client) {
+        let _ = self.bus.set(client);
+    }
+
+    fn bus(&self) -> Result<&async_nats::Client> {
+        self.bus
+            .get()
+            .ok_or_else(|| Error::Unavailable("the bus is not connected yet".into()))
+    }
+}
+
+impl Default for Fleet {
+    fn default() -> Self {
+        Fleet::new(Duration::from_secs(30))
+    }
+}
+
+/// An agent as operators see it.
+#[derive(Clone, Debug, Serialize)]
+pub struct AgentView {
+    pub id: String,
+    pub labels: BTreeMap<String, String>,
+    /// connected | disconnected | pending | quarantined
+    pub state: String,
+    pub quarantined: bool,
+    pub quarantine_reason: Option<String>,
+    pub quarantined_at: Option<String>,
+    pub last_heartbeat_at: Option<String>,
+    pub enrolled_at: String,
+    /// SHA-256 of the agent certificate's DER.
+    pub fingerprint: String,
+    pub hostname: String,
+    pub version: String,
+}
+
+impl From<registry::Entry> for AgentView {
+    fn from(entry: registry::Entry) -> Self {
+        AgentView {
+            state: entry.state().to_string(),
+            id: entry.row.id,
+            labels: entry.labels,
+            quarantined: entry.row.is_quarantined,
+            quarantine_reason: entry.row.quarantine_reason,
+            quarantined_at: entry.row.quarantined_at,
+            last_heartbeat_at: entry.last_heartbeat_ms.map(clock::format_rfc3339),
+            enrolled_at: entry.row.enrolled_at,
+            fingerprint: entry.row.fingerprint,
+            hostname: entry.hostname,
+            version: entry.version,
+        }
+    }
+}
+
+/// Loads every enrolled agent into the registry (server start).
+pub async fn load(domain: &Domain) -> Result<usize> {
+    let rows = domain.store.fleet().list_agents().await?;
+    let count = rows.len();
+    domain.fleet.registry.load(rows);
+    Ok(count)
+}
+
+/// Reads one agent's row again (after this server enrolled it), so labels and certificate
+/// changes are seen at once.
+pub async fn refresh(domain: &Domain, id: &str) -> Result<()> {
+    if let Some(row) = domain.store.get_agent(id).await? {
+        domain.fleet.registry.update(row);
+    }
+    Ok(())
+}
+
+/// Every enrolled agent matching `target` (all when empty), by id. Enrolment is read from
+/// the store, liveness from the registry.
+pub async fn list(domain: &Domain, principal: &Principal, target: &str) -> Result<Vec<AgentView>> {
+    principal.require(Role::Readonly)?;
+    let selector = Selector::parse(target)?;
+    Ok(matching(domain, &selector)
+        .await?
+        .into_iter()
+        .map(AgentView::from)
+        .collect())
+}
+
+/// Registry entries of the enrolled agents `selector` matches.
+async fn matching(domain: &Domain, selector: &Selector) -> Result<Vec<registry::Entry>> {
+    let rows = domain.store.fleet().list_agents().await?;
+    let registry = &domain.fleet.registry;
+    let mut entries = Vec::with_capacity(rows.len());
+    for row in rows {
+        let labels: BTreeMap<String, String> =
+            serde_json::from_str(&row.labels).unwrap_or_default();
+        if !selector.matches(&row.id, &labels) {
+            continue;
+        }
+        if !registry.contains(&row.id) {
+            registry.update(row.clone());
+        }
+        if let Some(entry) = registry.get(&row.id) {
+            entries.push(entry);
+        }
+    }
+    Ok(entries)
+}
+
+pub async fn get(domain: &Domain, principal: &Principal, id: &str) -> Result<AgentView> {
+    principal.require(Role::Readonly)?;
+    let row = domain
+        .store
+        .get_agent(id)
+        .await?
+        .ok_or_else(|| not_found(id))?;
+    domain.fleet.registry.update(row);
+    let entry = domain.fleet.registry.get(id).ok_or_else(|| not_found(id))?;
+    Ok(entry.into())
+}
+
+fn not_found(id: &str) -> Error {
+    Error::NotFound(format!("agent '{id}' not found"))
+}
+
+/// Quarantines an agent (its heartbeats are rejected and it gets no commands) or lifts it.
+/// Audited as `agent.quarantine` / `agent.unquarantine`; emits agent_quarantined /
+/// agent_unquarantined.
+pub async fn set_quarantine(
+    domain: &Domain,
+    principal: &Principal,
+    id: &str,
+    quarantined: bool,
+    reason: &str,
+) -> Result<AgentView> {
+    let (action, event_type) = if quarantined {
+        ("agent.quarantine", "agent_quarantined")
+    } else {
+        ("agent.unquarantine", "agent_unquarantined")
+    };
+    let reason = reason.trim();
+    let result = async {
+        principal.require(Role::Operator)?;
+        let row = domain
+            .store
+            .fleet()
+            .set_quarantine(
+                id,
+                quarantined,
+                (!reason.is_empty()).then_some(reason),
+                &clock::now_rfc3339(),
+            )
+            .await?
+            .ok_or_else(|| not_found(id))?;
+        domain.fleet.registry.update(row);
+        Ok::<_, Error>(())
+    }
+    .await;
+    let detail = if quarantined {
+        serde_json::json!({ "reason": reason })
+    } else {
+        serde_json::json!({})
+    };
+    domain
+        .auditor
+        .record(
+            principal,
+            Action::new(action, "agent", id).detail(detail),
+            &result,
+        )
+        .await;
+    result?;
+    let mut payload = serde_json::json!({"agent_id": id, "by": principal.name});
+    if quarantined {
+        payload["reason"] = serde_json::json!(reason);
+    }
+    domain.events.emit_system(event_type, id, payload).await;
+    get(domain, principal, id).await
+}
+
+/// Handles one heartbeat from agent `id` (authenticated by the bus: the subject is its own).
+pub async fn heartbeat(domain: &Domain, id: &str, beat: &protocol::Heartbeat) {
+    let registry = &domain.fleet.registry;
+    let mut verdict = registry.heartbeat(id, &beat.hostname, &beat.version);
+    if verdict == Verdict::Unknown {
+        // Enrolled since the registry was loaded (or by another server): read it once.
+        match domain.store.get_agent(id).await {
+            Ok(Some(row)) => {
+                registry.update(row);
+                verdict = registry.heartbeat(id, &beat.hostname, &beat.version);
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(agent_id = id, error = %e, "cannot read agent"),
+        }
+    }
+    match verdict {
+        Verdict::Accepted {
+            newly_connected: true,
+        } => {
+            tracing::info!(agent_id = id, "agent connected");
+            let payload = serde_json::json!({
+                "agent_id": id, "hostname": beat.hostname, "version": beat.version,
+            });
+            domain
+                .events
+                .emit_system("agent_connected", id, payload)
+                .await;
+        }
+        Verdict::Accepted { .. } => {}
+        Verdict::Rejected => {
+            let payload = serde_json::json!({"agent_id": id, "reason": "quarantined"});
+            domain
+                .events
+                .emit_system("agent_heartbeat_rejected", id, payload)
+                .await;
+        }
+        Verdict::Unknown => {
+            tracing::warn!(
+                agent_id = id,
+                "heartbeat from an agent that is not enrolled"
+            );
+        }
+    }
+}
+
+/// Reports agents silent for longer than the timeout and saves heartbeat times: run every
+/// second or so by the server.
+pub async fn sweep(domain: &Domain) {
+    for (id, last) in domain.fleet.registry.sweep() {
+        let last_heartbeat_at = last.map(clock::format_rfc3339);
+        tracing::info!(agent_id = %id, ?last_heartbeat_at, "agent disconnected (heartbeat timeout)");
+        let payload = serde_json::json!({
+            "agent_id": id, "last_heartbeat_at": last_heartbeat_at,
+            "timeout": clock::format_duration(domain.fleet.registry.timeout()),
+        });
+        domain
+            .events
+            .emit_system("agent_disconnected", &id, payload)
+            .await;
+    }
+}
+
+/// Writes heartbeat times the store does not have yet, in one transaction.
+pub async fn save_heartbeats(domain: &Domain) {
+    let unsaved = domain.fleet.registry.take_unsaved();
+    if let Err(e) = domain.store.fleet().record_heartbeats(&unsaved).await {
+        tracing::warn!(error = %e, agents = unsaved.len(), "heartbeat times not saved");
+    }
+}
+
+/// The agents a job goes to, and why the others do not get it.
+pub struct Targets {
+    /// Connected and not quarantined: these get the command.
+    pub reachable: Vec<String>,
+    /// (agent id, why not): quarantined or not connected.
+    pub skipped: Vec<(String, Skip)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Skip {
+    Quarantined,
+    NotConnected { state: &'static str },
+}
+
+impl Skip {
+    pub fn message(&self) -> String {
+        match self {
+            Skip::Quarantined => "agent is quarantined: no commands are sent to it".into(),
+            Skip::NotConnected { state } => format!("agent is {state}: not connected"),
+        }
+    }
+}
+
+/// Resolves `target` to agents; NotFound when it matches none.
+pub async fn targets(domain: &Domain, target: &str) -> Result<Targets> {
+    let selector = Selector::parse(target)?;
+    let entries = matching(domain, &selector).await?;
+    if entries.is_empty() {
+        let shown = if target.trim().is_empty() {
+            "*"
+        } else {
+            target
+        };
+        return Err(Error::NotFound(format!(
+            "no enrolled agent matches '{shown}'"
+        )));
+    }
+    let mut targets = Targets {
+        reachable: Vec::new(),
+        skipped: Vec::new(),
+    };
+    for entry in entries {
+        let id = entry.row.id.clone();
+        match entry.state() {
+            "connected" => targets.reachable.push(id),
+            "quarantined" => targets.skipped.push((id, Skip::Quarantined)),
+            state => targets.skipped.push((id, Skip::NotConnected { state })),
+        }
+    }
+    Ok(targets)
+}

@@ -1,0 +1,134 @@
+//! What the server and agents say to each other on the bus (contract §7), as JSON:
+//!
+//! - agent → server `svc.agent.<id>.heartbeat`: [`Heartbeat`], every `heartbeat_interval`;
+//! - server → agent `svc.agent.<id>.cmd`: [`Command`] (exec or state);
+//! - agent → server `svc.agent.<id>.result`: [`Reply`], carrying the command's `job_id`.
+//!
+//! Results travel on the agent's own subject rather than to a reply inbox: the broker lets an
+//! agent publish only under `svc.agent.<its id>.`, so the subject a result arrives on proves
+//! which agent sent it, and no agent can answer for another.
+
+use serde::{Deserialize, Serialize};
+
+use crate::state::{Mode, Outcome, Plan};
+
+/// Most output an agent returns per stream (stdout, stderr); the rest is cut and flagged, so
+/// that a result always fits in one bus message.
+pub const MAX_OUTPUT_BYTES: usize = 256 * 1024;
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Heartbeat {
+    pub version: String,
+    pub hostname: String,
+    /// Jobs running on the agent when it sent this.
+    pub running_jobs: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Command {
+    pub job_id: String,
+    /// How long the agent may take; it stops the work itself when this runs out.
+    pub timeout_ms: u64,
+    #[serde(flatten)]
+    pub work: Work,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Work {
+    /// Run a program (no shell): argv[0] looked up on PATH.
+    Exec { argv: Vec<String> },
+    /// Check or apply a compiled state.
+    State { mode: Mode, plan: Plan },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Reply {
+    pub job_id: String,
+    pub duration_ms: u64,
+    #[serde(flatten)]
+    pub outcome: ReplyOutcome,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ReplyOutcome {
+    Exec(ExecOutcome),
+    State(StateOutcome),
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ExecOutcome {
+    /// The exit code; -1 when the process was killed (timeout) or never started.
+    pub exit_code: i32,
+    /// Output as (lossy) UTF-8, each cut at MAX_OUTPUT_BYTES.
+    pub stdout: String,
+    pub stderr: String,
+    pub truncated: bool,
+    pub timed_out: bool,
+    /// The command could not run at all (not found, not executable).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StateOutcome {
+    pub outcomes: Vec<Outcome>,
+    pub timed_out: bool,
+    /// The plan could not run at all.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The agent id in `svc.agent.<id>.<kind>`, when the subject has that shape.
+pub fn agent_of(subject: &str) -> Option<&str> {
+    let rest = subject.strip_prefix("svc.agent.")?;
+    let (id, _kind) = rest.split_once('.')?;
+    (!id.is_empty()).then_some(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wire_shapes_round_trip() {
+        let command = Command {
+            job_id: "J".into(),
+            timeout_ms: 5000,
+            work: Work::Exec {
+                argv: vec!["uptime".into()],
+            },
+        };
+        let text = serde_json::to_string(&command).unwrap();
+        assert_eq!(
+            text,
+            r#"{"job_id":"J","timeout_ms":5000,"kind":"exec","argv":["uptime"]}"#
+        );
+        assert_eq!(serde_json::from_str::<Command>(&text).unwrap(), command);
+
+        let reply = Reply {
+            job_id: "J".into(),
+            duration_ms: 3,
+            outcome: ReplyOutcome::Exec(ExecOutcome {
+                exit_code: 0,
+                stdout: "up\n".into(),
+                ..Default::default()
+            }),
+        };
+        let text = serde_json::to_string(&reply).unwrap();
+        assert_eq!(serde_json::from_str::<Reply>(&text).unwrap(), reply);
+        assert!(serde_json::from_str::<Reply>(r#"{"job_id":"J"}"#).is_err());
+    }
+
+    #[test]
+    fn agent_ids_from_subjects() {
+        assert_eq!(agent_of("svc.agent.web-01.result"), Some("web-01"));
+        assert_eq!(agent_of("svc.agent.web-01"), None);
+        assert_eq!(agent_of("svc.agent..result"), None);
+        assert_eq!(agent_of("svc.events.x"), None);
+    }
+}

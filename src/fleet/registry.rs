@@ -1,0 +1,285 @@
+//! Liveness: which enrolled agents are connected, from their heartbeats.
+//!
+//! Kept in memory and written to the store in batches (`last_heartbeat_at`), because 10,000
+//! agents heartbeating every 10 s would otherwise be 1,000 write transactions a second for a
+//! value nobody reads between two list commands. The store stays the truth for who is
+//! enrolled and who is quarantined; this cache holds a copy of each agent's row, refreshed
+//! whenever this process changes it (enrolment, quarantine), and read from the store on a miss.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::clock;
+use crate::store::AgentRow;
+
+/// One agent as the registry knows it.
+#[derive(Clone, Debug)]
+pub struct Entry {
+    pub row: AgentRow,
+    pub labels: BTreeMap<String, String>,
+    /// When the last accepted heartbeat arrived (monotonic).
+    last_seen: Option<Instant>,
+    /// The same instant as wall-clock milliseconds, for people and the store.
+    pub last_heartbeat_ms: Option<i64>,
+    pub connected: bool,
+    pub hostname: String,
+    pub version: String,
+    /// `last_heartbeat_ms` is newer than what the store has.
+    dirty: bool,
+}
+
+impl Entry {
+    fn new(row: AgentRow, timeout: Duration) -> Entry {
+        let labels = serde_json::from_str(&row.labels).unwrap_or_default();
+        let last_heartbeat_ms = row
+            .last_heartbeat_at
+            .as_deref()
+            .and_then(clock::parse_rfc3339);
+        // An agent that heartbeated within the timeout before this server started is taken as
+        // still connected: a server restart must not flap every agent through
+        // disconnected/connected. If it stays silent, the sweep reports it as usual.
+        let age = last_heartbeat_ms.map(|ms| clock::now_millis().saturating_sub(ms).max(0) as u64);
+        let recent = age.filter(|age| *age < timeout.as_millis() as u64);
+        let last_seen =
+            recent.and_then(|age| Instant::now().checked_sub(Duration::from_millis(age)));
+        Entry {
+            connected: last_seen.is_some() && !row.is_quarantined,
+            row,
+            labels,
+            last_seen,
+            last_heartbeat_ms,
+            hostname: String::new(),
+            version: String::new(),
+            dirty: false,
+        }
+    }
+
+    /// connected | disconnected | pending (never heard from) | quarantined
+    pub fn state(&self) -> &'static str {
+        if self.row.is_quarantined {
+            "quarantined"
+        } else if self.connected {
+            "connected"
+        } else if self.last_heartbeat_ms.is_some() {
+            "disconnected"
+        } else {
+            "pending"
+        }
+    }
+}
+
+/// What a heartbeat did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Accepted; `newly_connected` when the agent was not connected before.
+    Accepted { newly_connected: bool },
+    /// The agent is quarantined: its heartbeat does not count.
+    Rejected,
+    /// No such agent is enrolled (the caller reloads it from the store first).
+    Unknown,
+}
+
+pub struct Registry {
+    timeout: Duration,
+    agents: Mutex<HashMap<String, Entry>>,
+}
+
+impl Registry {
+    pub fn new(timeout: Duration) -> Registry {
+        Registry {
+            timeout,
+            agents: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
+        self.agents.lock().expect("registry lock poisoned")
+    }
+
+    /// Replaces the cached rows with `rows` (start-up), keeping what is known of liveness.
+    pub fn load(&self, rows: Vec<AgentRow>) {
+        let mut agents = self.lock();
+        for row in rows {
+            Self::put(&mut agents, row, self.timeout);
+        }
+    }
+
+    /// Caches a changed row (enrolment, quarantine), keeping liveness.
+    pub fn update(&self, row: AgentRow) {
+        Self::put(&mut self.lock(), row, self.timeout);
+    }
+
+    fn put(agents: &mut HashMap<String, Entry>, row: AgentRow, timeout: Duration) {
+        match agents.get_mut(&row.id) {
+            Some(entry) => {
+                entry.labels = serde_json::from_str(&row.labels).unwrap_or_default();
+                if row.is_quarantined {
+                    entry.connected = false;
+                }
+                entry.row = AgentRow {
+                    last_heartbeat_at: entry.row.last_heartbeat_at.clone(),
+                    ..row
+                };
+            }
+            None => {
+                agents.insert(row.id.clone(), Entry::new(row, timeout));
+            }
+        }
+    }
+
+    pub fn contains(&self, id: &str) -> bool {
+        self.lock().contains_key(id)
+    }
+
+    pub fn get(&self, id: &str) -> Option<Entry> {
+        self.lock().get(id).cloned()
+    }
+
+    /// Every cached agent, by id.
+    pub fn all(&self) -> Vec<Entry> {
+        let mut entries: Vec<Entry> = self.lock().values().cloned().collect();
+        entries.sort_by(|a, b| a.row.id.cmp(&b.row.id));
+        entries
+    }
+
+    /// Records a heartbeat from `id` (which the bus has authenticated).
+    pub fn heartbeat(&self, id: &str, hostname: &str, version: &str) -> Verdict {
+        let mut agents = self.lock();
+        let Some(entry) = agents.get_mut(id) else {
+            return Verdict::Unknown;
+        };
+        if entry.row.is_quarantined {
+            return Verdict::Rejected;
+        }
+        let newly_connected = !entry.connected;
+        entry.connected = true;
+        entry.last_seen = Some(Instant::now());
+        entry.last_heartbeat_ms = Some(clock::now_millis());
+        entry.dirty = true;
+        if entry.hostname != hostname {
+            entry.hostname = hostname.to_string();
+        }
+        if entry.version != version {
+            entry.version = version.to_string();
+        }
+        Verdict::Accepted { newly_connected }
+    }
+
+    /// Marks agents silent for longer than the timeout as disconnected; returns them with
+    /// their last heartbeat time.
+    pub fn sweep(&self) -> Vec<(String, Option<i64>)> {
+        let now = Instant::now();
+        let mut gone = Vec::new();
+        for (id, entry) in self.lock().iter_mut() {
+            let silent = entry
+                .last_seen
+                .is_none_or(|seen| now.duration_since(seen) > self.timeout);
+            if entry.connected && silent {
+                entry.connected = false;
+                gone.push((id.clone(), entry.last_heartbeat_ms));
+            }
+        }
+        gone.sort();
+        gone
+    }
+
+    /// Heartbeat times not yet in the store (and marks them written); the caller writes them.
+    pub fn take_unsaved(&self) -> Vec<(String, String)> {
+        let mut unsaved = Vec::new();
+        for (id, entry) in self.lock().iter_mut() {
+            if entry.dirty {
+                entry.dirty = false;
+                if let Some(ms) = entry.last_heartbeat_ms {
+                    let at = clock::format_rfc3339(ms);
+                    entry.row.last_heartbeat_at = Some(at.clone());
+                    unsaved.push((id.clone(), at));
+                }
+            }
+        }
+        unsaved
+    }
+
+    /// Agents by state, for `svc_agents{state}`.
+    pub fn counts(&self) -> BTreeMap<&'static str, u64> {
+        let mut counts: BTreeMap<&'static str, u64> =
+            ["connected", "disconnected", "pending", "quarantined"]
+                .into_iter()
+                .map(|state| (state, 0))
+                .collect();
+        for entry in self.lock().values() {
+            *counts.entry(entry.state()).or_default() += 1;
+        }
+        counts
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(id: &str) -> AgentRow {
+        AgentRow {
+            id: id.into(),
+            labels: r#"{"role":"web"}"#.into(),
+            ..AgentRow::default()
+        }
+    }
+
+    #[test]
+    fn heartbeats_connect_and_silence_disconnects() {
+        let registry = Registry::new(Duration::from_millis(50));
+        registry.load(vec![row("a")]);
+        assert_eq!(registry.get("a").unwrap().state(), "pending");
+        assert_eq!(registry.heartbeat("zz", "h", "v"), Verdict::Unknown);
+        assert_eq!(
+            registry.heartbeat("a", "h", "v"),
+            Verdict::Accepted {
+                newly_connected: true
+            }
+        );
+        assert_eq!(
+            registry.heartbeat("a", "h", "v"),
+            Verdict::Accepted {
+                newly_connected: false
+            }
+        );
+        assert!(registry.sweep().is_empty());
+        assert_eq!(registry.take_unsaved().len(), 1);
+        assert!(registry.take_unsaved().is_empty());
+        std::thread::sleep(Duration::from_millis(80));
+        let gone = registry.sweep();
+        assert_eq!(gone.len(), 1);
+        assert_eq!(registry.get("a").unwrap().state(), "disconnected");
+        assert!(registry.sweep().is_empty(), "reported once");
+    }
+
+    #[test]
+    fn quarantine_rejects_and_restart_keeps_recent_agents_connected() {
+        let registry = Registry::new(Duration::from_secs(30));
+        let mut recent = row("recent");
+        recent.last_heartbeat_at = Some(clock::now_rfc3339());
+        let mut old = row("old");
+        old.last_heartbeat_at = Some(clock::format_rfc3339(clock::now_millis() - 60_000));
+        registry.load(vec![recent, old]);
+        assert_eq!(registry.get("recent").unwrap().state(), "connected");
+        assert_eq!(registry.get("old").unwrap().state(), "disconnected");
+
+        let mut quarantined = row("recent");
+        quarantined.is_quarantined = true;
+        registry.update(quarantined);
+        assert_eq!(registry.heartbeat("recent", "h", "v"), Verdict::Rejected);
+        assert_eq!(registry.counts()["quarantined"], 1);
+        registry.update(row("recent"));
+        assert_eq!(
+            registry.heartbeat("recent", "h", "v"),
+            Verdict::Accepted {
+                newly_connected: true
+            }
+        );
+    }
+}

@@ -1,0 +1,428 @@
+//! `svcctl state check|apply|drift` across the fleet: send a compiled plan (see
+//! `crate::state`) to the targeted agents and stream back each agent's per-resource outcomes.
+//!
+//! - check: a dry run; nothing is recorded.
+//! - apply: audited (`state.apply`, one row); state_apply_started per agent when dispatched,
+//!   then state_apply_succeeded or state_apply_failed; the plan an agent answered for is
+//!   stored as its last applied state.
+//! - drift: each agent's last applied plan is checked again on the host; what would change is
+//!   drift (state_drift_detected). Commands without `unless`/`creates` would always "change",
+//!   so they are never counted as drift.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+use super::jobs::{self, Delivery, EventSink};
+use super::protocol::{Command, ReplyOutcome, Work};
+use super::{Skip, Targets};
+use crate::audit::Action;
+use crate::auth::{Principal, Role};
+use crate::domain::Domain;
+use crate::state::{Mode, Outcome, Plan, Resource};
+use crate::store::AgentStateRow;
+use crate::{clock, ids, Error, Result};
+
+/// Package installs can be slow: a state run gets longer than an exec by default.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Operation {
+    Check,
+    Apply,
+    Drift,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct StateRequest {
+    pub target: String,
+    /// The compiled plan as JSON (`svcctl state compile -o json`); empty for drift.
+    pub plan: String,
+    pub timeout: Option<Duration>,
+    pub concurrency: u32,
+}
+
+/// One agent's answer.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct AgentStateResult {
+    pub agent_id: String,
+    /// ok (nothing to change) | changed (apply: changed; check: would change) | drift |
+    /// failed | timed_out | unreachable | skipped (quarantined) | no_state (drift: never applied)
+    pub status: &'static str,
+    pub outcomes: Vec<Outcome>,
+    /// Drift: the resources that differ from the last applied state.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub drift: Vec<String>,
+    pub duration_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// A state run ready to go.
+pub struct Job {
+    pub job_id: String,
+    operation: Operation,
+    timeout: Duration,
+    /// Per reachable agent: the plan it gets.
+    plans: Vec<(String, Plan)>,
+    /// Targets that get nothing, with the result to report for them.
+    skipped: Vec<AgentStateResult>,
+    concurrency: usize,
+    by: String,
+}
+
+/// Parses a compiled plan received over the wire and checks it as the agent would.
+pub fn parse_plan(text: &str) -> Result<Plan> {
+    let plan: Plan = serde_json::from_str(text).map_err(|e| {
+        Error::Invalid(format!(
+            "not a compiled state plan ({e}); compile the file with `svcctl state compile`"
+        ))
+    })?;
+    crate::state::validate(&plan).map_err(Error::Invalid)?;
+    Ok(plan)
+}
+
+pub async fn prepare(
+    domain: &Domain,
+    principal: &Principal,
+    operation: Operation,
+    request: StateRequest,
+) -> Result<Job> {
+    let job_id = ids::ulid();
+    let result = prepare_checked(domain, principal, operation, &request, &job_id).await;
+    if operation == Operation::Apply {
+        let mut detail = serde_json::json!({"target": request.target});
+        if let Ok(job) = &result {
+            detail["agents"] = serde_json::json!(job.plans.len());
+            detail["skipped"] = serde_json::json!(job.skipped.len());
+            detail["resources"] =
+                serde_json::json!(job.plans.first().map_or(0, |(_, p)| p.resources.len()));
+        }
+        domain
+            .auditor
+            .record(
+                principal,
+                Action::new("state.apply", "job", &job_id).detail(detail),
+                &result,
+            )
+            .await;
+    }
+    result
+}
+
+async fn prepare_checked(
+    domain: &Domain,
+    principal: &Principal,
+    operation: Operation,
+    request: &StateRequest,
+    job_id: &str,
+) -> Result<Job> {
+    principal.require(Role::Operator)?;
+    let plan = match operation {
+        Operation::Drift => None,
+        _ => Some(parse_plan(&request.plan)?),
+    };
+    let timeout = match request.timeout {
+        None => DEFAULT_TIMEOUT,
+        some => super::exec::check_timeout(some)?,
+    };
+    let Targets { reachable, skipped } = super::targets(domain, &request.target).await?;
+    let mut job = Job {
+        job_id: job_id.to_string(),
+        operation,
+        timeout,
+        plans: Vec::with_capacity(reachable.len()),
+        skipped: skipped
+            .into_iter()
+            .map(|(agent_id, skip)| AgentStateResult {
+                agent_id,
+                status: match skip {
+                    Skip::Quarantined => "skipped",
+                    Skip::NotConnected { .. } => "unreachable",
+                },
+                error: Some(skip.message()),
+                ..AgentStateResult::default()
+            })
+            .collect(),
+        concurrency: request.concurrency as usize,
+        by: principal.name.clone(),
+    };
+    for agent_id in reachable {
+        let plan = match &plan {
+            Some(plan) => plan.clone(),
+            None => match last_applied(domain, &agent_id).await? {
+                Some(plan) => plan,
+                None => {
+                    job.skipped.push(AgentStateResult {
+                        agent_id,
+                        status: "no_state",
+                        error: Some("no state has been applied to this agent yet".into()),
+                        ..AgentStateResult::default()
+                    });
+                    continue;
+                }
+            },
+        };
+        job.plans.push((agent_id, plan));
+    }
+    Ok(job)
+}
+
+async fn last_applied(domain: &Domain, agent_id: &str) -> Result<Option<Plan>> {
+    let Some(row) = domain.store.fleet().get_agent_state(agent_id).await? else {
+        return Ok(None);
+    };
+    serde_json::from_str(&row.plan)
+        .map(Some)
+        .map_err(|e| Error::Internal(format!("stored plan of agent {agent_id}: {e}")))
+}
+
+impl Job {
+    pub async fn run(self, domain: &Domain, out: mpsc::Sender<AgentStateResult>) {
+        let sink = EventSink::start(domain.events.clone());
+        for result in &self.skipped {
+            if self.operation == Operation::Apply && result.status == "unreachable" {
+                sink.emit(
+                    "state_apply_failed",
+                    &result.agent_id,
+                    serde_json::json!({"job_id": self.job_id, "error": result.error}),
+                );
+            }
+            if out.send(result.clone()).await.is_err() {
+                sink.close().await;
+                return;
+            }
+        }
+        let mode = match self.operation {
+            Operation::Apply => Mode::Apply,
+            Operation::Check | Operation::Drift => Mode::Check,
+        };
+        let mut agents = Vec::with_capacity(self.plans.len());
+        let mut plan_texts: HashMap<String, String> = HashMap::new();
+        for (agent_id, plan) in &self.plans {
+            let command = Command {
+                job_id: self.job_id.clone(),
+                timeout_ms: self.timeout.as_millis() as u64,
+                work: Work::State {
+                    mode,
+                    plan: plan.clone(),
+                },
+            };
+            match serde_json::to_vec(&command) {
+                Ok(bytes) => agents.push((agent_id.clone(), bytes.into())),
+                Err(e) => tracing::error!(error = %e, "state command not serializable"),
+            }
+            if self.operation == Operation::Apply {
+                plan_texts.insert(
+                    agent_id.clone(),
+                    serde_json::to_string(plan).unwrap_or_default(),
+                );
+            }
+        }
+        let plans: HashMap<&str, &Plan> =
+            self.plans.iter().map(|(id, p)| (id.as_str(), p)).collect();
+        let (sender, mut deliveries) = mpsc::channel(256);
+        let dispatch = jobs::run(
+            &domain.fleet,
+            &self.job_id,
+            self.timeout,
+            agents,
+            self.concurrency,
+            |agent| {
+                if self.operation == Operation::Apply {
+                    let payload = serde_json::json!({"job_id": self.job_id, "by": self.by});
+                    sink.emit("state_apply_started", agent, payload);
+                }
+            },
+            sender,
+        );
+        let collect = async {
+            while let Some((agent_id, delivery)) = deliveries.recv().await {
+                let answered = matches!(delivery, Delivery::Answered(_));
+                let plan = plans.get(agent_id.as_str()).copied();
+                let result = self.result(agent_id, delivery, plan);
+                if answered && self.operation == Operation::Apply {
+                    self.remember(domain, &result.agent_id, &plan_texts).await;
+                }
+                self.emit_events(&sink, &result);
+                if out.send(result).await.is_err() {
+                    break;
+                }
+            }
+        };
+        let (dispatched, ()) = tokio::join!(dispatch, collect);
+        if let Err(e) = dispatched {
+            tracing::warn!(job_id = %self.job_id, error = %e, "state dispatch failed");
+        }
+        sink.close().await;
+    }
+
+    fn result(
+        &self,
+        agent_id: String,
+        delivery: Delivery,
+        plan: Option<&Plan>,
+    ) -> AgentStateResult {
+        let mut result = AgentStateResult {
+            agent_id,
+            ..AgentStateResult::default()
+        };
+        let outcome = match delivery {
+            Delivery::Answered(reply) => {
+                result.duration_ms = reply.duration_ms;
+                match reply.outcome {
+                    ReplyOutcome::State(outcome) => outcome,
+                    ReplyOutcome::Exec(_) => {
+                        result.status = "failed";
+                        result.error = Some("the agent answered with an exec result".into());
+                        return result;
+                    }
+                }
+            }
+            Delivery::NoAnswer => {
+                result.status = "timed_out";
+                result.error = Some("no answer from the agent before the timeout".into());
+                return result;
+            }
+            Delivery::NotSent(error) => {
+                result.status = "unreachable";
+                result.error = Some(format!("command not sent: {error}"));
+                return result;
+            }
+        };
+        result.error = outcome.error;
+        if self.operation == Operation::Drift {
+            if let Some(plan) = plan {
+                result.drift = drifted(plan, &outcome.outcomes);
+            }
+        }
+        let any_error = outcome.outcomes.iter().any(|o| o.error.is_some());
+        let any_change = outcome.outcomes.iter().any(|o| o.changed);
+        result.outcomes = outcome.outcomes;
+        result.status = if outcome.timed_out {
+            "timed_out"
+        } else if any_error || result.error.is_some() {
+            "failed"
+        } else if self.operation == Operation::Drift {
+            if result.drift.is_empty() {
+                "ok"
+            } else {
+                "drift"
+            }
+        } else if any_change {
+            "changed"
+        } else {
+            "ok"
+        };
+        result
+    }
+
+    /// Stores the plan as the agent's last applied state (what drift compares against).
+    async fn remember(&self, domain: &Domain, agent_id: &str, plans: &HashMap<String, String>) {
+        let Some(plan) = plans.get(agent_id) else {
+            return;
+        };
+        let row = AgentStateRow {
+            agent_id: agent_id.to_string(),
+            plan: plan.clone(),
+            job_id: self.job_id.clone(),
+            applied_by: self.by.clone(),
+            applied_at: clock::now_rfc3339(),
+        };
+        if let Err(e) = domain.store.fleet().put_agent_state(&row).await {
+            tracing::error!(agent_id, error = %e, "applied state not recorded");
+        }
+    }
+
+    fn emit_events(&self, sink: &EventSink, result: &AgentStateResult) {
+        let changed: Vec<&str> = result
+            .outcomes
+            .iter()
+            .filter(|o| o.changed)
+            .map(|o| o.resource.as_str())
+            .collect();
+        let failed: Vec<&str> = result
+            .outcomes
+            .iter()
+            .filter(|o| o.error.is_some())
+            .map(|o| o.resource.as_str())
+            .collect();
+        match self.operation {
+            Operation::Apply => {
+                let event_type = match result.status {
+                    "ok" | "changed" => "state_apply_succeeded",
+                    _ => "state_apply_failed",
+                };
+                let payload = serde_json::json!({
+                    "job_id": self.job_id, "changed": changed, "failed": failed,
+                    "duration_ms": result.duration_ms, "error": result.error,
+                });
+                sink.emit(event_type, &result.agent_id, payload);
+            }
+            Operation::Drift if !result.drift.is_empty() => {
+                let payload = serde_json::json!({"job_id": self.job_id, "resources": result.drift});
+                sink.emit("state_drift_detected", &result.agent_id, payload);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The resources of `plan` whose check says they would change, leaving out commands that
+/// have no guard (they always would).
+fn drifted(plan: &Plan, outcomes: &[Outcome]) -> Vec<String> {
+    plan.resources
+        .iter()
+        .zip(outcomes)
+        .filter(|(resource, outcome)| {
+            let unguarded = matches!(resource, Resource::Command(c) if c.unless.is_none() && c.creates.is_none());
+            outcome.changed && !unguarded
+        })
+        .map(|(_, outcome)| outcome.resource.clone())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{CommandResource, FileResource};
+
+    #[test]
+    fn unguarded_commands_are_not_drift() {
+        let plan = Plan {
+            resources: vec![
+                Resource::File(FileResource {
+                    path: "/a".into(),
+                    ..Default::default()
+                }),
+                Resource::Command(CommandResource {
+                    run: "true".into(),
+                    ..Default::default()
+                }),
+                Resource::Command(CommandResource {
+                    run: "make".into(),
+                    creates: Some("/b".into()),
+                    ..Default::default()
+                }),
+            ],
+        };
+        let changed = |resource: &str| Outcome {
+            resource: resource.into(),
+            changed: true,
+            ..Outcome::default()
+        };
+        let outcomes = vec![
+            changed("file:/a"),
+            changed("command:true"),
+            changed("command:make"),
+        ];
+        assert_eq!(drifted(&plan, &outcomes), ["file:/a", "command:make"]);
+    }
+
+    #[test]
+    fn plans_must_be_compiled_json() {
+        assert!(matches!(parse_plan("- file: {}"), Err(Error::Invalid(_))));
+    }
+}

@@ -1,0 +1,84 @@
+//! The bus side of the fleet: the server listens to every agent's heartbeats and results with
+//! its own client and runs the liveness sweep.
+//!
+//! Thin: the agent id comes from the subject (the broker lets an agent publish only under its
+//! own `svc.agent.<id>.`), the JSON body is parsed here, and `fleet::` does the rest. Queue
+//! groups make one server handle each message when several share an external NATS cluster.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+
+use super::Context;
+use crate::fleet::{self, protocol};
+
+const QUEUE_GROUP: &str = "svc-server";
+/// Heartbeat times reach the store at most this often (batched).
+const SAVE_EVERY: Duration = Duration::from_secs(5);
+
+/// Starts the heartbeat and result listeners and the sweep; they run until the bus client
+/// goes away.
+pub async fn start(context: Arc<Context>) -> crate::Result<()> {
+    context.domain.fleet.set_bus(context.bus.client.clone());
+    let client = &context.bus.client;
+    let subscribe = |subject: &'static str| client.queue_subscribe(subject, QUEUE_GROUP.into());
+    let unavailable = |e: async_nats::SubscribeError| {
+        crate::Error::Unavailable(format!("bus: cannot subscribe for the fleet: {e}"))
+    };
+    let mut heartbeats = subscribe("svc.agent.*.heartbeat")
+        .await
+        .map_err(unavailable)?;
+    let mut results = subscribe("svc.agent.*.result").await.map_err(unavailable)?;
+
+    let heartbeat_context = context.clone();
+    tokio::spawn(async move {
+        while let Some(message) = heartbeats.next().await {
+            let Some(agent_id) = protocol::agent_of(&message.subject) else {
+                continue;
+            };
+            match serde_json::from_slice::<protocol::Heartbeat>(&message.payload) {
+                Ok(beat) => fleet::heartbeat(&heartbeat_context.domain, agent_id, &beat).await,
+                Err(e) => tracing::debug!(agent_id, error = %e, "malformed heartbeat ignored"),
+            }
+        }
+    });
+
+    let result_context = context.clone();
+    tokio::spawn(async move {
+        while let Some(message) = results.next().await {
+            let Some(agent_id) = protocol::agent_of(&message.subject) else {
+                continue;
+            };
+            match serde_json::from_slice::<protocol::Reply>(&message.payload) {
+                Ok(reply) => {
+                    let job_id = reply.job_id.clone();
+                    if !result_context.domain.fleet.jobs.deliver(agent_id, reply) {
+                        tracing::debug!(agent_id, job_id, "result for no waiting job dropped");
+                    }
+                }
+                Err(e) => tracing::warn!(agent_id, error = %e, "malformed result ignored"),
+            }
+        }
+    });
+
+    // The sweep runs often enough to report a silent agent within about a second of its
+    // timeout; heartbeat times are saved in batches.
+    let sweep_context = context;
+    tokio::spawn(async move {
+        let timeout = sweep_context.domain.fleet.registry.timeout();
+        let period = (timeout / 10).clamp(Duration::from_millis(100), Duration::from_secs(1));
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_save = tokio::time::Instant::now();
+        loop {
+            tick.tick().await;
+            fleet::sweep(&sweep_context.domain).await;
+            if last_save.elapsed() >= SAVE_EVERY {
+                fleet::save_heartbeats(&sweep_context.domain).await;
+                last_save = tokio::time::Instant::now();
+            }
+        }
+    });
+    Ok(())
+}

@@ -1,0 +1,221 @@
+//! FleetService: agents, exec and state (contract §10). Thin: unpack, call the fleet domain
+//! with the caller's principal, pack. Exec and state jobs run in a task of their own that
+//! feeds the response stream; a client that goes away ends the stream, not the agents' work.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tonic::codegen::BoxStream;
+use tonic::{Request, Response, Status};
+
+use super::principal;
+use crate::fleet::exec::{AgentResult, ExecRequest};
+use crate::fleet::state::{AgentStateResult, Operation, StateRequest};
+use crate::fleet::{self, AgentView};
+use crate::proto;
+use crate::server::Context;
+
+pub struct Fleet {
+    pub context: Arc<Context>,
+}
+
+impl From<AgentView> for proto::Agent {
+    fn from(agent: AgentView) -> Self {
+        proto::Agent {
+            id: agent.id,
+            labels: agent.labels.into_iter().collect(),
+            state: agent.state,
+            quarantined: agent.quarantined,
+            quarantine_reason: agent.quarantine_reason.unwrap_or_default(),
+            last_heartbeat_at: agent.last_heartbeat_at.unwrap_or_default(),
+            enrolled_at: agent.enrolled_at,
+            fingerprint: agent.fingerprint,
+            quarantined_at: agent.quarantined_at.unwrap_or_default(),
+            hostname: agent.hostname,
+            version: agent.version,
+        }
+    }
+}
+
+fn exec_result(job_id: &str, result: AgentResult) -> proto::ExecResult {
+    proto::ExecResult {
+        agent_id: result.agent_id,
+        exit_code: result.exit_code,
+        stdout: result.stdout.into_bytes(),
+        stderr: result.stderr.into_bytes(),
+        duration_ms: result.duration_ms,
+        timed_out: result.timed_out,
+        error: result.error.unwrap_or_default(),
+        status: result.status.to_string(),
+        truncated: result.truncated,
+        job_id: job_id.to_string(),
+    }
+}
+
+fn state_result(job_id: &str, result: AgentStateResult) -> proto::StateResult {
+    proto::StateResult {
+        agent_id: result.agent_id,
+        status: result.status.to_string(),
+        outcomes: result
+            .outcomes
+            .into_iter()
+            .map(|o| proto::ResourceOutcome {
+                resource: o.resource,
+                changed: o.changed,
+                detail: o.detail,
+                error: o.error.unwrap_or_default(),
+            })
+            .collect(),
+        drift: result.drift,
+        duration_ms: result.duration_ms,
+        error: result.error.unwrap_or_default(),
+        job_id: job_id.to_string(),
+    }
+}
+
+fn timeout(ms: u64) -> Option<Duration> {
+    (ms > 0).then(|| Duration::from_millis(ms))
+}
+
+/// A response stream fed by `receiver`, each item mapped with `map`.
+fn stream_of<T: Send + 'static, M: Send + 'static>(
+    receiver: mpsc::Receiver<T>,
+    map: impl Fn(T) -> M + Send + 'static,
+) -> BoxStream<M> {
+    use tokio_stream::StreamExt;
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(receiver).map(move |item| Ok(map(item))))
+}
+
+impl Fleet {
+    async fn state(
+        &self,
+        request: Request<proto::StateRequest>,
+        operation: Operation,
+    ) -> Result<Response<BoxStream<proto::StateResult>>, Status> {
+        let caller = principal(&request)?;
+        let request = request.into_inner();
+        let job = fleet::state::prepare(
+            &self.context.domain,
+            &caller,
+            operation,
+            StateRequest {
+                target: request.target,
+                plan: request.plan,
+                timeout: timeout(request.timeout_ms),
+                concurrency: request.concurrency,
+            },
+        )
+        .await?;
+        let job_id = job.job_id.clone();
+        let (sender, receiver) = mpsc::channel(64);
+        let context = self.context.clone();
+        tokio::spawn(async move { job.run(&context.domain, sender).await });
+        Ok(Response::new(stream_of(receiver, move |result| {
+            state_result(&job_id, result)
+        })))
+    }
+}
+
+#[tonic::async_trait]
+impl proto::fleet_service_server::FleetService for Fleet {
+    async fn list_agents(
+        &self,
+        request: Request<proto::ListAgentsRequest>,
+    ) -> Result<Response<proto::ListAgentsResponse>, Status> {
+        let caller = principal(&request)?;
+        let agents = fleet::list(&self.context.domain, &caller, &request.get_ref().target).await?;
+        Ok(Response::new(proto::ListAgentsResponse {
+            agents: agents.into_iter().map(Into::into).collect(),
+        }))
+    }
+
+    async fn get_agent(
+        &self,
+        request: Request<proto::AgentRequest>,
+    ) -> Result<Response<proto::Agent>, Status> {
+        let caller = principal(&request)?;
+        let agent = fleet::get(&self.context.domain, &caller, &request.get_ref().id).await?;
+        Ok(Response::new(agent.into()))
+    }
+
+    async fn quarantine(
+        &self,
+        request: Request<proto::QuarantineRequest>,
+    ) -> Result<Response<proto::Agent>, Status> {
+        let caller = principal(&request)?;
+        let request = request.into_inner();
+        let agent = fleet::set_quarantine(
+            &self.context.domain,
+            &caller,
+            &request.id,
+            true,
+            &request.reason,
+        )
+        .await?;
+        Ok(Response::new(agent.into()))
+    }
+
+    async fn unquarantine(
+        &self,
+        request: Request<proto::AgentRequest>,
+    ) -> Result<Response<proto::Agent>, Status> {
+        let caller = principal(&request)?;
+        let agent = fleet::set_quarantine(
+            &self.context.domain,
+            &caller,
+            &request.get_ref().id,
+            false,
+            "",
+        )
+        .await?;
+        Ok(Response::new(agent.into()))
+    }
+
+    async fn exec(
+        &self,
+        request: Request<proto::ExecRequest>,
+    ) -> Result<Response<BoxStream<proto::ExecResult>>, Status> {
+        let caller = principal(&request)?;
+        let request = request.into_inner();
+        let job = fleet::exec::prepare(
+            &self.context.domain,
+            &caller,
+            ExecRequest {
+                target: request.target,
+                argv: request.argv,
+                timeout: timeout(request.timeout_ms),
+                concurrency: request.concurrency,
+            },
+        )
+        .await?;
+        let job_id = job.job_id.clone();
+        let (sender, receiver) = mpsc::channel(256);
+        let context = self.context.clone();
+        tokio::spawn(async move { job.run(&context.domain, sender).await });
+        Ok(Response::new(stream_of(receiver, move |result| {
+            exec_result(&job_id, result)
+        })))
+    }
+
+    async fn state_check(
+        &self,
+        request: Request<proto::StateRequest>,
+    ) -> Result<Response<BoxStream<proto::StateResult>>, Status> {
+        self.state(request, Operation::Check).await
+    }
+
+    async fn state_apply(
+        &self,
+        request: Request<proto::StateRequest>,
+    ) -> Result<Response<BoxStream<proto::StateResult>>, Status> {
+        self.state(request, Operation::Apply).await
+    }
+
+    async fn state_drift(
+        &self,
+        request: Request<proto::StateRequest>,
+    ) -> Result<Response<BoxStream<proto::StateResult>>, Status> {
+        self.state(request, Operation::Drift).await
+    }
+}
