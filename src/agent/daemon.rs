@@ -75,11 +75,13 @@ async fn run(config: AgentConfig) -> Result<(), CliError> {
     let (cert_pem, _) = super::bus_credentials(state_dir).map_err(failed)?;
     match crate::identity::ca::agent_id_in(&cert_pem) {
         Some(cert_id) if cert_id == id => {}
-        other => return Err(CliError::failed(format!(
+        other => {
+            return Err(CliError::failed(format!(
             "the certificate in {} is for agent {:?}, but agent.id is '{id}': run bootstrap again",
             state_dir.display(),
             other.unwrap_or_default()
-        ))),
+        )))
+        }
     }
     let mut stop = StopSignals::install()?;
     let agent_id = id.clone();
@@ -192,7 +194,11 @@ async fn handle(client: &async_nats::Client, id: &str, payload: &[u8]) {
     let outcome = match command.work {
         Work::Exec { argv } => {
             tracing::info!(job_id = %command.job_id, program = argv.first().map(String::as_str).unwrap_or(""), "exec");
-            ReplyOutcome::Exec(super::exec::run(&argv, timeout).await)
+            let env = [
+                ("SVC_AGENT_ID", id),
+                ("SVC_JOB_ID", command.job_id.as_str()),
+            ];
+            ReplyOutcome::Exec(super::exec::run(&argv, &env, timeout).await)
         }
         Work::State { mode, plan } => {
             tracing::info!(job_id = %command.job_id, ?mode, resources = plan.resources.len(), "state");

@@ -13,13 +13,15 @@ use crate::fleet::protocol::{ExecOutcome, MAX_OUTPUT_BYTES};
 /// running in the background) before the agent stops reading them.
 const PIPE_GRACE: Duration = Duration::from_secs(2);
 
-pub async fn run(argv: &[String], timeout: Duration) -> ExecOutcome {
+/// Runs `argv` with `env` added (SVC_AGENT_ID, SVC_JOB_ID: scripts may want to know).
+pub async fn run(argv: &[String], env: &[(&str, &str)], timeout: Duration) -> ExecOutcome {
     let Some(program) = argv.first() else {
         return failed_to_start(-1, "no command given".into());
     };
     let mut command = tokio::process::Command::new(program);
     command
         .args(&argv[1..])
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -129,7 +131,8 @@ mod tests {
     #[tokio::test]
     async fn output_exit_codes_and_failures() {
         let ok = run(
-            &argv(&["sh", "-c", "echo out; echo err >&2; exit 3"]),
+            &argv(&["sh", "-c", "echo $SVC_AGENT_ID; echo err >&2; exit 3"]),
+            &[("SVC_AGENT_ID", "out")],
             Duration::from_secs(5),
         )
         .await;
@@ -139,7 +142,12 @@ mod tests {
         );
         assert!(!ok.timed_out && ok.error.is_none());
 
-        let missing = run(&argv(&["/nonexistent/program"]), Duration::from_secs(5)).await;
+        let missing = run(
+            &argv(&["/nonexistent/program"]),
+            &[],
+            Duration::from_secs(5),
+        )
+        .await;
         assert_eq!(missing.exit_code, 127);
         assert!(missing.error.unwrap().contains("/nonexistent/program"));
     }
@@ -150,6 +158,7 @@ mod tests {
         // The background sleep keeps stdout open; the group kill must end it too.
         let slow = run(
             &argv(&["sh", "-c", "sleep 30 & echo started; sleep 30"]),
+            &[],
             Duration::from_millis(300),
         )
         .await;
@@ -167,6 +176,7 @@ mod tests {
     async fn output_is_capped() {
         let big = run(
             &argv(&["head", "-c", "600000", "/dev/zero"]),
+            &[],
             Duration::from_secs(5),
         )
         .await;

@@ -1,0 +1,722 @@
+//! The fleet end to end: real `svc-agent` daemons enrolled over the bus and running on
+//! loopback, driven through `svcctl agent|exec|state` against a real server. Covers
+//! selectors, streaming results and exit codes, quarantine, disconnect detection, events and
+//! audit rows, forged results over raw NATS, and the agent's own command line.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use common::{bus_socket, run, Options, Run, TestServer};
+
+fn json(result: &Run) -> serde_json::Value {
+    serde_json::from_str(&result.stdout).unwrap_or_else(|e| panic!("{e}: {result:?}"))
+}
+
+/// JSON Lines output: every line parsed.
+fn json_lines(result: &Run) -> Vec<serde_json::Value> {
+    result
+        .stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {result:?}")))
+        .collect()
+}
+
+fn svcctl(server: &TestServer, key: &str, args: &[&str]) -> Run {
+    run(server.cli("svcctl").args(["--api-key", key]).args(args))
+}
+
+/// A real svc-agent daemon in a temp home, enrolled with its PSK. Killed on drop.
+struct Agent {
+    id: String,
+    home: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl Agent {
+    fn config(&self) -> PathBuf {
+        self.home.path().join("agent.yaml")
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.home.path().join("agent.log")).unwrap_or_default()
+    }
+
+    /// Enrols `id` with `labels` and starts its daemon (heartbeats every 200 ms).
+    fn start(server: &TestServer, id: &str, labels: &str) -> Agent {
+        let home = tempfile::tempdir().unwrap();
+        let config = format!(
+            "agent:\n  heartbeat_interval: 200ms\n  state_dir: {}\n",
+            home.path().join("state").display()
+        );
+        std::fs::write(home.path().join("agent.yaml"), config).unwrap();
+        let psk = json(&run(server.cli("svc-identity").args([
+            "--api-key",
+            &server.admin_key,
+            "-o",
+            "json",
+            "psk",
+            id,
+        ])))["psk"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let mut agent = Agent {
+            id: id.to_string(),
+            home,
+            child: None,
+        };
+        let enrolled = run(server
+            .names
+            .command("svc-agent")
+            .arg("--config")
+            .arg(agent.config())
+            .args(["bootstrap", "--non-interactive", "--server", &server.bus])
+            .args(["--agent-id", id, "--psk", &psk, "--labels", labels]));
+        assert_eq!(enrolled.code, 0, "{enrolled:?}");
+        agent.spawn(server);
+        agent
+    }
+
+    fn spawn(&mut self, server: &TestServer) {
+        let log = std::fs::File::create(self.home.path().join("agent.log")).unwrap();
+        let child = server
+            .names
+            .command("svc-agent")
+            .arg("--config")
+            .arg(self.config())
+            .env("SVC_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The agents' states, by id, from `svcctl agent list -o json`.
+fn states(server: &TestServer) -> std::collections::BTreeMap<String, String> {
+    let listed = svcctl(server, &server.admin_key, &["-o", "json", "agent", "list"]);
+    assert_eq!(listed.code, 0, "{listed:?}");
+    json(&listed)
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["id"].as_str().unwrap().to_string(),
+                a["state"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn wait_for_state(server: &TestServer, id: &str, state: &str, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let now = states(server);
+        if now.get(id).map(String::as_str) == Some(state) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{id} not {state} within {within:?}: {now:?}\n{}",
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Events of `types` (comma list) as (type, source, payload).
+fn events(server: &TestServer, types: &[&str]) -> Vec<(String, String, serde_json::Value)> {
+    let mut args = vec!["-o", "json", "list", "--limit", "1000"];
+    for t in types {
+        args.extend(["--type", t]);
+    }
+    let listed = run(server
+        .cli("svc-events")
+        .args(["--api-key", &server.admin_key])
+        .args(&args));
+    assert_eq!(listed.code, 0, "{listed:?}");
+    json(&listed)["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["type"].as_str().unwrap().to_string(),
+                e["source"].as_str().unwrap().to_string(),
+                e["payload"].clone(),
+            )
+        })
+        .collect()
+}
+
+fn by_agent(
+    results: &[serde_json::Value],
+) -> std::collections::BTreeMap<String, serde_json::Value> {
+    results
+        .iter()
+        .filter(|r| r.get("agent_id").is_some())
+        .map(|r| (r["agent_id"].as_str().unwrap().to_string(), r.clone()))
+        .collect()
+}
+
+#[test]
+fn exec_across_three_agents_with_selectors_events_and_audit() {
+    let server = TestServer::start();
+    let agents = [
+        Agent::start(&server, "web-01", "role=web,env=prod"),
+        Agent::start(&server, "web-02", "role=web,env=test"),
+        Agent::start(&server, "db-01", "role=db,env=prod"),
+    ];
+    for agent in &agents {
+        wait_for_state(&server, &agent.id, "connected", Duration::from_secs(10));
+    }
+    let (_, operator) = server.create_key("ops", "operator");
+    let (_, readonly) = server.create_key("viewer", "readonly");
+
+    // Labels: only the web agents, each with its own output.
+    let web = svcctl(
+        &server,
+        &operator,
+        &[
+            "-o",
+            "json",
+            "exec",
+            "--target",
+            "role=web",
+            "--",
+            "sh",
+            "-c",
+            "echo $0-ok",
+            "x",
+        ],
+    );
+    assert_eq!(web.code, 0, "{web:?}");
+    let lines = json_lines(&web);
+    let results = by_agent(&lines);
+    assert_eq!(
+        results.keys().collect::<Vec<_>>(),
+        ["web-01", "web-02"],
+        "{web:?}"
+    );
+    for result in results.values() {
+        assert_eq!(result["status"], "ok", "{result}");
+        assert_eq!(result["exit_code"], 0);
+        assert_eq!(result["stdout"], "x-ok\n");
+    }
+    let summary = &lines.last().unwrap()["summary"];
+    assert_eq!(summary["agents"], 2, "{summary}");
+    assert_eq!(summary["ok"], 2, "{summary}");
+
+    // A glob and a comma list; one agent fails, so the exit code is 1 and the table says so.
+    let mixed = svcctl(
+        &server,
+        &operator,
+        &[
+            "exec",
+            "--target",
+            "db-*,web-02",
+            "--",
+            "sh",
+            "-c",
+            "exit 4",
+        ],
+    );
+    assert_eq!(mixed.code, 1, "{mixed:?}");
+    assert!(
+        mixed.stdout.contains("== db-01  failed  exit 4"),
+        "{mixed:?}"
+    );
+    assert!(
+        mixed.stdout.contains("== web-02  failed  exit 4"),
+        "{mixed:?}"
+    );
+    assert!(!mixed.stdout.contains("web-01"), "{mixed:?}");
+    assert!(mixed.stderr.contains("2 agents: 2 failed"), "{mixed:?}");
+
+    // Every agent, stderr captured, a program that does not exist, and a timeout.
+    let all = svcctl(
+        &server,
+        &operator,
+        &["-o", "json", "exec", "--", "sh", "-c", "echo oops >&2"],
+    );
+    assert_eq!(all.code, 0, "{all:?}");
+    let results = by_agent(&json_lines(&all));
+    assert_eq!(results.len(), 3, "{all:?}");
+    assert!(results.values().all(|r| r["stderr"] == "oops\n"));
+    let missing = svcctl(
+        &server,
+        &operator,
+        &[
+            "-o",
+            "json",
+            "exec",
+            "-t",
+            "web-01",
+            "--",
+            "/no/such/program",
+        ],
+    );
+    assert_eq!(missing.code, 1, "{missing:?}");
+    let result = &json_lines(&missing)[0];
+    assert_eq!(result["exit_code"], 127, "{result}");
+    assert!(result["error"]
+        .as_str()
+        .unwrap()
+        .contains("/no/such/program"));
+    let started = Instant::now();
+    let slow = svcctl(
+        &server,
+        &operator,
+        &[
+            "-o",
+            "json",
+            "exec",
+            "-t",
+            "web-01",
+            "--timeout",
+            "500ms",
+            "--",
+            "sleep",
+            "30",
+        ],
+    );
+    assert_eq!(slow.code, 1, "{slow:?}");
+    assert_eq!(json_lines(&slow)[0]["status"], "timed_out", "{slow:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // Concurrency 1 still reaches everyone.
+    let serial = svcctl(
+        &server,
+        &operator,
+        &["-o", "json", "exec", "--concurrency", "1", "--", "true"],
+    );
+    assert_eq!(serial.code, 0, "{serial:?}");
+    assert_eq!(by_agent(&json_lines(&serial)).len(), 3);
+
+    // Refusals: readonly, no command, a selector that matches nothing, a malformed one.
+    let refused = svcctl(&server, &readonly, &["exec", "--", "true"]);
+    assert_eq!(refused.code, 4, "{refused:?}");
+    assert_eq!(svcctl(&server, &operator, &["exec"]).code, 2);
+    let nothing = svcctl(&server, &operator, &["exec", "-t", "mail-*", "--", "true"]);
+    assert_eq!(nothing.code, 5, "{nothing:?}");
+    assert!(
+        nothing
+            .stderr
+            .contains("no enrolled agent matches 'mail-*'"),
+        "{nothing:?}"
+    );
+    let malformed = svcctl(
+        &server,
+        &operator,
+        &["exec", "-t", "role=web,db-01", "--", "true"],
+    );
+    assert_eq!(malformed.code, 1, "{malformed:?}");
+    assert!(malformed.stderr.contains("invalid target"), "{malformed:?}");
+
+    // Events carry the agent as source; one audit row per exec, refused ones included.
+    let job_events = events(
+        &server,
+        &["command_dispatched", "command_completed", "command_failed"],
+    );
+    let count = |kind: &str, source: &str| {
+        job_events
+            .iter()
+            .filter(|(t, s, _)| t == kind && s == source)
+            .count()
+    };
+    assert_eq!(count("command_dispatched", "web-01"), 5, "{job_events:?}");
+    assert_eq!(count("command_completed", "web-01"), 3, "{job_events:?}");
+    assert_eq!(count("command_failed", "web-01"), 2, "{job_events:?}");
+    assert_eq!(count("command_failed", "db-01"), 1, "{job_events:?}");
+    let audit = json(&run(server.cli("svc-audit").args([
+        "--api-key",
+        &server.admin_key,
+        "-o",
+        "json",
+        "log",
+        "--action",
+        "exec.run",
+        "--limit",
+        "100",
+    ])));
+    let rows = audit["items"].as_array().unwrap();
+    let outcome = |o: &str| rows.iter().filter(|r| r["outcome"] == o).count();
+    assert_eq!(
+        (outcome("success"), outcome("denied"), outcome("error")),
+        (6, 1, 2),
+        "{audit}"
+    );
+    assert!(rows
+        .iter()
+        .any(|r| r["detail"]["argv"][0] == "/no/such/program"));
+}
+
+#[test]
+fn quarantine_blocks_commands_and_heartbeats_until_lifted() {
+    let server = TestServer::start();
+    let web1 = Agent::start(&server, "web-01", "role=web");
+    let web2 = Agent::start(&server, "web-02", "role=web");
+    for agent in [&web1, &web2] {
+        wait_for_state(&server, &agent.id, "connected", Duration::from_secs(10));
+    }
+    let (_, operator) = server.create_key("ops", "operator");
+    let (_, readonly) = server.create_key("viewer", "readonly");
+
+    assert_eq!(
+        svcctl(&server, &readonly, &["agent", "quarantine", "web-02"]).code,
+        4
+    );
+    assert_eq!(
+        svcctl(&server, &operator, &["agent", "quarantine", "nope"]).code,
+        5
+    );
+    let quarantined = svcctl(
+        &server,
+        &operator,
+        &[
+            "-o",
+            "json",
+            "agent",
+            "quarantine",
+            "web-02",
+            "--reason",
+            "disk image tampered",
+        ],
+    );
+    assert_eq!(quarantined.code, 0, "{quarantined:?}");
+    let record = json(&quarantined);
+    assert_eq!(record["state"], "quarantined", "{record}");
+    assert_eq!(record["quarantine_reason"], "disk image tampered");
+
+    // No command reaches it; the other agent still runs.
+    let marks = tempfile::tempdir().unwrap();
+    let marker = marks.path().join("web-02");
+    let touched = format!("touch {}/$SVC_AGENT_ID", marks.path().display());
+    let exec = svcctl(
+        &server,
+        &operator,
+        &["-o", "json", "exec", "--", "sh", "-c", &touched],
+    );
+    assert_eq!(exec.code, 0, "skipped is not a failure: {exec:?}");
+    let results = by_agent(&json_lines(&exec));
+    assert_eq!(results["web-02"]["status"], "skipped", "{exec:?}");
+    assert_eq!(results["web-01"]["status"], "ok", "{exec:?}");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!marker.exists(), "a quarantined agent ran a command");
+
+    // Its heartbeats are rejected, and say so in events.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while events(&server, &["agent_heartbeat_rejected"]).is_empty() {
+        assert!(Instant::now() < deadline, "no agent_heartbeat_rejected");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let show = json(&svcctl(
+        &server,
+        &readonly,
+        &["-o", "json", "agent", "show", "web-02"],
+    ));
+    assert_eq!(show["state"], "quarantined", "{show}");
+    assert_eq!(states(&server)["web-01"], "connected");
+
+    // Lifted: commands reach it again.
+    let lifted = svcctl(
+        &server,
+        &operator,
+        &["-o", "json", "agent", "unquarantine", "web-02"],
+    );
+    assert_eq!(lifted.code, 0, "{lifted:?}");
+    assert_eq!(json(&lifted)["quarantine_reason"], serde_json::Value::Null);
+    wait_for_state(&server, "web-02", "connected", Duration::from_secs(5));
+    let exec = svcctl(
+        &server,
+        &operator,
+        &["exec", "-t", "web-02", "--", "sh", "-c", &touched],
+    );
+    assert_eq!(exec.code, 0, "{exec:?}");
+    assert!(marker.exists(), "{exec:?}\n{}", web2.log());
+
+    let sequence: Vec<String> = events(
+        &server,
+        &[
+            "agent_quarantined",
+            "agent_unquarantined",
+            "agent_connected",
+        ],
+    )
+    .into_iter()
+    .filter(|(_, source, _)| source == "web-02")
+    .map(|(t, _, _)| t)
+    .collect();
+    assert_eq!(
+        sequence,
+        [
+            "agent_connected",
+            "agent_quarantined",
+            "agent_unquarantined",
+            "agent_connected"
+        ]
+    );
+    let audit = json(&run(server.cli("svc-audit").args([
+        "--api-key",
+        &server.admin_key,
+        "-o",
+        "json",
+        "log",
+        "--action",
+        "agent.*",
+        "--resource-type",
+        "agent",
+    ])));
+    let actions: Vec<(&str, &str)> = audit["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["action"] != "agent.enroll" && r["action"] != "agent.psk")
+        .map(|r| {
+            (
+                r["action"].as_str().unwrap(),
+                r["outcome"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        actions,
+        [
+            ("agent.unquarantine", "success"),
+            ("agent.quarantine", "success"),
+            ("agent.quarantine", "error"),
+            ("agent.quarantine", "denied"),
+        ],
+        "{audit}"
+    );
+}
+
+#[test]
+fn silent_agents_are_reported_disconnected_after_the_timeout() {
+    let server = TestServer::start_with(Options {
+        config_yaml: "agents:\n  heartbeat_timeout: 1s\n".into(),
+        ..Options::default()
+    });
+    let mut agent = Agent::start(&server, "web-01", "role=web");
+    wait_for_state(&server, "web-01", "connected", Duration::from_secs(10));
+    let (_, operator) = server.create_key("ops", "operator");
+
+    agent.stop();
+    let stopped = Instant::now();
+    wait_for_state(&server, "web-01", "disconnected", Duration::from_secs(5));
+    let took = stopped.elapsed();
+    assert!(took >= Duration::from_millis(700), "too early: {took:?}");
+    let gone = events(&server, &["agent_disconnected"]);
+    assert_eq!(gone.len(), 1, "{gone:?}");
+    assert_eq!(gone[0].1, "web-01");
+    assert!(gone[0].2["last_heartbeat_at"].is_string(), "{gone:?}");
+
+    // A disconnected agent is reported unreachable at once, not after the timeout.
+    let started = Instant::now();
+    let exec = svcctl(&server, &operator, &["-o", "json", "exec", "--", "true"]);
+    assert_eq!(exec.code, 1, "{exec:?}");
+    assert_eq!(json_lines(&exec)[0]["status"], "unreachable", "{exec:?}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+
+    // It comes back by itself when it heartbeats again.
+    agent.spawn(&server);
+    wait_for_state(&server, "web-01", "connected", Duration::from_secs(10));
+    let metrics = server.request("GET", "/metrics", None, None).body;
+    assert!(
+        metrics.contains("svc_agents{state=\"connected\"} 1"),
+        "{metrics}"
+    );
+}
+
+/// A raw bus session as the agent whose files are in `state`, signing the INFO nonce.
+fn agent_session(server: &TestServer, state: &Path, ops: &str) -> Vec<String> {
+    let (cert_pem, signer) = svc::agent::bus_credentials(state).unwrap();
+    let stream = TcpStream::connect(bus_socket(&server.bus)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut info = String::new();
+    reader.read_line(&mut info).unwrap();
+    let info: serde_json::Value = serde_json::from_str(info.trim_start_matches("INFO ")).unwrap();
+    let signature = signer
+        .sign(
+            &ring::rand::SystemRandom::new(),
+            info["nonce"].as_str().unwrap().as_bytes(),
+        )
+        .unwrap();
+    let connect = serde_json::json!({
+        "verbose": false, "pedantic": false, "jwt": cert_pem,
+        "sig": base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(signature.as_ref()),
+    });
+    let mut writer = stream;
+    write!(writer, "CONNECT {connect}\r\n{ops}PING\r\n").unwrap();
+    common::lines_until_pong(&mut reader)
+}
+
+#[test]
+fn agents_cannot_answer_for_each_other_or_take_commands_meant_for_others() {
+    let server = TestServer::start();
+    let web1 = Agent::start(&server, "web-01", "role=web");
+    let web2 = Agent::start(&server, "web-02", "role=web");
+    for agent in [&web1, &web2] {
+        wait_for_state(&server, &agent.id, "connected", Duration::from_secs(10));
+    }
+    let forged = r#"{"job_id":"x","duration_ms":1,"kind":"exec","exit_code":0,"stdout":"forged"}"#;
+    let ops = format!(
+        "PUB svc.agent.web-02.result {len}\r\n{forged}\r\nPUB svc.agent.web-02.heartbeat 2\r\n{{}}\r\n\
+         SUB svc.agent.web-02.cmd 1\r\nSUB svc.agent.*.cmd 2\r\nPUB _INBOX.abcdefghijklmnopqrstuv 1\r\nx\r\n",
+        len = forged.len()
+    );
+    let refused = agent_session(&server, &web1.home.path().join("state"), &ops);
+    assert_eq!(
+        refused,
+        [
+            "-ERR 'Permissions Violation for Publish to \"svc.agent.web-02.result\"'",
+            "-ERR 'Permissions Violation for Publish to \"svc.agent.web-02.heartbeat\"'",
+            "-ERR 'Permissions Violation for Subscription to \"svc.agent.web-02.cmd\"'",
+            "-ERR 'Permissions Violation for Subscription to \"svc.agent.*.cmd\"'",
+            "-ERR 'Permissions Violation for Publish to \"_INBOX.abcdefghijklmnopqrstuv\"'",
+            "PONG",
+        ]
+    );
+    // An operator key may not command agents directly on the bus either (only through the
+    // server, which audits).
+    let (_, operator) = server.create_key("ops", "operator");
+    let stream = TcpStream::connect(bus_socket(&server.bus)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut info = String::new();
+    reader.read_line(&mut info).unwrap();
+    let mut writer = stream;
+    let connect = serde_json::json!({"verbose": false, "auth_token": operator});
+    write!(
+        writer,
+        "CONNECT {connect}\r\nPUB svc.agent.web-01.cmd 2\r\n{{}}\r\nPING\r\n"
+    )
+    .unwrap();
+    assert_eq!(
+        common::lines_until_pong(&mut reader),
+        [
+            "-ERR 'Permissions Violation for Publish to \"svc.agent.web-01.cmd\"'",
+            "PONG"
+        ]
+    );
+    // Garbage on an agent's own result subject is ignored; the agents keep working.
+    let garbage = agent_session(
+        &server,
+        &web1.home.path().join("state"),
+        "PUB svc.agent.web-01.result 9\r\nnot json!\r\n",
+    );
+    assert_eq!(garbage, ["PONG"]);
+    let exec = svcctl(
+        &server,
+        &operator,
+        &["-o", "json", "exec", "--", "echo", "fine"],
+    );
+    assert_eq!(exec.code, 0, "{exec:?}");
+    assert!(by_agent(&json_lines(&exec))
+        .values()
+        .all(|r| r["stdout"] == "fine\n"));
+}
+
+#[test]
+fn agent_command_line_and_service_unit() {
+    let server = TestServer::start();
+    let home = tempfile::tempdir().unwrap();
+    let config = home.path().join("agent.yaml");
+
+    // The daemon without enrolment, or with a config naming another agent, says what to do.
+    std::fs::write(&config, "agent:\n  heartbeat_interval: 1s\n").unwrap();
+    let unenrolled = run(server
+        .names
+        .command("svc-agent")
+        .arg("--config")
+        .arg(&config));
+    assert_eq!(unenrolled.code, 1, "{unenrolled:?}");
+    assert!(
+        unenrolled.stderr.contains("agent.id is not set"),
+        "{unenrolled:?}"
+    );
+    let agent = Agent::start(&server, "web-01", "role=web");
+    let mut text = std::fs::read_to_string(agent.config()).unwrap();
+    text = text.replace("id: web-01", "id: web-99");
+    std::fs::write(&config, text).unwrap();
+    let mismatch = run(server
+        .names
+        .command("svc-agent")
+        .arg("--config")
+        .arg(&config));
+    assert_eq!(mismatch.code, 1, "{mismatch:?}");
+    assert!(
+        mismatch.stderr.contains("is for agent \"web-01\""),
+        "{mismatch:?}"
+    );
+    let unknown_key = home.path().join("bad.yaml");
+    std::fs::write(&unknown_key, "agent:\n  id: a\n  colour: blue\n").unwrap();
+    let bad = run(server
+        .names
+        .command("svc-agent")
+        .arg("--config")
+        .arg(&unknown_key));
+    assert_eq!(bad.code, 1, "{bad:?}");
+    assert!(bad.stderr.contains("colour"), "{bad:?}");
+    let help = run(server.names.command("svc-agent").arg("--help"));
+    assert_eq!(help.code, 0);
+    assert!(help.stdout.contains("service"), "{help:?}");
+
+    // service install --no-start writes a unit that runs this agent with its config.
+    let units = home.path().join("units");
+    let install = run(server
+        .names
+        .command("svc-agent")
+        .arg("--config")
+        .arg(agent.config())
+        .args(["service", "install", "--no-start", "--unit-dir"])
+        .arg(&units));
+    assert_eq!(install.code, 0, "{install:?}");
+    let unit = std::fs::read_to_string(units.join("svc-agent.service")).unwrap();
+    let exec_start = format!("--config {}", agent.config().display());
+    assert!(unit.contains(&exec_start), "{unit}");
+    assert!(unit.contains("[Install]"), "{unit}");
+    let status = run(server
+        .names
+        .command("svc-agent")
+        .args(["service", "status", "-o", "json", "--unit-dir"])
+        .arg(&units));
+    assert_eq!(json(&status)["installed"], true, "{status:?}");
+    let removed = run(server
+        .names
+        .command("svc-agent")
+        .args(["service", "uninstall", "--no-stop", "--unit-dir"])
+        .arg(&units));
+    assert_eq!(removed.code, 0, "{removed:?}");
+    assert!(!units.join("svc-agent.service").exists());
+}
