@@ -122,31 +122,15 @@ fn commands_not_built_yet_say_so_and_fail() {
     let names = Names::new();
     let cases: &[(&str, &[&str], &str)] = &[
         (
-            "svc-agent",
-            &["service", "install"],
-            "svc-agent: 'service' is not implemented yet",
-        ),
-        (
             "svc-files",
             &["put", "a", "b"],
             "svc-files: 'put' is not implemented yet",
         ),
         (
             "svcctl",
-            &["agent", "list"],
-            "svcctl: 'agent list' is not implemented yet",
-        ),
-        (
-            "svcctl",
-            &["exec", "--", "uptime"],
-            "svcctl: 'exec' is not implemented yet",
-        ),
-        (
-            "svcctl",
             &["--api-key", "k", "cluster", "status"],
             "svc-cluster: 'status' is not implemented yet",
         ),
-        ("svc-agent", &[], "svc-agent: 'run' is not implemented yet"),
     ];
     for (name, args, message) in cases {
         let result = run(names.command(name).args(*args));
@@ -208,4 +192,14 @@ fn cli_reports_unreachable_server_with_exit_3() {
         result.stderr.starts_with("svcctl: cannot reach the server"),
         "{result:?}"
     );
+    let exec = run(names.command("svcctl").args([
+        "--server",
+        "127.0.0.1:1",
+        "--api-key",
+        "k",
+        "exec",
+        "--",
+        "uptime",
+    ]));
+    assert_eq!(exec.code, 3, "{exec:?}");
 }
