@@ -223,7 +223,14 @@ pub async fn set_quarantine(
 }
 
 /// Handles one heartbeat from agent `id` (authenticated by the bus: the subject is its own).
-pub async fn heartbeat(domain: &Domain, id: &str, beat: &protocol::Heartbeat) {
+/// Events go through `sink`, so a storm of connecting agents is written in batches instead
+/// of one fdatasync per agent.
+pub async fn heartbeat(
+    domain: &Domain,
+    sink: &jobs::EventSink,
+    id: &str,
+    beat: &protocol::Heartbeat,
+) {
     let registry = &domain.fleet.registry;
     let mut verdict = registry.heartbeat(id, &beat.hostname, &beat.version);
     if verdict == Verdict::Unknown {
@@ -245,18 +252,12 @@ pub async fn heartbeat(domain: &Domain, id: &str, beat: &protocol::Heartbeat) {
             let payload = serde_json::json!({
                 "agent_id": id, "hostname": beat.hostname, "version": beat.version,
             });
-            domain
-                .events
-                .emit_system("agent_connected", id, payload)
-                .await;
+            sink.emit("agent_connected", id, payload);
         }
         Verdict::Accepted { .. } => {}
         Verdict::Rejected => {
             let payload = serde_json::json!({"agent_id": id, "reason": "quarantined"});
-            domain
-                .events
-                .emit_system("agent_heartbeat_rejected", id, payload)
-                .await;
+            sink.emit("agent_heartbeat_rejected", id, payload);
         }
         Verdict::Unknown => {
             tracing::warn!(
@@ -267,9 +268,8 @@ pub async fn heartbeat(domain: &Domain, id: &str, beat: &protocol::Heartbeat) {
     }
 }
 
-/// Reports agents silent for longer than the timeout and saves heartbeat times: run every
-/// second or so by the server.
-pub async fn sweep(domain: &Domain) {
+/// Reports agents silent for longer than the timeout: run every second or so by the server.
+pub fn sweep(domain: &Domain, sink: &jobs::EventSink) {
     for (id, last) in domain.fleet.registry.sweep() {
         let last_heartbeat_at = last.map(clock::format_rfc3339);
         tracing::info!(agent_id = %id, ?last_heartbeat_at, "agent disconnected (heartbeat timeout)");
@@ -277,10 +277,7 @@ pub async fn sweep(domain: &Domain) {
             "agent_id": id, "last_heartbeat_at": last_heartbeat_at,
             "timeout": clock::format_duration(domain.fleet.registry.timeout()),
         });
-        domain
-            .events
-            .emit_system("agent_disconnected", &id, payload)
-            .await;
+        sink.emit("agent_disconnected", &id, payload);
     }
 }
 

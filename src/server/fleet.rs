@@ -31,14 +31,20 @@ pub async fn start(context: Arc<Context>) -> crate::Result<()> {
         .map_err(unavailable)?;
     let mut results = subscribe("svc.agent.*.result").await.map_err(unavailable)?;
 
+    // One sink for the fleet's own events, in order, batched.
+    let sink = Arc::new(fleet::jobs::EventSink::start(context.domain.events.clone()));
     let heartbeat_context = context.clone();
+    let heartbeat_sink = sink.clone();
     tokio::spawn(async move {
         while let Some(message) = heartbeats.next().await {
             let Some(agent_id) = protocol::agent_of(&message.subject) else {
                 continue;
             };
             match serde_json::from_slice::<protocol::Heartbeat>(&message.payload) {
-                Ok(beat) => fleet::heartbeat(&heartbeat_context.domain, agent_id, &beat).await,
+                Ok(beat) => {
+                    fleet::heartbeat(&heartbeat_context.domain, &heartbeat_sink, agent_id, &beat)
+                        .await
+                }
                 Err(e) => tracing::debug!(agent_id, error = %e, "malformed heartbeat ignored"),
             }
         }
@@ -73,7 +79,7 @@ pub async fn start(context: Arc<Context>) -> crate::Result<()> {
         let mut last_save = tokio::time::Instant::now();
         loop {
             tick.tick().await;
-            fleet::sweep(&sweep_context.domain).await;
+            fleet::sweep(&sweep_context.domain, &sink);
             if last_save.elapsed() >= SAVE_EVERY {
                 fleet::save_heartbeats(&sweep_context.domain).await;
                 last_save = tokio::time::Instant::now();
