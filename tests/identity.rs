@@ -486,3 +486,27 @@ fn enrolled_agents_use_their_own_subjects_until_the_signing_ca_rotates() {
         "PONG"
     );
 }
+
+#[test]
+fn a_new_hmacsecret_invalidates_every_psk() {
+    let mut server = TestServer::start();
+    let psk_of = |server: &TestServer, id: &str| {
+        let psk = identity(server, &server.admin_key, &["psk", id]);
+        assert_eq!(psk.code, 0, "{psk:?}");
+        json(&psk)["psk"].as_str().unwrap().to_string()
+    };
+    let old = psk_of(&server, "web-01");
+    let enrolled = AgentHome::new().bootstrap(&server, "web-01", &["--psk", &old]);
+    assert_eq!(enrolled.code, 0, "{enrolled:?}");
+
+    // The operator edits hmacsecret (here through its environment override) and restarts.
+    assert_eq!(server.stop_with(libc::SIGTERM), Some(0));
+    server.spawn(&[("SVC_HMACSECRET".into(), "a-new-secret".into())]);
+    let refused = AgentHome::new().bootstrap(&server, "web-01", &["--psk", &old]);
+    assert_eq!(refused.code, 4, "{refused:?}");
+    assert!(refused.stderr.contains("invalid PSK"), "{refused:?}");
+    let new = psk_of(&server, "web-01");
+    assert_ne!(new, old);
+    let again = AgentHome::new().bootstrap(&server, "web-01", &["--psk", &new]);
+    assert_eq!(again.code, 0, "{again:?}");
+}
