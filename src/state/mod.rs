@@ -34,6 +34,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+mod compile;
 mod validate;
 
 /// A compiled state: resources in the order they are applied. Serialized as JSON on the bus.
@@ -208,11 +209,7 @@ pub struct Outcome {
 /// Parses and validates a state file and inlines `source:` files (relative to `base_dir`).
 /// An empty file (or one with only comments) is an empty plan.
 pub fn compile(yaml: &str, base_dir: &Path) -> Result<Plan, CompileError> {
-    let _ = (yaml, base_dir);
-    Err(CompileError {
-        line: None,
-        message: "state compile: not implemented yet".into(),
-    })
+    compile::compile(yaml, base_dir)
 }
 
 /// Checks a plan that arrived over the wire (already compiled): every value valid, no

@@ -165,6 +165,11 @@ pub(super) fn parse_mode(text: &str) -> Result<u32, String> {
     }
 }
 
+/// A mode as a plan carries it and people read it: four octal digits.
+pub(super) fn format_mode(mode: u32) -> String {
+    format!("{mode:04o}")
+}
+
 /// A command's time limit: "30s", "10m", "500ms" or plain seconds.
 pub(super) fn parse_timeout(text: &str) -> Result<std::time::Duration, String> {
     match crate::clock::parse_duration(text) {
@@ -356,6 +361,8 @@ mod tests {
         for (text, expected) in cases {
             assert_eq!(parse_mode(text).ok(), expected, "{text}");
         }
+        assert_eq!(format_mode(0o644), "0644");
+        assert_eq!(format_mode(0o4755), "4755");
     }
 
     fn file(path: &str) -> FileResource {
