@@ -35,6 +35,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 mod compile;
+mod providers;
 mod validate;
 
 /// A compiled state: resources in the order they are applied. Serialized as JSON on the bus.
@@ -223,12 +224,5 @@ pub fn validate(plan: &Plan) -> Result<(), String> {
 /// one bad resource does not hide what the rest of the plan does (one that depends on it fails
 /// with its own reason, such as a missing parent directory).
 pub fn run(plan: &Plan, mode: Mode) -> Vec<Outcome> {
-    let _ = mode;
-    plan.resources
-        .iter()
-        .map(|_| Outcome {
-            error: Some("not implemented yet".into()),
-            ..Outcome::default()
-        })
-        .collect()
+    providers::run_plan(plan, mode)
 }
