@@ -10,7 +10,9 @@ mod attributes;
 mod command;
 mod directory;
 mod file;
+mod package;
 mod process;
+mod service;
 mod symlink;
 
 use std::collections::HashSet;
@@ -65,10 +67,8 @@ fn run_resource(resource: &Resource, mode: Mode, planned: &mut PlannedDirectorie
         Resource::File(resource) => file::run(resource, mode, planned),
         Resource::Directory(resource) => directory::run(resource, mode, planned),
         Resource::Symlink(resource) => symlink::run(resource, mode, planned),
-        Resource::Package(_) | Resource::Service(_) => Err(format!(
-            "{} resources are not implemented yet",
-            resource.label()
-        )),
+        Resource::Package(resource) => package::run(resource, mode),
+        Resource::Service(resource) => service::run(resource, mode),
         Resource::Command(resource) => command::run(resource, mode),
     });
     match result {

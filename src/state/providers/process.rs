@@ -7,7 +7,7 @@
 
 use std::io::Read;
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -20,6 +20,17 @@ pub(super) const OUTPUT_TAIL_BYTES: usize = 4096;
 /// How long to wait for the output pipes after the program exited: something it started in the
 /// background may hold them open for ever, and the run must not wait for that.
 const PIPE_GRACE: Duration = Duration::from_secs(2);
+
+/// Directories searched after `PATH`: the agent may run with a minimal environment, and apt-get
+/// or systemctl live in sbin directories that a user's PATH often lacks.
+const SYSTEM_DIRECTORIES: &[&str] = &[
+    "/usr/local/sbin",
+    "/usr/local/bin",
+    "/usr/sbin",
+    "/usr/bin",
+    "/sbin",
+    "/bin",
+];
 
 /// How a program ended and the end of what it wrote.
 #[derive(Debug)]
@@ -118,6 +129,21 @@ pub(super) fn run_program(
         stdout: stdout.finish(grace),
         stderr: stderr.finish(grace),
     })
+}
+
+/// The path of an executable named `name` in PATH or the usual system directories.
+pub(super) fn find_program(name: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path_variable = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path_variable)
+        .chain(SYSTEM_DIRECTORIES.iter().map(PathBuf::from))
+        .filter(|directory| directory.is_absolute())
+        .map(|directory| directory.join(name))
+        .find(|candidate| {
+            std::fs::metadata(candidate).is_ok_and(|metadata| {
+                metadata.is_file() && metadata.permissions().mode() & 0o111 != 0
+            })
+        })
 }
 
 fn kill_group(process_id: u32) {
@@ -252,5 +278,11 @@ mod tests {
             started.elapsed()
         );
         assert_eq!(finished.stdout, "started\n");
+    }
+
+    #[test]
+    fn programs_are_found_in_path_or_system_directories() {
+        assert!(find_program("sh").is_some());
+        assert_eq!(find_program("no-such-program-svc"), None);
     }
 }
