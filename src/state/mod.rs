@@ -4,10 +4,39 @@
 //! Used by three parties: `svcctl state compile|check|apply` compiles a file on the operator's
 //! machine (resolving `source:` there), the server validates the compiled plan again and sends
 //! it to agents over the bus, and `svc-agent` runs it here with `run`.
+//!
+//! A state file is a YAML list; each item is a one-key mapping from the kind to its settings:
+//!
+//! ```yaml
+//! - directory: {path: /srv/app, mode: "0750", owner: www-data, group: www-data}
+//! - file:
+//!     path: /srv/app/config.toml
+//!     source: files/config.toml   # read on the operator's machine, inlined by compile
+//!     mode: 640                   # octal, however written: 640, "0640", 0o640
+//! - file: {path: /etc/motd, content: "managed by svc\n"}
+//! - symlink: {path: /srv/current, target: app}
+//! - package: {name: nginx}                      # installed (default) | absent
+//! - service: {name: nginx, state: running, enabled: true}
+//! - command: {run: make install, creates: /usr/local/bin/app, timeout: 5m}
+//! ```
+//!
+//! Resources run in order, so a directory comes before the files in it. `file`, `directory`
+//! and `symlink` also take `state: absent`, which removes only their own kind (a regular file,
+//! an empty directory, a symlink) and never follows a link.
+//!
+//! Code map: this file owns the model (what travels on the bus as JSON) and the three entry
+//! points. `compile.rs` reads YAML and inlines sources, `validate.rs` holds the value rules all
+//! three parties share, and `providers/` has one file per resource kind, each checking and
+//! applying its kind on this host. Only `compile.rs` touches YAML; only `providers/` touches
+//! the host.
 
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
+
+mod compile;
+mod providers;
+mod validate;
 
 /// A compiled state: resources in the order they are applied. Serialized as JSON on the bus.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -32,24 +61,41 @@ pub enum Resource {
 #[serde(deny_unknown_fields)]
 pub struct FileResource {
     pub path: String,
+    /// present (default) | absent. Absent removes a regular file, never anything else.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    /// The whole file, as text. At most one of content, content_base64 and source.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
-    /// A file on the operator's machine; `compile` inlines it as `content`.
+    /// The whole file, base64 (standard alphabet, padded): how `compile` inlines a source
+    /// that is not UTF-8, so binary files survive the JSON plan.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_base64: Option<String>,
+    /// A file on the operator's machine, relative to the state file's directory; `compile`
+    /// inlines it as `content` (or `content_base64`), so a plan never carries it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
-    /// Octal, as text: "0644".
+    /// Octal, as text: "0644" (compile writes it with four digits). A new file without a
+    /// mode gets 0644; an existing one keeps its mode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<String>,
+    /// A user name or a numeric uid; unset leaves the owner alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
+    /// A group name or a numeric gid; unset leaves the group alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<String>,
 }
 
+/// One directory level: the parent must exist (list parents first, each with its own mode).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DirectoryResource {
     pub path: String,
+    /// present (default) | absent. Absent removes an empty directory only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    /// Octal, as text; a new directory without a mode gets 0755.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -62,7 +108,13 @@ pub struct DirectoryResource {
 #[serde(deny_unknown_fields)]
 pub struct SymlinkResource {
     pub path: String,
+    /// What the link points at, stored as written (it may be relative). Required unless
+    /// `state: absent`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub target: String,
+    /// present (default) | absent. Absent removes a symlink, never what it points at.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -78,9 +130,10 @@ pub struct PackageResource {
 #[serde(deny_unknown_fields)]
 pub struct ServiceResource {
     pub name: String,
-    /// running | stopped
+    /// running | stopped; unset leaves it alone. At least one of state and enabled is set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<String>,
+    /// Started at boot; unset leaves it alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
 }
@@ -96,6 +149,24 @@ pub struct CommandResource {
     /// Skip when this path exists.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub creates: Option<String>,
+    /// How long `run` (and `unless`) may take: "30s", "10m"; default 10m. On expiry the
+    /// command's whole process group is killed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+}
+
+impl Resource {
+    /// `kind:name` as outcomes report it: `file:/etc/motd`, `package:nginx`, `command:make`.
+    pub fn label(&self) -> String {
+        match self {
+            Resource::File(file) => format!("file:{}", file.path),
+            Resource::Directory(directory) => format!("directory:{}", directory.path),
+            Resource::Symlink(symlink) => format!("symlink:{}", symlink.path),
+            Resource::Package(package) => format!("package:{}", package.name),
+            Resource::Service(service) => format!("service:{}", service.name),
+            Resource::Command(command) => format!("command:{}", command.run),
+        }
+    }
 }
 
 /// A state file that does not compile; `line` (1-based) points into the file when known.
@@ -137,29 +208,21 @@ pub struct Outcome {
 }
 
 /// Parses and validates a state file and inlines `source:` files (relative to `base_dir`).
+/// An empty file (or one with only comments) is an empty plan.
 pub fn compile(yaml: &str, base_dir: &Path) -> Result<Plan, CompileError> {
-    let _ = (yaml, base_dir);
-    Err(CompileError {
-        line: None,
-        message: "state compile: not implemented yet".into(),
-    })
+    compile::compile(yaml, base_dir)
 }
 
 /// Checks a plan that arrived over the wire (already compiled): every value valid, no
 /// `source:` left. The server calls this before dispatching to agents.
 pub fn validate(plan: &Plan) -> Result<(), String> {
-    let _ = plan;
-    Err("state validate: not implemented yet".into())
+    validate::validate(plan)
 }
 
 /// Runs a plan on this host, in order; blocking (the agent calls it from spawn_blocking).
+/// One outcome per resource: a failing resource gets `error` and the next ones still run, so
+/// one bad resource does not hide what the rest of the plan does (one that depends on it fails
+/// with its own reason, such as a missing parent directory).
 pub fn run(plan: &Plan, mode: Mode) -> Vec<Outcome> {
-    let _ = mode;
-    plan.resources
-        .iter()
-        .map(|_| Outcome {
-            error: Some("not implemented yet".into()),
-            ..Outcome::default()
-        })
-        .collect()
+    providers::run_plan(plan, mode)
 }

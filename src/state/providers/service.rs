@@ -1,0 +1,169 @@
+//! `service`: a systemd unit running or stopped, enabled at boot or not, through `systemctl`.
+//!
+//! `is-active` and `is-enabled` tell the current state, `start`/`stop`/`enable`/`disable`
+//! change it, and the unit is asked again afterwards: a unit that cannot be enabled (a static
+//! one) or dies right after starting is an error, not a change repeated on every apply.
+//! A host without systemctl, or one where systemd is not running (a container), is an error
+//! that says so.
+
+use std::path::Path;
+use std::time::Duration;
+
+use super::process::{self, Finished};
+use super::Report;
+use crate::state::{Mode, ServiceResource};
+
+/// systemctl waits for a start or stop job to finish; a unit's own start timeout is 90 s by
+/// default, so this only bounds a wedged systemd.
+const TIMEOUT: Duration = Duration::from_secs(300);
+
+pub(super) fn run(service: &ServiceResource, mode: Mode) -> Result<Report, String> {
+    run_with(service, mode, process::find_program("systemctl").as_deref())
+}
+
+/// The provider with systemctl's path given, so tests can take the "not found" path.
+fn run_with(
+    service: &ServiceResource,
+    mode: Mode,
+    systemctl: Option<&Path>,
+) -> Result<Report, String> {
+    let systemctl =
+        systemctl.ok_or("systemctl not found (services are managed through systemd)")?;
+    let name = service.name.as_str();
+    let mut changes = Vec::new();
+    if let Some(state) = service.state.as_deref() {
+        let wants_running = state == "running";
+        let (is_running_now, current) = is_active(systemctl, name)?;
+        if is_running_now != wants_running {
+            let action = if wants_running { "start" } else { "stop" };
+            if mode == Mode::Apply {
+                call(systemctl, action, name)?;
+                let (is_running_now, now) = is_active(systemctl, name)?;
+                if is_running_now != wants_running {
+                    return Err(format!(
+                        "systemctl {action} {name} succeeded but the unit is {now}"
+                    ));
+                }
+            }
+            changes.push(format!("{current} -> {state}"));
+        }
+    }
+    if let Some(wants_enabled) = service.enabled {
+        let (is_enabled_now, current) = is_enabled(systemctl, name)?;
+        if is_enabled_now != wants_enabled {
+            let action = if wants_enabled { "enable" } else { "disable" };
+            if mode == Mode::Apply {
+                call(systemctl, action, name)?;
+                let (is_enabled_now, now) = is_enabled(systemctl, name)?;
+                if is_enabled_now != wants_enabled {
+                    return Err(format!(
+                        "systemctl {action} {name} succeeded but the unit is {now}"
+                    ));
+                }
+            }
+            changes.push(format!(
+                "{current} -> {}",
+                if wants_enabled { "enabled" } else { "disabled" }
+            ));
+        }
+    }
+    if changes.is_empty() {
+        return Ok(Report::unchanged("already in state"));
+    }
+    Ok(Report::changed(changes.join("; ")))
+}
+
+/// Running or not, with systemd's word for it ("active", "inactive", "failed", ...).
+fn is_active(systemctl: &Path, name: &str) -> Result<(bool, String), String> {
+    let finished = process::run_program(systemctl, &["is-active", name], &[], TIMEOUT)?;
+    let word = answer(systemctl, "is-active", name, &finished)?;
+    // reloading is a running unit re-reading its configuration.
+    let is_running = matches!(word.as_str(), "active" | "reloading");
+    Ok((is_running, word))
+}
+
+/// Enabled or not, with systemd's word for it. is-enabled exits 0 for every state that starts
+/// the unit at boot (enabled, static, indirect, generated, ...), which is the question here.
+fn is_enabled(systemctl: &Path, name: &str) -> Result<(bool, String), String> {
+    let finished = process::run_program(systemctl, &["is-enabled", name], &[], TIMEOUT)?;
+    let word = answer(systemctl, "is-enabled", name, &finished)?;
+    Ok((finished.is_success(), word))
+}
+
+/// The one-word answer of an is-* query. Its exit code also means "no" (3 for inactive), so
+/// only a missing word is a failure: no systemd running, no such unit, no permission.
+fn answer(systemctl: &Path, verb: &str, name: &str, finished: &Finished) -> Result<String, String> {
+    let word = finished.stdout.trim();
+    if finished.status.is_none() || word.is_empty() || word.contains(char::is_whitespace) {
+        return Err(format!(
+            "{} {verb} {name}: {}{}",
+            systemctl.display(),
+            finished.describe_status(),
+            finished.output_suffix()
+        ));
+    }
+    Ok(word.to_string())
+}
+
+fn call(systemctl: &Path, action: &str, name: &str) -> Result<(), String> {
+    let finished = process::run_program(systemctl, &[action, name], &[], TIMEOUT)?;
+    if finished.is_success() {
+        return Ok(());
+    }
+    Err(format!(
+        "systemctl {action} {name}: {}{}",
+        finished.describe_status(),
+        finished.output_suffix()
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn service() -> ServiceResource {
+        ServiceResource {
+            name: "svc-no-such-unit".into(),
+            state: Some("running".into()),
+            enabled: Some(true),
+        }
+    }
+
+    #[test]
+    fn missing_systemctl_is_a_clear_error() {
+        let error = run_with(&service(), Mode::Check, None).unwrap_err();
+        assert!(error.starts_with("systemctl not found"), "{error}");
+    }
+
+    /// Whatever this host has (no systemctl, systemd not running in a container, or a real
+    /// systemd that does not know the unit), checking a unit that does not exist either fails
+    /// with systemctl's reason or reports the change; it never claims "already in state".
+    #[test]
+    fn a_unit_that_does_not_exist_is_never_in_state() {
+        match run(&service(), Mode::Check) {
+            Err(error) => assert!(!error.is_empty()),
+            Ok(report) => assert!(report.changed, "{report:?}"),
+        }
+    }
+
+    #[test]
+    fn is_queries_fail_without_a_word() {
+        let finished = process::run_shell(
+            "echo 'System has not been booted with systemd' >&2; exit 1",
+            Duration::from_secs(60),
+        )
+        .unwrap();
+        let error =
+            answer(Path::new("/bin/systemctl"), "is-active", "nginx", &finished).unwrap_err();
+        assert_eq!(
+            error,
+            "/bin/systemctl is-active nginx: exit code 1\nstderr:\nSystem has not been booted with systemd"
+        );
+        let inactive =
+            process::run_shell("echo inactive; exit 3", Duration::from_secs(60)).unwrap();
+        assert_eq!(
+            answer(Path::new("systemctl"), "is-active", "nginx", &inactive),
+            Ok("inactive".into())
+        );
+    }
+}

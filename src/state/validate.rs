@@ -1,0 +1,633 @@
+//! The value rules of a resource, shared by the three parties that handle a plan: `compile` on
+//! the operator's machine, `validate` on the server (for a plan received as JSON) and `run` on
+//! the agent, before it touches anything. Pure: no I/O, no YAML, no host lookups (user and
+//! group names are resolved by the agent, on the host they belong to).
+
+use base64::Engine as _;
+
+use super::{FileResource, Plan, Resource};
+
+/// File contents a plan may carry in all, measured as encoded in the JSON plan. The plan
+/// travels in one bus message of at most 1 MiB, and text can grow when escaped, so half of that
+/// leaves room for the rest of the plan and the envelope.
+pub(super) const MAX_CONTENT_BYTES: usize = 512 * 1024;
+
+pub(super) fn validate(plan: &Plan) -> Result<(), String> {
+    let mut content_bytes = 0;
+    for (index, resource) in plan.resources.iter().enumerate() {
+        let fail =
+            |message: String| format!("resource {} ({}): {message}", index + 1, resource.label());
+        check_compiled(resource).map_err(fail)?;
+        if let Resource::File(file) = resource {
+            content_bytes += encoded_content_size(file);
+        }
+    }
+    check_content_budget(content_bytes)
+}
+
+/// The rules for a resource of a compiled plan: every value valid and no `source:` left (only
+/// the operator's machine can read it).
+pub(super) fn check_compiled(resource: &Resource) -> Result<(), String> {
+    check_resource(resource)?;
+    match resource {
+        Resource::File(file) if file.source.is_some() => Err(
+            "source must be compiled by svcctl state (`svcctl state compile` inlines it)".into(),
+        ),
+        _ => Ok(()),
+    }
+}
+
+/// The rules every resource obeys, compiled or not. Messages do not name the kind; callers
+/// add it (`line 7: file: ...`, `resource 2 (file:/etc/motd): ...`).
+pub(super) fn check_resource(resource: &Resource) -> Result<(), String> {
+    match resource {
+        Resource::File(file) => {
+            check_path("path", &file.path)?;
+            let is_absent = check_presence(file.state.as_deref())?;
+            let sources = [
+                ("content", file.content.is_some()),
+                ("content_base64", file.content_base64.is_some()),
+                ("source", file.source.is_some()),
+            ];
+            let given: Vec<&str> = sources
+                .iter()
+                .filter(|(_, is_set)| *is_set)
+                .map(|(name, _)| *name)
+                .collect();
+            if given.len() > 1 {
+                return Err(format!(
+                    "{} are mutually exclusive; give one",
+                    given.join(" and ")
+                ));
+            }
+            if let Some(encoded) = &file.content_base64 {
+                decode_base64(encoded)?;
+            }
+            if file
+                .source
+                .as_deref()
+                .is_some_and(|source| source.is_empty())
+            {
+                return Err("source must not be empty".into());
+            }
+            if is_absent {
+                let managed = [
+                    ("content", file.content.is_some()),
+                    ("content_base64", file.content_base64.is_some()),
+                    ("source", file.source.is_some()),
+                    ("mode", file.mode.is_some()),
+                    ("owner", file.owner.is_some()),
+                    ("group", file.group.is_some()),
+                ];
+                refuse_with_absent(&managed)?;
+            }
+            check_attributes(
+                file.mode.as_deref(),
+                file.owner.as_deref(),
+                file.group.as_deref(),
+            )
+        }
+        Resource::Directory(directory) => {
+            check_path("path", &directory.path)?;
+            if check_presence(directory.state.as_deref())? {
+                refuse_with_absent(&[
+                    ("mode", directory.mode.is_some()),
+                    ("owner", directory.owner.is_some()),
+                    ("group", directory.group.is_some()),
+                ])?;
+            }
+            check_attributes(
+                directory.mode.as_deref(),
+                directory.owner.as_deref(),
+                directory.group.as_deref(),
+            )
+        }
+        Resource::Symlink(symlink) => {
+            check_path("path", &symlink.path)?;
+            if check_presence(symlink.state.as_deref())? {
+                refuse_with_absent(&[("target", !symlink.target.is_empty())])
+            } else if symlink.target.is_empty() {
+                Err("target is required (what the link points at)".into())
+            } else if symlink.target.contains('\0') {
+                Err("target must not contain NUL".into())
+            } else {
+                Ok(())
+            }
+        }
+        Resource::Package(package) => {
+            check_package_name(&package.name)?;
+            match package.state.as_deref() {
+                None | Some("installed") | Some("absent") => Ok(()),
+                Some(other) => Err(format!("state must be installed or absent, not '{other}'")),
+            }
+        }
+        Resource::Service(service) => {
+            check_service_name(&service.name)?;
+            match service.state.as_deref() {
+                None | Some("running") | Some("stopped") => {}
+                Some(other) => {
+                    return Err(format!("state must be running or stopped, not '{other}'"))
+                }
+            }
+            if service.state.is_none() && service.enabled.is_none() {
+                return Err("nothing to manage: set state (running|stopped) and/or enabled".into());
+            }
+            Ok(())
+        }
+        Resource::Command(command) => {
+            check_shell_text("run", &command.run)?;
+            if let Some(unless) = &command.unless {
+                check_shell_text("unless", unless)?;
+            }
+            if let Some(creates) = &command.creates {
+                check_path("creates", creates)?;
+            }
+            if let Some(timeout) = &command.timeout {
+                parse_timeout(timeout)?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Parses an octal mode: "0644", "644", "0o644" (YAML's own octal, kept as text by the
+/// compiler) and a YAML integer such as 644, which the compiler also sees as the text "644".
+pub(super) fn parse_mode(text: &str) -> Result<u32, String> {
+    let digits = text.strip_prefix("0o").unwrap_or(text);
+    let is_octal = !digits.is_empty()
+        && digits.len() <= 6
+        && digits.bytes().all(|byte| (b'0'..=b'7').contains(&byte));
+    match u32::from_str_radix(digits, 8) {
+        Ok(mode) if is_octal && mode <= 0o7777 => Ok(mode),
+        _ => Err(format!(
+            "mode '{text}' is not an octal file mode such as 0644"
+        )),
+    }
+}
+
+/// A mode as a plan carries it and people read it: four octal digits.
+pub(super) fn format_mode(mode: u32) -> String {
+    format!("{mode:04o}")
+}
+
+/// A command's time limit: "30s", "10m", "500ms" or plain seconds.
+pub(super) fn parse_timeout(text: &str) -> Result<std::time::Duration, String> {
+    match crate::clock::parse_duration(text) {
+        Some(duration) if !duration.is_zero() => Ok(duration),
+        _ => Err(format!(
+            "timeout '{text}' is not a duration such as 30s or 10m"
+        )),
+    }
+}
+
+pub(super) fn decode_base64(text: &str) -> Result<Vec<u8>, String> {
+    base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .map_err(|e| format!("content_base64 is not valid base64: {e}"))
+}
+
+/// The bytes a file's content takes in the JSON plan (escapes and quotes included).
+pub(super) fn encoded_content_size(file: &FileResource) -> usize {
+    let encoded = |text: &Option<String>| {
+        text.as_ref().map_or(0, |text| {
+            serde_json::to_string(text).map_or(text.len(), |json| json.len())
+        })
+    };
+    encoded(&file.content) + encoded(&file.content_base64)
+}
+
+pub(super) fn check_content_budget(content_bytes: usize) -> Result<(), String> {
+    if content_bytes <= MAX_CONTENT_BYTES {
+        return Ok(());
+    }
+    Err(format!(
+        "file contents total {} KiB once encoded, more than the {} KiB a plan may carry (a plan \
+         travels in one 1 MiB bus message); ship large files another way",
+        content_bytes.div_ceil(1024),
+        MAX_CONTENT_BYTES / 1024
+    ))
+}
+
+/// A normalized absolute path: the label of an outcome is the path, so `/etc//motd` and
+/// `/etc/./motd` are refused rather than reported as different resources.
+fn check_path(field: &str, path: &str) -> Result<(), String> {
+    if !path.starts_with('/') {
+        return Err(format!("{field} must be absolute, not '{path}'"));
+    }
+    if path.contains('\0') {
+        return Err(format!("{field} must not contain NUL"));
+    }
+    let is_normalized = path[1..]
+        .split('/')
+        .all(|part| !part.is_empty() && part != "." && part != "..");
+    if !is_normalized {
+        return Err(format!(
+            "{field} '{path}' must be normalized (no empty, . or .. parts, no trailing /)"
+        ));
+    }
+    Ok(())
+}
+
+/// present (the default) or absent; true for absent.
+fn check_presence(state: Option<&str>) -> Result<bool, String> {
+    match state {
+        None | Some("present") => Ok(false),
+        Some("absent") => Ok(true),
+        Some(other) => Err(format!("state must be present or absent, not '{other}'")),
+    }
+}
+
+fn refuse_with_absent(fields: &[(&str, bool)]) -> Result<(), String> {
+    let given: Vec<&str> = fields
+        .iter()
+        .filter(|(_, is_set)| *is_set)
+        .map(|(name, _)| *name)
+        .collect();
+    if given.is_empty() {
+        return Ok(());
+    }
+    Err(format!("{} cannot go with state absent", given.join(", ")))
+}
+
+fn check_attributes(
+    mode: Option<&str>,
+    owner: Option<&str>,
+    group: Option<&str>,
+) -> Result<(), String> {
+    if let Some(mode) = mode {
+        parse_mode(mode)?;
+    }
+    for (field, name) in [("owner", owner), ("group", group)] {
+        if let Some(name) = name {
+            check_account_name(field, name)?;
+        }
+    }
+    Ok(())
+}
+
+/// A user or group name, or a numeric id. u32::MAX is refused: to chown it means "leave as is".
+fn check_account_name(field: &str, name: &str) -> Result<(), String> {
+    if name.bytes().all(|byte| byte.is_ascii_digit()) && !name.is_empty() {
+        return match name.parse::<u32>() {
+            Ok(id) if id != u32::MAX => Ok(()),
+            _ => Err(format!("{field} id {name} is out of range")),
+        };
+    }
+    let is_valid = !name.is_empty()
+        && !name.starts_with('-')
+        && !name
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || c == ':' || c == '/');
+    if is_valid {
+        Ok(())
+    } else {
+        Err(format!(
+            "{field} '{name}' is not a valid name or numeric id"
+        ))
+    }
+}
+
+/// Package names become arguments of apt-get and dnf: a leading `-` would be an option, and
+/// version or glob syntax would make "installed?" ambiguous, so only plain names (with an
+/// optional architecture: `libc6:amd64`, `glibc.x86_64`) are accepted.
+fn check_package_name(name: &str) -> Result<(), String> {
+    let is_valid = name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || ".+-_:".contains(c));
+    if is_valid {
+        Ok(())
+    } else {
+        Err(format!(
+            "package name '{name}' must start with a letter or digit and use only letters, \
+             digits and . + - _ :"
+        ))
+    }
+}
+
+/// Service names become arguments of systemctl: systemd unit name characters only, no
+/// leading `-`.
+fn check_service_name(name: &str) -> Result<(), String> {
+    let is_valid = name.chars().next().is_some_and(|c| c != '-')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || ":-_.\\@".contains(c));
+    if is_valid {
+        Ok(())
+    } else {
+        Err(format!(
+            "service name '{name}' must be a systemd unit name (letters, digits and : - _ . \\ @)"
+        ))
+    }
+}
+
+fn check_shell_text(field: &str, text: &str) -> Result<(), String> {
+    if text.trim().is_empty() {
+        return Err(format!("{field} must not be empty"));
+    }
+    if text.contains('\0') {
+        return Err(format!("{field} must not contain NUL"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{
+        CommandResource, DirectoryResource, PackageResource, ServiceResource, SymlinkResource,
+    };
+
+    #[test]
+    fn modes() {
+        let cases = [
+            ("0644", Some(0o644)),
+            ("644", Some(0o644)),
+            ("0o755", Some(0o755)),
+            ("4755", Some(0o4755)),
+            ("0", Some(0)),
+            ("007777", Some(0o7777)),
+            ("8", None),
+            ("0x1f", None),
+            ("", None),
+            ("0o", None),
+            ("17777", None),
+            ("+644", None),
+            ("rw-r--r--", None),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(parse_mode(text).ok(), expected, "{text}");
+        }
+        assert_eq!(format_mode(0o644), "0644");
+        assert_eq!(format_mode(0o4755), "4755");
+    }
+
+    fn file(path: &str) -> FileResource {
+        FileResource {
+            path: path.into(),
+            ..FileResource::default()
+        }
+    }
+
+    #[test]
+    fn resource_rules() {
+        let cases: Vec<(Resource, Option<&str>)> = vec![
+            (Resource::File(file("/etc/motd")), None),
+            (
+                Resource::File(file("etc/motd")),
+                Some("path must be absolute"),
+            ),
+            (
+                Resource::File(file("/etc//motd")),
+                Some("must be normalized"),
+            ),
+            (
+                Resource::File(file("/etc/../motd")),
+                Some("must be normalized"),
+            ),
+            (
+                Resource::File(file("/etc/motd/")),
+                Some("must be normalized"),
+            ),
+            (Resource::File(file("/")), Some("must be normalized")),
+            (
+                Resource::File(FileResource {
+                    content: Some("a".into()),
+                    source: Some("a.txt".into()),
+                    ..file("/a")
+                }),
+                Some("content and source are mutually exclusive"),
+            ),
+            (
+                Resource::File(FileResource {
+                    content_base64: Some("not base64!".into()),
+                    ..file("/a")
+                }),
+                Some("not valid base64"),
+            ),
+            (
+                Resource::File(FileResource {
+                    mode: Some("0999".into()),
+                    ..file("/a")
+                }),
+                Some("mode '0999' is not an octal file mode"),
+            ),
+            (
+                Resource::File(FileResource {
+                    owner: Some("1000".into()),
+                    group: Some("www-data".into()),
+                    ..file("/a")
+                }),
+                None,
+            ),
+            (
+                Resource::File(FileResource {
+                    owner: Some("4294967295".into()),
+                    ..file("/a")
+                }),
+                Some("out of range"),
+            ),
+            (
+                Resource::File(FileResource {
+                    group: Some("a b".into()),
+                    ..file("/a")
+                }),
+                Some("group 'a b' is not a valid name"),
+            ),
+            (
+                Resource::File(FileResource {
+                    state: Some("absent".into()),
+                    mode: Some("0644".into()),
+                    ..file("/a")
+                }),
+                Some("mode cannot go with state absent"),
+            ),
+            (
+                Resource::File(FileResource {
+                    state: Some("gone".into()),
+                    ..file("/a")
+                }),
+                Some("state must be present or absent"),
+            ),
+            (
+                Resource::Directory(DirectoryResource {
+                    path: "/srv/app".into(),
+                    mode: Some("750".into()),
+                    ..DirectoryResource::default()
+                }),
+                None,
+            ),
+            (
+                Resource::Symlink(SymlinkResource {
+                    path: "/a".into(),
+                    ..SymlinkResource::default()
+                }),
+                Some("target is required"),
+            ),
+            (
+                Resource::Symlink(SymlinkResource {
+                    path: "/a".into(),
+                    target: "../relative/is/fine".into(),
+                    state: None,
+                }),
+                None,
+            ),
+            (
+                Resource::Symlink(SymlinkResource {
+                    path: "/a".into(),
+                    target: "/b".into(),
+                    state: Some("absent".into()),
+                }),
+                Some("target cannot go with state absent"),
+            ),
+            (
+                Resource::Package(PackageResource {
+                    name: "libc6:amd64".into(),
+                    state: Some("absent".into()),
+                }),
+                None,
+            ),
+            (
+                Resource::Package(PackageResource {
+                    name: "-y".into(),
+                    state: None,
+                }),
+                Some("package name '-y'"),
+            ),
+            (
+                Resource::Package(PackageResource {
+                    name: "nginx".into(),
+                    state: Some("latest".into()),
+                }),
+                Some("state must be installed or absent, not 'latest'"),
+            ),
+            (
+                Resource::Service(ServiceResource {
+                    name: "nginx".into(),
+                    state: Some("running".into()),
+                    enabled: None,
+                }),
+                None,
+            ),
+            (
+                Resource::Service(ServiceResource {
+                    name: "getty@tty1.service".into(),
+                    state: None,
+                    enabled: Some(true),
+                }),
+                None,
+            ),
+            (
+                Resource::Service(ServiceResource {
+                    name: "nginx".into(),
+                    state: Some("restarted".into()),
+                    enabled: None,
+                }),
+                Some("state must be running or stopped"),
+            ),
+            (
+                Resource::Service(ServiceResource {
+                    name: "nginx".into(),
+                    state: None,
+                    enabled: None,
+                }),
+                Some("nothing to manage"),
+            ),
+            (
+                Resource::Command(CommandResource {
+                    run: "  ".into(),
+                    ..CommandResource::default()
+                }),
+                Some("run must not be empty"),
+            ),
+            (
+                Resource::Command(CommandResource {
+                    run: "make".into(),
+                    creates: Some("build/out".into()),
+                    ..CommandResource::default()
+                }),
+                Some("creates must be absolute"),
+            ),
+            (
+                Resource::Command(CommandResource {
+                    run: "make".into(),
+                    timeout: Some("soon".into()),
+                    ..CommandResource::default()
+                }),
+                Some("timeout 'soon'"),
+            ),
+            (
+                Resource::Command(CommandResource {
+                    run: "make".into(),
+                    unless: Some("test -e /x".into()),
+                    timeout: Some("90s".into()),
+                    creates: Some("/x".into()),
+                }),
+                None,
+            ),
+        ];
+        for (resource, expected) in cases {
+            let result = check_resource(&resource);
+            match expected {
+                None => assert_eq!(result, Ok(()), "{resource:?}"),
+                Some(part) => {
+                    let message = result.expect_err(part);
+                    assert!(message.contains(part), "{message:?} lacks {part:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn validate_rejects_leftover_source() {
+        let plan = Plan {
+            resources: vec![
+                Resource::File(file("/etc/hosts")),
+                Resource::File(FileResource {
+                    source: Some("motd.txt".into()),
+                    ..file("/etc/motd")
+                }),
+            ],
+        };
+        assert_eq!(
+            validate(&plan),
+            Err(
+                "resource 2 (file:/etc/motd): source must be compiled by svcctl state \
+                 (`svcctl state compile` inlines it)"
+                    .into()
+            )
+        );
+    }
+
+    #[test]
+    fn validate_accepts_an_empty_plan_and_caps_contents() {
+        assert_eq!(validate(&Plan::default()), Ok(()));
+        let half = "x".repeat(MAX_CONTENT_BYTES / 2);
+        let plan = Plan {
+            resources: vec![
+                Resource::File(FileResource {
+                    content: Some(half.clone()),
+                    ..file("/a")
+                }),
+                Resource::File(FileResource {
+                    content: Some(half),
+                    ..file("/b")
+                }),
+            ],
+        };
+        let error = validate(&plan).unwrap_err();
+        assert!(error.contains("more than the 512 KiB"), "{error}");
+    }
+
+    #[test]
+    fn json_escapes_count_against_the_budget() {
+        let quotes = FileResource {
+            content: Some("\"".repeat(10)),
+            ..file("/a")
+        };
+        assert_eq!(encoded_content_size(&quotes), 22);
+    }
+}
