@@ -720,3 +720,248 @@ fn agent_command_line_and_service_unit() {
     assert_eq!(removed.code, 0, "{removed:?}");
     assert!(!units.join("svc-agent.service").exists());
 }
+
+/// `svcctl state ...` with the server's addresses and a key, JSON output.
+fn state(server: &TestServer, key: &str, args: &[&str]) -> Run {
+    svcctl(server, key, &[&["-o", "json", "state"], args].concat())
+}
+
+#[test]
+fn state_compile_check_apply_drift_on_real_agents() {
+    let server = TestServer::start();
+    let web1 = Agent::start(&server, "web-01", "role=web");
+    let web2 = Agent::start(&server, "web-02", "role=web");
+    for agent in [&web1, &web2] {
+        wait_for_state(&server, &agent.id, "connected", Duration::from_secs(10));
+    }
+    let (_, operator) = server.create_key("ops", "operator");
+    let (_, readonly) = server.create_key("viewer", "readonly");
+    let work = tempfile::tempdir().unwrap();
+    let root = work.path().join("host");
+    std::fs::create_dir(&root).unwrap();
+    let files = work.path().join("states");
+    std::fs::create_dir_all(files.join("files")).unwrap();
+    std::fs::write(files.join("files/app.conf"), "port = 8080\n").unwrap();
+    let root_text = root.display().to_string();
+    let yaml = format!(
+        "- directory: {{path: {r}/app, mode: \"0750\"}}\n\
+         - file: {{path: {r}/app/motd, content: \"hello\\n\", mode: \"0640\"}}\n\
+         - file: {{path: {r}/app/app.conf, source: files/app.conf}}\n\
+         - symlink: {{path: {r}/current, target: {r}/app}}\n\
+         - command: {{run: \"echo built >> {r}/build.log\", creates: {r}/app/built}}\n\
+         - command: {{run: \"touch {r}/app/built\", unless: \"test -e {r}/app/built\"}}\n",
+        r = root_text
+    );
+    let state_file = files.join("site.yaml");
+    std::fs::write(&state_file, yaml).unwrap();
+    let file = state_file.to_str().unwrap();
+
+    // compile needs no server (nor key): the source file is inlined.
+    let compiled = run(server
+        .names
+        .command("svcctl")
+        .args(["-o", "json", "state", "compile", file]));
+    assert_eq!(compiled.code, 0, "{compiled:?}");
+    let plan = json(&compiled);
+    assert_eq!(plan["resources"].as_array().unwrap().len(), 6, "{plan}");
+    assert!(compiled.stdout.contains("port = 8080"), "{compiled:?}");
+    let broken = files.join("broken.yaml");
+    std::fs::write(&broken, "- file: {path: /tmp/x}\n- bogus: {path: /tmp/y}\n").unwrap();
+    let refused =
+        run(server
+            .names
+            .command("svcctl")
+            .args(["state", "compile", broken.to_str().unwrap()]));
+    assert_eq!(refused.code, 1, "{refused:?}");
+    assert!(refused.stderr.contains("line 2"), "{refused:?}");
+
+    // check: what would change, and nothing changes.
+    let checked = state(&server, &operator, &["check", file, "--target", "web-01"]);
+    assert_eq!(checked.code, 0, "{checked:?}");
+    let results = by_agent(&json_lines(&checked));
+    assert_eq!(results.keys().collect::<Vec<_>>(), ["web-01"]);
+    assert_eq!(results["web-01"]["status"], "changed", "{checked:?}");
+    assert!(!root.join("app").exists(), "check changed the host");
+
+    // apply: every resource changes once; the second apply changes nothing.
+    assert_eq!(
+        state(&server, &readonly, &["apply", file, "-t", "web-01"]).code,
+        4
+    );
+    let applied = state(&server, &operator, &["apply", file, "-t", "web-01"]);
+    assert_eq!(applied.code, 0, "{applied:?}\n{}", web1.log());
+    let result = &by_agent(&json_lines(&applied))["web-01"];
+    assert_eq!(result["status"], "changed", "{result}");
+    let outcomes = result["outcomes"].as_array().unwrap();
+    assert_eq!(outcomes.len(), 6, "{result}");
+    assert!(outcomes.iter().all(|o| o["error"].is_null()), "{result}");
+    use std::os::unix::fs::PermissionsExt;
+    let motd = root.join("app/motd");
+    assert_eq!(std::fs::read_to_string(&motd).unwrap(), "hello\n");
+    assert_eq!(
+        std::fs::metadata(&motd).unwrap().permissions().mode() & 0o777,
+        0o640
+    );
+    assert_eq!(
+        std::fs::metadata(root.join("app"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o750
+    );
+    assert_eq!(
+        std::fs::read_to_string(root.join("app/app.conf")).unwrap(),
+        "port = 8080\n"
+    );
+    assert_eq!(
+        std::fs::read_link(root.join("current")).unwrap(),
+        root.join("app")
+    );
+    assert_eq!(
+        std::fs::read_to_string(root.join("build.log")).unwrap(),
+        "built\n"
+    );
+    let again = state(&server, &operator, &["apply", file, "-t", "web-01"]);
+    assert_eq!(again.code, 0, "{again:?}");
+    let result = &by_agent(&json_lines(&again))["web-01"];
+    assert_eq!(
+        result["status"], "ok",
+        "second apply changed something: {result}"
+    );
+    assert!(result["outcomes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|o| o["changed"] == false));
+    assert_eq!(
+        std::fs::read_to_string(root.join("build.log")).unwrap(),
+        "built\n"
+    );
+
+    // drift: nothing yet; then the host moves away from the state.
+    let calm = state(&server, &operator, &["drift", "-t", "web-01"]);
+    assert_eq!(calm.code, 0, "{calm:?}");
+    std::fs::write(&motd, "tampered\n").unwrap();
+    std::fs::set_permissions(&motd, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let drift = state(&server, &operator, &["drift"]);
+    assert_eq!(drift.code, 1, "{drift:?}");
+    let results = by_agent(&json_lines(&drift));
+    assert_eq!(results["web-01"]["status"], "drift", "{drift:?}");
+    let motd_label = format!("file:{}", motd.display());
+    assert_eq!(
+        results["web-01"]["drift"],
+        serde_json::json!([motd_label]),
+        "{drift:?}"
+    );
+    assert_eq!(results["web-02"]["status"], "no_state", "{drift:?}");
+    assert_eq!(
+        std::fs::read_to_string(&motd).unwrap(),
+        "tampered\n",
+        "drift changed the host"
+    );
+
+    // A resource that fails: exit 1 and state_apply_failed; the others still run.
+    let failing = files.join("failing.yaml");
+    std::fs::write(
+        &failing,
+        format!(
+            "- file: {{path: {r}/missing-dir/x, content: x}}\n- file: {{path: {r}/ok, content: y}}\n",
+            r = root_text
+        ),
+    )
+    .unwrap();
+    let failed = state(
+        &server,
+        &operator,
+        &["apply", failing.to_str().unwrap(), "-t", "web-01"],
+    );
+    assert_eq!(failed.code, 1, "{failed:?}");
+    let result = &by_agent(&json_lines(&failed))["web-01"];
+    assert_eq!(result["status"], "failed", "{result}");
+    assert!(result["outcomes"][0]["error"].is_string(), "{result}");
+    assert_eq!(std::fs::read_to_string(root.join("ok")).unwrap(), "y");
+
+    let kinds: Vec<(String, String)> = events(
+        &server,
+        &[
+            "state_apply_started",
+            "state_apply_succeeded",
+            "state_apply_failed",
+            "state_drift_detected",
+        ],
+    )
+    .into_iter()
+    .map(|(t, source, _)| (t, source))
+    .collect();
+    let expected: Vec<(String, String)> = [
+        "state_apply_started",
+        "state_apply_succeeded",
+        "state_apply_started",
+        "state_apply_succeeded",
+        "state_drift_detected",
+        "state_apply_started",
+        "state_apply_failed",
+    ]
+    .iter()
+    .map(|t| (t.to_string(), "web-01".to_string()))
+    .collect();
+    assert_eq!(kinds, expected);
+    let audit = json(&run(server.cli("svc-audit").args([
+        "--api-key",
+        &server.admin_key,
+        "-o",
+        "json",
+        "log",
+        "--action",
+        "state.apply",
+    ])));
+    let outcomes: Vec<&str> = audit["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["outcome"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        outcomes,
+        ["success", "success", "success", "denied"],
+        "{audit}"
+    );
+}
+
+#[test]
+fn the_server_refuses_plans_that_were_not_compiled() {
+    let server = TestServer::start();
+    let agent = Agent::start(&server, "web-01", "role=web");
+    wait_for_state(&server, &agent.id, "connected", Duration::from_secs(10));
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let mut client = svc::proto::fleet_service_client::FleetServiceClient::connect(format!(
+            "http://{}",
+            server.grpc
+        ))
+        .await
+        .unwrap();
+        for plan in [
+            "- file: {path: /tmp/x}",
+            r#"{"resources":[{"file":{"path":"/tmp/x","source":"/etc/shadow"}}]}"#,
+            r#"{"resources":[{"file":{"path":"relative","content":"x"}}]}"#,
+        ] {
+            let request = svc::proto::StateRequest {
+                target: "web-01".into(),
+                plan: plan.into(),
+                ..Default::default()
+            };
+            let status = client
+                .state_apply(common::with_key(request, &server.admin_key))
+                .await
+                .err()
+                .unwrap_or_else(|| panic!("accepted: {plan}"));
+            assert_eq!(
+                status.code(),
+                tonic::Code::InvalidArgument,
+                "{plan}: {status:?}"
+            );
+        }
+    });
+}

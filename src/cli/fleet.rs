@@ -477,16 +477,10 @@ async fn state_command(common: Common, args: StateArgs) -> Result<(), CliError> 
                         .iter()
                         .enumerate()
                         .map(|(i, resource)| {
-                            let text = serde_json::to_value(resource).unwrap_or_default();
-                            let (kind, fields) = text
-                                .as_object()
-                                .and_then(|o| o.iter().next())
-                                .map(|(k, v)| (k.clone(), v.to_string()))
-                                .unwrap_or_default();
-                            vec![(i + 1).to_string(), kind, fields]
+                            vec![(i + 1).to_string(), resource.label(), settings(resource)]
                         })
                         .collect();
-                    print_table(&["#", "KIND", "SETTINGS"], &rows);
+                    print_table(&["#", "RESOURCE", "SETTINGS"], &rows);
                     Ok(())
                 }
             };
@@ -532,6 +526,26 @@ async fn state_command(common: Common, args: StateArgs) -> Result<(), CliError> 
         failing.push("drift");
     }
     summary.finish(common.output, &failing)
+}
+
+/// A resource's settings other than what its label shows, as `key=value` (content as a size).
+fn settings(resource: &crate::state::Resource) -> String {
+    let value = serde_json::to_value(resource).unwrap_or_default();
+    let Some((_, fields)) = value.as_object().and_then(|o| o.iter().next()) else {
+        return String::new();
+    };
+    let mut parts = Vec::new();
+    for (key, field) in fields.as_object().into_iter().flatten() {
+        match (key.as_str(), field) {
+            ("path" | "name" | "run", _) => {}
+            ("content" | "content_base64", serde_json::Value::String(text)) => {
+                parts.push(format!("{key}=({} bytes)", text.len()))
+            }
+            (_, serde_json::Value::String(text)) => parts.push(format!("{key}={text}")),
+            (_, other) => parts.push(format!("{key}={other}")),
+        }
+    }
+    parts.join(" ")
 }
 
 fn state_json(result: &proto::StateResult) -> serde_json::Value {
