@@ -965,3 +965,43 @@ fn the_server_refuses_plans_that_were_not_compiled() {
         }
     });
 }
+
+#[test]
+fn agents_stay_connected_across_a_server_restart() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let env = vec![("SVC_LISTEN__BUS".to_string(), format!("127.0.0.1:{port}"))];
+    let mut server = TestServer::start_with(Options {
+        env: env.clone(),
+        ..Options::default()
+    });
+    let agent = Agent::start(&server, "web-01", "role=web");
+    wait_for_state(&server, "web-01", "connected", Duration::from_secs(10));
+
+    assert_eq!(server.stop_with(libc::SIGTERM), Some(0), "{}", server.log());
+    server.spawn(&env);
+    // The last heartbeat was saved at the stop: no flap to disconnected and back.
+    assert_eq!(states(&server)["web-01"], "connected");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let exec = svcctl(
+            &server,
+            &server.admin_key,
+            &["-o", "json", "exec", "--timeout", "2s", "--", "true"],
+        );
+        if exec.code == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no exec after restart: {exec:?}\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(events(&server, &["agent_connected"]).len(), 1);
+    assert!(events(&server, &["agent_disconnected"]).is_empty());
+}

@@ -336,6 +336,8 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
         .emit_system("server_stopping", "server", serde_json::json!({}))
         .await;
     context.grpc_serving.store(false, Ordering::Relaxed);
+    // Heartbeat times are saved in batches; keep the last ones for the next start.
+    crate::fleet::save_heartbeats(&context.domain).await;
     let _ = stop_sender.send(true);
     // Both servers drain on their own; the grace bounds them together.
     let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
