@@ -7,12 +7,11 @@ mod common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use base64::Engine;
-use common::{bus_socket, run, Options, Run, TestServer};
+use common::{agent_session, audit_rows, bus_socket, run, Options, Run, TestServer};
 
 fn json(result: &Run) -> serde_json::Value {
     serde_json::from_str(&result.stdout).unwrap_or_else(|e| panic!("{e}: {result:?}"))
@@ -353,23 +352,12 @@ fn exec_across_three_agents_with_selectors_events_and_audit() {
     assert_eq!(count("command_completed", "web-01"), 3, "{job_events:?}");
     assert_eq!(count("command_failed", "web-01"), 2, "{job_events:?}");
     assert_eq!(count("command_failed", "db-01"), 1, "{job_events:?}");
-    let audit = json(&run(server.cli("svc-audit").args([
-        "--api-key",
-        &server.admin_key,
-        "-o",
-        "json",
-        "log",
-        "--action",
-        "exec.run",
-        "--limit",
-        "100",
-    ])));
-    let rows = audit["items"].as_array().unwrap();
+    let rows = audit_rows(&server, &["--action", "exec.run", "--limit", "100"]);
     let outcome = |o: &str| rows.iter().filter(|r| r["outcome"] == o).count();
     assert_eq!(
         (outcome("success"), outcome("denied"), outcome("error")),
         (6, 1, 2),
-        "{audit}"
+        "{rows:?}"
     );
     assert!(rows
         .iter()
@@ -481,20 +469,11 @@ fn quarantine_blocks_commands_and_heartbeats_until_lifted() {
             "agent_connected"
         ]
     );
-    let audit = json(&run(server.cli("svc-audit").args([
-        "--api-key",
-        &server.admin_key,
-        "-o",
-        "json",
-        "log",
-        "--action",
-        "agent.*",
-        "--resource-type",
-        "agent",
-    ])));
-    let actions: Vec<(&str, &str)> = audit["items"]
-        .as_array()
-        .unwrap()
+    let rows = audit_rows(
+        &server,
+        &["--action", "agent.*", "--resource-type", "agent"],
+    );
+    let actions: Vec<(&str, &str)> = rows
         .iter()
         .filter(|r| r["action"] != "agent.enroll" && r["action"] != "agent.psk")
         .map(|r| {
@@ -512,7 +491,7 @@ fn quarantine_blocks_commands_and_heartbeats_until_lifted() {
             ("agent.quarantine", "error"),
             ("agent.quarantine", "denied"),
         ],
-        "{audit}"
+        "{rows:?}"
     );
 }
 
@@ -551,32 +530,6 @@ fn silent_agents_are_reported_disconnected_after_the_timeout() {
         metrics.contains("svc_agents{state=\"connected\"} 1"),
         "{metrics}"
     );
-}
-
-/// A raw bus session as the agent whose files are in `state`, signing the INFO nonce.
-fn agent_session(server: &TestServer, state: &Path, ops: &str) -> Vec<String> {
-    let (cert_pem, signer) = svc::agent::bus_credentials(state).unwrap();
-    let stream = TcpStream::connect(bus_socket(&server.bus)).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    let mut reader = BufReader::new(stream.try_clone().unwrap());
-    let mut info = String::new();
-    reader.read_line(&mut info).unwrap();
-    let info: serde_json::Value = serde_json::from_str(info.trim_start_matches("INFO ")).unwrap();
-    let signature = signer
-        .sign(
-            &ring::rand::SystemRandom::new(),
-            info["nonce"].as_str().unwrap().as_bytes(),
-        )
-        .unwrap();
-    let connect = serde_json::json!({
-        "verbose": false, "pedantic": false, "jwt": cert_pem,
-        "sig": base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(signature.as_ref()),
-    });
-    let mut writer = stream;
-    write!(writer, "CONNECT {connect}\r\n{ops}PING\r\n").unwrap();
-    common::lines_until_pong(&mut reader)
 }
 
 #[test]
@@ -907,25 +860,15 @@ fn state_compile_check_apply_drift_on_real_agents() {
     .map(|t| (t.to_string(), "web-01".to_string()))
     .collect();
     assert_eq!(kinds, expected);
-    let audit = json(&run(server.cli("svc-audit").args([
-        "--api-key",
-        &server.admin_key,
-        "-o",
-        "json",
-        "log",
-        "--action",
-        "state.apply",
-    ])));
-    let outcomes: Vec<&str> = audit["items"]
-        .as_array()
-        .unwrap()
+    let rows = audit_rows(&server, &["--action", "state.apply"]);
+    let outcomes: Vec<&str> = rows
         .iter()
         .map(|r| r["outcome"].as_str().unwrap())
         .collect();
     assert_eq!(
         outcomes,
         ["success", "success", "success", "denied"],
-        "{audit}"
+        "{rows:?}"
     );
 }
 

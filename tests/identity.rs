@@ -5,14 +5,11 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use base64::Engine;
-use common::{bus_socket, run, Run, TestServer};
+use common::{agent_session, run, Run, TestServer};
 
 fn json(result: &Run) -> serde_json::Value {
     serde_json::from_str(&result.stdout).unwrap_or_else(|e| panic!("{e}: {result:?}"))
@@ -335,20 +332,9 @@ fn enrolment_with_join_tokens_and_psks() {
     assert_eq!(cleaned["removed"], 2, "{cleaned}");
 
     // Audit rows and events.
-    let audit = json(&run(server.cli("svc-audit").args([
-        "--api-key",
-        &server.admin_key,
-        "-o",
-        "json",
-        "log",
-        "--action",
-        "agent.enroll",
-        "--limit",
-        "100",
-    ])));
-    let rows = audit["items"].as_array().unwrap();
+    let rows = common::audit_rows(&server, &["--action", "agent.enroll", "--limit", "100"]);
     let count = |outcome: &str| rows.iter().filter(|r| r["outcome"] == outcome).count();
-    assert_eq!((count("success"), count("denied")), (2, 6), "{audit}");
+    assert_eq!((count("success"), count("denied")), (2, 6), "{rows:?}");
     assert!(rows
         .iter()
         .any(|r| r["user"] == "web-01" && r["resource_id"] == "web-01"));
@@ -368,31 +354,6 @@ fn enrolment_with_join_tokens_and_psks() {
         .map(|e| e["source"].as_str().unwrap())
         .collect();
     assert_eq!(sources, ["web-01", "web-03"], "{events}");
-}
-
-/// A raw bus session authenticated as the agent whose files are in `state`: reads INFO,
-/// signs its nonce, sends CONNECT + `ops` + PING, returns the lines up to PONG or the close.
-fn agent_session(server: &TestServer, state: &Path, ops: &str) -> Vec<String> {
-    let (cert_pem, signer) = svc::agent::bus_credentials(state).unwrap();
-    let stream = TcpStream::connect(bus_socket(&server.bus)).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    let mut reader = BufReader::new(stream.try_clone().unwrap());
-    let mut info = String::new();
-    reader.read_line(&mut info).unwrap();
-    let info: serde_json::Value = serde_json::from_str(info.trim_start_matches("INFO ")).unwrap();
-    let nonce = info["nonce"].as_str().unwrap();
-    let signature = signer
-        .sign(&ring::rand::SystemRandom::new(), nonce.as_bytes())
-        .unwrap();
-    let connect = serde_json::json!({
-        "verbose": false, "pedantic": false, "jwt": cert_pem,
-        "sig": base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(signature.as_ref()),
-    });
-    let mut writer = stream;
-    write!(writer, "CONNECT {connect}\r\n{ops}PING\r\n").unwrap();
-    common::lines_until_pong(&mut reader)
 }
 
 #[test]

@@ -75,20 +75,8 @@ pub fn main(program: &str, config: Option<PathBuf>, args: &[String]) -> i32 {
 }
 
 fn parse_labels(text: &str) -> Result<BTreeMap<String, String>, CliError> {
-    let mut labels = BTreeMap::new();
-    for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        match pair.split_once('=') {
-            Some((key, value)) if !key.trim().is_empty() => {
-                labels.insert(key.trim().to_string(), value.trim().to_string());
-            }
-            _ => {
-                return Err(CliError::usage(format!(
-                    "invalid label '{pair}' (expected k=v)"
-                )))
-            }
-        }
-    }
-    Ok(labels)
+    crate::fleet::selector::parse_labels(text)
+        .map_err(|e| CliError::usage(format!("invalid label {e}")))
 }
 
 fn prompt(question: &str) -> Result<String, CliError> {

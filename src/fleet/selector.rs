@@ -27,20 +27,11 @@ impl Selector {
             )));
         }
         if parts.iter().any(|p| p.contains('=')) {
-            let mut labels = BTreeMap::new();
-            for part in parts {
-                match part.split_once('=') {
-                    Some((key, value)) if !key.trim().is_empty() => {
-                        labels.insert(key.trim().to_string(), value.trim().to_string());
-                    }
-                    _ => {
-                        return Err(Error::Invalid(format!(
-                            "invalid target '{text}': '{part}' is not key=value (labels and ids cannot be mixed)"
-                        )))
-                    }
-                }
-            }
-            return Ok(Selector::Labels(labels));
+            return parse_labels(text).map(Selector::Labels).map_err(|e| {
+                Error::Invalid(format!(
+                    "invalid target '{text}': {e} (labels and ids cannot be mixed)"
+                ))
+            });
         }
         for part in &parts {
             let is_valid = part
@@ -61,6 +52,20 @@ impl Selector {
             Selector::Labels(wanted) => wanted.iter().all(|(k, v)| labels.get(k) == Some(v)),
         }
     }
+}
+
+/// Labels as `k=v,k2=v2` (items trimmed, empty items skipped): enrolment and selectors.
+pub fn parse_labels(text: &str) -> Result<BTreeMap<String, String>, String> {
+    let mut labels = BTreeMap::new();
+    for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some((key, value)) if !key.trim().is_empty() => {
+                labels.insert(key.trim().to_string(), value.trim().to_string());
+            }
+            _ => return Err(format!("'{pair}' is not key=value")),
+        }
+    }
+    Ok(labels)
 }
 
 /// `*` matches any run of characters, `?` one character; everything else literally.

@@ -441,3 +441,42 @@ pub fn assert_private(path: &Path) {
     let mode = std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "{} has mode {mode:o}", path.display());
 }
+
+/// A raw bus session authenticated as the agent whose files are in `state`: reads INFO,
+/// signs its nonce, sends CONNECT + `ops` + PING, returns the lines up to PONG or the close.
+pub fn agent_session(server: &TestServer, state: &Path, ops: &str) -> Vec<String> {
+    use std::io::BufRead;
+    let (cert_pem, signer) = svc::agent::bus_credentials(state).unwrap();
+    let stream = TcpStream::connect(bus_socket(&server.bus)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+    let mut info = String::new();
+    reader.read_line(&mut info).unwrap();
+    let info: serde_json::Value = serde_json::from_str(info.trim_start_matches("INFO ")).unwrap();
+    let signature = signer
+        .sign(
+            &ring::rand::SystemRandom::new(),
+            info["nonce"].as_str().unwrap().as_bytes(),
+        )
+        .unwrap();
+    let connect = serde_json::json!({
+        "verbose": false, "pedantic": false, "jwt": cert_pem,
+        "sig": base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(signature.as_ref()),
+    });
+    let mut writer = stream;
+    write!(writer, "CONNECT {connect}\r\n{ops}PING\r\n").unwrap();
+    lines_until_pong(&mut reader)
+}
+
+/// `svc-audit log -o json ARGS` as the admin: the rows, newest first.
+pub fn audit_rows(server: &TestServer, args: &[&str]) -> Vec<serde_json::Value> {
+    let result = run(server
+        .cli("svc-audit")
+        .args(["--api-key", &server.admin_key, "-o", "json", "log"])
+        .args(args));
+    assert_eq!(result.code, 0, "{result:?}");
+    let page: serde_json::Value = serde_json::from_str(&result.stdout).unwrap();
+    page["items"].as_array().unwrap().clone()
+}
