@@ -102,6 +102,11 @@ fn main() {
 
     let (rate, per_client) = runtime.block_on(emit_throughput(&grpc, &key));
     println!("emit (durable, audited) over gRPC, {EMITTERS} clients, {EMIT_PHASE:?}: {rate:.0} events/s (goal 30,000; slowest client {per_client} events)");
+    let ceiling = runtime.block_on(health_ceiling(&grpc));
+    println!(
+        "gRPC health check (ceiling: no key, no store, no log), same clients, {EMIT_PHASE:?}: {ceiling:.0} calls/s; emit/ceiling = {:.2}",
+        rate / ceiling
+    );
 
     let started = Instant::now();
     let mut replay = Command::new(bin.join("svc-events"))
@@ -330,6 +335,44 @@ async fn emit_throughput(grpc: &str, key: &str) -> (f64, u64) {
                 .max(EMIT_PHASE.as_secs_f64()),
         slowest,
     )
+}
+
+/// The same clients calling the standard gRPC health check: what the machine allows a unary
+/// call at the moment, so that an emit figure taken under load can be read against it.
+async fn health_ceiling(grpc: &str) -> f64 {
+    use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+    let total = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + EMIT_PHASE;
+    let mut tasks = Vec::new();
+    for _ in 0..EMITTERS {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{grpc}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut client = HealthClient::new(channel);
+        let total = total.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut mine = 0u64;
+            while Instant::now() < deadline {
+                let request = HealthCheckRequest {
+                    service: "svc.v1.EventService".into(),
+                };
+                client.check(request).await.unwrap();
+                mine += 1;
+            }
+            total.fetch_add(mine, Ordering::Relaxed);
+        }));
+    }
+    let started = Instant::now();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    total.load(Ordering::Relaxed) as f64
+        / started
+            .elapsed()
+            .as_secs_f64()
+            .max(EMIT_PHASE.as_secs_f64())
 }
 
 async fn audit_query(grpc: &str, key: &str) -> (Duration, Duration) {
