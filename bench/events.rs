@@ -6,6 +6,9 @@
 //! The million events and rows are written straight into a fresh data dir first (the stream
 //! log API and SQLite, with a valid hash chain), because emitting them one by one would make
 //! the set-up the benchmark. Loopback only; bounded to a few minutes.
+//!
+//! `SVC_BENCH_SERVER=/path/to/svc` runs another build of the server with the same clients (the
+//! set-up and the in-process audit-append figure always use this build's library).
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -22,6 +25,14 @@ const EVENTS: u64 = 1_000_000;
 const AUDIT_ROWS: i64 = 1_000_000;
 const EMITTERS: usize = 16;
 const EMIT_PHASE: Duration = Duration::from_secs(8);
+
+/// The svc binary the bench runs: the one cargo built with it, or `SVC_BENCH_SERVER`, so that
+/// two builds can be compared back to back with the same client code and machine load.
+fn server_binary() -> std::path::PathBuf {
+    std::env::var_os("SVC_BENCH_SERVER")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_svc").into())
+}
 
 fn main() {
     let root = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("bench dir");
@@ -50,7 +61,7 @@ fn main() {
     let bin = root.path().join("bin");
     std::fs::create_dir_all(&bin).unwrap();
     for name in ["svc-server", "svc-events", "svc-audit"] {
-        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_svc"), bin.join(name)).unwrap();
+        std::os::unix::fs::symlink(server_binary(), bin.join(name)).unwrap();
     }
     let config = root.path().join("server.yaml");
     let master: [u8; 32] = rand::random();
