@@ -7,7 +7,7 @@
 mod secrets;
 
 use std::path::{Path, PathBuf};
-use std::sync::{mpsc, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -33,7 +33,7 @@ pub struct SqliteStore {
     /// its page cache stays valid from one append to the next (SQLite drops a connection's cache
     /// whenever *another* connection wrote), so the chain's tail and the index pages it inserts
     /// into are not read again for every batch.
-    writer: Mutex<AuditWriter>,
+    writer: Arc<Mutex<AuditWriter>>,
     /// Checkpoints the WAL off the request path (see `Checkpointer`).
     checkpointer: Checkpointer,
 }
@@ -49,19 +49,21 @@ impl SqliteStore {
     pub fn open(path: &Path) -> Result<Self> {
         let mut connection = connect(path)?;
         migrate(&mut connection)?;
-        // The audit writer does not checkpoint when it commits: a checkpoint writes pages back
-        // into the database file and fsyncs it and the WAL, which would stall every caller
-        // waiting on that commit. The checkpointer thread does it instead. (Pool connections
-        // keep SQLite's automatic checkpoint; they write rarely.)
+        // The audit writer does not checkpoint when it commits: a checkpoint fsyncs the WAL
+        // (everything written since the last one, megabytes) and the database file, which
+        // stalled every caller waiting on that commit for tens of milliseconds on a busy disk.
+        // The checkpointer thread does it instead. (Pool connections keep SQLite's automatic
+        // checkpoint; they write rarely.)
         connection.pragma_update(None, "wal_autocheckpoint", 0)?;
+        let writer = Arc::new(Mutex::new(AuditWriter {
+            connection,
+            commits: 0,
+        }));
         Ok(SqliteStore {
             path: path.to_path_buf(),
             pool: Mutex::new(Vec::new()),
-            writer: Mutex::new(AuditWriter {
-                connection,
-                commits: 0,
-            }),
-            checkpointer: Checkpointer::start(connect(path)?)?,
+            checkpointer: Checkpointer::start(connect(path)?, writer.clone())?,
+            writer,
         })
     }
 
@@ -109,26 +111,34 @@ fn connect(path: &Path) -> Result<Connection> {
 /// pages, at the four or more pages (the row and its three index entries) a commit writes.
 const CHECKPOINT_EVERY: u32 = 250;
 
-/// Runs WAL checkpoints on its own thread and connection, so no caller waits for one.
+/// Runs WAL checkpoints on its own thread and connection, so no caller waits for the bulk of
+/// one.
 ///
-/// A PASSIVE checkpoint copies what it can without blocking writers or readers; whatever it
-/// could not copy goes with the next one. When the last connection closes, SQLite checkpoints
-/// the rest itself.
+/// A cycle has two passes. The first, PASSIVE, runs beside the writers and readers: it syncs
+/// the WAL, copies its pages into the database file and syncs that, which is where the time
+/// goes. It cannot finish the WAL while the audit writer keeps appending, and SQLite starts
+/// writing the WAL from its beginning again only once a checkpoint has copied all of it; without
+/// that the file grows for as long as writes go on. So the second pass, RESTART, holds the audit
+/// writer's lock: it copies only what was appended during the first pass (two small syncs),
+/// waits for readers still on the old WAL, and makes the next write start the WAL over. Audit
+/// commits wait for that second pass only.
 struct Checkpointer {
     wake: Option<mpsc::SyncSender<()>>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Checkpointer {
-    fn start(connection: Connection) -> Result<Self> {
+    fn start(mut connection: Connection, writer: Arc<Mutex<AuditWriter>>) -> Result<Self> {
+        // The second pass holds the audit writer, so it must not wait long for a reader: after
+        // a few milliseconds it gives up and copies what it can, as a PASSIVE pass would (a
+        // long `svc-audit stats` must not stall every audited operation behind it).
+        connection.busy_handler(Some(retry_briefly))?;
         let (wake, woken) = mpsc::sync_channel(1);
         let thread = std::thread::Builder::new()
             .name("sqlite-checkpoint".into())
             .spawn(move || {
                 while woken.recv().is_ok() {
-                    let checkpoint =
-                        connection.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
-                    if let Err(error) = checkpoint {
+                    if let Err(error) = checkpoint(&connection, &writer) {
                         tracing::warn!(%error, "WAL checkpoint failed");
                     }
                 }
@@ -147,6 +157,23 @@ impl Checkpointer {
     }
 }
 
+/// One checkpoint cycle (see `Checkpointer`).
+fn checkpoint(connection: &Connection, writer: &Mutex<AuditWriter>) -> Result<()> {
+    checkpoint_beside_writers(connection)?;
+    checkpoint_to_restart(connection, writer)
+}
+
+fn checkpoint_beside_writers(connection: &Connection) -> Result<()> {
+    connection.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))?;
+    Ok(())
+}
+
+fn checkpoint_to_restart(connection: &Connection, writer: &Mutex<AuditWriter>) -> Result<()> {
+    let _writer = writer.lock().expect("writer lock poisoned");
+    connection.query_row("PRAGMA wal_checkpoint(RESTART)", [], |_| Ok(()))?;
+    Ok(())
+}
+
 impl Drop for Checkpointer {
     fn drop(&mut self) {
         self.wake.take();
@@ -159,6 +186,15 @@ impl Drop for Checkpointer {
 /// Busy handler: wait 50 µs per retry, for at most ~5 s in all.
 fn retry_soon(attempt: i32) -> bool {
     if attempt >= BUSY_RETRIES {
+        return false;
+    }
+    std::thread::sleep(BUSY_WAIT);
+    true
+}
+
+/// The checkpointer's busy handler: 50 µs per retry, for at most ~5 ms.
+fn retry_briefly(attempt: i32) -> bool {
+    if attempt >= 100 {
         return false;
     }
     std::thread::sleep(BUSY_WAIT);
@@ -840,5 +876,49 @@ mod tests {
             .map(|r| r.id)
             .collect();
         assert_eq!(chain, ["a", "b", "c"]);
+    }
+
+    #[tokio::test]
+    async fn a_checkpoint_cycle_lets_the_wal_start_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("svc.db");
+        let store = SqliteStore::open(&path).unwrap();
+        let seal = |row: &AuditRow| format!("h({})", row.id);
+        let mut next = 0;
+        let mut append = || {
+            next += 1;
+            let row = AuditRow {
+                id: format!("r{next}"),
+                detail: "{}".into(),
+                ..AuditRow::default()
+            };
+            store.append_audit(row, "genesis", &seal)
+        };
+        for _ in 0..100 {
+            append().await.unwrap();
+        }
+        let checkpointer = connect(&path).unwrap();
+        // PRAGMA wal_checkpoint answers (busy, frames in the WAL, frames copied).
+        let wal_frames = || -> i64 {
+            checkpointer
+                .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get(1))
+                .unwrap()
+        };
+        // A reader on an older snapshot keeps the first pass from copying the newest frames,
+        // as appends made while that pass runs do in production.
+        let reader = connect(&path).unwrap();
+        reader
+            .execute_batch("BEGIN; SELECT COUNT(*) FROM audit_events;")
+            .unwrap();
+        append().await.unwrap();
+        checkpoint_beside_writers(&checkpointer).unwrap();
+        reader.execute_batch("COMMIT").unwrap();
+        checkpoint_to_restart(&checkpointer, &store.writer).unwrap();
+        append().await.unwrap();
+        assert!(
+            wal_frames() < 20,
+            "the WAL started over: {} frames",
+            wal_frames()
+        );
     }
 }
