@@ -6,6 +6,9 @@
 //! The million events and rows are written straight into a fresh data dir first (the stream
 //! log API and SQLite, with a valid hash chain), because emitting them one by one would make
 //! the set-up the benchmark. Loopback only; bounded to a few minutes.
+//!
+//! `SVC_BENCH_SERVER=/path/to/svc` runs another build of the server with the same clients (the
+//! set-up and the in-process audit-append figure always use this build's library).
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -22,6 +25,14 @@ const EVENTS: u64 = 1_000_000;
 const AUDIT_ROWS: i64 = 1_000_000;
 const EMITTERS: usize = 16;
 const EMIT_PHASE: Duration = Duration::from_secs(8);
+
+/// The svc binary the bench runs: the one cargo built with it, or `SVC_BENCH_SERVER`, so that
+/// two builds can be compared back to back with the same client code and machine load.
+fn server_binary() -> std::path::PathBuf {
+    std::env::var_os("SVC_BENCH_SERVER")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_svc").into())
+}
 
 fn main() {
     let root = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("bench dir");
@@ -50,7 +61,7 @@ fn main() {
     let bin = root.path().join("bin");
     std::fs::create_dir_all(&bin).unwrap();
     for name in ["svc-server", "svc-events", "svc-audit"] {
-        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_svc"), bin.join(name)).unwrap();
+        std::os::unix::fs::symlink(server_binary(), bin.join(name)).unwrap();
     }
     let config = root.path().join("server.yaml");
     let master: [u8; 32] = rand::random();
@@ -102,6 +113,11 @@ fn main() {
 
     let (rate, per_client) = runtime.block_on(emit_throughput(&grpc, &key));
     println!("emit (durable, audited) over gRPC, {EMITTERS} clients, {EMIT_PHASE:?}: {rate:.0} events/s (goal 30,000; slowest client {per_client} events)");
+    let ceiling = runtime.block_on(health_ceiling(&grpc));
+    println!(
+        "gRPC health check (ceiling: no key, no store, no log), same clients, {EMIT_PHASE:?}: {ceiling:.0} calls/s; emit/ceiling = {:.2}",
+        rate / ceiling
+    );
 
     let started = Instant::now();
     let mut replay = Command::new(bin.join("svc-events"))
@@ -262,16 +278,21 @@ fn audit_overhead(runtime: &tokio::runtime::Runtime, data: &Path) {
     let store: Arc<dyn svc::store::Store> = Arc::new(svc::store::SqliteStore::open(&copy).unwrap());
     let auditor = svc::audit::Auditor::new(store, data.join("no-policies"));
     let principal = svc::auth::Principal::server();
-    let mut times = Vec::new();
-    runtime.block_on(async {
-        for i in 0..2000 {
-            let action = svc::audit::Action::new("apikey.create", "apikey", format!("k{i}"))
-                .detail(serde_json::json!({"name": "bench", "role": "readonly"}));
-            let started = Instant::now();
-            auditor.append(&principal, action, "success").await.unwrap();
-            times.push(started.elapsed());
-        }
-    });
+    // From a task on the runtime, as a request handler calls it: the group commit's write runs
+    // as a task, which from `block_on`'s thread would cross threads twice per append.
+    let mut times = runtime
+        .block_on(runtime.spawn(async move {
+            let mut times = Vec::new();
+            for i in 0..2000 {
+                let action = svc::audit::Action::new("apikey.create", "apikey", format!("k{i}"))
+                    .detail(serde_json::json!({"name": "bench", "role": "readonly"}));
+                let started = Instant::now();
+                auditor.append(&principal, action, "success").await.unwrap();
+                times.push(started.elapsed());
+            }
+            times
+        }))
+        .unwrap();
     times.sort();
     println!(
         "audit append (added to each audited operation, e.g. an API-key create): p50 {:.3?}, p99 {:.3?} (goal 1 ms)",
@@ -330,6 +351,44 @@ async fn emit_throughput(grpc: &str, key: &str) -> (f64, u64) {
                 .max(EMIT_PHASE.as_secs_f64()),
         slowest,
     )
+}
+
+/// The same clients calling the standard gRPC health check: what the machine allows a unary
+/// call at the moment, so that an emit figure taken under load can be read against it.
+async fn health_ceiling(grpc: &str) -> f64 {
+    use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+    let total = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + EMIT_PHASE;
+    let mut tasks = Vec::new();
+    for _ in 0..EMITTERS {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{grpc}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut client = HealthClient::new(channel);
+        let total = total.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut mine = 0u64;
+            while Instant::now() < deadline {
+                let request = HealthCheckRequest {
+                    service: "svc.v1.EventService".into(),
+                };
+                client.check(request).await.unwrap();
+                mine += 1;
+            }
+            total.fetch_add(mine, Ordering::Relaxed);
+        }));
+    }
+    let started = Instant::now();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    total.load(Ordering::Relaxed) as f64
+        / started
+            .elapsed()
+            .as_secs_f64()
+            .max(EMIT_PHASE.as_secs_f64())
 }
 
 async fn audit_query(grpc: &str, key: &str) -> (Duration, Duration) {

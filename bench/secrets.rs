@@ -2,6 +2,7 @@
 //! bench): transit encrypt of 1 KiB over gRPC with 16 concurrent clients, and KV get latency.
 //!
 //! Usage: cargo bench --bench secrets [-- --seconds 10]   (--seconds at most 20)
+//! `SVC_BENCH_SERVER=/path/to/svc` runs another build of the server with the same clients.
 //!
 //! The server runs on loopback with a temporary data dir and the rate limit raised (the
 //! default 50 req/s per key would measure the limiter). Every operation is authenticated and
@@ -55,7 +56,7 @@ fn start_server() -> Server {
     .unwrap();
     // A clean environment: cargo sets SVC_* build variables that the server would read as
     // configuration.
-    let child = Command::new(env!("CARGO_BIN_EXE_svc"))
+    let child = Command::new(server_binary())
         .env_clear()
         .args(["server", "--config"])
         .arg(&config)
@@ -240,6 +241,14 @@ async fn kv_get(server: &Server) -> (Duration, Duration, Duration) {
         percentile(&latencies, 0.99),
         *latencies.last().unwrap(),
     )
+}
+
+/// The svc binary the bench runs: the one cargo built with it, or `SVC_BENCH_SERVER`, so that
+/// two builds can be compared back to back with the same client code and machine load.
+fn server_binary() -> std::path::PathBuf {
+    std::env::var_os("SVC_BENCH_SERVER")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_svc").into())
 }
 
 fn main() {

@@ -6,6 +6,7 @@
 //! hash chain. Nothing updates or deletes rows; the database refuses it too (triggers).
 
 pub mod chain;
+mod commit;
 pub mod policy;
 pub mod redact;
 
@@ -28,8 +29,10 @@ pub struct Auditor {
     policies: RwLock<Arc<PolicySet>>,
     /// Where policy_allow / policy_deny go.
     events: Option<Arc<crate::events::Events>>,
+    /// Rows waiting for their write transaction (group commit, see `commit`).
+    queue: commit::Queue,
     /// The `audit` stream log: a second, append-only copy of every row.
-    mirror: Option<Arc<crate::stream::StreamLog>>,
+    mirror: Option<Arc<commit::Mirror>>,
 }
 
 /// What happened, before it is recorded.
@@ -83,8 +86,20 @@ pub struct Entry {
 
 impl From<AuditRow> for Entry {
     fn from(row: AuditRow) -> Self {
+        let detail = serde_json::from_str(&row.detail).unwrap_or(Value::Null);
         Entry {
-            detail: serde_json::from_str(&row.detail).unwrap_or(Value::Null),
+            detail,
+            ..Entry::from_row_without_detail(row)
+        }
+    }
+}
+
+impl Entry {
+    /// The entry of a row whose detail the caller already holds as a value (`Value::Null`
+    /// here, to be filled in).
+    fn from_row_without_detail(row: AuditRow) -> Self {
+        Entry {
+            detail: Value::Null,
             id: row.id,
             seq: row.seq,
             timestamp: row.timestamp,
@@ -135,6 +150,7 @@ impl Auditor {
             policy_dir,
             policies: RwLock::new(Arc::new(PolicySet::default())),
             events: None,
+            queue: commit::Queue::default(),
             mirror: None,
         };
         auditor.reload_policies();
@@ -147,7 +163,7 @@ impl Auditor {
     }
 
     pub fn with_mirror(mut self, mirror: Option<Arc<crate::stream::StreamLog>>) -> Self {
-        self.mirror = mirror;
+        self.mirror = mirror.map(commit::Mirror::new);
         self
     }
 
@@ -213,25 +229,11 @@ impl Auditor {
             prev_hash: String::new(),
             hash: String::new(),
         };
-        let stored = self
-            .store
-            .append_audit(row, chain::GENESIS, &chain::seal)
+        // Stored together with the rows of concurrent callers, then copied to the mirror.
+        let entry = self
+            .queue
+            .append(&self.store, self.mirror.as_ref(), row, detail)
             .await?;
-        let entry = Entry::from(stored);
-        if let Some(mirror) = &self.mirror {
-            // The store row is the record; the mirror is a copy for stream consumers, so it
-            // is written in the background rather than adding an fsync to every operation.
-            if let Ok(bytes) = serde_json::to_vec(&entry) {
-                let mirror = mirror.clone();
-                let millis =
-                    clock::parse_rfc3339(&entry.timestamp).unwrap_or_else(clock::now_millis);
-                tokio::spawn(async move {
-                    if let Err(e) = mirror.append(millis, bytes).await {
-                        tracing::error!(error = %e, "audit mirror append failed");
-                    }
-                });
-            }
-        }
         if let (Some(events), Some(decision)) = (&self.events, &decision) {
             let event_type = match decision.effect {
                 Effect::Allow => "policy_allow",

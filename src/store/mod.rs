@@ -143,7 +143,22 @@ pub trait Store: Send + Sync + 'static {
         row: AuditRow,
         genesis: &str,
         seal: &AuditSeal,
-    ) -> Result<AuditRow>;
+    ) -> Result<AuditRow> {
+        self.append_audit_batch(vec![row], genesis, seal)
+            .await?
+            .pop()
+            .unwrap_or_else(|| Err(crate::Error::internal("audit batch returned no row")))
+    }
+    /// Appends rows at the end of the chain in the given order, in one write transaction, each
+    /// linked as `append_audit` links one. A row the database refuses gets its own error and
+    /// stays out of the chain (the next row links to the one before it); the others are still
+    /// stored. `Err` means the transaction as a whole failed and no row of the batch is stored.
+    async fn append_audit_batch(
+        &self,
+        rows: Vec<AuditRow>,
+        genesis: &str,
+        seal: &AuditSeal,
+    ) -> Result<Vec<Result<AuditRow>>>;
     /// Rows matching `filter`, newest first, at most `limit`.
     async fn query_audit(&self, filter: &AuditFilter, limit: usize) -> Result<Vec<AuditRow>>;
     /// Row counts matching `filter` (its `before_seq` ignored), grouped, largest first.

@@ -8,7 +8,8 @@ mod fleet;
 mod secrets;
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -26,39 +27,49 @@ const POOL_SIZE: usize = 8;
 pub struct SqliteStore {
     path: PathBuf,
     pool: Mutex<Vec<Connection>>,
-    /// Serializes write transactions in this process. Without it, concurrent writers meet in
-    /// SQLite's busy handler, which sleeps in millisecond steps: 16 concurrent audited
-    /// requests then ran at a few hundred per second instead of tens of thousands.
-    writer: Mutex<()>,
+    /// The connection that appends audit rows, kept out of the pool, and the lock that
+    /// serializes those appends in this process. Without the lock, concurrent writers meet in
+    /// SQLite's busy handler, which sleeps in millisecond steps: 16 concurrent audited requests
+    /// then ran at a few hundred per second instead of tens of thousands. Being one connection,
+    /// its page cache stays valid from one append to the next (SQLite drops a connection's cache
+    /// whenever *another* connection wrote), so the chain's tail and the index pages it inserts
+    /// into are not read again for every batch.
+    writer: Arc<Mutex<AuditWriter>>,
+    /// Checkpoints the WAL off the request path (see `Checkpointer`).
+    checkpointer: Checkpointer,
+}
+
+struct AuditWriter {
+    connection: Connection,
+    /// Transactions since the last checkpoint request.
+    commits: u32,
 }
 
 impl SqliteStore {
     /// Opens (creating if needed) the database and applies pending migrations.
     pub fn open(path: &Path) -> Result<Self> {
-        let store = SqliteStore {
+        let mut connection = connect(path)?;
+        migrate(&mut connection)?;
+        // The audit writer does not checkpoint when it commits: a checkpoint fsyncs the WAL
+        // (everything written since the last one, megabytes) and the database file, which
+        // stalled every caller waiting on that commit for tens of milliseconds on a busy disk.
+        // The checkpointer thread does it instead. (Pool connections keep SQLite's automatic
+        // checkpoint; they write rarely.)
+        connection.pragma_update(None, "wal_autocheckpoint", 0)?;
+        let writer = Arc::new(Mutex::new(AuditWriter {
+            connection,
+            commits: 0,
+        }));
+        Ok(SqliteStore {
             path: path.to_path_buf(),
             pool: Mutex::new(Vec::new()),
-            writer: Mutex::new(()),
-        };
-        let mut connection = store.connect()?;
-        migrate(&mut connection)?;
-        store.release(connection);
-        Ok(store)
+            checkpointer: Checkpointer::start(connect(path)?, writer.clone())?,
+            writer,
+        })
     }
 
     fn connect(&self) -> Result<Connection> {
-        let mut connection = Connection::open(&self.path)
-            .map_err(|e| Error::Unavailable(format!("cannot open {}: {e}", self.path.display())))?;
-        // SQLite's own busy timeout sleeps 1, 2, 5 ... 100 ms between retries, which turned
-        // 16 concurrent audited writes into ~2,000/s. Our writes hold the lock for tens of
-        // microseconds, so retry at that scale instead (still giving up after ~5 s).
-        connection.busy_handler(Some(retry_soon))?;
-        // WAL: readers never block the writer; NORMAL sync is durable across process
-        // crashes and loses at most the last commits on power loss.
-        connection.pragma_update(None, "journal_mode", "WAL")?;
-        connection.pragma_update(None, "synchronous", "NORMAL")?;
-        connection.pragma_update(None, "foreign_keys", "ON")?;
-        Ok(connection)
+        connect(&self.path)
     }
 
     fn release(&self, connection: Connection) {
@@ -81,9 +92,110 @@ impl SqliteStore {
     }
 }
 
+/// A new connection with the settings every connection here uses.
+fn connect(path: &Path) -> Result<Connection> {
+    let mut connection = Connection::open(path)
+        .map_err(|e| Error::Unavailable(format!("cannot open {}: {e}", path.display())))?;
+    // SQLite's own busy timeout sleeps 1, 2, 5 ... 100 ms between retries, which turned
+    // 16 concurrent audited writes into ~2,000/s. Our writes hold the lock for tens of
+    // microseconds, so retry at that scale instead (still giving up after ~5 s).
+    connection.busy_handler(Some(retry_soon))?;
+    // WAL: readers never block the writer; NORMAL sync is durable across process
+    // crashes and loses at most the last commits on power loss.
+    connection.pragma_update(None, "journal_mode", "WAL")?;
+    connection.pragma_update(None, "synchronous", "NORMAL")?;
+    connection.pragma_update(None, "foreign_keys", "ON")?;
+    Ok(connection)
+}
+
+/// Audit commits between two checkpoint requests: about SQLite's own default of 1000 WAL
+/// pages, at the four or more pages (the row and its three index entries) a commit writes.
+const CHECKPOINT_EVERY: u32 = 250;
+
+/// Runs WAL checkpoints on its own thread and connection, so no caller waits for the bulk of
+/// one.
+///
+/// A cycle has two passes. The first, PASSIVE, runs beside the writers and readers: it syncs
+/// the WAL, copies its pages into the database file and syncs that, which is where the time
+/// goes. It cannot finish the WAL while the audit writer keeps appending, and SQLite starts
+/// writing the WAL from its beginning again only once a checkpoint has copied all of it; without
+/// that the file grows for as long as writes go on. So the second pass, RESTART, holds the audit
+/// writer's lock: it copies only what was appended during the first pass (two small syncs),
+/// waits for readers still on the old WAL, and makes the next write start the WAL over. Audit
+/// commits wait for that second pass only.
+struct Checkpointer {
+    wake: Option<mpsc::SyncSender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Checkpointer {
+    fn start(mut connection: Connection, writer: Arc<Mutex<AuditWriter>>) -> Result<Self> {
+        // The second pass holds the audit writer, so it must not wait long for a reader: after
+        // a few milliseconds it gives up and copies what it can, as a PASSIVE pass would (a
+        // long `svc-audit stats` must not stall every audited operation behind it).
+        connection.busy_handler(Some(retry_briefly))?;
+        let (wake, woken) = mpsc::sync_channel(1);
+        let thread = std::thread::Builder::new()
+            .name("sqlite-checkpoint".into())
+            .spawn(move || {
+                while woken.recv().is_ok() {
+                    if let Err(error) = checkpoint(&connection, &writer) {
+                        tracing::warn!(%error, "WAL checkpoint failed");
+                    }
+                }
+            })?;
+        Ok(Checkpointer {
+            wake: Some(wake),
+            thread: Some(thread),
+        })
+    }
+
+    /// Asks for a checkpoint; a request already pending covers this one.
+    fn request(&self) {
+        if let Some(wake) = &self.wake {
+            let _ = wake.try_send(());
+        }
+    }
+}
+
+/// One checkpoint cycle (see `Checkpointer`).
+fn checkpoint(connection: &Connection, writer: &Mutex<AuditWriter>) -> Result<()> {
+    checkpoint_beside_writers(connection)?;
+    checkpoint_to_restart(connection, writer)
+}
+
+fn checkpoint_beside_writers(connection: &Connection) -> Result<()> {
+    connection.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))?;
+    Ok(())
+}
+
+fn checkpoint_to_restart(connection: &Connection, writer: &Mutex<AuditWriter>) -> Result<()> {
+    let _writer = writer.lock().expect("writer lock poisoned");
+    connection.query_row("PRAGMA wal_checkpoint(RESTART)", [], |_| Ok(()))?;
+    Ok(())
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        self.wake.take();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
 /// Busy handler: wait 50 µs per retry, for at most ~5 s in all.
 fn retry_soon(attempt: i32) -> bool {
     if attempt >= BUSY_RETRIES {
+        return false;
+    }
+    std::thread::sleep(BUSY_WAIT);
+    true
+}
+
+/// The checkpointer's busy handler: 50 µs per retry, for at most ~5 ms.
+fn retry_briefly(attempt: i32) -> bool {
+    if attempt >= 100 {
         return false;
     }
     std::thread::sleep(BUSY_WAIT);
@@ -159,6 +271,58 @@ fn audit_from_row(row: &Row<'_>) -> rusqlite::Result<AuditRow> {
         prev_hash: row.get(12)?,
         hash: row.get(13)?,
     })
+}
+
+/// Links and inserts `rows` after the chain's last row, inside the caller's transaction.
+fn insert_audit_rows(
+    c: &Connection,
+    rows: Vec<AuditRow>,
+    genesis: &str,
+    seal: &AuditSeal,
+) -> Result<Vec<Result<AuditRow>>> {
+    let last: Option<(i64, String)> = c
+        .prepare_cached("SELECT seq, hash FROM audit_events ORDER BY seq DESC LIMIT 1")?
+        .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    let (mut last_seq, mut prev_hash) = last.unwrap_or((0, genesis.to_string()));
+    let mut insert = c.prepare_cached(&format!(
+        "INSERT INTO audit_events ({AUDIT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"
+    ))?;
+    let mut results = Vec::with_capacity(rows.len());
+    for mut row in rows {
+        row.seq = last_seq + 1;
+        row.prev_hash = prev_hash.clone();
+        row.hash = seal(&row);
+        let inserted = insert.execute(params![
+            row.seq,
+            row.id,
+            row.timestamp,
+            row.user,
+            row.action,
+            row.resource_type,
+            row.resource_id,
+            row.outcome,
+            row.policy_id,
+            row.decision,
+            row.severity,
+            row.detail,
+            row.prev_hash,
+            row.hash
+        ]);
+        match inserted {
+            Ok(_) => {
+                last_seq = row.seq;
+                prev_hash.clone_from(&row.hash);
+                results.push(Ok(row));
+            }
+            // A constraint failure undoes only its own statement; an I/O error or a full disk
+            // can roll the whole transaction back, and then no row of the batch is stored, the
+            // earlier ones included.
+            Err(e) if c.is_autocommit() => return Err(e.into()),
+            Err(e) => results.push(Err(e.into())),
+        }
+    }
+    Ok(results)
 }
 
 const CA_COLUMNS: &str =
@@ -369,39 +533,32 @@ impl Store for SqliteStore {
         self.with(|c| Ok(c.execute("DELETE FROM api_keys WHERE id = ?1", [id])? > 0))
     }
 
-    async fn append_audit(
+    async fn append_audit_batch(
         &self,
-        mut row: AuditRow,
+        rows: Vec<AuditRow>,
         genesis: &str,
         seal: &AuditSeal,
-    ) -> Result<AuditRow> {
-        self.with(|c| {
-            // IMMEDIATE takes the write lock first, so two appenders cannot both read the same
-            // last hash and fork the chain.
-            let _writer = self.writer.lock().expect("writer lock poisoned");
-            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-            let last: Option<(i64, String)> = tx
-                .query_row(
-                    "SELECT seq, hash FROM audit_events ORDER BY seq DESC LIMIT 1",
-                    [],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )
-                .optional()?;
-            let (last_seq, prev_hash) = last.unwrap_or((0, genesis.to_string()));
-            row.seq = last_seq + 1;
-            row.prev_hash = prev_hash;
-            row.hash = seal(&row);
-            tx.prepare_cached(&format!(
-                "INSERT INTO audit_events ({AUDIT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"
-            ))?
-            .execute(params![
-                row.seq, row.id, row.timestamp, row.user, row.action, row.resource_type,
-                row.resource_id, row.outcome, row.policy_id, row.decision, row.severity,
-                row.detail, row.prev_hash, row.hash
-            ])?;
-            tx.commit()?;
-            Ok(row)
-        })
+    ) -> Result<Vec<Result<AuditRow>>> {
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut writer = self.writer.lock().expect("writer lock poisoned");
+        let c = &writer.connection;
+        // IMMEDIATE takes the write lock first, so two appenders cannot both read the same
+        // last hash and fork the chain. One transaction per batch: the commit writes each
+        // touched page to the WAL once for all its rows instead of once per row.
+        c.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+        let appended = insert_audit_rows(c, rows, genesis, seal)
+            .and_then(|results| Ok(c.prepare_cached("COMMIT")?.execute([]).map(|_| results)?));
+        if appended.is_err() && !c.is_autocommit() {
+            let _ = c.execute_batch("ROLLBACK");
+        }
+        writer.commits += 1;
+        if writer.commits >= CHECKPOINT_EVERY {
+            writer.commits = 0;
+            self.checkpointer.request();
+        }
+        appended
     }
 
     async fn query_audit(&self, filter: &AuditFilter, limit: usize) -> Result<Vec<AuditRow>> {
@@ -675,5 +832,91 @@ mod tests {
             MIGRATIONS.last().map(|m| m.0).unwrap()
         );
         assert_eq!(reopened.list_api_keys().await.unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn audit_batch_links_rows_and_skips_a_refused_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(&dir.path().join("svc.db")).unwrap();
+        let seal = |row: &AuditRow| format!("h({},{})", row.id, row.prev_hash);
+        let row = |id: &str| AuditRow {
+            id: id.into(),
+            detail: "{}".into(),
+            ..AuditRow::default()
+        };
+        let first = store
+            .append_audit(row("a"), "genesis", &seal)
+            .await
+            .unwrap();
+        assert_eq!((first.seq, first.prev_hash.as_str()), (1, "genesis"));
+        // "a" again violates the UNIQUE id: only that row is refused.
+        let results = store
+            .append_audit_batch(vec![row("b"), row("a"), row("c")], "genesis", &seal)
+            .await
+            .unwrap();
+        let outcomes: Vec<Option<(i64, String)>> = results
+            .iter()
+            .map(|r| r.as_ref().ok().map(|r| (r.seq, r.prev_hash.clone())))
+            .collect();
+        assert_eq!(
+            outcomes,
+            [
+                Some((2, "h(a,genesis)".to_string())),
+                None,
+                Some((3, "h(b,h(a,genesis))".to_string())),
+            ]
+        );
+        let chain: Vec<String> = store
+            .audit_chain(0, 10)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.id)
+            .collect();
+        assert_eq!(chain, ["a", "b", "c"]);
+    }
+
+    #[tokio::test]
+    async fn a_checkpoint_cycle_lets_the_wal_start_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("svc.db");
+        let store = SqliteStore::open(&path).unwrap();
+        let seal = |row: &AuditRow| format!("h({})", row.id);
+        let mut next = 0;
+        let mut append = || {
+            next += 1;
+            let row = AuditRow {
+                id: format!("r{next}"),
+                detail: "{}".into(),
+                ..AuditRow::default()
+            };
+            store.append_audit(row, "genesis", &seal)
+        };
+        for _ in 0..100 {
+            append().await.unwrap();
+        }
+        let checkpointer = connect(&path).unwrap();
+        // PRAGMA wal_checkpoint answers (busy, frames in the WAL, frames copied).
+        let wal_frames = || -> i64 {
+            checkpointer
+                .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get(1))
+                .unwrap()
+        };
+        // A reader on an older snapshot keeps the first pass from copying the newest frames,
+        // as appends made while that pass runs do in production.
+        let reader = connect(&path).unwrap();
+        reader
+            .execute_batch("BEGIN; SELECT COUNT(*) FROM audit_events;")
+            .unwrap();
+        append().await.unwrap();
+        checkpoint_beside_writers(&checkpointer).unwrap();
+        reader.execute_batch("COMMIT").unwrap();
+        checkpoint_to_restart(&checkpointer, &store.writer).unwrap();
+        append().await.unwrap();
+        assert!(
+            wal_frames() < 20,
+            "the WAL started over: {} frames",
+            wal_frames()
+        );
     }
 }
