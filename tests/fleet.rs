@@ -144,6 +144,24 @@ fn wait_for_state(server: &TestServer, id: &str, state: &str, within: Duration) 
     }
 }
 
+/// Waits until at least one event of `types` is stored: events are emitted off the
+/// path that changes state, so the state can be visible a moment before its event.
+fn wait_for_events(
+    server: &TestServer,
+    types: &[&str],
+    within: Duration,
+) -> Vec<(String, String, serde_json::Value)> {
+    let deadline = Instant::now() + within;
+    loop {
+        let found = events(server, types);
+        if !found.is_empty() {
+            return found;
+        }
+        assert!(Instant::now() < deadline, "no {types:?} within {within:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Events of `types` (comma list) as (type, source, payload).
 fn events(server: &TestServer, types: &[&str]) -> Vec<(String, String, serde_json::Value)> {
     let mut args = vec!["-o", "json", "list", "--limit", "1000"];
@@ -418,11 +436,7 @@ fn quarantine_blocks_commands_and_heartbeats_until_lifted() {
     assert!(!marker.exists(), "a quarantined agent ran a command");
 
     // Its heartbeats are rejected, and say so in events.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while events(&server, &["agent_heartbeat_rejected"]).is_empty() {
-        assert!(Instant::now() < deadline, "no agent_heartbeat_rejected");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_for_events(&server, &["agent_heartbeat_rejected"], Duration::from_secs(5));
     let show = json(&svcctl(
         &server,
         &readonly,
@@ -510,7 +524,7 @@ fn silent_agents_are_reported_disconnected_after_the_timeout() {
     wait_for_state(&server, "web-01", "disconnected", Duration::from_secs(5));
     let took = stopped.elapsed();
     assert!(took >= Duration::from_millis(700), "too early: {took:?}");
-    let gone = events(&server, &["agent_disconnected"]);
+    let gone = wait_for_events(&server, &["agent_disconnected"], Duration::from_secs(5));
     assert_eq!(gone.len(), 1, "{gone:?}");
     assert_eq!(gone[0].1, "web-01");
     assert!(gone[0].2["last_heartbeat_at"].is_string(), "{gone:?}");
