@@ -436,7 +436,11 @@ fn quarantine_blocks_commands_and_heartbeats_until_lifted() {
     assert!(!marker.exists(), "a quarantined agent ran a command");
 
     // Its heartbeats are rejected, and say so in events.
-    wait_for_events(&server, &["agent_heartbeat_rejected"], Duration::from_secs(5));
+    wait_for_events(
+        &server,
+        &["agent_heartbeat_rejected"],
+        Duration::from_secs(5),
+    );
     let show = json(&svcctl(
         &server,
         &readonly,

@@ -1,15 +1,17 @@
 //! Group commit of audit rows, and the mirror copy that follows them in chain order.
 //!
-//! A caller queues its row, then waits for the commit lock (tokio's mutex is fair, first come
-//! first served). The holder takes every row queued so far and appends them, in queue order,
-//! with one `Store::append_audit_batch`: one write transaction, and one WAL write of each
-//! touched page, for all of them. A caller whose row an earlier holder already committed finds
-//! its answer waiting and returns. Every caller still returns only once its own row is stored;
-//! the batch is simply what arrived while the previous transaction ran, so it is bounded by the
-//! number of concurrent callers (each has one row queued at most).
+//! A caller queues its row and starts a commit task, which waits for the commit lock (tokio's
+//! mutex is fair, first come first served). The holder takes every row queued so far and
+//! appends them, in queue order, with one `Store::append_audit_batch`: one write transaction,
+//! and one WAL write of each touched page, for all of them, then answers each caller. A task
+//! that finds the queue empty (an earlier holder took its row) has nothing to do. Every caller
+//! still returns only once its own row is stored; the batch is simply what arrived while the
+//! previous transaction ran, so it is bounded by the number of concurrent callers (each has
+//! one row queued at most).
 //!
-//! Queue order is chain order. The write runs as its own task holding the lock, so a caller
-//! that goes away mid-write (a client that hangs up) cannot abandon the others' rows.
+//! Queue order is chain order. The commit runs in its own task, not in the caller's future, so
+//! a caller that goes away while waiting (a client that hangs up) neither leaves its row
+//! queued until someone else appends nor abandons rows of others that it was writing.
 //!
 //! The mirror (the `audit` stream log) is a copy for stream consumers, written in the
 //! background so it adds no fsync to an operation. The commit hands each batch's entries to the
@@ -32,7 +34,7 @@ use crate::{clock, Error, Result};
 #[derive(Default)]
 pub(super) struct Queue {
     rows: Mutex<Vec<Queued>>,
-    commit: Arc<tokio::sync::Mutex<()>>,
+    commit: tokio::sync::Mutex<()>,
 }
 
 struct Queued {
@@ -45,33 +47,31 @@ struct Queued {
 impl Queue {
     /// Appends `row` at the end of the chain, sharing the transaction with concurrent callers.
     pub(super) async fn append(
-        &self,
+        self: &Arc<Self>,
         store: &Arc<dyn Store>,
         mirror: Option<&Arc<Mirror>>,
         row: AuditRow,
         detail: Value,
     ) -> Result<Entry> {
-        let (reply, mut answer) = oneshot::channel();
+        let (reply, answer) = oneshot::channel();
         self.queued().push(Queued { row, detail, reply });
-        let guard = self.commit.clone().lock_owned().await;
-        match answer.try_recv() {
-            Ok(result) => return result,
-            Err(oneshot::error::TryRecvError::Closed) => return Err(abandoned()),
-            // Every earlier holder answered all it took, so the row is still queued.
-            Err(oneshot::error::TryRecvError::Empty) => {}
-        }
+        let (queue, store, mirror) = (self.clone(), store.clone(), mirror.cloned());
+        tokio::spawn(async move { queue.commit_queued(store.as_ref(), mirror.as_ref()).await });
+        answer.await.unwrap_or_else(|_| Err(abandoned()))
+    }
+
+    /// Under the commit lock, writes whatever is queued (possibly nothing).
+    async fn commit_queued(&self, store: &dyn Store, mirror: Option<&Arc<Mirror>>) {
+        let _commit = self.commit.lock().await;
         // Let the tasks already runnable on this worker go first: requests woken together
         // (say, by one events-log sync) then reach the queue before the batch is taken, instead
         // of each paying for its own transaction while the others wait behind it. With nothing
         // else runnable this costs one trip through the scheduler.
         tokio::task::yield_now().await;
         let batch = std::mem::take(&mut *self.queued());
-        let (store, mirror) = (store.clone(), mirror.cloned());
-        tokio::spawn(async move {
-            commit(store.as_ref(), mirror.as_ref(), batch).await;
-            drop(guard);
-        });
-        answer.await.unwrap_or_else(|_| Err(abandoned()))
+        if !batch.is_empty() {
+            commit(store, mirror, batch).await;
+        }
     }
 
     fn queued(&self) -> std::sync::MutexGuard<'_, Vec<Queued>> {
@@ -286,6 +286,34 @@ mod tests {
             .map(|record| serde_json::from_slice(&record.payload).unwrap())
             .collect();
         assert_eq!(mirrored, stored);
+    }
+
+    #[tokio::test]
+    async fn a_caller_that_goes_away_still_has_its_row_stored() {
+        use futures_util::FutureExt;
+        let dir = tempfile::tempdir().unwrap();
+        let store = store_in(dir.path());
+        let queue = Arc::new(Queue::default());
+        let row = AuditRow {
+            id: "gone".into(),
+            detail: "{}".into(),
+            ..AuditRow::default()
+        };
+        // The lock is busy, so the caller's row waits; then the caller is dropped, as tonic
+        // drops a handler whose client hung up.
+        let busy = queue.commit.lock().await;
+        let caller = queue.append(&store, None, row, Value::Object(Default::default()));
+        assert!(caller.now_or_never().is_none());
+        drop(busy);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while store.audit_chain(0, 10).await.unwrap().is_empty() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the row was never stored"
+            );
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(verified_rows(store.as_ref()).await, 1);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

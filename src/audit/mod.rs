@@ -30,7 +30,7 @@ pub struct Auditor {
     /// Where policy_allow / policy_deny go.
     events: Option<Arc<crate::events::Events>>,
     /// Rows waiting for their write transaction (group commit, see `commit`).
-    queue: commit::Queue,
+    queue: Arc<commit::Queue>,
     /// The `audit` stream log: a second, append-only copy of every row.
     mirror: Option<Arc<commit::Mirror>>,
 }
@@ -150,7 +150,7 @@ impl Auditor {
             policy_dir,
             policies: RwLock::new(Arc::new(PolicySet::default())),
             events: None,
-            queue: commit::Queue::default(),
+            queue: Arc::default(),
             mirror: None,
         };
         auditor.reload_policies();
