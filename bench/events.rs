@@ -17,26 +17,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use base64::Engine;
 use svc::proto::event_service_client::EventServiceClient;
 use svc::proto::policy_service_client::PolicyServiceClient;
+
+mod common;
+use common::{authorized, server_binary, Server};
 
 const EVENTS: u64 = 1_000_000;
 const AUDIT_ROWS: i64 = 1_000_000;
 const EMITTERS: usize = 16;
 const EMIT_PHASE: Duration = Duration::from_secs(8);
 
-/// The svc binary the bench runs: the one cargo built with it, or `SVC_BENCH_SERVER`, so that
-/// two builds can be compared back to back with the same client code and machine load.
-fn server_binary() -> std::path::PathBuf {
-    std::env::var_os("SVC_BENCH_SERVER")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| env!("CARGO_BIN_EXE_svc").into())
-}
-
 fn main() {
     let root = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("bench dir");
-    let data = root.path().join("data");
+    let data = common::data_dir(root.path());
     std::fs::create_dir_all(&data).unwrap();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -60,56 +54,11 @@ fn main() {
 
     let bin = root.path().join("bin");
     std::fs::create_dir_all(&bin).unwrap();
-    for name in ["svc-server", "svc-events", "svc-audit"] {
+    for name in ["svc-events", "svc-audit"] {
         std::os::unix::fs::symlink(server_binary(), bin.join(name)).unwrap();
     }
-    let config = root.path().join("server.yaml");
-    let master: [u8; 32] = rand::random();
-    std::fs::write(
-        &config,
-        format!(
-            "data_dir: {}\nlisten: {{http: 127.0.0.1:0, grpc: 127.0.0.1:0, bus: 127.0.0.1:0}}\nhmacsecret: bench\nmaster_key: {}\nrate_limit: {{requests_per_second: 1000000000, burst: 1000000000}}\nlog_level: warn\n",
-            data.display(),
-            base64::engine::general_purpose::STANDARD.encode(master)
-        ),
-    )
-    .unwrap();
-    let key = format!("svc_{}", "B".repeat(40));
-    let log_path = root.path().join("server.log");
-    let log = std::fs::File::create(&log_path).unwrap();
-    let mut server = Command::new(bin.join("svc-server"))
-        .arg("--config")
-        .arg(&config)
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("SVC_BOOTSTRAP_API_KEY", &key)
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let addrs_file = data.join("listen-addrs.json");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let addrs: serde_json::Value = loop {
-        if let Some(addrs) = std::fs::read_to_string(&addrs_file)
-            .ok()
-            .and_then(|t| serde_json::from_str(&t).ok())
-        {
-            break addrs;
-        }
-        if let Ok(Some(status)) = server.try_wait() {
-            panic!(
-                "server exited ({status}): {}",
-                std::fs::read_to_string(&log_path).unwrap_or_default()
-            );
-        }
-        assert!(
-            Instant::now() < deadline,
-            "server did not start: {}",
-            std::fs::read_to_string(&log_path).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let grpc = addrs["grpc"].as_str().unwrap().to_string();
+    let mut server = Server::start(root, "");
+    let (grpc, key) = (server.grpc_addr.clone(), server.key.clone());
 
     let (rate, per_client) = runtime.block_on(emit_throughput(&grpc, &key));
     println!("emit (durable, audited) over gRPC, {EMITTERS} clients, {EMIT_PHASE:?}: {rate:.0} events/s (goal 30,000; slowest client {per_client} events)");
@@ -175,10 +124,7 @@ fn main() {
         cli_times[cli_times.len() / 2]
     );
 
-    unsafe {
-        libc::kill(server.id() as i32, libc::SIGTERM);
-    }
-    let _ = server.wait();
+    server.stop();
 }
 
 const ACTIONS: &[&str] = &[
@@ -301,14 +247,6 @@ fn audit_overhead(runtime: &tokio::runtime::Runtime, data: &Path) {
     );
 }
 
-fn with_key<T>(message: T, key: &str) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request
-        .metadata_mut()
-        .insert("authorization", format!("Bearer {key}").parse().unwrap());
-    request
-}
-
 async fn emit_throughput(grpc: &str, key: &str) -> (f64, u64) {
     let total = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + EMIT_PHASE;
@@ -331,7 +269,7 @@ async fn emit_throughput(grpc: &str, key: &str) -> (f64, u64) {
                     source: format!("bench-{client_index}"),
                     payload_json: "{\"exit_code\":0}".into(),
                 };
-                client.emit(with_key(request, &key)).await.unwrap();
+                client.emit(authorized(&key, request)).await.unwrap();
                 mine += 1;
             }
             total.fetch_add(mine, Ordering::Relaxed);
@@ -411,7 +349,7 @@ async fn audit_query(grpc: &str, key: &str) -> (Duration, Duration) {
         };
         let started = Instant::now();
         let page = client
-            .audit_log(with_key(request, key))
+            .audit_log(authorized(key, request))
             .await
             .unwrap()
             .into_inner();

@@ -4,6 +4,8 @@
 //! to its command subject, heartbeats, and answers commands at once.
 //!
 //! Usage: cargo bench --bench fleet [-- --agents 1000 --heartbeat-agents 10000 --seconds 30]
+//! `SVC_BENCH_SERVER=/path/to/svc` runs another build of the server with the same clients (the
+//! real svc-agent of (3) is always this build's).
 //!
 //! 1. exec fan-out: `FleetService.Exec` to every one of --agents simulated agents; time to
 //!    the first and to the last result (5 rounds). Side by side: the bus floor, the same
@@ -17,7 +19,7 @@
 //! wall-clock figures of (1) but not in the server CPU of (2).
 
 use std::io::Write;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,7 +31,9 @@ use svc::fleet::protocol::{Command as AgentCommand, ExecOutcome, Reply, ReplyOut
 use svc::proto::fleet_service_client::FleetServiceClient;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
-const HMAC_SECRET: &str = "bench-hmac-secret";
+mod common;
+use common::{authorized, Server, HMAC_SECRET};
+
 const HEARTBEAT: Duration = Duration::from_secs(10);
 const ROUNDS: usize = 5;
 
@@ -58,72 +62,6 @@ fn options() -> Options {
     }
     options.heartbeat_agents = options.heartbeat_agents.max(options.agents);
     options
-}
-
-struct Server {
-    child: Child,
-    dir: tempfile::TempDir,
-    grpc: String,
-    http: String,
-    bus: String,
-    key: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_server() -> Server {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let master: [u8; 32] = rand::random();
-    let config = dir.path().join("server.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "data_dir: {}\nlisten: {{ http: 127.0.0.1:0, grpc: 127.0.0.1:0, bus: 127.0.0.1:0 }}\n\
-             hmacsecret: {HMAC_SECRET}\nmaster_key: {}\nlog_level: warn\n\
-             agents: {{ heartbeat_timeout: 60s }}\n\
-             rate_limit: {{ requests_per_second: 1000000000, burst: 1000000000 }}\n",
-            data.display(),
-            base64::engine::general_purpose::STANDARD.encode(master)
-        ),
-    )
-    .unwrap();
-    // A clean environment: cargo sets SVC_* build variables that the server would read as
-    // configuration.
-    let child = Command::new(env!("CARGO_BIN_EXE_svc"))
-        .env_clear()
-        .args(["server", "--config"])
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let addrs = loop {
-        if let Ok(text) = std::fs::read_to_string(data.join("listen-addrs.json")) {
-            if let Ok(value) = serde_json::from_str::<serde_json::Value>(&text) {
-                break value;
-            }
-        }
-        assert!(Instant::now() < deadline, "server did not start");
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    Server {
-        child,
-        grpc: format!("http://{}", addrs["grpc"].as_str().unwrap()),
-        http: addrs["http"].as_str().unwrap().to_string(),
-        bus: addrs["bus"].as_str().unwrap().to_string(),
-        key: std::fs::read_to_string(data.join("bootstrap-admin.key"))
-            .unwrap()
-            .trim()
-            .to_string(),
-        dir,
-    }
 }
 
 /// An enrolled simulated agent: its id, certificate and key.
@@ -315,14 +253,6 @@ fn http_get(address: &str, path: &str) -> String {
     text
 }
 
-fn authorized<T>(key: &str, message: T) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request
-        .metadata_mut()
-        .insert("authorization", format!("Bearer {key}").parse().unwrap());
-    request
-}
-
 /// One exec to every agent through the server: (first result, last result, results).
 async fn exec_round(server: &Server, agents: usize) -> (Duration, Duration) {
     let channel = tonic::transport::Channel::from_shared(server.grpc.clone())
@@ -422,7 +352,7 @@ fn rss_kib(pid: u32) -> u64 {
 
 /// The real svc-agent: enrol with its PSK, run it, read its RSS after 5 s idle.
 fn real_agent_rss(server: &Server) -> (u64, u64) {
-    let home = server.dir.path().join("real-agent");
+    let home = server.root.path().join("real-agent");
     std::fs::create_dir_all(&home).unwrap();
     let config = home.join("agent.yaml");
     std::fs::write(
@@ -453,7 +383,7 @@ fn real_agent_rss(server: &Server) -> (u64, u64) {
     // One command through it, then idle again: what a working agent settles at.
     let ran = Command::new(binary)
         .env_clear()
-        .args(["ctl", "--server", server.grpc.trim_start_matches("http://")])
+        .args(["ctl", "--server", &server.grpc_addr])
         .args([
             "--api-key",
             &server.key,
@@ -475,7 +405,10 @@ fn real_agent_rss(server: &Server) -> (u64, u64) {
 
 fn main() {
     let options = options();
-    let server = start_server();
+    let server = Server::start(
+        tempfile::tempdir().unwrap(),
+        "agents: { heartbeat_timeout: 60s }\n",
+    );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

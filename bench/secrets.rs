@@ -9,91 +9,20 @@
 //! writes its audit row, as in production. Client and server share the machine, so the
 //! figures include the clients' own CPU. Bounded: well under a minute.
 
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use base64::Engine;
 use svc::proto::secrets_service_client::SecretsServiceClient;
 use svc::proto::{self};
 use tonic::transport::Channel;
 
+mod common;
+use common::{authorized, Server};
+
 const CLIENTS: usize = 16;
 const PAYLOAD: usize = 1024;
 const KV_GETS: usize = 2000;
-
-struct Server {
-    child: Child,
-    _dir: tempfile::TempDir,
-    grpc: String,
-    key: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_server() -> Server {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let master: [u8; 32] = rand::random();
-    let config = dir.path().join("server.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "data_dir: {}\nlisten: {{ http: 127.0.0.1:0, grpc: 127.0.0.1:0, bus: 127.0.0.1:0 }}\n\
-             hmacsecret: bench\nmaster_key: {}\nlog_level: warn\n\
-             rate_limit: {{ requests_per_second: 1000000000, burst: 1000000000 }}\n",
-            data.display(),
-            base64::engine::general_purpose::STANDARD.encode(master)
-        ),
-    )
-    .unwrap();
-    // A clean environment: cargo sets SVC_* build variables that the server would read as
-    // configuration.
-    let child = Command::new(server_binary())
-        .env_clear()
-        .args(["server", "--config"])
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let addrs = loop {
-        if let Ok(text) = std::fs::read_to_string(data.join("listen-addrs.json")) {
-            if let Ok(value) = serde_json::from_str::<serde_json::Value>(&text) {
-                break value;
-            }
-        }
-        assert!(Instant::now() < deadline, "server did not start");
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let key = read_key(&data.join("bootstrap-admin.key"));
-    Server {
-        child,
-        grpc: format!("http://{}", addrs["grpc"].as_str().unwrap()),
-        key,
-        _dir: dir,
-    }
-}
-
-fn read_key(path: &Path) -> String {
-    std::fs::read_to_string(path).unwrap().trim().to_string()
-}
-
-fn authorized<T>(key: &str, message: T) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request
-        .metadata_mut()
-        .insert("authorization", format!("Bearer {key}").parse().unwrap());
-    request
-}
 
 async fn client(server: &Server) -> SecretsServiceClient<Channel> {
     let channel = Channel::from_shared(server.grpc.clone())
@@ -243,14 +172,6 @@ async fn kv_get(server: &Server) -> (Duration, Duration, Duration) {
     )
 }
 
-/// The svc binary the bench runs: the one cargo built with it, or `SVC_BENCH_SERVER`, so that
-/// two builds can be compared back to back with the same client code and machine load.
-fn server_binary() -> std::path::PathBuf {
-    std::env::var_os("SVC_BENCH_SERVER")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| env!("CARGO_BIN_EXE_svc").into())
-}
-
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let seconds = args
@@ -264,7 +185,7 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let server = start_server();
+    let server = Server::start(tempfile::tempdir().unwrap(), "");
     runtime.block_on(async {
         let ops = transit_encrypt(&server, seconds).await;
         println!(

@@ -1,0 +1,144 @@
+//! What the server benchmarks share: the real `svc` server in a child process on loopback
+//! ports, with a temporary data dir and an admin key, and the bearer metadata for requests.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+
+/// The server's HMAC secret, from which an agent's bootstrap PSK is derived.
+pub const HMAC_SECRET: &str = "bench-hmac-secret";
+
+/// A running server, killed on drop. Each bench reads only some of the addresses.
+#[allow(dead_code)]
+pub struct Server {
+    pub child: Child,
+    /// Holds `server.yaml`, `server.log` and the data dir; removed on drop.
+    pub root: tempfile::TempDir,
+    /// `http://host:port`, for tonic clients.
+    pub grpc: String,
+    /// `host:port` of the same, for the CLIs' `--server`.
+    pub grpc_addr: String,
+    pub http: String,
+    pub bus: String,
+    /// The bootstrap admin API key.
+    pub key: String,
+}
+
+/// The data dir of a server started on `root`, for a bench that fills it before the start.
+pub fn data_dir(root: &Path) -> PathBuf {
+    root.join("data")
+}
+
+/// The svc binary the bench runs: the one cargo built with it, or `SVC_BENCH_SERVER`, so that
+/// two builds can be compared back to back with the same client code and machine load.
+pub fn server_binary() -> PathBuf {
+    std::env::var_os("SVC_BENCH_SERVER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_svc").into())
+}
+
+impl Server {
+    /// Starts the server on `root` (its data dir may already hold state) with the rate limit
+    /// raised, since the default 50 req/s per key would measure the limiter, and the lines of
+    /// `extra_config` added to its configuration. Returns once it has written its addresses;
+    /// panics with its log if it exits or does not get there in time.
+    pub fn start(root: tempfile::TempDir, extra_config: &str) -> Server {
+        let data = data_dir(root.path());
+        let master: [u8; 32] = rand::random();
+        let config = root.path().join("server.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "data_dir: {}\nlisten: {{ http: 127.0.0.1:0, grpc: 127.0.0.1:0, bus: 127.0.0.1:0 }}\n\
+                 hmacsecret: {HMAC_SECRET}\nmaster_key: {}\nlog_level: warn\n\
+                 rate_limit: {{ requests_per_second: 1000000000, burst: 1000000000 }}\n{extra_config}",
+                data.display(),
+                base64::engine::general_purpose::STANDARD.encode(master)
+            ),
+        )
+        .unwrap();
+        // The admin key is preset (`svc_` and 40 base62 characters) rather than read back
+        // from the file the server would write.
+        let key = format!("svc_{}", svc::ids::random_base62(40));
+        let log_path = root.path().join("server.log");
+        let log = std::fs::File::create(&log_path).unwrap();
+        // A clean environment: cargo sets SVC_* build variables that the server would read as
+        // configuration.
+        let mut child = Command::new(server_binary())
+            .env_clear()
+            .env("SVC_BOOTSTRAP_API_KEY", &key)
+            .args(["server", "--config"])
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let addrs_file = data.join("listen-addrs.json");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let addrs: serde_json::Value = loop {
+            if let Some(addrs) = std::fs::read_to_string(&addrs_file)
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok())
+            {
+                break addrs;
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!(
+                    "server exited ({status}): {}",
+                    std::fs::read_to_string(&log_path).unwrap_or_default()
+                );
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "server did not start: {}",
+                    std::fs::read_to_string(&log_path).unwrap_or_default()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let address = |name: &str| addrs[name].as_str().unwrap().to_string();
+        Server {
+            child,
+            grpc: format!("http://{}", address("grpc")),
+            grpc_addr: address("grpc"),
+            http: address("http"),
+            bus: address("bus"),
+            key,
+            root,
+        }
+    }
+
+    /// Shuts the server down with SIGTERM, as an operator would, and waits for it.
+    #[allow(dead_code)]
+    pub fn stop(&mut self) {
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        // A bench that fails mid-run may fail because the server did: say what it logged.
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(self.root.path().join("server.log"));
+            eprintln!("server log: {}", log.unwrap_or_default());
+        }
+    }
+}
+
+/// A request carrying `key` as its bearer token.
+pub fn authorized<T>(key: &str, message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request
+        .metadata_mut()
+        .insert("authorization", format!("Bearer {key}").parse().unwrap());
+    request
+}
