@@ -276,3 +276,32 @@ mod tests {
             .contains("source must be compiled"));
     }
 }
+
+/// Stand-ins for the host's tools (apt-get, rpm, systemctl), so the providers' apply paths run
+/// for real in tests without changing the machine.
+#[cfg(test)]
+pub(super) mod fake {
+    use std::os::unix::fs::PermissionsExt;
+    use std::path::{Path, PathBuf};
+
+    /// Writes an executable `/bin/sh` script `name` in `dir`. A script answers `probe` with
+    /// exit 0 before its `body` runs: the first run is a probe, retried while the kernel says
+    /// "text file busy" — a child forked by another test thread while the file was open for
+    /// writing holds that descriptor until it execs.
+    pub fn program(dir: &Path, name: &str, body: &str) -> PathBuf {
+        let path = dir.join(name);
+        let script = format!("#!/bin/sh\n[ \"$1\" = probe ] && exit 0\n{body}\n");
+        std::fs::write(&path, script).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        for _ in 0..100 {
+            match std::process::Command::new(&path).arg("probe").status() {
+                Ok(status) if status.success() => return path,
+                Err(error) if error.raw_os_error() == Some(libc::ETXTBSY) => {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                other => panic!("{}: {other:?}", path.display()),
+            }
+        }
+        panic!("{} stayed busy", path.display());
+    }
+}

@@ -150,6 +150,7 @@ fn query_failure(program: &Path, finished: &Finished) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::super::fake;
     use super::*;
 
     fn package(name: &str, state: Option<&str>) -> PackageResource {
@@ -168,11 +169,159 @@ mod tests {
         );
     }
 
-    /// Check mode only: tests never install or remove packages.
+    /// apt-get and dpkg-query stand-ins keeping the package database in two files of `dir`:
+    /// `installed`, and `removed` (left with configuration: "deinstall ok config-files").
+    /// `held` installs "successfully" without installing, `nope` does not exist, and asking
+    /// about `locked` fails as a locked database does.
+    fn fake_apt(dir: &Path) -> Manager {
+        let d = dir.display();
+        std::fs::write(dir.join("installed"), "").unwrap();
+        std::fs::write(dir.join("removed"), "").unwrap();
+        let dpkg_query = format!(
+            r#"name="$3"
+grep -qx "$name" "{d}/installed" && {{ echo "install ok installed"; exit 0; }}
+grep -qx "$name" "{d}/removed" && {{ echo "deinstall ok config-files"; exit 0; }}
+[ "$name" = locked ] && {{ echo "dpkg-query: database is locked" >&2; exit 2; }}
+echo "dpkg-query: no packages found matching $name" >&2; exit 1"#
+        );
+        let apt_get = format!(
+            r#"echo "$DEBIAN_FRONTEND $*" >> "{d}/calls"
+[ "$3" = held ] && exit 0
+[ "$3" = nope ] && {{ echo "E: Unable to locate package nope" >&2; exit 100; }}
+{}"#,
+            database_update(&d.to_string())
+        );
+        Manager::Apt {
+            dpkg_query: fake::program(dir, "dpkg-query", &dpkg_query),
+            apt_get: fake::program(dir, "apt-get", &apt_get),
+        }
+    }
+
+    /// rpm and dnf stand-ins over the same two files.
+    fn fake_dnf(dir: &Path) -> Manager {
+        let d = dir.display();
+        std::fs::write(dir.join("installed"), "").unwrap();
+        std::fs::write(dir.join("removed"), "").unwrap();
+        let rpm = format!(
+            r#"grep -qx "$2" "{d}/installed" && {{ echo "$2-1.0-1.x86_64"; exit 0; }}
+echo "package $2 is not installed"; exit 1"#
+        );
+        let dnf = format!(
+            "echo \"$*\" >> \"{d}/calls\"\n{}",
+            database_update(&d.to_string())
+        );
+        Manager::Dnf {
+            rpm: fake::program(dir, "rpm", &rpm),
+            dnf: fake::program(dir, "dnf", &dnf),
+        }
+    }
+
+    /// `install|remove -y NAME` against the files of the fakes above.
+    fn database_update(d: &str) -> String {
+        format!(
+            r#"case "$1" in
+install) echo "$3" >> "{d}/installed"; grep -vx "$3" "{d}/removed" > "{d}/tmp"; mv "{d}/tmp" "{d}/removed";;
+remove) grep -vx "$3" "{d}/installed" > "{d}/tmp"; mv "{d}/tmp" "{d}/installed"; echo "$3" >> "{d}/removed";;
+esac"#
+        )
+    }
+
+    fn outcome(package: &PackageResource, mode: Mode, manager: &Manager) -> (bool, String) {
+        let report = run_with(package, mode, Some(manager.clone())).unwrap();
+        (report.changed, report.detail)
+    }
+
+    fn calls(dir: &Path) -> String {
+        std::fs::read_to_string(dir.join("calls")).unwrap_or_default()
+    }
+
+    #[test]
+    fn install_and_remove_through_apt_once_each() {
+        let dir = tempfile::tempdir().unwrap();
+        let apt = fake_apt(dir.path());
+        let nginx = package("nginx", None);
+        assert_eq!(
+            outcome(&nginx, Mode::Check, &apt),
+            (true, "would install".into())
+        );
+        assert_eq!(calls(dir.path()), "", "check changed something");
+        assert_eq!(
+            outcome(&nginx, Mode::Apply, &apt),
+            (true, "installed".into())
+        );
+        assert_eq!(
+            outcome(&nginx, Mode::Apply, &apt),
+            (false, "already installed".into())
+        );
+        // No debconf prompt can wait for a terminal.
+        assert_eq!(calls(dir.path()), "noninteractive install -y nginx\n");
+
+        let gone = package("nginx", Some("absent"));
+        assert_eq!(
+            outcome(&gone, Mode::Check, &apt),
+            (true, "would remove".into())
+        );
+        assert_eq!(outcome(&gone, Mode::Apply, &apt), (true, "removed".into()));
+        // Removed with its configuration left behind is absent.
+        assert_eq!(
+            outcome(&gone, Mode::Apply, &apt),
+            (false, "already absent".into())
+        );
+        assert_eq!(
+            calls(dir.path()),
+            "noninteractive install -y nginx\nnoninteractive remove -y nginx\n"
+        );
+    }
+
+    #[test]
+    fn apt_failures_say_what_went_wrong() {
+        let dir = tempfile::tempdir().unwrap();
+        let apt = fake_apt(dir.path());
+        let error = run_with(&package("held", None), Mode::Apply, Some(apt.clone())).unwrap_err();
+        assert!(
+            error.ends_with("install -y held exited 0 but the package is still not installed"),
+            "{error}"
+        );
+        let error = run_with(&package("nope", None), Mode::Apply, Some(apt.clone())).unwrap_err();
+        assert!(
+            error.contains("install -y nope: exit code 100")
+                && error.ends_with("stderr:\nE: Unable to locate package nope"),
+            "{error}"
+        );
+        let error = run_with(&package("locked", None), Mode::Check, Some(apt)).unwrap_err();
+        assert!(
+            error.contains("dpkg-query: exit code 2") && error.contains("database is locked"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn install_and_remove_through_dnf_once_each() {
+        let dir = tempfile::tempdir().unwrap();
+        let dnf = fake_dnf(dir.path());
+        let nginx = package("nginx", Some("installed"));
+        assert_eq!(
+            outcome(&nginx, Mode::Apply, &dnf),
+            (true, "installed".into())
+        );
+        assert_eq!(
+            outcome(&nginx, Mode::Apply, &dnf),
+            (false, "already installed".into())
+        );
+        let gone = package("nginx", Some("absent"));
+        assert_eq!(outcome(&gone, Mode::Apply, &dnf), (true, "removed".into()));
+        assert_eq!(
+            outcome(&gone, Mode::Apply, &dnf),
+            (false, "already absent".into())
+        );
+        assert_eq!(calls(dir.path()), "install -y nginx\nremove -y nginx\n");
+    }
+
+    /// Check mode only: tests never install or remove packages on this host.
     #[test]
     fn check_mode_against_this_host() {
         let Some(manager) = detect() else {
-            // FIXME: a host with neither apt nor dnf only exercises the error path above.
+            // A host with neither: the fakes above cover both managers.
             return;
         };
         // coreutils is installed on every Debian and Red Hat system.

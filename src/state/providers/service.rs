@@ -119,6 +119,7 @@ fn call(systemctl: &Path, action: &str, name: &str) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::fake;
     use super::*;
 
     fn service() -> ServiceResource {
@@ -127,6 +128,116 @@ mod tests {
             state: Some("running".into()),
             enabled: Some(true),
         }
+    }
+
+    /// A systemctl stand-in keeping unit state as marker files in `dir`: `crashy` fails right
+    /// after it starts, `static` cannot be disabled, and systemd knows no unit `missing`.
+    fn fake_systemctl(dir: &Path) -> std::path::PathBuf {
+        let d = dir.display();
+        for state in ["active", "failed", "enabled"] {
+            std::fs::create_dir(dir.join(state)).unwrap();
+        }
+        let body = format!(
+            r#"unit="$2"
+case "$1" in
+is-active)
+  [ -e "{d}/active/$unit" ] && {{ echo active; exit 0; }}
+  [ -e "{d}/failed/$unit" ] && {{ echo failed; exit 3; }}
+  echo inactive; exit 3;;
+is-enabled)
+  [ "$unit" = static ] && {{ echo static; exit 0; }}
+  [ "$unit" = missing ] && {{ echo "Failed to get unit file state for missing.service: No such file or directory" >&2; exit 1; }}
+  [ -e "{d}/enabled/$unit" ] && {{ echo enabled; exit 0; }}
+  echo disabled; exit 1;;
+esac
+echo "$1 $unit" >> "{d}/calls"
+case "$1" in
+start) if [ "$unit" = crashy ]; then touch "{d}/failed/$unit"; else touch "{d}/active/$unit"; fi;;
+stop) rm -f "{d}/active/$unit";;
+enable) touch "{d}/enabled/$unit";;
+disable) rm -f "{d}/enabled/$unit";;
+esac"#
+        );
+        fake::program(dir, "systemctl", &body)
+    }
+
+    fn unit(name: &str, state: &str, enabled: bool) -> ServiceResource {
+        ServiceResource {
+            name: name.into(),
+            state: Some(state.into()),
+            enabled: Some(enabled),
+        }
+    }
+
+    fn calls(dir: &Path) -> String {
+        std::fs::read_to_string(dir.join("calls")).unwrap_or_default()
+    }
+
+    #[test]
+    fn start_enable_then_stop_disable_once_each() {
+        let dir = tempfile::tempdir().unwrap();
+        let systemctl = fake_systemctl(dir.path());
+        let outcome = |service: &ServiceResource, mode| {
+            let report = run_with(service, mode, Some(&systemctl)).unwrap();
+            (report.changed, report.detail)
+        };
+        let up = unit("nginx", "running", true);
+        let change = "inactive -> running; disabled -> enabled".to_string();
+        assert_eq!(outcome(&up, Mode::Check), (true, change.clone()));
+        assert_eq!(calls(dir.path()), "", "check changed something");
+        assert_eq!(outcome(&up, Mode::Apply), (true, change));
+        assert_eq!(
+            outcome(&up, Mode::Apply),
+            (false, "already in state".into())
+        );
+        let down = unit("nginx", "stopped", false);
+        assert_eq!(
+            outcome(&down, Mode::Apply),
+            (true, "active -> stopped; enabled -> disabled".into())
+        );
+        assert_eq!(
+            outcome(&down, Mode::Apply),
+            (false, "already in state".into())
+        );
+        assert_eq!(
+            calls(dir.path()),
+            "start nginx\nenable nginx\nstop nginx\ndisable nginx\n"
+        );
+        // Only what is set is managed: enabled alone never starts the unit.
+        let boot_only = ServiceResource {
+            name: "cron".into(),
+            state: None,
+            enabled: Some(true),
+        };
+        assert_eq!(
+            outcome(&boot_only, Mode::Apply),
+            (true, "disabled -> enabled".into())
+        );
+        assert!(!dir.path().join("active/cron").exists());
+    }
+
+    #[test]
+    fn units_that_do_not_reach_the_state_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let systemctl = fake_systemctl(dir.path());
+        let error = |service: &ServiceResource| {
+            run_with(service, Mode::Apply, Some(&systemctl)).unwrap_err()
+        };
+        assert_eq!(
+            error(&unit("crashy", "running", true)),
+            "systemctl start crashy succeeded but the unit is failed"
+        );
+        assert_eq!(
+            error(&unit("static", "stopped", false)),
+            "systemctl disable static succeeded but the unit is static"
+        );
+        let missing = error(&unit("missing", "stopped", true));
+        assert!(
+            missing.ends_with(
+                "is-enabled missing: exit code 1\nstderr:\nFailed to get unit file state for missing.service: No such file or directory"
+            ),
+            "{missing}"
+        );
     }
 
     #[test]
