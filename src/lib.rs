@@ -23,6 +23,7 @@ pub mod server;
 pub mod state;
 pub mod store;
 pub mod stream;
+pub mod tls;
 
 /// Code generated from proto/svc/v1 (messages, clients, servers).
 pub mod proto {

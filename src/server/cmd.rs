@@ -145,8 +145,10 @@ fn validate(config: &ServerConfig, dev: bool) -> Vec<String> {
     if config.rate_limit.requests_per_second <= 0.0 || config.rate_limit.burst == 0 {
         problems.push("rate_limit: requests_per_second and burst must be positive".into());
     }
-    if !config.tls.cert.is_empty() || !config.tls.key.is_empty() {
-        problems.push("tls: TLS for REST and gRPC is not implemented yet; terminate TLS in front of the server".into());
+    // Reads and parses the files: a missing, unreadable or mismatched file is a problem here
+    // rather than a failure at the first handshake.
+    if let Err(problem) = crate::tls::server_tls(&config.tls) {
+        problems.push(problem);
     }
     if config.store.driver == config::StoreDriver::Postgres && config.store.url.is_empty() {
         problems.push("store.url is required when store.driver is postgres".into());
@@ -235,6 +237,7 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     if !problems.is_empty() {
         return Err(crate::Error::Invalid(problems.join("; ")));
     }
+    let tls = crate::tls::server_tls(&config.tls).map_err(crate::Error::Invalid)?;
     let data_dir = config.data_dir.clone();
     let _ = std::fs::remove_file(data_dir.join(LISTEN_ADDRS_FILE));
     let store = crate::store::open(&config.store, &data_dir)?;
@@ -298,6 +301,7 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
         http: http_listener.local_addr()?,
         grpc: grpc_listener.local_addr()?,
         bus: bus.address.clone(),
+        tls: tls.is_some(),
     };
     let streams = vec![("events", events_log.clone()), ("audit", audit_log.clone())];
     let context = Arc::new(Context::new(config, data_dir.clone(), domain, bus, streams));
@@ -309,18 +313,20 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     let http_task = tokio::spawn(super::http::serve(
         context.clone(),
         http_listener,
+        tls.as_ref().map(|tls| tls.rest.clone()),
         stop.clone(),
     ));
     let grpc_task = tokio::spawn(super::grpc::serve(
         context.clone(),
         grpc_listener,
+        tls.as_ref().map(|tls| tls.grpc.clone()),
         stop.clone(),
     ));
     context.grpc_serving.store(true, Ordering::Relaxed);
 
     let addrs = serde_json::to_vec_pretty(&bound).map_err(crate::Error::internal)?;
     std::fs::write(data_dir.join(LISTEN_ADDRS_FILE), addrs)?;
-    tracing::info!(http = %bound.http, grpc = %bound.grpc, bus = %bound.bus, data_dir = %data_dir.display(), "svc-server started");
+    tracing::info!(http = %bound.http, grpc = %bound.grpc, bus = %bound.bus, tls = bound.tls, data_dir = %data_dir.display(), "svc-server started");
     let started = serde_json::json!({"version": env!("CARGO_PKG_VERSION"), "http": bound.http, "grpc": bound.grpc, "bus": bound.bus});
     context
         .domain

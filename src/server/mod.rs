@@ -11,6 +11,7 @@ mod fleet;
 pub mod grpc;
 mod health;
 pub mod http;
+mod tls;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -94,4 +95,7 @@ pub struct BoundAddrs {
     pub grpc: SocketAddr,
     /// The embedded broker's address, or the external cluster's URLs.
     pub bus: String,
+    /// Whether REST and gRPC serve TLS only (`tls` configured): clients use `https://`.
+    #[serde(default)]
+    pub tls: bool,
 }

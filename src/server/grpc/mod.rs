@@ -23,8 +23,14 @@ use crate::auth::Principal;
 use crate::proto;
 
 /// Serves until `stop` flips, then stops accepting and lets in-flight calls and streams finish
-/// (the caller bounds that with the 30 s grace).
-pub async fn serve(context: Arc<Context>, listener: TcpListener, mut stop: watch::Receiver<bool>) {
+/// (the caller bounds that with the 30 s grace). With `tls`, only connections that completed
+/// a TLS handshake (ALPN h2) are served.
+pub async fn serve(
+    context: Arc<Context>,
+    listener: TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    mut stop: watch::Receiver<bool>,
+) {
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     for name in SERVICE_NAMES {
         health_reporter
@@ -71,10 +77,7 @@ pub async fn serve(context: Arc<Context>, listener: TcpListener, mut stop: watch
             router
         }
     };
-    // Nagle off, as `Server::serve` would do (it ignores the builder's tcp_nodelay with an
-    // incoming stream): with it on, a unary call whose frames span two writes waits for the
-    // peer's delayed ACK, about 40 ms.
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let stop_accepting = stop.clone();
     let shutdown = async move {
         let _ = stop.changed().await;
         for name in SERVICE_NAMES {
@@ -83,10 +86,26 @@ pub async fn serve(context: Arc<Context>, listener: TcpListener, mut stop: watch
                 .await;
         }
     };
-    if let Err(e) = router
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await
-    {
+    // Nagle off on both paths, as `Server::serve` would do (it ignores the builder's
+    // tcp_nodelay with an incoming stream): with it on, a unary call whose frames span two
+    // writes waits for the peer's delayed ACK, about 40 ms. `server::tls::incoming` sets it
+    // on every socket it accepts.
+    let served = match tls {
+        Some(config) => {
+            let incoming = super::tls::incoming(listener, config, "grpc", stop_accepting);
+            router
+                .serve_with_incoming_shutdown(incoming, shutdown)
+                .await
+        }
+        None => {
+            let incoming =
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+            router
+                .serve_with_incoming_shutdown(incoming, shutdown)
+                .await
+        }
+    };
+    if let Err(e) = served {
         tracing::error!(error = %e, "gRPC server failed");
     }
 }

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use futures_util::{Stream, StreamExt};
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
@@ -20,7 +21,8 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use super::Context;
@@ -32,8 +34,55 @@ pub type Body = Full<Bytes>;
 /// How long a client may take to send its request headers before the connection is dropped.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Accepts connections until `stop` flips, then lets in-flight requests finish.
-pub async fn serve(context: Arc<Context>, listener: TcpListener, mut stop: watch::Receiver<bool>) {
+/// Accepts connections until `stop` flips, then lets in-flight requests finish. With `tls`,
+/// only connections that completed a TLS handshake (ALPN http/1.1) are served.
+pub async fn serve(
+    context: Arc<Context>,
+    listener: TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    stop: watch::Receiver<bool>,
+) {
+    match tls {
+        Some(config) => {
+            let incoming = super::tls::incoming(listener, config, "http", stop.clone());
+            serve_connections(context, incoming, stop).await
+        }
+        None => serve_connections(context, plain_incoming(listener), stop).await,
+    }
+}
+
+/// Accepted TCP connections, TCP_NODELAY set; accept errors back off instead of spinning.
+fn plain_incoming(
+    listener: TcpListener,
+) -> impl Stream<Item = std::io::Result<TcpStream>> + Send + Unpin {
+    Box::pin(futures_util::stream::unfold(
+        listener,
+        |listener| async move {
+            loop {
+                match listener.accept().await {
+                    Ok((stream, _)) => {
+                        let _ = stream.set_nodelay(true);
+                        return Some((Ok(stream), listener));
+                    }
+                    Err(e) => {
+                        // Usually EMFILE.
+                        tracing::warn!(error = %e, "http accept failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            }
+        },
+    ))
+}
+
+async fn serve_connections<S, IO>(
+    context: Arc<Context>,
+    mut incoming: S,
+    mut stop: watch::Receiver<bool>,
+) where
+    S: Stream<Item = std::io::Result<IO>> + Unpin,
+    IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
@@ -41,17 +90,12 @@ pub async fn serve(context: Arc<Context>, listener: TcpListener, mut stop: watch
         .header_read_timeout(HEADER_READ_TIMEOUT);
     loop {
         tokio::select! {
-            accepted = listener.accept() => {
-                let (stream, _) = match accepted {
-                    Ok(pair) => pair,
-                    Err(e) => {
-                        // Usually EMFILE: back off instead of spinning.
-                        tracing::warn!(error = %e, "http accept failed");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
+            next = incoming.next() => {
+                let stream = match next {
+                    Some(Ok(stream)) => stream,
+                    Some(Err(_)) => continue,
+                    None => break,
                 };
-                let _ = stream.set_nodelay(true);
                 let context = context.clone();
                 let service = service_fn(move |request| handle(context.clone(), request));
                 let connection = builder.serve_connection(TokioIo::new(stream), service);
@@ -65,7 +109,8 @@ pub async fn serve(context: Arc<Context>, listener: TcpListener, mut stop: watch
             _ = stop.changed() => break,
         }
     }
-    drop(listener);
+    // Stops accepting: the listener (or the TLS accept loop) goes with the stream.
+    drop(incoming);
     graceful.shutdown().await;
 }
 
