@@ -23,6 +23,7 @@ const NON_CONFIG_VARIABLES: &[&str] = &[
     "SVC_API_KEY",
     "SVC_SERVER",
     "SVC_HTTP_URL",
+    "SVC_CA_FILE",
     "SVC_LOG",
     "SVC_BOOTSTRAP_API_KEY",
     "SVC_NATS_URL",

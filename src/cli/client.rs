@@ -1,14 +1,23 @@
 //! Talking to svc-server: a gRPC channel with the API key attached, and a small JSON-over-HTTP
 //! client for the REST routes. Every failure becomes a `CliError` with the contract's code.
+//!
+//! `https://` addresses use TLS (rustls with ring, `crate::tls::client_config`): one
+//! connection per process, made here with tokio-rustls rather than a TLS connector crate,
+//! since each CLI run sends one request (REST) or opens one channel (gRPC). The server's
+//! certificate must chain to `--ca-file`, or to the system's store without it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{header, Method, Request, StatusCode};
+use http::{header, Method, Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::Value;
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
 
 use super::{exit, CliError, Common};
 
@@ -25,12 +34,93 @@ pub async fn grpc_channel(common: &Common) -> Result<tonic::transport::Channel, 
     let endpoint = tonic::transport::Endpoint::from_shared(address.clone())
         .map_err(|e| CliError::usage(format!("invalid --server '{}': {e}", common.server)))?
         .connect_timeout(CONNECT_TIMEOUT);
+    if endpoint.uri().scheme_str() == Some("https") {
+        let config = Arc::new(tls_config(common, crate::tls::ALPN_GRPC)?);
+        let connector = tower::service_fn(move |uri: Uri| {
+            let config = config.clone();
+            async move { connect_tls(&uri, config).await.map(TokioIo::new) }
+        });
+        return endpoint
+            .connect_with_connector(connector)
+            .await
+            .map_err(|e| unreachable(&common.server, &e));
+    }
     endpoint.connect().await.map_err(|e| {
         CliError::new(
             exit::UNREACHABLE,
             format!("cannot reach the server at {}: {e}", common.server),
         )
     })
+}
+
+/// The client TLS configuration for `--ca-file` (or the system's store).
+fn tls_config(common: &Common, alpn: &[u8]) -> Result<rustls::ClientConfig, CliError> {
+    crate::tls::client_config(common.ca_file.as_deref(), alpn)
+        .map_err(|e| CliError::usage(format!("--ca-file: {e}")))
+}
+
+/// Connects to `uri`'s host and port and completes a TLS handshake, verifying the server's
+/// certificate for that host name (or IP address).
+async fn connect_tls(
+    uri: &Uri,
+    config: Arc<rustls::ClientConfig>,
+) -> std::io::Result<TlsStream<TcpStream>> {
+    use std::io::{Error, ErrorKind};
+    let host = uri
+        .host()
+        .ok_or_else(|| Error::new(ErrorKind::InvalidInput, "the address has no host"))?;
+    let port = uri.port_u16().unwrap_or(443);
+    // IPv6 literals keep their brackets in a URI; the certificate check wants the address.
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let name = rustls::pki_types::ServerName::try_from(bare.to_string())
+        .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("'{host}': {e}")))?;
+    let socket = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect((bare, port)))
+        .await
+        .map_err(|_| Error::new(ErrorKind::TimedOut, "connect timed out"))??;
+    let _ = socket.set_nodelay(true);
+    let connector = tokio_rustls::TlsConnector::from(config);
+    connector.connect(name, socket).await.map_err(|e| {
+        match e.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>()) {
+            Some(rustls::Error::InvalidCertificate(reason)) => {
+                use rustls::CertificateError as Why;
+                // Without the issuing CA among the roots, webpki reports whichever root
+                // it tried last; all of these mean "not issued by a CA we trust".
+                let why = match reason {
+                    Why::UnknownIssuer
+                    | Why::BadSignature
+                    | Why::UnsupportedSignatureAlgorithmContext { .. }
+                    | Why::UnsupportedSignatureAlgorithmForPublicKeyContext { .. } => {
+                        "not issued by a CA this client trusts".to_string()
+                    }
+                    other => other.to_string(),
+                };
+                Error::other(format!(
+                    "TLS: the server's certificate is not trusted ({why}); pass --ca-file \
+                     PATH (or set SVC_CA_FILE) with the CA that issued it"
+                ))
+            }
+            Some(other) => Error::other(format!("TLS: {other}")),
+            None => e,
+        }
+    })
+}
+
+/// `cannot reach the server at ADDRESS: CAUSE`, with every cause in the chain.
+fn unreachable(address: &str, error: &dyn std::error::Error) -> CliError {
+    let mut message = format!("cannot reach the server at {address}");
+    let mut last = String::new();
+    let mut cause = Some(error);
+    while let Some(error) = cause {
+        let text = error.to_string();
+        // tonic wraps the cause in errors that only say "transport error".
+        if text != last && text != "transport error" {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        last = text;
+        cause = error.source();
+    }
+    CliError::new(exit::UNREACHABLE, message)
 }
 
 /// Wraps a message in a request carrying `authorization: Bearer KEY`.
@@ -74,21 +164,34 @@ pub async fn http_json(
         .header(header::CONTENT_TYPE, "application/json")
         .body(Full::new(payload))
         .map_err(|e| CliError::usage(format!("invalid --http-url '{}': {e}", common.http_url)))?;
-    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    let response = tokio::time::timeout(REQUEST_TIMEOUT, client.request(request))
-        .await
-        .map_err(|_| {
-            CliError::new(
-                exit::UNREACHABLE,
-                format!("no answer from {url} within {REQUEST_TIMEOUT:?}"),
-            )
-        })?
-        .map_err(|e| {
-            CliError::new(
-                exit::UNREACHABLE,
-                format!("cannot reach the server at {}: {e}", common.http_url),
-            )
-        })?;
+    let response = if request.uri().scheme_str() == Some("https") {
+        let config = Arc::new(tls_config(common, crate::tls::ALPN_REST)?);
+        tokio::time::timeout(REQUEST_TIMEOUT, send_over_tls(request, config))
+            .await
+            .map_err(|_| {
+                CliError::new(
+                    exit::UNREACHABLE,
+                    format!("no answer from {url} within {REQUEST_TIMEOUT:?}"),
+                )
+            })?
+            .map_err(|e| unreachable(&common.http_url, e.as_ref()))?
+    } else {
+        let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+        tokio::time::timeout(REQUEST_TIMEOUT, client.request(request))
+            .await
+            .map_err(|_| {
+                CliError::new(
+                    exit::UNREACHABLE,
+                    format!("no answer from {url} within {REQUEST_TIMEOUT:?}"),
+                )
+            })?
+            .map_err(|e| {
+                CliError::new(
+                    exit::UNREACHABLE,
+                    format!("cannot reach the server at {}: {e}", common.http_url),
+                )
+            })?
+    };
     let status = response.status();
     let bytes = response
         .into_body()
@@ -114,4 +217,31 @@ pub async fn http_json(
         _ => exit::FAILED,
     };
     Err(CliError::new(code, message))
+}
+
+/// Sends one request over its own TLS connection (HTTP/1.1), in origin form with `Host`, as
+/// the pooled client does for plain HTTP.
+async fn send_over_tls(
+    mut request: Request<Full<Bytes>>,
+    config: Arc<rustls::ClientConfig>,
+) -> Result<Response<Incoming>, Box<dyn std::error::Error + Send + Sync>> {
+    let stream = connect_tls(request.uri(), config).await?;
+    if let Some(authority) = request.uri().authority() {
+        let host = header::HeaderValue::from_str(authority.as_str())?;
+        request.headers_mut().insert(header::HOST, host);
+    }
+    let origin_form = request
+        .uri()
+        .path_and_query()
+        .map_or("/", |path| path.as_str())
+        .parse()?;
+    *request.uri_mut() = origin_form;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!(error = %e, "https connection ended with an error");
+        }
+    });
+    Ok(sender.send_request(request).await?)
 }

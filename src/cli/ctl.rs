@@ -76,6 +76,9 @@ fn common_flags(common: &Common) -> Vec<String> {
     if let Some(key) = &common.api_key {
         flags.extend(["--api-key".into(), key.clone()]);
     }
+    if let Some(path) = &common.ca_file {
+        flags.extend(["--ca-file".into(), path.display().to_string()]);
+    }
     if common.output == Output::Json {
         flags.extend(["-o".into(), "json".into()]);
     }

@@ -1,7 +1,7 @@
 //! The command-line clients: one file per CLI, sharing one core (this file, `client.rs`,
 //! `output.rs`): common flags, exit codes (contract §1), and error mapping.
 //!
-//! Common flags (`--server`, `--http-url`, `--api-key`, `-o`) are taken out of the arguments
+//! Common flags (`--server`, `--http-url`, `--api-key`, `--ca-file`, `-o`) are taken out of the arguments
 //! here, before a CLI's own parser sees them, so they work at any position
 //! (`svcctl -o json apikey list` and `svcctl apikey list -o json`) without every subcommand
 //! declaring them again.
@@ -18,6 +18,7 @@ pub mod policy;
 pub mod secrets;
 
 use std::fmt;
+use std::path::PathBuf;
 
 use argh::FromArgs;
 
@@ -82,19 +83,25 @@ impl From<tonic::Status> for CliError {
 /// The flags every client CLI shares, after environment defaults.
 #[derive(Clone, Debug)]
 pub struct Common {
-    /// gRPC address, host:port.
+    /// gRPC address: host:port (plain), or `http://` / `https://` with host:port.
     pub server: String,
-    /// REST base URL.
+    /// REST base URL, `http://` or `https://`.
     pub http_url: String,
     pub api_key: Option<String>,
+    /// PEM CA bundle to trust for `https://` instead of the system's store.
+    pub ca_file: Option<PathBuf>,
     pub output: Output,
 }
 
 pub const COMMON_HELP: &str = "\
 Common options:
-  --server HOST:PORT   gRPC address of svc-server (env SVC_SERVER, default localhost:5397)
-  --http-url URL       REST address of svc-server (env SVC_HTTP_URL, default http://localhost:8080)
+  --server HOST:PORT   gRPC address of svc-server (env SVC_SERVER, default localhost:5397);
+                       https://HOST:PORT when the server has TLS
+  --http-url URL       REST address of svc-server (env SVC_HTTP_URL, default http://localhost:8080);
+                       https://HOST:PORT when the server has TLS
   --api-key KEY        API key (env SVC_API_KEY)
+  --ca-file PATH       PEM CA bundle to trust for https:// (env SVC_CA_FILE; default: the
+                       system's CA store), e.g. for a self-signed or internal CA
   -o, --output FORMAT  table (default) or json
   -h, --help           show help;  -v, --version  show the version";
 
@@ -104,6 +111,9 @@ pub fn take_common(args: &mut Vec<String>) -> Result<Common, CliError> {
         server: std::env::var("SVC_SERVER").unwrap_or_else(|_| "localhost:5397".into()),
         http_url: std::env::var("SVC_HTTP_URL").unwrap_or_else(|_| "http://localhost:8080".into()),
         api_key: std::env::var("SVC_API_KEY").ok().filter(|k| !k.is_empty()),
+        ca_file: std::env::var_os("SVC_CA_FILE")
+            .filter(|path| !path.is_empty())
+            .map(PathBuf::from),
         output: Output::Table,
     };
     let mut kept = Vec::with_capacity(args.len());
@@ -124,6 +134,7 @@ pub fn take_common(args: &mut Vec<String>) -> Result<Common, CliError> {
             "--server" => "server",
             "--http-url" => "http-url",
             "--api-key" => "api-key",
+            "--ca-file" => "ca-file",
             "-o" | "--output" => "output",
             _ => {
                 kept.push(arg);
@@ -138,6 +149,7 @@ pub fn take_common(args: &mut Vec<String>) -> Result<Common, CliError> {
             "server" => common.server = value,
             "http-url" => common.http_url = value,
             "api-key" => common.api_key = Some(value),
+            "ca-file" => common.ca_file = Some(PathBuf::from(value)),
             _ => common.output = value.parse()?,
         }
     }
@@ -270,6 +282,7 @@ mod tests {
             "--api-key=k",
             "--server",
             "h:1",
+            "--ca-file=/etc/ca.pem",
             "--",
             "-o",
             "x",
@@ -279,6 +292,7 @@ mod tests {
         assert_eq!(common.output, Output::Json);
         assert_eq!(common.api_key.as_deref(), Some("k"));
         assert_eq!(common.server, "h:1");
+        assert_eq!(common.ca_file, Some(PathBuf::from("/etc/ca.pem")));
     }
 
     #[test]
