@@ -6,6 +6,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
@@ -81,6 +82,10 @@ pub struct TestServer {
     /// `nats://host:port` of the embedded broker (or the external URLs).
     pub bus: String,
     pub admin_key: String,
+    /// Set when the server serves TLS (`tls` in listen-addrs.json): the client configuration
+    /// trusting `Options::ca_file`, used by `request` and the readiness probe.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+    ca_file: Option<PathBuf>,
     _temp: tempfile::TempDir,
     child: Option<Child>,
     log_file: PathBuf,
@@ -90,6 +95,8 @@ pub struct TestServer {
 pub struct Options {
     pub env: Vec<(String, String)>,
     pub config_yaml: String,
+    /// The CA to trust when `config_yaml` turns TLS on.
+    pub ca_file: Option<PathBuf>,
 }
 
 pub fn random_master_key() -> String {
@@ -121,6 +128,8 @@ impl TestServer {
             grpc: "127.0.0.1:1".parse().unwrap(),
             bus: String::new(),
             admin_key: String::new(),
+            tls: None,
+            ca_file: options.ca_file.clone(),
             log_file: temp.path().join("server.log"),
             _temp: temp,
             child: None,
@@ -159,9 +168,23 @@ impl TestServer {
                     self.http = addrs["http"].as_str().unwrap().parse().unwrap();
                     self.grpc = addrs["grpc"].as_str().unwrap().parse().unwrap();
                     self.bus = addrs["bus"].as_str().unwrap_or_default().to_string();
-                    if http_request(self.http, "GET", "/health/ready", &[], None)
-                        .map(|r| r.status == 200)
-                        .unwrap_or(false)
+                    self.tls = addrs["tls"].as_bool().unwrap_or(false).then(|| {
+                        tls_client(
+                            self.ca_file
+                                .as_deref()
+                                .expect("Options::ca_file for a TLS server"),
+                        )
+                    });
+                    if http_request_over(
+                        self.http,
+                        self.tls.as_ref(),
+                        "GET",
+                        "/health/ready",
+                        &[],
+                        None,
+                    )
+                    .map(|r| r.status == 200)
+                    .unwrap_or(false)
                     {
                         return;
                     }
@@ -207,7 +230,16 @@ impl TestServer {
     }
 
     pub fn http_url(&self) -> String {
-        format!("http://{}", self.http)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.http)
+    }
+
+    /// The gRPC address as CLIs take it (`--server`): host:port, or https://host:port.
+    pub fn grpc_address(&self) -> String {
+        match self.tls {
+            Some(_) => format!("https://{}", self.grpc),
+            None => self.grpc.to_string(),
+        }
     }
 
     /// A CLI command with the server's addresses in its environment (no API key).
@@ -215,7 +247,7 @@ impl TestServer {
         let mut command = self.names.command(name);
         command
             .env("SVC_HTTP_URL", self.http_url())
-            .env("SVC_SERVER", self.grpc.to_string());
+            .env("SVC_SERVER", self.grpc_address());
         command
     }
 
@@ -230,8 +262,15 @@ impl TestServer {
         let auth = key.map(|k| format!("Bearer {k}"));
         let headers: Vec<(&str, &str)> =
             auth.iter().map(|a| ("Authorization", a.as_str())).collect();
-        http_request(self.http, method, path, &headers, body.map(str::as_bytes))
-            .expect("HTTP request")
+        http_request_over(
+            self.http,
+            self.tls.as_ref(),
+            method,
+            path,
+            &headers,
+            body.map(str::as_bytes),
+        )
+        .expect("HTTP request")
     }
 
     /// Creates a key through REST as the admin; returns (id, key).
@@ -280,6 +319,24 @@ impl HttpResponse {
     }
 }
 
+/// A client configuration (ring) trusting the PEM CA certificates in `ca_file`.
+pub fn tls_client(ca_file: &Path) -> Arc<rustls::ClientConfig> {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for certificate in rustls::pki_types::CertificateDer::pem_file_iter(ca_file).unwrap() {
+        roots.add(certificate.unwrap()).unwrap();
+    }
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Arc::new(config)
+}
+
 /// A minimal HTTP/1.1 client (Connection: close) so tests see exactly what goes on the wire.
 pub fn http_request(
     addr: SocketAddr,
@@ -288,8 +345,40 @@ pub fn http_request(
     headers: &[(&str, &str)],
     body: Option<&[u8]>,
 ) -> std::io::Result<HttpResponse> {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    http_request_over(addr, None, method, path, headers, body)
+}
+
+/// `http_request`, over TLS (to the IP address in `addr`) when `tls` is given.
+pub fn http_request_over(
+    addr: SocketAddr,
+    tls: Option<&Arc<rustls::ClientConfig>>,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&[u8]>,
+) -> std::io::Result<HttpResponse> {
+    let socket = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    socket.set_read_timeout(Some(Duration::from_secs(30)))?;
+    match tls {
+        None => exchange(socket, addr, method, path, headers, body),
+        Some(config) => {
+            let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
+            let connection = rustls::ClientConnection::new(config.clone(), name)
+                .map_err(std::io::Error::other)?;
+            let stream = rustls::StreamOwned::new(connection, socket);
+            exchange(stream, addr, method, path, headers, body)
+        }
+    }
+}
+
+fn exchange(
+    mut stream: impl Read + Write,
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&[u8]>,
+) -> std::io::Result<HttpResponse> {
     let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
     for (name, value) in headers {
         request.push_str(&format!("{name}: {value}\r\n"));
