@@ -105,10 +105,38 @@ fn prepare_process(is_daemon: bool) {
         }
     } else {
         // A CLI piped into `head` should end quietly, as coreutils do, not panic on EPIPE.
-        // Daemons keep Rust's default (ignored), so a closed socket is an error, not a kill.
-        // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+        // But SIGPIPE also comes from a socket whose peer hung up (a plain client talking to
+        // a TLS port), and that must be an error with a message, not a silent death. So the
+        // handler dies only when stdout is the broken pipe. Daemons keep Rust's default
+        // (ignored), so a closed socket is an error there too.
+        // SAFETY: installing a handler before any thread starts; the handler only makes
+        // async-signal-safe calls.
         unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = on_sigpipe as extern "C" fn(libc::c_int) as libc::sighandler_t;
+            action.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut action.sa_mask);
+            libc::sigaction(libc::SIGPIPE, &action, std::ptr::null_mut());
+        }
+    }
+}
+
+/// SIGPIPE in a CLI: die of it, as before, when stdout's reader went away (a pipe reports
+/// POLLERR on its write end once no reader is left); otherwise return, and the write that
+/// raised it fails with EPIPE like any other I/O error.
+extern "C" fn on_sigpipe(_: libc::c_int) {
+    let mut stdout = libc::pollfd {
+        fd: libc::STDOUT_FILENO,
+        events: 0,
+        revents: 0,
+    };
+    // SAFETY: poll, signal and raise are async-signal-safe; the pollfd lives on this stack.
+    // SIGPIPE is blocked while this handler runs, so the raised one is delivered, with the
+    // default disposition, as soon as it returns.
+    unsafe {
+        if libc::poll(&mut stdout, 1, 0) == 1 && stdout.revents & libc::POLLERR != 0 {
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+            libc::raise(libc::SIGPIPE);
         }
     }
 }

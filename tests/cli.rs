@@ -203,3 +203,43 @@ fn cli_reports_unreachable_server_with_exit_3() {
     ]));
     assert_eq!(exec.code, 3, "{exec:?}");
 }
+
+/// `svcctl ... | head` ends the CLI quietly, killed by SIGPIPE as coreutils are, with no
+/// panic on stderr; a server that hangs up is a different SIGPIPE (tests/tls.rs).
+#[test]
+fn a_closed_stdout_ends_the_cli_quietly() {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    let names = Names::new();
+    let dir = tempfile::tempdir().unwrap();
+    // More than a pipe holds (64 KiB), so the CLI is still writing when the reader goes.
+    let content = "x".repeat(300 * 1024);
+    let file = dir.path().join("big.yaml");
+    std::fs::write(
+        &file,
+        format!("- file: {{path: /tmp/big, content: {content}}}\n"),
+    )
+    .unwrap();
+    let mut child = names
+        .command("svcctl")
+        .args(["-o", "json", "state", "compile"])
+        .arg(&file)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut head = [0u8; 10];
+    stdout.read_exact(&mut head).unwrap();
+    drop(stdout);
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.signal(), Some(libc::SIGPIPE), "{status:?} {stderr}");
+    assert_eq!(stderr, "");
+}

@@ -75,6 +75,16 @@ impl From<tonic::Status> for CliError {
                 format!("cannot reach the server: {message}"),
             ),
             Code::Unimplemented => CliError::failed(format!("Unimplemented: {message}")),
+            // Made here, not by the server (only a local transport failure carries a source):
+            // the connection itself broke, typically a plain client talking to a TLS port,
+            // whose server hangs up on the first bytes.
+            _ if std::error::Error::source(&status).is_some() => CliError::new(
+                exit::UNREACHABLE,
+                format!(
+                    "the connection to the server failed ({message}); if the server uses TLS, \
+                     give --server as https://HOST:PORT"
+                ),
+            ),
             _ => CliError::failed(message),
         }
     }
