@@ -1,11 +1,11 @@
-//! rustls configurations for the REST and gRPC listeners (`tls: {cert, key}`) and for the
-//! clients that reach them over `https://`.
+//! rustls configurations for the REST and gRPC listeners (`tls: {cert, key}`), the embedded
+//! bus listener (`bus.tls: {cert, key}`), and the clients that reach them: `https://` CLIs,
+//! agents on `tls://`, and the server's own bus client.
 //!
-//! Owns PEM loading and the choice of crypto provider: ring, always, passed explicitly so
-//! nothing depends on a process-wide default (and aws-lc-rs never enters the build). No
-//! sockets here: the server's per-connection handshakes are in `server::tls`, the clients'
-//! in `cli::client`. The embedded bus has its own TLS settings (`bus::broker::BrokerConfig`);
-//! this module does not configure it.
+//! Owns PEM loading, the messages that name a bad key or file, and the choice of crypto
+//! provider: ring, always, passed explicitly so nothing depends on a process-wide default (and
+//! aws-lc-rs never enters the build). No sockets here: the server's per-connection handshakes
+//! are in `server::tls` and `bus::broker`, the clients' in `cli::client` and async-nats.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -34,35 +34,9 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 /// Loads `tls.cert` and `tls.key`: `Ok(None)` when both are empty (plain TCP), an error naming
 /// the key and the file otherwise. Used by `--check-config` and at start-up alike.
 pub fn server_tls(config: &TlsConfig) -> Result<Option<ServerTls>, String> {
-    let (cert_path, key_path) = match (config.cert.is_empty(), config.key.is_empty()) {
-        (true, true) => return Ok(None),
-        (false, true) => {
-            return Err("tls.key is missing: tls.cert is set, and TLS needs both".into())
-        }
-        (true, false) => {
-            return Err("tls.cert is missing: tls.key is set, and TLS needs both".into())
-        }
-        (false, false) => (Path::new(&config.cert), Path::new(&config.key)),
+    let Some((config, _)) = load_server_config(config, "tls")? else {
+        return Ok(None);
     };
-    let chain = load_certificates(cert_path).map_err(|e| format!("tls.cert: {e}"))?;
-    let key = load_private_key(key_path).map_err(|e| format!("tls.key: {e}"))?;
-    let config = rustls::ServerConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .expect("ring supports the default protocol versions")
-        .with_no_client_auth()
-        .with_single_cert(chain, key)
-        .map_err(|e| match e {
-            rustls::Error::InconsistentKeys(_) => format!(
-                "tls.key: {} does not match the certificate in {}",
-                key_path.display(),
-                cert_path.display()
-            ),
-            other => format!(
-                "tls: cannot use {} with {}: {other}",
-                cert_path.display(),
-                key_path.display()
-            ),
-        })?;
     let with_alpn = |protocol: &[u8]| {
         let mut config = config.clone();
         config.alpn_protocols = vec![protocol.to_vec()];
@@ -74,9 +48,78 @@ pub fn server_tls(config: &TlsConfig) -> Result<Option<ServerTls>, String> {
     }))
 }
 
+/// The embedded bus listener's TLS (`bus.tls`): the broker's configuration (no ALPN: NATS
+/// clients offer none) and the leaf certificate, which the server's own bus client pins.
+#[derive(Clone)]
+pub struct BusTls {
+    pub server: Arc<rustls::ServerConfig>,
+    pub certificate: CertificateDer<'static>,
+}
+
+/// Loads `bus.tls.cert` and `bus.tls.key` like [`server_tls`] does `tls`: `Ok(None)` when both
+/// are empty, an error naming `bus.tls.*` and the file otherwise.
+pub fn bus_server_tls(config: &TlsConfig) -> Result<Option<BusTls>, String> {
+    Ok(
+        load_server_config(config, "bus.tls")?.map(|(server, certificate)| BusTls {
+            server: Arc::new(server),
+            certificate,
+        }),
+    )
+}
+
+/// The certificate chain and key of a `{cert, key}` section named `section`, as a server
+/// configuration without ALPN, and its leaf certificate.
+fn load_server_config(
+    config: &TlsConfig,
+    section: &str,
+) -> Result<Option<(rustls::ServerConfig, CertificateDer<'static>)>, String> {
+    let (cert_path, key_path) = match (config.cert.is_empty(), config.key.is_empty()) {
+        (true, true) => return Ok(None),
+        (false, true) => {
+            return Err(format!(
+                "{section}.key is missing: {section}.cert is set, and TLS needs both"
+            ))
+        }
+        (true, false) => {
+            return Err(format!(
+                "{section}.cert is missing: {section}.key is set, and TLS needs both"
+            ))
+        }
+        (false, false) => (Path::new(&config.cert), Path::new(&config.key)),
+    };
+    let chain = load_certificates(cert_path).map_err(|e| format!("{section}.cert: {e}"))?;
+    let key = load_private_key(key_path).map_err(|e| format!("{section}.key: {e}"))?;
+    let leaf = chain[0].clone();
+    let config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default protocol versions")
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .map_err(|e| match e {
+            rustls::Error::InconsistentKeys(_) => format!(
+                "{section}.key: {} does not match the certificate in {}",
+                key_path.display(),
+                cert_path.display()
+            ),
+            other => format!(
+                "{section}: cannot use {} with {}: {other}",
+                cert_path.display(),
+                key_path.display()
+            ),
+        })?;
+    Ok(Some((config, leaf)))
+}
+
 /// A client configuration trusting the PEM bundle `ca_file`, or the system's store without
 /// one, and offering `alpn`. Only a bad `ca_file` is an error.
 pub fn client_config(ca_file: Option<&Path>, alpn: &[u8]) -> Result<rustls::ClientConfig, String> {
+    let mut config = bus_client_config(ca_file)?;
+    config.alpn_protocols = vec![alpn.to_vec()];
+    Ok(config)
+}
+
+/// [`client_config`] without ALPN, for `tls://` bus connections (agents).
+pub fn bus_client_config(ca_file: Option<&Path>) -> Result<rustls::ClientConfig, String> {
     let mut roots = rustls::RootCertStore::empty();
     match ca_file {
         Some(path) => {
@@ -96,13 +139,111 @@ pub fn client_config(ca_file: Option<&Path>, alpn: &[u8]) -> Result<rustls::Clie
             roots.add_parsable_certificates(found.certs);
         }
     }
-    let mut config = rustls::ClientConfig::builder_with_provider(provider())
+    Ok(rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .expect("ring supports the default protocol versions")
         .with_root_certificates(roots)
-        .with_no_client_auth();
-    config.alpn_protocols = vec![alpn.to_vec()];
-    Ok(config)
+        .with_no_client_auth())
+}
+
+/// A client configuration that trusts exactly one certificate, `leaf`, whatever name or
+/// address it is reached at: the server's own bus client, which connects to its embedded
+/// broker at the bound address (0.0.0.0 or a wildcard, for which no certificate has a name)
+/// and knows the certificate it serves. The handshake signature is still verified against
+/// that certificate's key, so only a peer holding the configured private key passes.
+pub fn pinned_client_config(leaf: CertificateDer<'static>) -> rustls::ClientConfig {
+    let provider = provider();
+    let verifier = PinnedCertificate {
+        leaf,
+        algorithms: provider.signature_verification_algorithms,
+    };
+    rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default protocol versions")
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(verifier))
+        .with_no_client_auth()
+}
+
+/// Accepts a server whose end-entity certificate is byte for byte `leaf` and whose handshake
+/// is signed by its key. No expiry check: the server pins the certificate it is serving
+/// itself, which it has just loaded; an expired one fails for other clients, not for it.
+#[derive(Debug)]
+struct PinnedCertificate {
+    leaf: CertificateDer<'static>,
+    algorithms: rustls::crypto::WebPkiSupportedAlgorithms,
+}
+
+impl rustls::client::danger::ServerCertVerifier for PinnedCertificate {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        if end_entity.as_ref() == self.leaf.as_ref() {
+            Ok(rustls::client::danger::ServerCertVerified::assertion())
+        } else {
+            Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::ApplicationVerificationFailure,
+            ))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        certificate: &CertificateDer<'_>,
+        signature: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, certificate, signature, &self.algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        certificate: &CertificateDer<'_>,
+        signature: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, certificate, signature, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.algorithms.supported_schemes()
+    }
+}
+
+/// When `error` (or any error in its chain) is a server certificate this client does not
+/// trust, says why in a line for people; None for every other error.
+pub fn untrusted_certificate(error: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut cause = Some(error);
+    while let Some(error) = cause {
+        // io::Error hides the error it wraps from `source()`; look inside it too.
+        let wrapped = error
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>());
+        if let Some(rustls::Error::InvalidCertificate(reason)) =
+            wrapped.or_else(|| error.downcast_ref::<rustls::Error>())
+        {
+            use rustls::CertificateError as Why;
+            // Without the issuing CA among the roots, webpki reports whichever root it tried
+            // last; all of these mean "not issued by a CA we trust".
+            return Some(match reason {
+                Why::UnknownIssuer
+                | Why::BadSignature
+                | Why::UnsupportedSignatureAlgorithmContext { .. }
+                | Why::UnsupportedSignatureAlgorithmForPublicKeyContext { .. } => {
+                    "not issued by a CA this client trusts".to_string()
+                }
+                other => other.to_string(),
+            });
+        }
+        cause = error.source();
+    }
+    None
 }
 
 /// Every certificate in a PEM file; an error (naming the file) if there is none.
@@ -210,6 +351,50 @@ mod tests {
                 assert!(message.contains(part), "{part:?} not in {message:?}");
             }
         }
+    }
+
+    #[test]
+    fn bus_tls_names_its_own_keys_and_keeps_the_leaf() {
+        let files = Files::new();
+        let (cert_pem, key_pem) = certified();
+        let cert = files.write("cert.pem", &cert_pem);
+        let key = files.write("key.pem", &key_pem);
+        assert!(bus_server_tls(&tls("", "")).unwrap().is_none());
+        let loaded = bus_server_tls(&tls(&cert, &key)).unwrap().unwrap();
+        assert!(loaded.server.alpn_protocols.is_empty());
+        assert_eq!(
+            loaded.certificate,
+            load_certificates(Path::new(&cert)).unwrap()[0]
+        );
+        let cases = [
+            (tls(&cert, ""), "bus.tls.key is missing"),
+            (tls("", &key), "bus.tls.cert is missing"),
+            (tls(&key, &key), "bus.tls.cert:"),
+            (tls(&cert, &cert), "bus.tls.key:"),
+        ];
+        for (config, expected) in cases {
+            let message = bus_server_tls(&config).err().expect("refused");
+            assert!(message.starts_with(expected), "{expected:?}: {message:?}");
+        }
+    }
+
+    #[test]
+    fn the_pinned_verifier_accepts_only_its_certificate() {
+        use rustls::client::danger::ServerCertVerifier;
+        let pinned = CertificateDer::from_pem_slice(certified().0.as_bytes()).unwrap();
+        let other = CertificateDer::from_pem_slice(certified().0.as_bytes()).unwrap();
+        let verifier = PinnedCertificate {
+            leaf: pinned.clone(),
+            algorithms: provider().signature_verification_algorithms,
+        };
+        let name = rustls::pki_types::ServerName::try_from("0.0.0.0").unwrap();
+        let now = rustls::pki_types::UnixTime::now();
+        assert!(verifier
+            .verify_server_cert(&pinned, &[], &name, &[], now)
+            .is_ok());
+        assert!(verifier
+            .verify_server_cert(&other, &[pinned], &name, &[], now)
+            .is_err());
     }
 
     #[test]

@@ -80,25 +80,13 @@ async fn connect_tls(
     let _ = socket.set_nodelay(true);
     let connector = tokio_rustls::TlsConnector::from(config);
     connector.connect(name, socket).await.map_err(|e| {
+        if let Some(why) = crate::tls::untrusted_certificate(&e) {
+            return Error::other(format!(
+                "TLS: the server's certificate is not trusted ({why}); pass --ca-file \
+                 PATH (or set SVC_CA_FILE) with the CA that issued it"
+            ));
+        }
         match e.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>()) {
-            Some(rustls::Error::InvalidCertificate(reason)) => {
-                use rustls::CertificateError as Why;
-                // Without the issuing CA among the roots, webpki reports whichever root
-                // it tried last; all of these mean "not issued by a CA we trust".
-                let why = match reason {
-                    Why::UnknownIssuer
-                    | Why::BadSignature
-                    | Why::UnsupportedSignatureAlgorithmContext { .. }
-                    | Why::UnsupportedSignatureAlgorithmForPublicKeyContext { .. } => {
-                        "not issued by a CA this client trusts".to_string()
-                    }
-                    other => other.to_string(),
-                };
-                Error::other(format!(
-                    "TLS: the server's certificate is not trusted ({why}); pass --ca-file \
-                     PATH (or set SVC_CA_FILE) with the CA that issued it"
-                ))
-            }
             Some(other) => Error::other(format!("TLS: {other}")),
             None => e,
         }
