@@ -206,6 +206,9 @@ pub struct BusConfig {
     /// Token the server presents to an external cluster (ignored for the embedded broker,
     /// where the server uses an internal credential made at start).
     pub external_token: Secret,
+    /// PEM certificate chain and key for the embedded broker's listener: both set, every
+    /// client must use TLS. Not for `external_urls` (that cluster has its own settings).
+    pub tls: TlsConfig,
 }
 
 impl Default for BusConfig {
@@ -214,6 +217,7 @@ impl Default for BusConfig {
             external_urls: Vec::new(),
             max_payload: 1024 * 1024,
             external_token: Secret::default(),
+            tls: TlsConfig::default(),
         }
     }
 }
@@ -311,12 +315,16 @@ impl Default for AgentSection {
 #[serde(deny_unknown_fields, default)]
 pub struct NatsSection {
     pub urls: Vec<String>,
+    /// PEM CA bundle that issued the bus's TLS certificate (`bus.tls` on the server); empty:
+    /// the system's CA store. Set, or a `tls://` URL, makes TLS required.
+    pub ca_file: String,
 }
 
 impl Default for NatsSection {
     fn default() -> Self {
         NatsSection {
             urls: vec!["nats://127.0.0.1:4222".into()],
+            ca_file: String::new(),
         }
     }
 }
@@ -649,6 +657,7 @@ mod tests {
                 ("SVC_LISTEN__GRPC", "127.0.0.1:1"),
                 ("SVC_RATE_LIMIT__BURST", "7"),
                 ("SVC_BUS__EXTERNAL_URLS", "nats://a:4222, nats://b:4222"),
+                ("SVC_BUS__TLS__CERT", "/etc/svc/bus.pem"),
                 ("SVC_HMACSECRET", "12345"),
                 ("SVC_API_KEY", "ignored"),
                 ("SVC_AGENT__ID", "belongs-to-the-agent"),
@@ -660,6 +669,7 @@ mod tests {
         assert_eq!(config.listen.grpc, "127.0.0.1:1");
         assert_eq!(config.rate_limit.burst, 7);
         assert_eq!(config.bus.external_urls, ["nats://a:4222", "nats://b:4222"]);
+        assert_eq!(config.bus.tls.cert, "/etc/svc/bus.pem");
         assert_eq!(config.hmacsecret.expose(), "12345");
         assert!(loaded.explicit.get("listen").is_some());
     }
@@ -708,12 +718,14 @@ mod tests {
             Some(file.path()),
             &env(&[
                 ("SVC_AGENT__LABELS__ENV", "prod"),
+                ("SVC_NATS__CA_FILE", "/etc/svc/bus-ca.pem"),
                 ("SVC_LISTEN__HTTP", "x"),
             ]),
         )
         .unwrap();
         assert_eq!(loaded.config.agent.labels["role"], "web");
         assert_eq!(loaded.config.agent.labels["env"], "prod");
+        assert_eq!(loaded.config.nats.ca_file, "/etc/svc/bus-ca.pem");
         assert_eq!(
             loaded.config.agent.heartbeat_interval.0,
             Duration::from_secs(10)

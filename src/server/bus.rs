@@ -1,6 +1,10 @@
 //! The server's side of the bus: the embedded broker (or an external NATS cluster), the
 //! API-key authenticator, and the server's own client, which subsystems use exactly as they
 //! would against an external cluster.
+//!
+//! With `bus.tls` the embedded broker requires TLS from every client (INFO `tls_required`),
+//! and the server's own client connects over `tls://` trusting exactly the certificate the
+//! broker serves (`crate::tls::pinned_client_config`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -122,29 +126,39 @@ impl Bus {
     }
 }
 
-/// Starts the embedded broker on `listener` (or uses `bus.external_urls`), connects the
-/// server's client, and installs the live event fan-out.
+/// The embedded broker's bound listener and, with `bus.tls`, its TLS.
+pub struct EmbeddedListener {
+    pub listener: TcpListener,
+    pub tls: Option<crate::tls::BusTls>,
+}
+
+/// Starts the embedded broker on `embedded` (or, without it, uses `bus.external_urls`),
+/// connects the server's client, and installs the live event fan-out.
 pub async fn start(
     config: &ServerConfig,
     domain: &Domain,
-    listener: Option<TcpListener>,
+    embedded: Option<EmbeddedListener>,
 ) -> Result<Bus> {
     let connected = Arc::new(AtomicBool::new(false));
-    let (broker, urls, token) = match listener {
-        Some(listener) => {
+    let mut pinned_certificate = None;
+    let (broker, urls, token) = match embedded {
+        Some(EmbeddedListener { listener, tls }) => {
             let internal_token = crate::ids::random_base62(48);
             let authenticator = ApiKeyAuthenticator {
                 store: domain.store.clone(),
                 internal_token: internal_token.clone(),
             };
+            let scheme = if tls.is_some() { "tls" } else { "nats" };
             let broker_config = BrokerConfig {
                 max_payload: config.bus.max_payload as usize,
+                tls: tls.as_ref().map(|tls| tls.server.clone()),
                 ..BrokerConfig::default()
             };
+            pinned_certificate = tls.map(|tls| tls.certificate);
             let broker = Broker::start(broker_config, Arc::new(authenticator), listener)
                 .await
                 .map_err(|e| Error::Unavailable(format!("bus broker: {e}")))?;
-            let url = format!("nats://{}", broker.local_addr());
+            let url = format!("{scheme}://{}", broker.local_addr());
             (Some(broker), vec![url], Some(internal_token))
         }
         None => {
@@ -170,6 +184,11 @@ pub async fn start(
         });
     if let Some(token) = token {
         options = options.token(token);
+    }
+    if let Some(certificate) = pinned_certificate {
+        options = options
+            .require_tls(true)
+            .tls_client_config(crate::tls::pinned_client_config(certificate));
     }
     let client = tokio::time::timeout(Duration::from_secs(10), options.connect(urls.clone()))
         .await

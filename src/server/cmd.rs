@@ -150,6 +150,16 @@ fn validate(config: &ServerConfig, dev: bool) -> Vec<String> {
     if let Err(problem) = crate::tls::server_tls(&config.tls) {
         problems.push(problem);
     }
+    let has_bus_tls = !config.bus.tls.cert.is_empty() || !config.bus.tls.key.is_empty();
+    if has_bus_tls && !config.bus.external_urls.is_empty() {
+        problems.push(
+            "bus.tls configures the embedded broker's listener, which does not run when \
+             bus.external_urls is set: configure TLS on that cluster and use tls:// URLs"
+                .into(),
+        );
+    } else if let Err(problem) = crate::tls::bus_server_tls(&config.bus.tls) {
+        problems.push(problem);
+    }
     if config.store.driver == config::StoreDriver::Postgres && config.store.url.is_empty() {
         problems.push("store.url is required when store.driver is postgres".into());
     }
@@ -238,6 +248,7 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
         return Err(crate::Error::Invalid(problems.join("; ")));
     }
     let tls = crate::tls::server_tls(&config.tls).map_err(crate::Error::Invalid)?;
+    let bus_tls = crate::tls::bus_server_tls(&config.bus.tls).map_err(crate::Error::Invalid)?;
     let data_dir = config.data_dir.clone();
     let _ = std::fs::remove_file(data_dir.join(LISTEN_ADDRS_FILE));
     let store = crate::store::open(&config.store, &data_dir)?;
@@ -292,7 +303,10 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     let http_listener = bind(&config.listen.http, "listen.http").await?;
     let grpc_listener = bind(&config.listen.grpc, "listen.grpc").await?;
     let bus_listener = if config.bus.external_urls.is_empty() {
-        Some(bind(&config.listen.bus, "listen.bus").await?)
+        Some(super::bus::EmbeddedListener {
+            listener: bind(&config.listen.bus, "listen.bus").await?,
+            tls: bus_tls,
+        })
     } else {
         None
     };

@@ -93,7 +93,8 @@ impl Context {
 pub struct BoundAddrs {
     pub http: SocketAddr,
     pub grpc: SocketAddr,
-    /// The embedded broker's address, or the external cluster's URLs.
+    /// The embedded broker's URL (`tls://` with `bus.tls`, else `nats://`), or the external
+    /// cluster's URLs.
     pub bus: String,
     /// Whether REST and gRPC serve TLS only (`tls` configured): clients use `https://`.
     #[serde(default)]
