@@ -2,6 +2,9 @@
 //! `svc.enroll` over an anonymous bus connection, and writes what comes back: key.pem (0600),
 //! cert.pem and ca.pem under state_dir, and the agent's settings into its config file
 //! (keeping every other key already there). No private key ever leaves the host.
+//!
+//! Over `tls://` (or with `--ca-file`) the join token or PSK travels inside TLS; the CA file
+//! that made the handshake succeed is written to `nats.ca_file` so the daemon trusts the same.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, IsTerminal, Write};
@@ -27,9 +30,14 @@ struct Args {
     /// never prompt; fail on missing values
     #[argh(switch)]
     non_interactive: bool,
-    /// the bus URL of the server: nats://HOST:4222
+    /// the bus URL of the server: nats://HOST:4222, or tls://HOST:4222 when the server sets
+    /// bus.tls
     #[argh(option)]
     server: Option<String>,
+    /// PEM CA bundle that issued the bus's TLS certificate (default: nats.ca_file in the
+    /// config, else the system's CA store); makes TLS required and is written to the config
+    #[argh(option)]
+    ca_file: Option<PathBuf>,
     /// this agent's id (letters, digits, '-' and '_')
     #[argh(option)]
     agent_id: Option<String>,
@@ -47,6 +55,8 @@ struct Args {
 /// The values enrolment needs, after flags and prompts.
 struct Settings {
     server: String,
+    /// From --ca-file or the wizard; None: the config's nats.ca_file, if any.
+    ca_file: Option<PathBuf>,
     agent_id: String,
     credential: Credential,
     labels: BTreeMap<String, String>,
@@ -104,6 +114,15 @@ fn settings(args: Args) -> Result<Settings, CliError> {
         None => Err(CliError::usage(format!("{flag} is required"))),
     };
     let server = ask(args.server, "--server", "Server bus URL (nats://HOST:4222)")?;
+    let ca_file = match args.ca_file {
+        Some(path) => Some(path),
+        None if can_prompt && super::is_tls_url(&server) => {
+            let answer =
+                prompt("CA file that issued the bus's certificate (empty: the system's CA store)")?;
+            (!answer.is_empty()).then(|| PathBuf::from(answer))
+        }
+        None => None,
+    };
     let agent_id = ask(args.agent_id, "--agent-id", "Agent id")?;
     let credential = match (args.token, args.psk) {
         (Some(_), Some(_)) => return Err(CliError::usage("give --token or --psk, not both")),
@@ -132,6 +151,7 @@ fn settings(args: Args) -> Result<Settings, CliError> {
     crate::identity::validate_agent_id(&agent_id).map_err(|e| CliError::usage(e.to_string()))?;
     Ok(Settings {
         server,
+        ca_file,
         agent_id,
         credential,
         labels,
@@ -199,14 +219,22 @@ async fn request_certificate(settings: &Settings, csr: String) -> Result<Enrolle
             format!("cannot reach the bus at {}: {e}", settings.server),
         )
     };
-    let connect = async_nats::ConnectOptions::new()
+    let options = async_nats::ConnectOptions::new()
         .name("svc-agent bootstrap")
-        .custom_inbox_prefix(super::private_inbox_prefix())
-        .connect(settings.server.as_str());
-    let client = tokio::time::timeout(ENROL_TIMEOUT, connect)
+        .custom_inbox_prefix(super::private_inbox_prefix());
+    let options = super::with_bus_tls(
+        options,
+        std::slice::from_ref(&settings.server),
+        settings.ca_file.as_deref(),
+    )
+    .map_err(|e| CliError::usage(format!("--ca-file: {e}")))?;
+    let client = tokio::time::timeout(ENROL_TIMEOUT, options.connect(settings.server.as_str()))
         .await
         .map_err(|_| unreachable(&"timed out"))?
-        .map_err(|e| unreachable(&e))?;
+        .map_err(|e| match super::untrusted_bus_certificate(&e) {
+            Some(message) => unreachable(&message),
+            None => unreachable(&e),
+        })?;
     let (token, psk) = match &settings.credential {
         Credential::Token(token) => (Some(token.clone()), None),
         Credential::Psk(psk) => (None, Some(psk.clone())),
@@ -246,8 +274,21 @@ async fn request_certificate(settings: &Settings, csr: String) -> Result<Enrolle
         .map_err(|e| CliError::failed(format!("malformed enrolment reply: {e}")))
 }
 
-async fn bootstrap(config_path: PathBuf, settings: Settings) -> Result<(), CliError> {
+async fn bootstrap(config_path: PathBuf, mut settings: Settings) -> Result<(), CliError> {
     let mut config = read_config(&config_path)?;
+    if settings.ca_file.is_none() {
+        settings.ca_file = section(&mut config, "nats")
+            .get("ca_file")
+            .and_then(Value::as_str)
+            .filter(|path| !path.is_empty())
+            .map(PathBuf::from);
+    }
+    // The daemon may run from another directory: record the file by its absolute path.
+    if let Some(path) = settings.ca_file.take() {
+        let absolute = std::path::absolute(&path)
+            .map_err(|e| CliError::usage(format!("--ca-file: {}: {e}", path.display())))?;
+        settings.ca_file = Some(absolute);
+    }
     let state_dir = section(&mut config, "agent")
         .get("state_dir")
         .and_then(Value::as_str)
@@ -308,7 +349,11 @@ async fn bootstrap(config_path: PathBuf, settings: Settings) -> Result<(), CliEr
         .split(',')
         .map(|url| Value::from(url.trim()))
         .collect();
-    section(&mut config, "nats").insert("urls".into(), Value::Sequence(urls));
+    let nats = section(&mut config, "nats");
+    nats.insert("urls".into(), Value::Sequence(urls));
+    if let Some(path) = &settings.ca_file {
+        nats.insert("ca_file".into(), path.to_string_lossy().into_owned().into());
+    }
     let text = serde_yaml_ng::to_string(&Value::Mapping(config))
         .map_err(|e| CliError::failed(format!("cannot write the config: {e}")))?;
     if let Some(parent) = config_path.parent().filter(|p| !p.as_os_str().is_empty()) {

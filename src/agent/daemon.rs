@@ -1,6 +1,7 @@
 //! `svc-agent [--config PATH]`: the daemon. Connects to the bus as this agent (certificate +
-//! signed nonce), heartbeats every `heartbeat_interval`, and runs the commands the server
-//! sends on `svc.agent.<id>.cmd` (exec and state), answering on `svc.agent.<id>.result`.
+//! signed nonce; inside TLS for `tls://` URLs or with `nats.ca_file`), heartbeats every
+//! `heartbeat_interval`, and runs the commands the server sends on `svc.agent.<id>.cmd` (exec
+//! and state), answering on `svc.agent.<id>.result`.
 //!
 //! One thread: a current-thread runtime keeps an idle agent at a few MB; command output is
 //! read asynchronously and state runs on the blocking pool.
@@ -84,18 +85,45 @@ async fn run(config: AgentConfig) -> Result<(), CliError> {
         }
     }
     let mut stop = StopSignals::install()?;
-    let agent_id = id.clone();
-    let client = super::connect_options(state_dir)
-        .map_err(failed)?
-        .name(format!("svc-agent {id}"))
-        .retry_on_initial_connect()
-        .event_callback(move |event| {
-            let agent_id = agent_id.clone();
-            async move { log_bus_event(&agent_id, event) }
-        })
-        .connect(config.nats.urls.clone())
-        .await
-        .map_err(|e| CliError::new(exit::UNREACHABLE, format!("cannot connect to the bus: {e}")))?;
+    let ca_file = (!config.nats.ca_file.is_empty()).then(|| PathBuf::from(&config.nats.ca_file));
+    let options = || {
+        let agent_id = id.clone();
+        let options = super::connect_options(state_dir)
+            .map_err(failed)?
+            .name(format!("svc-agent {id}"))
+            .event_callback(move |event| {
+                let agent_id = agent_id.clone();
+                async move { log_bus_event(&agent_id, event) }
+            });
+        super::with_bus_tls(options, &config.nats.urls, ca_file.as_deref())
+            .map_err(|e| CliError::failed(format!("nats.ca_file: {e}")))
+    };
+    // One attempt first, so a certificate this agent does not trust is a clear error now
+    // (async-nats' retries report only "IO error"); any other failure (the server not up
+    // yet) falls back to retrying in the background as before.
+    let first = tokio::time::timeout(
+        Duration::from_secs(10),
+        options()?.connect(config.nats.urls.clone()),
+    )
+    .await;
+    let client = match first {
+        Ok(Ok(client)) => client,
+        Ok(Err(error)) if super::untrusted_bus_certificate(&error).is_some() => {
+            let message = super::untrusted_bus_certificate(&error).unwrap_or_default();
+            return Err(CliError::new(
+                exit::UNREACHABLE,
+                format!("cannot connect to the bus: {message}"),
+            ));
+        }
+        Ok(Err(error)) => {
+            tracing::warn!(%error, "cannot connect to the bus yet; retrying");
+            retrying_connect(options()?, &config.nats.urls).await?
+        }
+        Err(_) => {
+            tracing::warn!("no bus connection within 10s; retrying");
+            retrying_connect(options()?, &config.nats.urls).await?
+        }
+    };
     let mut commands = client
         .subscribe(subjects::agent_command(&id))
         .await
@@ -132,6 +160,18 @@ async fn run(config: AgentConfig) -> Result<(), CliError> {
     let _ = tokio::time::timeout(Duration::from_secs(5), slots.acquire_many(MAX_JOBS as u32)).await;
     let _ = tokio::time::timeout(Duration::from_secs(2), client.drain()).await;
     Ok(())
+}
+
+/// Connects in the background: returns at once and keeps trying (async-nats' backoff).
+async fn retrying_connect(
+    options: async_nats::ConnectOptions,
+    urls: &[String],
+) -> Result<async_nats::Client, CliError> {
+    options
+        .retry_on_initial_connect()
+        .connect(urls.to_vec())
+        .await
+        .map_err(|e| CliError::new(exit::UNREACHABLE, format!("cannot connect to the bus: {e}")))
 }
 
 fn log_bus_event(agent_id: &str, event: async_nats::Event) {

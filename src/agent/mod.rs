@@ -119,6 +119,36 @@ pub fn connect_options(state_dir: &Path) -> crate::Result<async_nats::ConnectOpt
     Ok(options.custom_inbox_prefix(private_inbox_prefix()))
 }
 
+/// TLS for an agent's bus connection (bootstrap and daemon alike). Required when a URL is
+/// `tls://` or `ca_file` is set; otherwise async-nats upgrades only when the server asks
+/// (INFO `tls_required`), with the same configuration. The server's certificate must chain
+/// to `ca_file`, or to the system's CA store without one. Only a bad `ca_file` is an error.
+pub fn with_bus_tls(
+    options: async_nats::ConnectOptions,
+    urls: &[String],
+    ca_file: Option<&Path>,
+) -> Result<async_nats::ConnectOptions, String> {
+    let config = crate::tls::bus_client_config(ca_file)?;
+    let is_required = ca_file.is_some() || urls.iter().any(|url| is_tls_url(url));
+    Ok(options.require_tls(is_required).tls_client_config(config))
+}
+
+/// Whether a bus URL asks for TLS by its scheme.
+pub fn is_tls_url(url: &str) -> bool {
+    url.trim().starts_with("tls://")
+}
+
+/// The line for a bus connection error caused by a server certificate the agent does not
+/// trust (None for any other error): it names `--ca-file`, the one way to fix it.
+pub fn untrusted_bus_certificate(error: &(dyn std::error::Error + 'static)) -> Option<String> {
+    crate::tls::untrusted_certificate(error).map(|why| {
+        format!(
+            "TLS: the bus's certificate is not trusted ({why}); give `svc-agent bootstrap` \
+             --ca-file PATH (it sets nats.ca_file in agent.yaml) with the CA that issued it"
+        )
+    })
+}
+
 /// `_INBOX.<22 random base62>`: a reply prefix no other client can guess.
 pub fn private_inbox_prefix() -> String {
     format!("_INBOX.{}", crate::ids::random_base62(22))
