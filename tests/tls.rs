@@ -5,57 +5,11 @@ mod common;
 
 use std::io::Read;
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
+use common::pki::Pki;
 use common::{run, Names, Options, TestServer};
-
-/// A CA and a server certificate for localhost / 127.0.0.1 it issued, as PEM files.
-struct Pki {
-    dir: tempfile::TempDir,
-}
-
-impl Pki {
-    fn new() -> Self {
-        use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
-        let dir = tempfile::tempdir().unwrap();
-        let ca_key = KeyPair::generate().unwrap();
-        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, "svc test CA");
-        let ca_cert = ca_params.self_signed(&ca_key).unwrap();
-        let issuer = Issuer::new(ca_params, ca_key);
-
-        let server_key = KeyPair::generate().unwrap();
-        let mut params = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
-        params
-            .subject_alt_names
-            .push(SanType::IpAddress("127.0.0.1".parse().unwrap()));
-        let server_cert = params.signed_by(&server_key, &issuer).unwrap();
-
-        let other_key = KeyPair::generate().unwrap();
-        let write = |name: &str, text: String| std::fs::write(dir.path().join(name), text).unwrap();
-        write("ca.pem", ca_cert.pem());
-        write("server.pem", server_cert.pem());
-        write("server.key", server_key.serialize_pem());
-        write("other.key", other_key.serialize_pem());
-        Pki { dir }
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    fn config_yaml(&self, cert: &str, key: &str) -> String {
-        let quoted = |name: &str| match name {
-            "" => "\"\"".to_string(),
-            name => self.path(name).display().to_string(),
-        };
-        format!("tls:\n  cert: {}\n  key: {}\n", quoted(cert), quoted(key))
-    }
-}
 
 fn start_tls_server(pki: &Pki) -> TestServer {
     TestServer::start_with(Options {

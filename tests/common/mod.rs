@@ -2,6 +2,8 @@
 //! its real names (symlinks), raw HTTP and stock clients. Killed on drop.
 #![allow(dead_code)]
 
+pub mod pki;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -442,9 +444,12 @@ fn dechunk(mut body: &str) -> String {
     out
 }
 
-/// The bus address without the scheme, for raw TCP.
+/// The bus address without the scheme (`nats://` or `tls://`), for raw TCP.
 pub fn bus_socket(url: &str) -> SocketAddr {
-    url.trim_start_matches("nats://").parse().unwrap()
+    url.trim_start_matches("nats://")
+        .trim_start_matches("tls://")
+        .parse()
+        .unwrap()
 }
 
 /// Starts Debian's nats-server on an ephemeral port, or returns None (printing why) when it
