@@ -7,10 +7,9 @@ mod common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
-use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
+use common::agent::Agent;
 use common::{agent_session, audit_rows, bus_socket, run, Options, Run, TestServer};
 
 fn json(result: &Run) -> serde_json::Value {
@@ -28,87 +27,6 @@ fn json_lines(result: &Run) -> Vec<serde_json::Value> {
 
 fn svcctl(server: &TestServer, key: &str, args: &[&str]) -> Run {
     run(server.cli("svcctl").args(["--api-key", key]).args(args))
-}
-
-/// A real svc-agent daemon in a temp home, enrolled with its PSK. Killed on drop.
-struct Agent {
-    id: String,
-    home: tempfile::TempDir,
-    child: Option<Child>,
-}
-
-impl Agent {
-    fn config(&self) -> PathBuf {
-        self.home.path().join("agent.yaml")
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.home.path().join("agent.log")).unwrap_or_default()
-    }
-
-    /// Enrols `id` with `labels` and starts its daemon (heartbeats every 200 ms).
-    fn start(server: &TestServer, id: &str, labels: &str) -> Agent {
-        let home = tempfile::tempdir().unwrap();
-        let config = format!(
-            "agent:\n  heartbeat_interval: 200ms\n  state_dir: {}\n",
-            home.path().join("state").display()
-        );
-        std::fs::write(home.path().join("agent.yaml"), config).unwrap();
-        let psk = json(&run(server.cli("svc-identity").args([
-            "--api-key",
-            &server.admin_key,
-            "-o",
-            "json",
-            "psk",
-            id,
-        ])))["psk"]
-            .as_str()
-            .unwrap()
-            .to_string();
-        let mut agent = Agent {
-            id: id.to_string(),
-            home,
-            child: None,
-        };
-        let enrolled = run(server
-            .names
-            .command("svc-agent")
-            .arg("--config")
-            .arg(agent.config())
-            .args(["bootstrap", "--non-interactive", "--server", &server.bus])
-            .args(["--agent-id", id, "--psk", &psk, "--labels", labels]));
-        assert_eq!(enrolled.code, 0, "{enrolled:?}");
-        agent.spawn(server);
-        agent
-    }
-
-    fn spawn(&mut self, server: &TestServer) {
-        let log = std::fs::File::create(self.home.path().join("agent.log")).unwrap();
-        let child = server
-            .names
-            .command("svc-agent")
-            .arg("--config")
-            .arg(self.config())
-            .env("SVC_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        self.child = Some(child);
-    }
-
-    fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        self.stop();
-    }
 }
 
 /// The agents' states, by id, from `svcctl agent list -o json`.
@@ -541,7 +459,7 @@ fn silent_agents_are_reported_disconnected_after_the_timeout() {
     assert!(started.elapsed() < Duration::from_secs(5));
 
     // It comes back by itself when it heartbeats again.
-    agent.spawn(&server);
+    agent.spawn(&server.names);
     wait_for_state(&server, "web-01", "connected", Duration::from_secs(10));
     let metrics = server.request("GET", "/metrics", None, None).body;
     assert!(

@@ -152,34 +152,28 @@ pub async fn http_json(
         .header(header::CONTENT_TYPE, "application/json")
         .body(Full::new(payload))
         .map_err(|e| CliError::usage(format!("invalid --http-url '{}': {e}", common.http_url)))?;
-    let response = if request.uri().scheme_str() == Some("https") {
-        let config = Arc::new(tls_config(common, crate::tls::ALPN_REST)?);
-        tokio::time::timeout(REQUEST_TIMEOUT, send_over_tls(request, config))
-            .await
-            .map_err(|_| {
-                CliError::new(
-                    exit::UNREACHABLE,
-                    format!("no answer from {url} within {REQUEST_TIMEOUT:?}"),
-                )
-            })?
-            .map_err(|e| unreachable(&common.http_url, e.as_ref()))?
-    } else {
-        let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-        tokio::time::timeout(REQUEST_TIMEOUT, client.request(request))
-            .await
-            .map_err(|_| {
-                CliError::new(
-                    exit::UNREACHABLE,
-                    format!("no answer from {url} within {REQUEST_TIMEOUT:?}"),
-                )
-            })?
-            .map_err(|e| {
-                CliError::new(
-                    exit::UNREACHABLE,
-                    format!("cannot reach the server at {}: {e}", common.http_url),
-                )
-            })?
+    let sent = async {
+        if request.uri().scheme_str() == Some("https") {
+            let config = Arc::new(tls_config(common, crate::tls::ALPN_REST)?);
+            send_over_tls(request, config)
+                .await
+                .map_err(|e| unreachable(&common.http_url, e.as_ref()))
+        } else {
+            let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+            client
+                .request(request)
+                .await
+                .map_err(|e| unreachable(&common.http_url, &e))
+        }
     };
+    let response = tokio::time::timeout(REQUEST_TIMEOUT, sent)
+        .await
+        .map_err(|_| {
+            CliError::new(
+                exit::UNREACHABLE,
+                format!("no answer from {url} within {REQUEST_TIMEOUT:?}"),
+            )
+        })??;
     let status = response.status();
     let bytes = response
         .into_body()

@@ -2,6 +2,7 @@
 //! its real names (symlinks), raw HTTP and stock clients. Killed on drop.
 #![allow(dead_code)]
 
+pub mod agent;
 pub mod pki;
 
 use std::io::{Read, Write};
