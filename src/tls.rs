@@ -67,6 +67,44 @@ pub fn bus_server_tls(config: &TlsConfig) -> Result<Option<BusTls>, String> {
     )
 }
 
+impl BusTls {
+    /// The same listener asking every client for a certificate (mutual TLS, contract §7)
+    /// without requiring one: API-key clients and enrolling agents have none. A certificate
+    /// that is presented must chain to one of `roots` (the embedded root CA; the agent sends
+    /// the signing CA as intermediate) and be valid now, or the handshake fails. Which
+    /// identity it proves, and whether it is still current (signing CA, latest enrolment),
+    /// is the bus authenticator's decision at CONNECT.
+    pub fn requesting_client_certificates(
+        &self,
+        roots: &[CertificateDer<'static>],
+    ) -> Result<BusTls, String> {
+        let mut store = rustls::RootCertStore::empty();
+        for root in roots {
+            store
+                .add(root.clone())
+                .map_err(|e| format!("client certificate CA: {e}"))?;
+        }
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            Arc::new(store),
+            provider(),
+        )
+        .allow_unauthenticated()
+        .build()
+        .map_err(|e| format!("client certificate verifier: {e}"))?;
+        // Same certificate, key and settings; only the client verifier differs.
+        let mut server = rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .expect("ring supports the default protocol versions")
+            .with_client_cert_verifier(verifier)
+            .with_cert_resolver(self.server.cert_resolver.clone());
+        server.alpn_protocols = self.server.alpn_protocols.clone();
+        Ok(BusTls {
+            server: Arc::new(server),
+            certificate: self.certificate.clone(),
+        })
+    }
+}
+
 /// The certificate chain and key of a `{cert, key}` section named `section`, as a server
 /// configuration without ALPN, and its leaf certificate.
 fn load_server_config(
@@ -120,6 +158,24 @@ pub fn client_config(ca_file: Option<&Path>, alpn: &[u8]) -> Result<rustls::Clie
 
 /// [`client_config`] without ALPN, for `tls://` bus connections (agents).
 pub fn bus_client_config(ca_file: Option<&Path>) -> Result<rustls::ClientConfig, String> {
+    Ok(bus_client_builder(ca_file)?.with_no_client_auth())
+}
+
+/// [`bus_client_config`] that presents `chain` (leaf first, then its intermediates) and `key`
+/// when the server asks for a client certificate: an agent's mutual-TLS identity.
+pub fn bus_client_config_with_certificate(
+    ca_file: Option<&Path>,
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+) -> Result<rustls::ClientConfig, String> {
+    bus_client_builder(ca_file)?
+        .with_client_auth_cert(chain, key)
+        .map_err(|e| format!("cannot use the client certificate: {e}"))
+}
+
+fn bus_client_builder(
+    ca_file: Option<&Path>,
+) -> Result<rustls::ConfigBuilder<rustls::ClientConfig, rustls::client::WantsClientCert>, String> {
     let mut roots = rustls::RootCertStore::empty();
     match ca_file {
         Some(path) => {
@@ -142,8 +198,7 @@ pub fn bus_client_config(ca_file: Option<&Path>) -> Result<rustls::ClientConfig,
     Ok(rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .expect("ring supports the default protocol versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth())
+        .with_root_certificates(roots))
 }
 
 /// A client configuration that trusts exactly one certificate, `leaf`, whatever name or

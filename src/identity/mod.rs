@@ -138,6 +138,13 @@ pub async fn current_signing_pem(store: &dyn Store) -> Result<String> {
     Ok(active(store).await?.1.cert_pem)
 }
 
+/// The root CA certificate (DER): the trust anchor for agent certificates presented over
+/// mutual TLS on the bus. It is made once, on first start, and never rotated (only the
+/// signing CA under it is), so reading it at start is enough.
+pub async fn root_der(store: &dyn Store) -> Result<Vec<u8>> {
+    ca::pem_to_der(&active(store).await?.0.cert_pem)
+}
+
 /// Authenticates an agent on the bus: its certificate must chain to the current signing CA
 /// (so a rotation cuts older identities off), be its latest enrolment (a re-bootstrap
 /// replaces the previous certificate), and `signature` must sign `nonce` with its key.

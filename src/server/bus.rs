@@ -4,7 +4,10 @@
 //!
 //! With `bus.tls` the embedded broker requires TLS from every client (INFO `tls_required`),
 //! and the server's own client connects over `tls://` trusting exactly the certificate the
-//! broker serves (`crate::tls::pinned_client_config`).
+//! broker serves (`crate::tls::pinned_client_config`). The broker then also requests (never
+//! requires) a client certificate chaining to the embedded root CA (`server::cmd`): an agent
+//! presenting its own is that agent, as nats-server's `verify_and_map` maps a certificate's
+//! SAN to a user (contract §7), with no `jwt` or signature in CONNECT.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -278,14 +281,22 @@ pub fn agent_bus_permissions(agent_id: &str) -> Permissions {
     }
 }
 
-/// An agent's CONNECT: its certificate from TLS (the leaf) or from `jwt` (PEM), and, without
-/// TLS, a signature of the nonce in `sig` or `pass` (base64url). See `identity::authenticate_agent`.
+/// An agent's CONNECT: its certificate from mutual TLS (the verified leaf; the handshake
+/// proved the key, so CONNECT needs nothing more and its `jwt` is not looked at) or else from
+/// `jwt` (PEM) with a signature of the nonce in `sig` or `pass` (base64url). Either way the
+/// certificate must come from the current signing CA and be the agent's latest enrolment:
+/// see `identity::authenticate_agent`.
 async fn agent_permissions(store: &dyn Store, request: &AuthRequest<'_>) -> Option<Permissions> {
     use base64::Engine;
     let from_tls = request
         .peer_certificates
         .and_then(|chain| chain.first())
         .map(|leaf| leaf.as_ref().to_vec());
+    let via = if from_tls.is_some() {
+        "mutual TLS"
+    } else {
+        "signed nonce"
+    };
     let (certificate, signature) = match from_tls {
         Some(der) => (der, None),
         None => {
@@ -305,9 +316,12 @@ async fn agent_permissions(store: &dyn Store, request: &AuthRequest<'_>) -> Opti
     )
     .await
     {
-        Ok(agent_id) => Some(agent_bus_permissions(&agent_id)),
+        Ok(agent_id) => {
+            tracing::debug!(%agent_id, via, client_ip = %request.client_ip, "agent logged in on the bus");
+            Some(agent_bus_permissions(&agent_id))
+        }
         Err(error) => {
-            tracing::info!(%error, client_ip = %request.client_ip, "agent bus authentication refused");
+            tracing::info!(%error, via, client_ip = %request.client_ip, "agent bus authentication refused");
             None
         }
     }

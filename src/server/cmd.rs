@@ -302,6 +302,18 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
 
     let http_listener = bind(&config.listen.http, "listen.http").await?;
     let grpc_listener = bind(&config.listen.grpc, "listen.grpc").await?;
+    // With bus.tls, agents may log in by mutual TLS: client certificates are requested (not
+    // required) and must chain to the embedded root CA.
+    let bus_tls = match bus_tls {
+        Some(tls) => {
+            let root = crate::identity::root_der(domain.store.as_ref()).await?;
+            Some(
+                tls.requesting_client_certificates(&[root.into()])
+                    .map_err(crate::Error::Internal)?,
+            )
+        }
+        None => None,
+    };
     let bus_listener = if config.bus.external_urls.is_empty() {
         Some(super::bus::EmbeddedListener {
             listener: bind(&config.listen.bus, "listen.bus").await?,

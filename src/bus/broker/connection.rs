@@ -162,6 +162,7 @@ pub(crate) async fn serve(
         .get_ref()
         .1
         .peer_certificates()
+        .filter(|chain| !chain.is_empty())
         .map(|chain| chain.iter().map(|cert| cert.clone().into_owned()).collect());
     let (reader, writer) = tokio::io::split(stream);
     let session = Session::new(shared.clone(), client_id, peer, nonce, certificates);

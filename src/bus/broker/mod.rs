@@ -56,7 +56,10 @@ pub struct BrokerConfig {
     pub server_name: String,
     /// TLS for every client (INFO says `tls_required`); rustls with ring.
     pub tls: Option<Arc<rustls::ServerConfig>>,
-    /// Announced as `tls_verify`: set it when `tls` requests client certificates.
+    /// Announced as `tls_verify`, which in nats-server means every client *must* present a
+    /// certificate (`verify: true`). Set it only when `tls` requires client certificates; not
+    /// when it merely requests them (rustls `allow_unauthenticated`, as svc-server's bus does),
+    /// since clients without a certificate are then still welcome.
     pub tls_verify: bool,
     /// Handshake before INFO (nats-server ≥ 2.10.4 `handshake_first`; async-nats
     /// `tls_first()`).
