@@ -226,6 +226,7 @@ async fn request_certificate(settings: &Settings, csr: String) -> Result<Enrolle
         options,
         std::slice::from_ref(&settings.server),
         settings.ca_file.as_deref(),
+        None,
     )
     .map_err(|e| CliError::usage(format!("--ca-file: {e}")))?;
     let client = tokio::time::timeout(ENROL_TIMEOUT, options.connect(settings.server.as_str()))

@@ -95,8 +95,13 @@ async fn run(config: AgentConfig) -> Result<(), CliError> {
                 let agent_id = agent_id.clone();
                 async move { log_bus_event(&agent_id, event) }
             });
-        super::with_bus_tls(options, &config.nats.urls, ca_file.as_deref())
-            .map_err(|e| CliError::failed(format!("nats.ca_file: {e}")))
+        super::with_bus_tls(
+            options,
+            &config.nats.urls,
+            ca_file.as_deref(),
+            Some(state_dir),
+        )
+        .map_err(|e| CliError::failed(format!("nats.ca_file: {e}")))
     };
     // One attempt first, so a certificate this agent does not trust is a clear error now
     // (async-nats' retries report only "IO error"); any other failure (the server not up

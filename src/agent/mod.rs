@@ -123,14 +123,57 @@ pub fn connect_options(state_dir: &Path) -> crate::Result<async_nats::ConnectOpt
 /// `tls://` or `ca_file` is set; otherwise async-nats upgrades only when the server asks
 /// (INFO `tls_required`), with the same configuration. The server's certificate must chain
 /// to `ca_file`, or to the system's CA store without one. Only a bad `ca_file` is an error.
+///
+/// With `state_dir` (the daemon: an enrolled agent) the agent also presents its certificate
+/// when the server asks for one (mutual TLS, see [`tls_client_certificate`]); the signed
+/// nonce of [`connect_options`] still goes in CONNECT, so servers that do not ask (or an
+/// external cluster) accept it as before.
 pub fn with_bus_tls(
     options: async_nats::ConnectOptions,
     urls: &[String],
     ca_file: Option<&Path>,
+    state_dir: Option<&Path>,
 ) -> Result<async_nats::ConnectOptions, String> {
-    let config = crate::tls::bus_client_config(ca_file)?;
+    let with_certificate = state_dir
+        .and_then(tls_client_certificate)
+        .and_then(|(chain, key)| {
+            crate::tls::bus_client_config_with_certificate(ca_file, chain, key)
+            .inspect_err(|error| {
+                tracing::warn!(%error, "no TLS client certificate: the agent signs the nonce only")
+            })
+            .ok()
+        });
+    let config = match with_certificate {
+        Some(config) => config,
+        None => crate::tls::bus_client_config(ca_file)?,
+    };
     let is_required = ca_file.is_some() || urls.iter().any(|url| is_tls_url(url));
     Ok(options.require_tls(is_required).tls_client_config(config))
+}
+
+/// The TLS client certificate of the agent enrolled under `state_dir`: cert.pem, then the CA
+/// chain bootstrap wrote to ca.pem (signing CA, then root), which the server needs to link the
+/// certificate to its root CA, and key.pem. None (the agent then signs the nonce only) when
+/// any of them cannot be used; the reason is logged.
+pub fn tls_client_certificate(
+    state_dir: &Path,
+) -> Option<(
+    Vec<rustls::pki_types::CertificateDer<'static>>,
+    rustls::pki_types::PrivateKeyDer<'static>,
+)> {
+    let loaded = (|| {
+        let mut chain = crate::tls::load_certificates(&state_dir.join(CERT_FILE))?;
+        chain.extend(crate::tls::load_certificates(&state_dir.join(CA_FILE))?);
+        let key = crate::tls::load_private_key(&state_dir.join(KEY_FILE))?;
+        Ok::<_, String>((chain, key))
+    })();
+    match loaded {
+        Ok(identity) => Some(identity),
+        Err(error) => {
+            tracing::warn!(%error, "no TLS client certificate: the agent signs the nonce only");
+            None
+        }
+    }
 }
 
 /// Whether a bus URL asks for TLS by its scheme.
