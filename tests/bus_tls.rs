@@ -1,19 +1,23 @@
 //! TLS on the embedded bus (`bus.tls: {cert, key}`): the real server with a certificate from a
 //! test CA; its own bus client over TLS (readiness), a plain client refused, API keys over
-//! tls:// with async-nats, a real agent enrolled and commanded over TLS, bootstrap without
-//! the CA, and the configurations the server refuses.
+//! tls:// with async-nats, a real agent enrolled and commanded over TLS, agents logging in by
+//! mutual TLS (own subjects only, foreign certificates refused, cut off by a signing-CA
+//! rotation), bootstrap without the CA, and the configurations the server refuses.
 
 mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::agent::Agent;
 use common::pki::Pki;
 use common::{bus_socket, run, Names, Options, TestServer};
 use futures_util::StreamExt;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 fn start_bus_tls_server(pki: &Pki) -> TestServer {
     TestServer::start_with(Options {
@@ -207,7 +211,12 @@ fn agent_state(server: &TestServer, id: &str) -> Option<String> {
 #[test]
 fn an_agent_enrols_connects_and_runs_commands_over_tls() {
     let pki = Pki::new();
-    let server = start_bus_tls_server(&pki);
+    // Debug for the bus authenticator: its log says how each agent logged in.
+    let server = TestServer::start_with(Options {
+        config_yaml: pki.bus_config_yaml("server.pem", "server.key"),
+        env: vec![("SVC_LOG".into(), "info,svc::server::bus=debug".into())],
+        ..Options::default()
+    });
     let mut agent = Agent::new("tls-01");
     let ca = pki.path("ca.pem");
     let enrolled = agent.bootstrap(
@@ -256,6 +265,15 @@ fn an_agent_enrols_connects_and_runs_commands_over_tls() {
         .unwrap_or_else(|| panic!("no result from tls-01: {exec:?}"));
     assert_eq!(result["status"], "ok", "{result}");
     assert_eq!(result["exit_code"], 0, "{result}");
+    // The daemon presented its certificate: the broker took it from the TLS session.
+    let log = server.log();
+    assert!(
+        log.lines()
+            .any(|line| line.contains("agent logged in on the bus")
+                && line.contains("tls-01")
+                && line.contains("\"mutual TLS\"")),
+        "{log}"
+    );
 
     // The daemon without the CA (the system's store only) stops at once and says why.
     let without_ca = std::fs::read_to_string(agent.config())
@@ -274,6 +292,224 @@ fn an_agent_enrols_connects_and_runs_commands_over_tls() {
     assert_eq!(refused.code, 3, "{refused:?}");
     assert!(refused.stderr.contains("not trusted"), "{refused:?}");
     assert!(refused.stderr.contains("--ca-file"), "{refused:?}");
+}
+
+/// A client certificate chain (leaf first) and its key.
+type Identity = (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>);
+
+/// What a raw mutual-TLS session saw: INFO (in clear, before the handshake), the protocol
+/// lines after CONNECT up to PONG, and how it ended when it ended before PONG.
+struct Session {
+    info: serde_json::Value,
+    lines: Vec<String>,
+    closed: Option<std::io::Error>,
+}
+
+impl Session {
+    /// Ended without a PONG and not by the 5 s read timeout: the broker closed the socket
+    /// (a TLS alert, a FIN, or a reset: all mean closed).
+    fn assert_refused(&self, what: &str) {
+        assert!(
+            !self.lines.iter().any(|line| line == "PONG"),
+            "{what}: {:?}",
+            self.lines
+        );
+        if let Some(error) = &self.closed {
+            assert!(
+                !matches!(
+                    error.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ),
+                "{what}: not closed within 5 s: {error}"
+            );
+        }
+    }
+}
+
+/// A raw NATS session over TLS (rustls, trusting the test CA) that presents `identity` as its
+/// client certificate when the broker asks, and sends CONNECT with no credentials at all
+/// (no jwt, sig, token or user), then `ops` and PING.
+fn mtls_session(server: &TestServer, pki: &Pki, identity: Option<Identity>, ops: &str) -> Session {
+    let mut roots = rustls::RootCertStore::empty();
+    for certificate in CertificateDer::pem_file_iter(pki.path("ca.pem")).unwrap() {
+        roots.add(certificate.unwrap()).unwrap();
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots);
+    let config = match identity {
+        Some((chain, key)) => builder.with_client_auth_cert(chain, key).unwrap(),
+        None => builder.with_no_client_auth(),
+    };
+    let address = bus_socket(&server.bus);
+    let tcp = TcpStream::connect(address).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    // INFO comes in clear; the broker sends nothing more until the client's TLS hello.
+    let mut info = String::new();
+    BufReader::new(tcp.try_clone().unwrap())
+        .read_line(&mut info)
+        .unwrap();
+    let info: serde_json::Value = serde_json::from_str(info.trim_start_matches("INFO ")).unwrap();
+    let name = rustls::pki_types::ServerName::IpAddress(address.ip().into());
+    let connection = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+    let mut tls = rustls::StreamOwned::new(connection, tcp);
+    let mut session = Session {
+        info,
+        lines: Vec::new(),
+        closed: None,
+    };
+    let connect = serde_json::json!({"verbose": false, "pedantic": false, "name": "mtls-test"});
+    if let Err(error) = write!(tls, "CONNECT {connect}\r\n{ops}PING\r\n").and_then(|_| tls.flush())
+    {
+        session.closed = Some(error);
+        return session;
+    }
+    let mut reader = BufReader::new(tls);
+    loop {
+        let mut line = String::new();
+        match reader.read_line(&mut line) {
+            Ok(0) => {
+                session.closed = Some(std::io::ErrorKind::UnexpectedEof.into());
+                break;
+            }
+            Ok(_) => {
+                let line = line.trim_end().to_string();
+                let done = line == "PONG";
+                session.lines.push(line);
+                if done {
+                    break;
+                }
+            }
+            Err(error) => {
+                session.closed = Some(error);
+                break;
+            }
+        }
+    }
+    session
+}
+
+/// `svc-agent bootstrap` over tls:// trusting the test CA.
+fn enrol_over_tls(server: &TestServer, pki: &Pki, agent: &Agent) {
+    let ca = pki.path("ca.pem");
+    let enrolled = agent.bootstrap(
+        server,
+        &["--server", &server.bus, "--ca-file", ca.to_str().unwrap()],
+    );
+    assert_eq!(enrolled.code, 0, "{enrolled:?}");
+}
+
+/// What the agent daemon presents as its TLS client certificate (cert.pem + ca.pem, key.pem).
+fn agent_identity(agent: &Agent) -> Identity {
+    svc::agent::tls_client_certificate(&agent.home.path().join("state"))
+        .expect("an enrolled agent has a TLS client certificate")
+}
+
+#[test]
+fn agents_log_in_by_mutual_tls_until_the_signing_ca_rotates() {
+    let pki = Pki::new();
+    let server = start_bus_tls_server(&pki);
+    let (one, two) = (Agent::new("mtls-01"), Agent::new("mtls-02"));
+    enrol_over_tls(&server, &pki, &one);
+    enrol_over_tls(&server, &pki, &two);
+
+    // The certificate alone is the login: CONNECT carries no credential. Own subjects work.
+    let own = mtls_session(
+        &server,
+        &pki,
+        Some(agent_identity(&one)),
+        "SUB svc.agent.mtls-01.cmd 1\r\nPUB svc.agent.mtls-01.cmd 2\r\nhi\r\n",
+    );
+    // Client certificates are asked for, not required: INFO does not announce tls_verify.
+    assert_eq!(own.info["tls_required"], true, "{}", own.info);
+    assert_ne!(own.info["tls_verify"], true, "{}", own.info);
+    assert!(
+        own.lines
+            .iter()
+            .any(|line| line.starts_with("MSG svc.agent.mtls-01.cmd 1 2")),
+        "{:?} {:?}\n{}",
+        own.lines,
+        own.closed,
+        server.log()
+    );
+    assert_eq!(own.lines.last().map(String::as_str), Some("PONG"));
+    assert!(!own.lines.iter().any(|line| line.starts_with("-ERR")));
+
+    // Another agent's subjects are refused.
+    let other = mtls_session(
+        &server,
+        &pki,
+        Some(agent_identity(&one)),
+        "SUB svc.agent.mtls-02.cmd 1\r\nPUB svc.agent.mtls-02.heartbeat 1\r\nx\r\n",
+    );
+    assert_eq!(
+        other.lines,
+        [
+            "-ERR 'Permissions Violation for Subscription to \"svc.agent.mtls-02.cmd\"'",
+            "-ERR 'Permissions Violation for Publish to \"svc.agent.mtls-02.heartbeat\"'",
+            "PONG",
+        ]
+    );
+
+    // Without a certificate the same CONNECT is anonymous: enrolment rights only.
+    let anonymous = mtls_session(&server, &pki, None, "SUB svc.agent.mtls-01.cmd 1\r\n");
+    assert_eq!(
+        anonymous.lines,
+        [
+            "-ERR 'Permissions Violation for Subscription to \"svc.agent.mtls-01.cmd\"'",
+            "PONG",
+        ]
+    );
+
+    // A certificate naming the agent but issued by another CA (here the one that issued the
+    // bus's own certificate) is refused, and so is the agent's leaf without the signing CA
+    // that links it to the embedded root.
+    let foreign = mtls_session(
+        &server,
+        &pki,
+        Some(pki.client("spiffe://svc/agent/mtls-01")),
+        "SUB svc.agent.mtls-01.cmd 1\r\n",
+    );
+    foreign.assert_refused("a certificate from another CA");
+    let (chain, key) = agent_identity(&one);
+    let leaf_only = mtls_session(
+        &server,
+        &pki,
+        Some((chain[..1].to_vec(), key)),
+        "SUB svc.agent.mtls-01.cmd 1\r\n",
+    );
+    leaf_only.assert_refused("the leaf without its signing CA");
+
+    // A signing-CA rotation cuts the old certificate off, over mutual TLS too: the chain
+    // still reaches the root, but it is no longer the current signing CA's.
+    let rotated = run(server.cli("svc-identity").args([
+        "--api-key",
+        &server.admin_key,
+        "ca",
+        "rotate-signing",
+    ]));
+    assert_eq!(rotated.code, 0, "{rotated:?}");
+    let cut_off = mtls_session(
+        &server,
+        &pki,
+        Some(agent_identity(&one)),
+        "SUB svc.agent.mtls-01.cmd 1\r\n",
+    );
+    assert_eq!(cut_off.lines, ["-ERR 'Authorization Violation'"]);
+    cut_off.assert_refused("a certificate from the rotated-out signing CA");
+
+    // Enrolling again gives a certificate (and ca.pem) that works.
+    enrol_over_tls(&server, &pki, &one);
+    let again = mtls_session(
+        &server,
+        &pki,
+        Some(agent_identity(&one)),
+        "SUB svc.agent.mtls-01.cmd 1\r\n",
+    );
+    assert_eq!(again.lines, ["PONG"], "{:?}", again.closed);
 }
 
 #[test]
