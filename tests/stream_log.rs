@@ -408,6 +408,10 @@ async fn concurrent_appenders_get_dense_unique_sequences() {
             let last = *durable.borrow_and_update();
             let next = seen.last().map_or(1, |seq| seq + 1);
             let records = follower_log.read(next, usize::MAX).unwrap();
+            // Dense from where it left off: a gap would leave this loop waiting for ever.
+            for (record, expected) in records.iter().zip(next..) {
+                assert_eq!(record.seq, expected, "read from {next} skipped records");
+            }
             // Everything up to the announced sequence is readable (more may be by now).
             let read_up_to = records.last().map_or(next - 1, |r| r.seq);
             assert!(
@@ -452,6 +456,59 @@ async fn concurrent_appenders_get_dense_unique_sequences() {
         assert_eq!(acked[&record.seq], record.payload, "seq {}", record.seq);
     }
     assert_eq!(follower.await.unwrap(), (1..=total).collect::<Vec<_>>());
+}
+
+/// A reader racing the writer across segment rolls: every read from 1 is dense. The reader
+/// snapshots one segment at a time, and the writer can append to that segment and roll to the
+/// next before the reader moves on; those records must not be skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_racing_segment_rolls_skip_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    // Small segments: a roll every few batches.
+    let log = StreamLog::open(dir.path(), config(4 * 1024)).unwrap();
+    let writer_log = Arc::clone(&log);
+    let writer = tokio::spawn(async move {
+        for round in 0..2000i64 {
+            let batch = (0..8).map(|i| (round, payload(i as u64))).collect();
+            writer_log.append_batch(batch).await.unwrap();
+        }
+    });
+    // More readers than cores, so some are preempted between two segments of one read.
+    let written = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let readers: Vec<_> = (0..4)
+        .map(|_| {
+            let reader_log = Arc::clone(&log);
+            let written = Arc::clone(&written);
+            std::thread::spawn(move || {
+                let mut reads = 0;
+                loop {
+                    let done = written.load(std::sync::atomic::Ordering::Acquire);
+                    let last = reader_log.last_seq();
+                    // From just behind the end, so most reads straddle the segment being written.
+                    let from = last.saturating_sub(12).max(1);
+                    let records = reader_log.read(from, usize::MAX).unwrap();
+                    for (record, expected) in records.iter().zip(from..) {
+                        assert_eq!(
+                            record.seq, expected,
+                            "read {reads} from {from} skipped records"
+                        );
+                    }
+                    assert!(records.last().map_or(0, |r| r.seq) >= last);
+                    reads += 1;
+                    if done {
+                        return reads;
+                    }
+                }
+            })
+        })
+        .collect();
+    let finished = writer.await;
+    written.store(true, std::sync::atomic::Ordering::Release);
+    finished.unwrap();
+    for reader in readers {
+        assert!(reader.join().unwrap() > 1);
+    }
+    assert_eq!(log.last_seq(), 8 * 2000);
 }
 
 /// Set in the child process of the SIGKILL test; names the log directory it writes to.

@@ -230,20 +230,38 @@ impl StreamLog {
     /// when `from_seq` is past the last durable record.
     pub fn read(&self, from_seq: u64, max: usize) -> Result<Vec<Record>> {
         let mut records: Vec<Record> = Vec::new();
-        let mut previous_base: Option<u64> = None;
+        // The segment scanned last (its base) and the length it had then.
+        let mut previous: Option<(u64, u64)> = None;
         while records.len() < max {
             let next_seq = records.last().map_or(from_seq, |record| record.seq + 1);
             let picked = {
                 let segments = self.shared.segments();
-                let position = match previous_base {
-                    None => segments
-                        .partition_point(|s| s.base_seq <= next_seq)
-                        .saturating_sub(1),
-                    Some(base) => segments.partition_point(|s| s.base_seq <= base),
-                };
-                segments
-                    .get(position)
-                    .map(|s| (SegmentView::of(s), s.offset_for_seq(next_seq)))
+                match previous {
+                    None => {
+                        let position = segments
+                            .partition_point(|s| s.base_seq <= next_seq)
+                            .saturating_sub(1);
+                        segments
+                            .get(position)
+                            .map(|s| (SegmentView::of(s), s.offset_for_seq(next_seq)))
+                    }
+                    Some((base, scanned_len)) => {
+                        let position = segments.partition_point(|s| s.base_seq <= base);
+                        let grown = position
+                            .checked_sub(1)
+                            .and_then(|p| segments.get(p))
+                            .filter(|s| s.base_seq == base && s.len > scanned_len);
+                        match (grown, segments.get(position)) {
+                            // The segment scanned last grew after its snapshot and the writer
+                            // has since rolled to the next: finish it first, or the records
+                            // appended to it in between would be skipped.
+                            (Some(grown), Some(_)) => Some((SegmentView::of(grown), scanned_len)),
+                            (_, next) => {
+                                next.map(|s| (SegmentView::of(s), s.offset_for_seq(next_seq)))
+                            }
+                        }
+                    }
+                }
             };
             let Some((view, start)) = picked else {
                 break;
@@ -263,7 +281,7 @@ impl StreamLog {
                     records.len() < max
                 },
             )?;
-            previous_base = Some(view.base_seq);
+            previous = Some((view.base_seq, view.len));
         }
         Ok(records)
     }
