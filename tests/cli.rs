@@ -243,3 +243,39 @@ fn a_closed_stdout_ends_the_cli_quietly() {
     assert_eq!(status.signal(), Some(libc::SIGPIPE), "{status:?} {stderr}");
     assert_eq!(stderr, "");
 }
+
+/// The master key is never sent in clear to another host by accident: refused before any
+/// connection is made (192.0.2.1 is TEST-NET-1, nothing answers there).
+#[test]
+fn rotate_master_refuses_plain_tcp_to_another_host() {
+    let names = Names::new();
+    let key = "A".repeat(43) + "=";
+    let refused = run(names.command("svc-secrets").args([
+        "--server",
+        "192.0.2.1:5397",
+        "--api-key",
+        "k",
+        "rotate-master",
+        "--new-key",
+        &key,
+    ]));
+    assert_eq!(refused.code, 2, "{refused:?}");
+    assert!(
+        refused
+            .stderr
+            .contains("refusing to send the master key in clear to 192.0.2.1"),
+        "{refused:?}"
+    );
+    assert!(!refused.stderr.contains(&key), "{refused:?}");
+    // Loopback is not refused: it tries, and nothing listens on port 1 (exit 3, not 2).
+    let tried = run(names.command("svc-secrets").args([
+        "--server",
+        "http://127.0.0.1:1",
+        "--api-key",
+        "k",
+        "rotate-master",
+        "--new-key",
+        &key,
+    ]));
+    assert_eq!(tried.code, 3, "loopback is allowed: {tried:?}");
+}

@@ -24,13 +24,34 @@ use super::{exit, CliError, Common};
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// `--server` as a URL: `host:port` means plain `http://`.
+fn server_url(server: &str) -> String {
+    if server.contains("://") {
+        server.to_string()
+    } else {
+        format!("http://{server}")
+    }
+}
+
+/// The host `--server` names when the connection to it would be plain TCP to another machine
+/// (not https://, not a loopback address): what travels then can be read on the network.
+pub fn plaintext_remote_host(server: &str) -> Option<String> {
+    let uri: Uri = server_url(server).parse().ok()?;
+    if uri.scheme_str() == Some("https") {
+        return None;
+    }
+    let host = uri.host()?;
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let is_loopback = bare.eq_ignore_ascii_case("localhost")
+        || bare
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    (!is_loopback).then(|| host.to_string())
+}
+
 /// Connects to the gRPC server named by `--server`.
 pub async fn grpc_channel(common: &Common) -> Result<tonic::transport::Channel, CliError> {
-    let address = if common.server.contains("://") {
-        common.server.clone()
-    } else {
-        format!("http://{}", common.server)
-    };
+    let address = server_url(&common.server);
     let endpoint = tonic::transport::Endpoint::from_shared(address.clone())
         .map_err(|e| CliError::usage(format!("invalid --server '{}': {e}", common.server)))?
         .connect_timeout(CONNECT_TIMEOUT);
@@ -226,4 +247,34 @@ async fn send_over_tls(
         }
     });
     Ok(sender.send_request(request).await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plaintext_remote_host;
+
+    #[test]
+    fn plaintext_remote_hosts() {
+        for local in [
+            "127.0.0.1:5397",
+            "localhost:5397",
+            "http://127.0.0.2:5397",
+            "http://[::1]:5397",
+            "https://svc.example:5397",
+            "https://10.0.0.5:5397",
+        ] {
+            assert_eq!(plaintext_remote_host(local), None, "{local}");
+        }
+        for (remote, host) in [
+            ("10.0.0.5:5397", "10.0.0.5"),
+            ("http://svc.example:5397", "svc.example"),
+            ("http://[2001:db8::1]:5397", "[2001:db8::1]"),
+        ] {
+            assert_eq!(
+                plaintext_remote_host(remote).as_deref(),
+                Some(host),
+                "{remote}"
+            );
+        }
+    }
 }

@@ -318,6 +318,10 @@ struct RotateMasterArgs {
     /// the new master key itself (base64 of 32 bytes); prefer --new-key-file
     #[argh(option)]
     new_key: Option<String>,
+    /// send the key even over plain TCP to another host (by default refused: use an
+    /// https:// --server, or run this on the server's host)
+    #[argh(switch)]
+    allow_plaintext: bool,
 }
 
 async fn rotate_master(common: Common, args: RotateMasterArgs) -> Result<(), CliError> {
@@ -330,6 +334,16 @@ async fn rotate_master(common: Common, args: RotateMasterArgs) -> Result<(), Cli
             ))
         }
     };
+    // The master key opens every secret: it must not cross a network in clear by accident.
+    if let Some(host) = super::client::plaintext_remote_host(&common.server) {
+        if !args.allow_plaintext {
+            return Err(CliError::usage(format!(
+                "refusing to send the master key in clear to {host}: give --server as \
+                 https://... (tls in server.yaml), run this on the server's host, or pass \
+                 --allow-plaintext"
+            )));
+        }
+    }
     let request = proto::RotateMasterRequest {
         new_master_key: key,
     };
