@@ -34,7 +34,7 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 /// Loads `tls.cert` and `tls.key`: `Ok(None)` when both are empty (plain TCP), an error naming
 /// the key and the file otherwise. Used by `--check-config` and at start-up alike.
 pub fn server_tls(config: &TlsConfig) -> Result<Option<ServerTls>, String> {
-    let Some((config, _)) = load_server_config(config, "tls")? else {
+    let Some((config, _)) = load_server_config(config, "tls", &[])? else {
         return Ok(None);
     };
     let with_alpn = |protocol: &[u8]| {
@@ -58,58 +58,53 @@ pub struct BusTls {
 
 /// Loads `bus.tls.cert` and `bus.tls.key` like [`server_tls`] does `tls`: `Ok(None)` when both
 /// are empty, an error naming `bus.tls.*` and the file otherwise.
-pub fn bus_server_tls(config: &TlsConfig) -> Result<Option<BusTls>, String> {
+///
+/// With `client_roots` (the embedded root CA) the listener asks every client for a
+/// certificate (mutual TLS, contract §7) without requiring one: API-key clients and enrolling
+/// agents have none. A certificate that is presented must chain to one of the roots (the
+/// agent sends the signing CA as intermediate) and be valid now, or the handshake fails.
+/// Which identity it proves, and whether it is still current (signing CA, latest enrolment),
+/// is the bus authenticator's decision at CONNECT. `--check-config`, which has no store,
+/// passes none and only checks the files.
+pub fn bus_server_tls(
+    config: &TlsConfig,
+    client_roots: &[CertificateDer<'static>],
+) -> Result<Option<BusTls>, String> {
     Ok(
-        load_server_config(config, "bus.tls")?.map(|(server, certificate)| BusTls {
+        load_server_config(config, "bus.tls", client_roots)?.map(|(server, certificate)| BusTls {
             server: Arc::new(server),
             certificate,
         }),
     )
 }
 
-impl BusTls {
-    /// The same listener asking every client for a certificate (mutual TLS, contract §7)
-    /// without requiring one: API-key clients and enrolling agents have none. A certificate
-    /// that is presented must chain to one of `roots` (the embedded root CA; the agent sends
-    /// the signing CA as intermediate) and be valid now, or the handshake fails. Which
-    /// identity it proves, and whether it is still current (signing CA, latest enrolment),
-    /// is the bus authenticator's decision at CONNECT.
-    pub fn requesting_client_certificates(
-        &self,
-        roots: &[CertificateDer<'static>],
-    ) -> Result<BusTls, String> {
-        let mut store = rustls::RootCertStore::empty();
-        for root in roots {
-            store
-                .add(root.clone())
-                .map_err(|e| format!("client certificate CA: {e}"))?;
-        }
-        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
-            Arc::new(store),
-            provider(),
-        )
+/// Client certificates chaining to `roots` are asked for but not required; none asked for
+/// without roots.
+fn client_verifier(
+    roots: &[CertificateDer<'static>],
+) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, String> {
+    if roots.is_empty() {
+        return Ok(rustls::server::WebPkiClientVerifier::no_client_auth());
+    }
+    let mut store = rustls::RootCertStore::empty();
+    for root in roots {
+        store
+            .add(root.clone())
+            .map_err(|e| format!("client certificate CA: {e}"))?;
+    }
+    rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(store), provider())
         .allow_unauthenticated()
         .build()
-        .map_err(|e| format!("client certificate verifier: {e}"))?;
-        // Same certificate, key and settings; only the client verifier differs.
-        let mut server = rustls::ServerConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
-            .expect("ring supports the default protocol versions")
-            .with_client_cert_verifier(verifier)
-            .with_cert_resolver(self.server.cert_resolver.clone());
-        server.alpn_protocols = self.server.alpn_protocols.clone();
-        Ok(BusTls {
-            server: Arc::new(server),
-            certificate: self.certificate.clone(),
-        })
-    }
+        .map_err(|e| format!("client certificate verifier: {e}"))
 }
 
 /// The certificate chain and key of a `{cert, key}` section named `section`, as a server
-/// configuration without ALPN, and its leaf certificate.
+/// configuration without ALPN (asking for client certificates chaining to `client_roots`,
+/// if any), and its leaf certificate.
 fn load_server_config(
     config: &TlsConfig,
     section: &str,
+    client_roots: &[CertificateDer<'static>],
 ) -> Result<Option<(rustls::ServerConfig, CertificateDer<'static>)>, String> {
     let (cert_path, key_path) = match (config.cert.is_empty(), config.key.is_empty()) {
         (true, true) => return Ok(None),
@@ -131,7 +126,7 @@ fn load_server_config(
     let config = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .expect("ring supports the default protocol versions")
-        .with_no_client_auth()
+        .with_client_cert_verifier(client_verifier(client_roots)?)
         .with_single_cert(chain, key)
         .map_err(|e| match e {
             rustls::Error::InconsistentKeys(_) => format!(
@@ -414,8 +409,8 @@ mod tests {
         let (cert_pem, key_pem) = certified();
         let cert = files.write("cert.pem", &cert_pem);
         let key = files.write("key.pem", &key_pem);
-        assert!(bus_server_tls(&tls("", "")).unwrap().is_none());
-        let loaded = bus_server_tls(&tls(&cert, &key)).unwrap().unwrap();
+        assert!(bus_server_tls(&tls("", ""), &[]).unwrap().is_none());
+        let loaded = bus_server_tls(&tls(&cert, &key), &[]).unwrap().unwrap();
         assert!(loaded.server.alpn_protocols.is_empty());
         assert_eq!(
             loaded.certificate,
@@ -428,7 +423,7 @@ mod tests {
             (tls(&cert, &cert), "bus.tls.key:"),
         ];
         for (config, expected) in cases {
-            let message = bus_server_tls(&config).err().expect("refused");
+            let message = bus_server_tls(&config, &[]).err().expect("refused");
             assert!(message.starts_with(expected), "{expected:?}: {message:?}");
         }
     }

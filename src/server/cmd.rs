@@ -157,7 +157,7 @@ fn validate(config: &ServerConfig, dev: bool) -> Vec<String> {
              bus.external_urls is set: configure TLS on that cluster and use tls:// URLs"
                 .into(),
         );
-    } else if let Err(problem) = crate::tls::bus_server_tls(&config.bus.tls) {
+    } else if let Err(problem) = crate::tls::bus_server_tls(&config.bus.tls, &[]) {
         problems.push(problem);
     }
     if config.store.driver == config::StoreDriver::Postgres && config.store.url.is_empty() {
@@ -248,7 +248,6 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
         return Err(crate::Error::Invalid(problems.join("; ")));
     }
     let tls = crate::tls::server_tls(&config.tls).map_err(crate::Error::Invalid)?;
-    let bus_tls = crate::tls::bus_server_tls(&config.bus.tls).map_err(crate::Error::Invalid)?;
     let data_dir = config.data_dir.clone();
     let _ = std::fs::remove_file(data_dir.join(LISTEN_ADDRS_FILE));
     let store = crate::store::open(&config.store, &data_dir)?;
@@ -303,16 +302,14 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     let http_listener = bind(&config.listen.http, "listen.http").await?;
     let grpc_listener = bind(&config.listen.grpc, "listen.grpc").await?;
     // With bus.tls, agents may log in by mutual TLS: client certificates are requested (not
-    // required) and must chain to the embedded root CA.
-    let bus_tls = match bus_tls {
-        Some(tls) => {
-            let root = crate::identity::root_der(domain.store.as_ref()).await?;
-            Some(
-                tls.requesting_client_certificates(&[root.into()])
-                    .map_err(crate::Error::Internal)?,
-            )
-        }
-        None => None,
+    // required) and must chain to the embedded root CA, which exists by now.
+    // (validate() has checked both files are set, or neither.)
+    let bus_tls = if config.bus.tls.cert.is_empty() {
+        None
+    } else {
+        let root = crate::identity::root_der(domain.store.as_ref()).await?;
+        crate::tls::bus_server_tls(&config.bus.tls, &[root.into()])
+            .map_err(crate::Error::Invalid)?
     };
     let bus_listener = if config.bus.external_urls.is_empty() {
         Some(super::bus::EmbeddedListener {
