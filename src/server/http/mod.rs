@@ -51,26 +51,15 @@ pub async fn serve(
     }
 }
 
-/// Accepted TCP connections, TCP_NODELAY set; accept errors back off instead of spinning.
+/// Accepted TCP connections (see `tls::accept`).
 fn plain_incoming(
     listener: TcpListener,
 ) -> impl Stream<Item = std::io::Result<TcpStream>> + Send + Unpin {
     Box::pin(futures_util::stream::unfold(
         listener,
         |listener| async move {
-            loop {
-                match listener.accept().await {
-                    Ok((stream, _)) => {
-                        let _ = stream.set_nodelay(true);
-                        return Some((Ok(stream), listener));
-                    }
-                    Err(e) => {
-                        // Usually EMFILE.
-                        tracing::warn!(error = %e, "http accept failed");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                }
-            }
+            let (stream, _) = super::tls::accept(&listener, "http").await;
+            Some((Ok(stream), listener))
         },
     ))
 }
