@@ -113,14 +113,13 @@ async fn run(config: AgentConfig) -> Result<(), CliError> {
     .await;
     let client = match first {
         Ok(Ok(client)) => client,
-        Ok(Err(error)) if super::untrusted_bus_certificate(&error).is_some() => {
-            let message = super::untrusted_bus_certificate(&error).unwrap_or_default();
-            return Err(CliError::new(
-                exit::UNREACHABLE,
-                format!("cannot connect to the bus: {message}"),
-            ));
-        }
         Ok(Err(error)) => {
+            if let Some(message) = super::untrusted_bus_certificate(&error) {
+                return Err(CliError::new(
+                    exit::UNREACHABLE,
+                    format!("cannot connect to the bus: {message}"),
+                ));
+            }
             tracing::warn!(%error, "cannot connect to the bus yet; retrying");
             retrying_connect(options()?, &config.nats.urls).await?
         }

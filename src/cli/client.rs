@@ -41,12 +41,18 @@ pub fn plaintext_remote_host(server: &str) -> Option<String> {
         return None;
     }
     let host = uri.host()?;
-    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let bare = without_brackets(host);
     let is_loopback = bare.eq_ignore_ascii_case("localhost")
         || bare
             .parse::<std::net::IpAddr>()
             .is_ok_and(|ip| ip.is_loopback());
     (!is_loopback).then(|| host.to_string())
+}
+
+/// An IPv6 literal keeps its brackets in a URI's host; name checks and connects want the
+/// address itself.
+fn without_brackets(host: &str) -> &str {
+    host.trim_start_matches('[').trim_end_matches(']')
 }
 
 /// Connects to the gRPC server named by `--server`.
@@ -66,12 +72,10 @@ pub async fn grpc_channel(common: &Common) -> Result<tonic::transport::Channel, 
             .await
             .map_err(|e| unreachable(&common.server, &e));
     }
-    endpoint.connect().await.map_err(|e| {
-        CliError::new(
-            exit::UNREACHABLE,
-            format!("cannot reach the server at {}: {e}", common.server),
-        )
-    })
+    endpoint
+        .connect()
+        .await
+        .map_err(|e| unreachable(&common.server, &e))
 }
 
 /// The client TLS configuration for `--ca-file` (or the system's store).
@@ -91,8 +95,7 @@ async fn connect_tls(
         .host()
         .ok_or_else(|| Error::new(ErrorKind::InvalidInput, "the address has no host"))?;
     let port = uri.port_u16().unwrap_or(443);
-    // IPv6 literals keep their brackets in a URI; the certificate check wants the address.
-    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let bare = without_brackets(host);
     let name = rustls::pki_types::ServerName::try_from(bare.to_string())
         .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("'{host}': {e}")))?;
     let socket = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect((bare, port)))
