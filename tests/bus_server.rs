@@ -34,18 +34,22 @@ fn api_keys_are_bus_credentials_with_role_permissions() {
     let (operator_id, operator) = server.create_key("ops", "operator");
     let quiet = |fields: &str| format!("{{\"verbose\":false,\"pedantic\":false,{fields}}}");
 
-    // Admin: anything.
+    // Admin: everything but enrolment, agents' subjects and publishing events (contract §7).
     let admin = session(
         &server,
         &quiet(&format!("\"auth_token\":\"{}\"", server.admin_key)),
-        "SUB svc.agent.web.cmd 1\r\nPUB svc.agent.web.cmd 2\r\nhi\r\n",
+        "SUB jobs.> 1\r\nPUB jobs.x 2\r\nhi\r\nSUB svc.agent.web.cmd 2\r\nPUB svc.agent.web.cmd 2\r\nhi\r\nPUB svc.events.x 1\r\na\r\n",
     );
-    assert_eq!(admin.last().unwrap(), "PONG", "{admin:?}");
-    assert!(
-        admin
-            .iter()
-            .any(|l| l.starts_with("MSG svc.agent.web.cmd 1 2")),
-        "{admin:?}"
+    assert_eq!(
+        admin,
+        [
+            "MSG jobs.x 1 2",
+            "hi",
+            "-ERR 'Permissions Violation for Subscription to \"svc.agent.web.cmd\"'",
+            "-ERR 'Permissions Violation for Publish to \"svc.agent.web.cmd\"'",
+            "-ERR 'Permissions Violation for Publish to \"svc.events.x\"'",
+            "PONG"
+        ]
     );
 
     // Readonly: subscribe to events only, publish nothing.

@@ -4,6 +4,7 @@
 //! looked up by their SHA-256 in the store on every request, with no cache, so a deleted
 //! key fails its very next request on every server that shares the store.
 
+pub mod access;
 mod keys;
 mod rate_limit;
 
@@ -12,6 +13,7 @@ use std::str::FromStr;
 
 use crate::{Error, Result};
 
+pub use access::{bus_permissions, Access};
 pub use keys::{
     authenticate, create_key, delete_key, ensure_bootstrap_key, get_key, hash_key, list_keys,
     looks_like_api_key, update_key, write_private_file, ApiKey, KeyUpdate, NewKey,

@@ -92,13 +92,19 @@ fn at_offset(now_ms: i64, duration: Duration) -> String {
 }
 
 /// `svc-secrets creds postgres [--ttl D]`: a new LOGIN role and its lease.
-pub async fn create_postgres_credentials(
+pub async fn create_credentials(
     domain: &Domain,
     principal: &Principal,
+    backend: &str,
     ttl: Option<Duration>,
 ) -> Result<Credentials> {
     let result = async {
         principal.require(Role::Operator)?;
+        if backend != POSTGRES {
+            return Err(Error::Invalid(format!(
+                "unknown credentials backend '{backend}' (expected {POSTGRES})"
+            )));
+        }
         let config = domain.secrets.config().postgres;
         let max_ttl = config.max_ttl.0;
         let ttl = ttl.unwrap_or(config.default_ttl.0).min(max_ttl);

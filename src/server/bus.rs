@@ -17,7 +17,7 @@ use async_trait::async_trait;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
-use crate::auth::{self, Role};
+use crate::auth;
 use crate::bus::{
     subjects, AllowDeny, AuthRequest, Authenticator, Broker, BrokerConfig, BrokerHandle,
     Permissions,
@@ -33,27 +33,6 @@ use crate::{Error, Result};
 pub struct ApiKeyAuthenticator {
     store: Arc<dyn Store>,
     internal_token: String,
-}
-
-/// What a role may do on the bus.
-pub fn permissions_for(role: Role, user: String) -> Permissions {
-    match role {
-        Role::Admin => Permissions::allow_all(user),
-        // Commands reach agents only through the server, and enrolment is the server's.
-        Role::Operator => {
-            let rules = || AllowDeny::all().deny([subjects::ENROLL, subjects::AGENTS_ALL]);
-            Permissions {
-                user,
-                publish: rules(),
-                subscribe: rules(),
-            }
-        }
-        Role::Readonly => Permissions {
-            user,
-            publish: AllowDeny::none(),
-            subscribe: AllowDeny::only([subjects::EVENTS_ALL]),
-        },
-    }
 }
 
 #[async_trait]
@@ -87,7 +66,7 @@ impl Authenticator for ApiKeyAuthenticator {
         if request.auth_token.is_none() && request.user != Some(principal.id.as_str()) {
             return None;
         }
-        Some(permissions_for(
+        Some(auth::bus_permissions(
             principal.role,
             format!("apikey:{}", principal.id),
         ))

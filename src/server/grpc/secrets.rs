@@ -63,13 +63,13 @@ fn sealed(sealed: transit::Sealed) -> proto::TransitResponse {
 }
 
 /// An optional duration field: empty is None.
-fn duration(text: &str, field: &str) -> Result<Option<Duration>, Status> {
+fn duration(text: &str, field: &str) -> crate::Result<Option<Duration>> {
     if text.is_empty() {
         return Ok(None);
     }
-    crate::clock::parse_duration(text).map(Some).ok_or_else(|| {
-        Status::invalid_argument(format!("{field} '{text}' is not a duration like 1h"))
-    })
+    crate::clock::parse_duration(text)
+        .map(Some)
+        .ok_or_else(|| crate::Error::Invalid(format!("{field} '{text}' is not a duration like 1h")))
 }
 
 #[tonic::async_trait]
@@ -283,15 +283,10 @@ impl proto::secrets_service_server::SecretsService for Secrets {
     ) -> Result<Response<proto::Credentials>, Status> {
         let caller = principal(&request)?;
         let message = request.into_inner();
-        if message.backend != leases::POSTGRES {
-            return Err(Status::invalid_argument(format!(
-                "unknown credentials backend '{}' (expected postgres)",
-                message.backend
-            )));
-        }
         let ttl = duration(&message.ttl, "ttl")?;
         let credentials =
-            leases::create_postgres_credentials(&self.context.domain, &caller, ttl).await?;
+            leases::create_credentials(&self.context.domain, &caller, &message.backend, ttl)
+                .await?;
         Ok(Response::new(proto::Credentials {
             lease: Some(credentials.lease.into()),
             username: credentials.username,

@@ -1,0 +1,260 @@
+//! What each role may do on every surface: the gRPC methods, the REST routes and the bus.
+//!
+//! One file answers "who may do X?" for the whole server. The domain functions enforce the
+//! gRPC and REST rows with `Principal::require` (so a new transport cannot skip them); the
+//! broker enforces the bus rows through [`bus_permissions`]. `tests/access.rs` calls every
+//! method, route and subject with each role and with no key, and compares the answers with
+//! these tables; it also fails when a method or route exists that has no row here.
+//! docs/ARCHITECTURE.md's role table is generated from them (`role_table_markdown`).
+
+use super::Role;
+use crate::bus::{subjects, AllowDeny, Permissions};
+
+/// Who may call one operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// No key needed (health, metrics, public documents).
+    Public,
+    /// A key whose role is at least this one.
+    Least(Role),
+    /// Any key; the operation is not built yet and answers "not implemented yet".
+    NotBuilt,
+}
+
+impl Access {
+    /// Whether a caller with `role` (None: no key) gets past authorization.
+    pub fn allows(self, role: Option<Role>) -> bool {
+        match (self, role) {
+            (Access::Public, _) => true,
+            (_, None) => false,
+            (Access::Least(needed), Some(role)) => role >= needed,
+            (Access::NotBuilt, Some(_)) => true,
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Access::Public => "no key",
+            Access::Least(Role::Readonly) => "readonly",
+            Access::Least(Role::Operator) => "operator",
+            Access::Least(Role::Admin) => "admin",
+            Access::NotBuilt => "any key (not built yet)",
+        }
+    }
+}
+
+use Access::{Least, NotBuilt, Public};
+use Role::{Admin, Operator, Readonly};
+
+/// Every gRPC method (`package.Service/Method`). Health and reflection are public.
+pub const GRPC: &[(&str, Access)] = &[
+    ("svc.v1.EventService/List", Least(Readonly)),
+    ("svc.v1.EventService/Get", Least(Readonly)),
+    ("svc.v1.EventService/Emit", Least(Operator)),
+    ("svc.v1.EventService/Subscribe", Least(Readonly)),
+    ("svc.v1.EventService/Replay", Least(Readonly)),
+    ("svc.v1.EventService/Stats", Least(Readonly)),
+    ("svc.v1.EventService/Types", Least(Readonly)),
+    ("svc.v1.PolicyService/AuditLog", Least(Readonly)),
+    ("svc.v1.PolicyService/AuditExport", Least(Admin)),
+    ("svc.v1.PolicyService/AuditReport", Least(Readonly)),
+    ("svc.v1.PolicyService/AuditStats", Least(Readonly)),
+    ("svc.v1.PolicyService/AuditVerify", Least(Readonly)),
+    ("svc.v1.PolicyService/ListPolicies", Least(Readonly)),
+    ("svc.v1.PolicyService/GetPolicy", Least(Readonly)),
+    ("svc.v1.PolicyService/Compliance", Least(Readonly)),
+    ("svc.v1.PolicyService/Violations", Least(Readonly)),
+    ("svc.v1.PolicyService/CreatePolicy", NotBuilt),
+    ("svc.v1.PolicyService/UpdatePolicy", NotBuilt),
+    ("svc.v1.PolicyService/DeletePolicy", NotBuilt),
+    ("svc.v1.IdentityService/CaInfo", Least(Readonly)),
+    ("svc.v1.IdentityService/RotateSigning", Least(Admin)),
+    ("svc.v1.IdentityService/ExportCa", Least(Admin)),
+    ("svc.v1.IdentityService/EncryptCa", Least(Admin)),
+    ("svc.v1.IdentityService/Status", Least(Readonly)),
+    ("svc.v1.IdentityService/Psk", Least(Admin)),
+    ("svc.v1.IdentityService/CreateToken", Least(Operator)),
+    ("svc.v1.IdentityService/ListTokens", Least(Readonly)),
+    ("svc.v1.IdentityService/RevokeToken", Least(Admin)),
+    ("svc.v1.IdentityService/CleanupTokens", Least(Admin)),
+    ("svc.v1.SecretsService/Put", Least(Operator)),
+    ("svc.v1.SecretsService/Get", Least(Operator)),
+    ("svc.v1.SecretsService/Delete", Least(Operator)),
+    ("svc.v1.SecretsService/List", Least(Readonly)),
+    ("svc.v1.SecretsService/RotateMaster", Least(Admin)),
+    ("svc.v1.SecretsService/TransitCreateKey", Least(Operator)),
+    ("svc.v1.SecretsService/TransitListKeys", Least(Operator)),
+    ("svc.v1.SecretsService/TransitEncrypt", Least(Operator)),
+    ("svc.v1.SecretsService/TransitDecrypt", Least(Operator)),
+    ("svc.v1.SecretsService/TransitSign", Least(Operator)),
+    ("svc.v1.SecretsService/TransitVerify", Least(Operator)),
+    ("svc.v1.SecretsService/TransitRotate", Least(Operator)),
+    ("svc.v1.SecretsService/TransitConfigKey", Least(Operator)),
+    ("svc.v1.SecretsService/TransitRewrap", Least(Operator)),
+    ("svc.v1.SecretsService/CreateCredentials", Least(Operator)),
+    ("svc.v1.SecretsService/ListLeases", Least(Operator)),
+    ("svc.v1.SecretsService/GetLease", Least(Operator)),
+    ("svc.v1.SecretsService/RenewLease", Least(Operator)),
+    ("svc.v1.SecretsService/RevokeLease", Least(Operator)),
+    ("svc.v1.ClusterService/Status", NotBuilt),
+    ("svc.v1.ClusterService/Members", NotBuilt),
+    ("svc.v1.ClusterService/Leader", NotBuilt),
+    ("svc.v1.ClusterService/Add", NotBuilt),
+    ("svc.v1.ClusterService/Remove", NotBuilt),
+    ("svc.v1.ClusterService/Rebalance", NotBuilt),
+    ("svc.v1.ClusterService/TransferLeader", NotBuilt),
+    ("svc.v1.ClusterService/Backup", NotBuilt),
+    ("svc.v1.ClusterService/Restore", NotBuilt),
+    ("svc.v1.FleetService/ListAgents", Least(Readonly)),
+    ("svc.v1.FleetService/GetAgent", Least(Readonly)),
+    ("svc.v1.FleetService/Quarantine", Least(Operator)),
+    ("svc.v1.FleetService/Unquarantine", Least(Operator)),
+    ("svc.v1.FleetService/Exec", Least(Operator)),
+    ("svc.v1.FleetService/StateCheck", Least(Operator)),
+    ("svc.v1.FleetService/StateApply", Least(Operator)),
+    ("svc.v1.FleetService/StateDrift", Least(Operator)),
+];
+
+/// Every REST route, as `METHOD /path` with `{id}` for a path parameter.
+pub const REST: &[(&str, Access)] = &[
+    ("GET /health/live", Public),
+    ("GET /health/ready", Public),
+    ("GET /metrics", Public),
+    ("GET /api/v1/openapi.json", Public),
+    ("GET /api/v1/apikeys", Least(Admin)),
+    ("POST /api/v1/apikeys", Least(Admin)),
+    ("GET /api/v1/apikeys/{id}", Least(Admin)),
+    ("PATCH /api/v1/apikeys/{id}", Least(Admin)),
+    ("DELETE /api/v1/apikeys/{id}", Least(Admin)),
+];
+
+/// The access rule for a gRPC method path (`/svc.v1.X/Y` or `svc.v1.X/Y`).
+pub fn grpc_access(method: &str) -> Option<Access> {
+    let method = method.trim_start_matches('/');
+    GRPC.iter()
+        .find(|(name, _)| *name == method)
+        .map(|(_, access)| *access)
+}
+
+/// What an API key of `role` may do on the bus (contract §7):
+/// - no key may publish or subscribe on `svc.enroll` or `svc.agent.>`: commands reach agents
+///   only through the server (audited, quarantine honoured) and nobody may forge a result;
+/// - publishing on `svc.events.>` is the server's alone: an event on the live feed must also
+///   be stored and audited, so emitting goes through EventService;
+/// - admin and operator: every other subject (`svc.files.>` included);
+/// - readonly: subscribe to `svc.events.>`, nothing else.
+///
+/// Connections without a key get `Permissions::enrolment()`; agents get their own subjects
+/// (`server::bus::agent_bus_permissions`); the server's own client is unrestricted.
+pub fn bus_permissions(role: Role, user: String) -> Permissions {
+    let agents_and_enrolment = [subjects::ENROLL, subjects::AGENTS_ALL];
+    match role {
+        Admin | Operator => Permissions {
+            user,
+            publish: AllowDeny::all()
+                .deny(agents_and_enrolment)
+                .deny([subjects::EVENTS_ALL]),
+            subscribe: AllowDeny::all().deny(agents_and_enrolment),
+        },
+        Readonly => Permissions {
+            user,
+            publish: AllowDeny::none(),
+            subscribe: AllowDeny::only([subjects::EVENTS_ALL]),
+        },
+    }
+}
+
+/// Representative bus subjects for the role table and the access test.
+pub const BUS_SUBJECTS: &[&str] = &[
+    "svc.enroll",
+    "svc.agent.web-1.cmd",
+    "svc.agent.web-1.result",
+    "svc.agent.web-1.heartbeat",
+    "svc.events.agent_connected",
+    "svc.files.main.get",
+    "app.anything",
+];
+
+/// The role × surface table as Markdown, for docs/ARCHITECTURE.md (a test keeps the two
+/// equal).
+pub fn role_table_markdown() -> String {
+    let mut out = String::from("| surface | operation | who may |\n| --- | --- | --- |\n");
+    for (route, access) in REST {
+        out.push_str(&format!("| REST | `{route}` | {} |\n", access.describe()));
+    }
+    for (method, access) in GRPC {
+        out.push_str(&format!("| gRPC | `{method}` | {} |\n", access.describe()));
+    }
+    for subject in BUS_SUBJECTS {
+        let mut publish = Vec::new();
+        let mut subscribe = Vec::new();
+        for role in [Readonly, Operator, Admin] {
+            let permissions = bus_permissions(role, String::new());
+            if permissions.publish.allows(subject) {
+                publish.push(role.as_str());
+            }
+            if permissions.subscribe.allows(subject) {
+                subscribe.push(role.as_str());
+            }
+        }
+        let anonymous = Permissions::enrolment();
+        if anonymous.publish.allows(subject) {
+            publish.push("no key (enrolment)");
+        }
+        let none = |list: Vec<&str>| {
+            if list.is_empty() {
+                "no API key".to_string()
+            } else {
+                list.join(", ")
+            }
+        };
+        out.push_str(&format!(
+            "| bus | `{subject}` | publish: {}; subscribe: {} |\n",
+            none(publish),
+            none(subscribe)
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_api_key_reaches_agents_or_enrolment_and_only_the_server_publishes_events() {
+        for role in [Readonly, Operator, Admin] {
+            let p = bus_permissions(role, "k".into());
+            for subject in ["svc.enroll", "svc.agent.a.cmd", "svc.agent.a.result"] {
+                assert!(!p.publish.allows(subject), "{role} publishes {subject}");
+                assert!(!p.subscribe.allows(subject), "{role} subscribes {subject}");
+            }
+            assert!(!p.subscribe.allows("svc.agent.>"), "{role}");
+            assert!(!p.publish.allows("svc.events.x"), "{role} publishes events");
+            assert!(p.subscribe.allows("svc.events.>"), "{role} reads events");
+        }
+        let operator = bus_permissions(Operator, "k".into());
+        assert!(operator.publish.allows("svc.files.main.get"));
+        assert!(
+            operator.subscribe.allows(">"),
+            "a wide SUB is allowed; denied parts withheld"
+        );
+        let readonly = bus_permissions(Readonly, "k".into());
+        assert!(!readonly.publish.allows("app.x") && !readonly.subscribe.allows("app.x"));
+    }
+
+    #[test]
+    fn table_names_are_unique_and_checks_follow_rank() {
+        let mut names: Vec<&str> = GRPC.iter().map(|(n, _)| *n).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), GRPC.len());
+        assert!(Least(Operator).allows(Some(Admin)));
+        assert!(!Least(Operator).allows(Some(Readonly)));
+        assert!(!NotBuilt.allows(None) && Public.allows(None));
+        assert_eq!(
+            grpc_access("/svc.v1.EventService/Emit"),
+            Some(Least(Operator))
+        );
+    }
+}

@@ -1,0 +1,548 @@
+//! Who may do what, on every surface, against the one table in `svc::auth::access`:
+//! every gRPC method and REST route is called with each role and with no key, and every
+//! representative bus subject is published and subscribed to; the answers must match the
+//! table, and a method or route without a row fails the test. Then, with stock NATS clients
+//! (async-nats and nats-py), the attacks contract §7 closes: an admin key commanding an agent
+//! directly, a forged result, an operator publishing a fake event.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::agent::Agent;
+use common::{bus_socket, run, Run, TestServer};
+use futures_util::StreamExt;
+use prost::Message;
+use svc::auth::access::{self, Access};
+use svc::auth::Role;
+
+/// (label, role, key) for no key and each role, lowest first: a denied call must never have
+/// changed anything the higher roles' calls then see.
+fn callers(server: &TestServer) -> Vec<(&'static str, Option<Role>, Option<String>)> {
+    let (_, readonly) = server.create_key("matrix-readonly", "readonly");
+    let (_, operator) = server.create_key("matrix-operator", "operator");
+    vec![
+        ("no key", None, None),
+        ("readonly", Some(Role::Readonly), Some(readonly)),
+        ("operator", Some(Role::Operator), Some(operator)),
+        ("admin", Some(Role::Admin), Some(server.admin_key.clone())),
+    ]
+}
+
+/// Every `svc.v1` method with its streaming shape, from the compiled descriptor set.
+fn grpc_methods() -> Vec<(String, bool, bool)> {
+    let set = prost_types::FileDescriptorSet::decode(svc::proto::FILE_DESCRIPTOR_SET).unwrap();
+    let mut methods = Vec::new();
+    for file in set.file {
+        for service in &file.service {
+            for method in &service.method {
+                methods.push((
+                    format!("{}.{}/{}", file.package(), service.name(), method.name()),
+                    method.client_streaming(),
+                    method.server_streaming(),
+                ));
+            }
+        }
+    }
+    methods
+}
+
+/// Calls `path` with an empty request message; returns the status code it ended with (Ok
+/// when the call or its first message succeeded).
+async fn call(
+    channel: tonic::transport::Channel,
+    path: &str,
+    client_streaming: bool,
+    server_streaming: bool,
+    key: Option<&str>,
+) -> tonic::Code {
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let name = path;
+    let path: http::uri::PathAndQuery = format!("/{path}").parse().unwrap();
+    let codec = tonic_prost::ProstCodec::<svc::proto::Empty, svc::proto::Empty>::default();
+    let code = |result: Result<(), tonic::Status>| match result {
+        Ok(()) => tonic::Code::Ok,
+        Err(status) => status.code(),
+    };
+    let call = async {
+        match (client_streaming, server_streaming) {
+            (false, false) => code(
+                grpc.unary(
+                    with_key(key, tonic::Request::new(svc::proto::Empty {})),
+                    path,
+                    codec,
+                )
+                .await
+                .map(drop),
+            ),
+            (false, true) => {
+                let request = with_key(key, tonic::Request::new(svc::proto::Empty {}));
+                match grpc.server_streaming(request, path, codec).await {
+                    Err(status) => status.code(),
+                    Ok(response) => {
+                        let mut stream = response.into_inner();
+                        // A live stream may send nothing for a while: that is past the check.
+                        match tokio::time::timeout(Duration::from_millis(500), stream.message())
+                            .await
+                        {
+                            Ok(result) => code(result.map(drop)),
+                            Err(_) => tonic::Code::Ok,
+                        }
+                    }
+                }
+            }
+            (true, _) => {
+                let messages = tokio_stream::iter(Vec::<svc::proto::Empty>::new());
+                let request = with_key(key, tonic::Request::new(messages));
+                if server_streaming {
+                    code(grpc.streaming(request, path, codec).await.map(drop))
+                } else {
+                    code(grpc.client_streaming(request, path, codec).await.map(drop))
+                }
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), call)
+        .await
+        .unwrap_or_else(|_| panic!("{name} did not answer"))
+}
+
+fn with_key<T>(key: Option<&str>, mut request: tonic::Request<T>) -> tonic::Request<T> {
+    if let Some(key) = key {
+        request
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {key}").parse().unwrap());
+    }
+    request
+}
+
+fn is_denied(code: tonic::Code) -> bool {
+    matches!(
+        code,
+        tonic::Code::Unauthenticated | tonic::Code::PermissionDenied
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_grpc_method_answers_each_role_as_the_table_says() {
+    let server = TestServer::start();
+    let methods = grpc_methods();
+
+    // A method without a row, or a row without a method, fails here.
+    let listed: Vec<&str> = access::GRPC.iter().map(|(name, _)| *name).collect();
+    for (name, _, _) in &methods {
+        assert!(
+            listed.contains(&name.as_str()),
+            "gRPC method {name} has no row in auth::access::GRPC"
+        );
+    }
+    for name in &listed {
+        assert!(
+            methods.iter().any(|(m, _, _)| m == name),
+            "auth::access::GRPC names {name}, which no service has"
+        );
+    }
+
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut failures = Vec::new();
+    for (label, role, key) in callers(&server) {
+        for (name, client_streaming, server_streaming) in &methods {
+            let access = access::grpc_access(name).unwrap();
+            let got = call(
+                channel.clone(),
+                name,
+                *client_streaming,
+                *server_streaming,
+                key.as_deref(),
+            )
+            .await;
+            let expected_allowed = access.allows(role);
+            let wrong = if expected_allowed {
+                is_denied(got) || (access == Access::NotBuilt && got != tonic::Code::Unimplemented)
+            } else if role.is_none() {
+                got != tonic::Code::Unauthenticated
+            } else {
+                got != tonic::Code::PermissionDenied
+            };
+            if wrong {
+                failures.push(format!(
+                    "{name} as {label}: got {got:?}, table says {access:?}"
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn every_rest_route_answers_each_role_as_the_table_says() {
+    let server = TestServer::start();
+    // The routes the server documents are the routes it has: each needs a row.
+    let document = server
+        .request("GET", "/api/v1/openapi.json", None, None)
+        .json();
+    let mut documented = Vec::new();
+    for (path, operations) in document["paths"].as_object().unwrap() {
+        for method in operations.as_object().unwrap().keys() {
+            if method == "parameters" {
+                continue;
+            }
+            documented.push(format!("{} {path}", method.to_uppercase()));
+        }
+    }
+    for route in &documented {
+        assert!(
+            access::REST.iter().any(|(r, _)| r == route),
+            "REST route {route} has no row in auth::access::REST"
+        );
+    }
+    for (route, _) in access::REST {
+        assert!(
+            documented.iter().any(|r| r == route),
+            "auth::access::REST names {route}, which openapi.json does not document"
+        );
+    }
+
+    let mut failures = Vec::new();
+    for (label, role, key) in callers(&server) {
+        for (route, access) in access::REST {
+            let (method, path) = route.split_once(' ').unwrap();
+            let path = path.replace("{id}", "01JZZZZZZZZZZZZZZZZZZZZZZZ");
+            let body = match method {
+                "POST" => Some(format!(r#"{{"name":"matrix-{label}","role":"readonly"}}"#)),
+                "PATCH" => Some(r#"{"name":"renamed"}"#.to_string()),
+                _ => None,
+            };
+            let response = server.request(method, &path, key.as_deref(), body.as_deref());
+            let denied = matches!(response.status, 401 | 403);
+            let wrong = if access.allows(role) {
+                denied
+            } else if role.is_none() {
+                response.status != 401
+            } else {
+                response.status != 403
+            };
+            if wrong {
+                failures.push(format!(
+                    "{route} as {label}: got {} {}, table says {access:?}",
+                    response.status, response.body
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Sends CONNECT (with `token`, if any), then `ops` and PING; returns the lines up to PONG.
+fn bus_session(server: &TestServer, token: Option<&str>, ops: &str) -> Vec<String> {
+    let stream = TcpStream::connect(bus_socket(&server.bus)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut info = String::new();
+    reader.read_line(&mut info).unwrap();
+    let mut connect = serde_json::json!({"verbose": false, "pedantic": false});
+    if let Some(token) = token {
+        connect["auth_token"] = token.into();
+    }
+    let mut writer = stream;
+    write!(writer, "CONNECT {connect}\r\n{ops}PING\r\n").unwrap();
+    common::lines_until_pong(&mut reader)
+}
+
+#[test]
+fn every_bus_subject_answers_each_role_as_the_table_says() {
+    let server = TestServer::start();
+    let mut failures = Vec::new();
+    for (label, role, key) in callers(&server) {
+        let permissions = match role {
+            Some(role) => access::bus_permissions(role, String::new()),
+            None => svc::bus::Permissions::enrolment(),
+        };
+        for subject in access::BUS_SUBJECTS {
+            let lines = bus_session(
+                &server,
+                key.as_deref(),
+                &format!("SUB {subject} 1\r\nPUB {subject} 1\r\nx\r\n"),
+            );
+            let sub_refused = lines.contains(&format!(
+                "-ERR 'Permissions Violation for Subscription to \"{subject}\"'"
+            ));
+            let pub_refused = lines.contains(&format!(
+                "-ERR 'Permissions Violation for Publish to \"{subject}\"'"
+            ));
+            if sub_refused == permissions.subscribe.allows(subject)
+                || pub_refused == permissions.publish.allows(subject)
+            {
+                failures.push(format!("{subject} as {label}: {lines:?}"));
+            }
+            // A message a client may both send and receive comes back to it.
+            let delivered = lines.iter().any(|l| l.starts_with("MSG "));
+            if delivered != (!sub_refused && !pub_refused) {
+                failures.push(format!("{subject} as {label}: delivery {lines:?}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+
+    // The table in the docs is the one in the code.
+    let docs = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/ARCHITECTURE.md"),
+    )
+    .unwrap();
+    assert!(
+        docs.contains(&access::role_table_markdown()),
+        "docs/ARCHITECTURE.md's role table differs from auth::access; paste this:\n{}",
+        access::role_table_markdown()
+    );
+}
+
+fn wait_connected(server: &TestServer, id: &str) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let listed = run(server.cli("svcctl").args([
+            "--api-key",
+            &server.admin_key,
+            "-o",
+            "json",
+            "agent",
+            "list",
+        ]));
+        let agents: serde_json::Value = serde_json::from_str(&listed.stdout).unwrap_or_default();
+        let connected = agents
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|agent| agent["id"] == id && agent["state"] == "connected");
+        if connected {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{id} never connected: {listed:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A stock async-nats client logged in with `key`, and the errors the server sent it.
+async fn stock_client(
+    server: &TestServer,
+    key: &str,
+) -> (
+    async_nats::Client,
+    tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
+    let (errors, received) = tokio::sync::mpsc::unbounded_channel();
+    let client = async_nats::ConnectOptions::with_token(key.to_string())
+        .event_callback(move |event| {
+            let errors = errors.clone();
+            async move {
+                if let async_nats::Event::ServerError(error) = event {
+                    let _ = errors.send(error.to_string());
+                }
+            }
+        })
+        .connect(server.bus.as_str())
+        .await
+        .unwrap();
+    (client, received)
+}
+
+async fn next_error(errors: &mut tokio::sync::mpsc::UnboundedReceiver<String>) -> String {
+    tokio::time::timeout(Duration::from_secs(5), errors.recv())
+        .await
+        .expect("no error from the server within 5 s")
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_api_key_commands_an_agent_forges_a_result_or_fakes_an_event() {
+    let server = TestServer::start();
+    let agent = Agent::start(&server, "web-01", "role=web");
+    let wait_server = &server;
+    tokio::task::block_in_place(|| wait_connected(wait_server, "web-01"));
+    let (_, operator) = server.create_key("ops", "operator");
+    let (_, readonly) = server.create_key("watcher", "readonly");
+    let marker = agent.home.path().join("commanded-by-an-api-key");
+
+    // An admin key publishing a well-formed exec command to the agent: refused by the broker.
+    let (admin, mut admin_errors) = stock_client(&server, &server.admin_key).await;
+    let command = serde_json::json!({
+        "job_id": "01JFORGEDFORGEDFORGEDFORGE", "timeout_ms": 5000, "kind": "exec",
+        "argv": ["touch", marker.to_str().unwrap()],
+    });
+    admin
+        .publish("svc.agent.web-01.cmd", command.to_string().into())
+        .await
+        .unwrap();
+    admin.flush().await.unwrap();
+    let error = next_error(&mut admin_errors).await;
+    assert!(
+        error.contains("Permissions Violation for Publish to \"svc.agent.web-01.cmd\""),
+        "{error}"
+    );
+    // Nor may it listen in on what agents are sent or answer.
+    assert!(admin.subscribe("svc.agent.>").await.is_ok()); // the SUB is sent; the server refuses
+    admin.flush().await.unwrap();
+    let error = next_error(&mut admin_errors).await;
+    assert!(
+        error.contains("Permissions Violation for Subscription to \"svc.agent.>\""),
+        "{error}"
+    );
+
+    // A forged result published while a real job waits never reaches the job.
+    let forged = serde_json::json!({
+        "job_id": "any", "duration_ms": 1, "kind": "exec", "exit_code": 0, "stdout": "forged\n",
+    });
+    let exec = {
+        let mut command = server.cli("svcctl");
+        command.args([
+            "--api-key",
+            &operator,
+            "-o",
+            "json",
+            "exec",
+            "--",
+            "sh",
+            "-c",
+            "sleep 1; echo real",
+        ]);
+        tokio::task::spawn_blocking(move || run(&mut command))
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    admin
+        .publish("svc.agent.web-01.result", forged.to_string().into())
+        .await
+        .unwrap();
+    admin.flush().await.unwrap();
+    let error = next_error(&mut admin_errors).await;
+    assert!(
+        error.contains("Permissions Violation for Publish to \"svc.agent.web-01.result\""),
+        "{error}"
+    );
+    let exec: Run = exec.await.unwrap();
+    assert_eq!(exec.code, 0, "{exec:?}");
+    assert!(exec.stdout.contains("real\\n"), "{exec:?}");
+    assert!(!exec.stdout.contains("forged"), "{exec:?}");
+
+    // The agent ran nothing it was sent by a key.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!marker.exists(), "an API key commanded the agent");
+
+    // An operator publishing on svc.events.> is refused; the live feed shows nothing.
+    let (watcher, _) = stock_client(&server, &readonly).await;
+    let mut feed = watcher.subscribe("svc.events.>").await.unwrap();
+    watcher.flush().await.unwrap();
+    let (operator_client, mut operator_errors) = stock_client(&server, &operator).await;
+    operator_client
+        .publish(
+            "svc.events.state_drift_detected",
+            r#"{"type":"state_drift_detected","payload":{"fake":true}}"#.into(),
+        )
+        .await
+        .unwrap();
+    operator_client.flush().await.unwrap();
+    let error = next_error(&mut operator_errors).await;
+    assert!(
+        error.contains("Permissions Violation for Publish to \"svc.events.state_drift_detected\""),
+        "{error}"
+    );
+    // An event emitted the proper way arrives, and it is the first thing the feed sees.
+    let emitted = tokio::task::spawn_blocking({
+        let mut command = server.cli("svc-events");
+        command.args([
+            "--api-key",
+            &operator,
+            "emit",
+            "--type",
+            "state_drift_detected",
+            "--payload",
+            r#"{"real":true}"#,
+        ]);
+        move || run(&mut command)
+    })
+    .await
+    .unwrap();
+    assert_eq!(emitted.code, 0, "{emitted:?}");
+    let first = tokio::time::timeout(Duration::from_secs(5), feed.next())
+        .await
+        .expect("the emitted event reaches the live feed")
+        .unwrap();
+    let event: serde_json::Value = serde_json::from_slice(&first.payload).unwrap();
+    assert_eq!(event["payload"]["real"], true, "{event}");
+    drop(agent);
+}
+
+/// The same refusals through a second stock client, nats-py (skipped when not installed).
+#[test]
+fn nats_py_admin_key_cannot_command_agents() {
+    let probe = Command::new("python3").args(["-c", "import nats"]).output();
+    if !probe.map(|o| o.status.success()).unwrap_or(false) {
+        eprintln!("skipped: python3 with nats-py is not installed (pip install nats-py)");
+        return;
+    }
+    let server = TestServer::start();
+    let (_, operator) = server.create_key("ops", "operator");
+    let script = r#"
+import asyncio, sys
+import nats
+
+async def main(url, admin, operator):
+    errors = []
+    async def on_error(e):
+        errors.append(str(e))
+    results = {}
+    for name, token, subject in [("admin", admin, "svc.agent.web-01.cmd"),
+                                 ("operator", operator, "svc.events.fake")]:
+        errors.clear()
+        nc = await nats.connect(url, token=token, error_cb=on_error,
+                                allow_reconnect=False)
+        await nc.publish(subject, b'{"job_id":"x","timeout_ms":1,"kind":"exec","argv":["true"]}')
+        await nc.flush()
+        for _ in range(50):
+            if errors:
+                break
+            await asyncio.sleep(0.1)
+        results[name] = list(errors)
+        await nc.close()
+    for name, errs in results.items():
+        print(name, "|".join(errs))
+
+asyncio.run(main(*sys.argv[1:]))
+"#;
+    let output = Command::new("python3")
+        .args(["-c", script, &server.bus, &server.admin_key, &operator])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let line = |name: &str| {
+        stdout
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_default()
+            .to_lowercase()
+    };
+    assert!(
+        line("admin").contains("permissions violation for publish to \"svc.agent.web-01.cmd\""),
+        "{stdout}"
+    );
+    assert!(
+        line("operator").contains("permissions violation for publish to \"svc.events.fake\""),
+        "{stdout}"
+    );
+}
