@@ -274,12 +274,16 @@ pub struct TlsConfig {
 pub struct LimitsConfig {
     /// Largest REST request body, in bytes; larger bodies get 413.
     pub max_request_body: u64,
+    /// Open connections each of the REST and gRPC listeners accepts; past it a new connection
+    /// is closed at once (REST with a 503). The bus has its own cap in the broker.
+    pub max_connections: usize,
 }
 
 impl Default for LimitsConfig {
     fn default() -> Self {
         LimitsConfig {
             max_request_body: 1024 * 1024,
+            max_connections: 4096,
         }
     }
 }

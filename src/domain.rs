@@ -1,34 +1,92 @@
-//! The domain's shared state: what every domain function receives first.
+//! The domain: what every domain function receives first, built once and whole at start.
 //!
-//! Transports (REST, gRPC, bus) hold a `Domain` through the server `Context`; domain modules
-//! take `&Domain` and a `&Principal` and never know which transport called them.
+//! Start-up order (server::cmd): store → stream logs → broker → the server's bus client →
+//! [`Domain::start`] → listeners. `Domain::start` returns a finished `Arc<Domain>`: nothing in
+//! it is set later (no late-bound bus client, publisher callback or swapped-in part), so a
+//! domain function can never meet a half-built domain.
+//!
+//! Transports (REST, gRPC, bus) hold an `Arc<Domain>`; they authenticate with
+//! [`Domain::authenticate`] and call domain functions with the `Principal` it returns. Every
+//! authorization decision is made in the domain (see `auth::access`).
 
 use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
 
 use crate::audit::Auditor;
+use crate::auth::{self, Principal, RateLimiter};
+use crate::config::ServerConfig;
 use crate::events::Events;
+use crate::identity::Keys;
 use crate::store::Store;
 use crate::stream::StreamLog;
+use crate::Result;
 
 pub struct Domain {
     pub store: Arc<dyn Store>,
     /// The one writer of audit rows.
     pub auditor: Auditor,
-    /// The one emitter of events.
+    /// The one emitter of events, with the live fan-out on the bus.
     pub events: Arc<Events>,
-    /// The secrets engine's master key, caches and backends (sealed until `secrets::start`).
+    /// The secrets engine: master key in force, caches and backends.
     pub secrets: crate::secrets::Secrets,
     /// Agents' liveness, jobs waiting for answers, and the bus client commands go out on.
     pub fleet: crate::fleet::Fleet,
+    /// The server secrets identity needs (hmacsecret; the master key follows `secrets`).
+    keys: Keys,
+    /// Per-key token buckets, applied to every authenticated request on every transport.
+    rate_limiter: RateLimiter,
+}
+
+/// The durable streams the domain writes.
+pub struct Logs {
+    pub events: Arc<StreamLog>,
+    /// The copy of every audit row (`audit/commit.rs`).
+    pub audit: Arc<StreamLog>,
 }
 
 impl Domain {
-    /// `audit_mirror` is the `audit` stream log the auditor copies every row to.
-    pub fn new(
+    /// Builds the whole domain over an open store, its logs and the server's bus client:
+    /// unseals secrets (refusing a wrong master key), makes or opens the embedded CA, and
+    /// loads the agent registry. `stopping` flips when the server stops, ending live streams.
+    pub async fn start(
+        config: &ServerConfig,
+        store: Arc<dyn Store>,
+        logs: Logs,
+        bus: async_nats::Client,
+        stopping: watch::Receiver<bool>,
+    ) -> Result<Arc<Domain>> {
+        let keys = Keys::from_config(config)?;
+        let events = Arc::new(Events::new(logs.events, stopping, Some(bus.clone())));
+        let domain = Domain::assemble(
+            store,
+            config.policy_dir.clone(),
+            events,
+            Some(logs.audit),
+            crate::fleet::Fleet::new(config.agents.heartbeat_timeout.0, Some(bus)),
+            keys,
+            RateLimiter::new(
+                config.rate_limit.requests_per_second,
+                config.rate_limit.burst,
+            ),
+        );
+        // A wrong master_key is refused (with what to do) before anything sealed is opened.
+        crate::secrets::start(&domain, domain.keys.master_key(), &config.secrets).await?;
+        crate::identity::ensure_ca(domain.store.as_ref(), &domain.identity_keys()).await?;
+        let agents = crate::fleet::load(&domain).await?;
+        tracing::debug!(agents, "agent registry loaded");
+        Ok(Arc::new(domain))
+    }
+
+    fn assemble(
         store: Arc<dyn Store>,
         policy_dir: std::path::PathBuf,
         events: Arc<Events>,
         audit_mirror: Option<Arc<StreamLog>>,
+        fleet: crate::fleet::Fleet,
+        keys: Keys,
+        rate_limiter: RateLimiter,
     ) -> Self {
         let auditor = Auditor::new(store.clone(), policy_dir)
             .with_events(events.clone())
@@ -38,18 +96,55 @@ impl Domain {
             auditor,
             events,
             secrets: Default::default(),
-            fleet: Default::default(),
+            fleet,
+            keys,
+            rate_limiter,
         }
     }
 
     /// A domain over `store` with its events log under `dir/jetstream/events` and policies
-    /// from `dir/policies`, no audit mirror: for unit tests and offline tools.
-    pub fn in_dir(store: Arc<dyn Store>, dir: &std::path::Path) -> crate::Result<Self> {
+    /// from `dir/policies`: no bus, no audit mirror, secrets sealed until `secrets::start`.
+    /// For unit tests and offline tools.
+    pub fn in_dir(store: Arc<dyn Store>, dir: &std::path::Path) -> Result<Self> {
         let log = StreamLog::open(&dir.join("jetstream/events"), Default::default())?;
         // The sender is leaked on purpose: nothing here ever stops.
-        let (stop, stopping) = tokio::sync::watch::channel(false);
+        let (stop, stopping) = watch::channel(false);
         std::mem::forget(stop);
-        let events = Arc::new(Events::new(log, stopping));
-        Ok(Domain::new(store, dir.join("policies"), events, None))
+        let events = Arc::new(Events::new(log, stopping, None));
+        Ok(Domain::assemble(
+            store,
+            dir.join("policies"),
+            events,
+            None,
+            crate::fleet::Fleet::new(Duration::from_secs(30), None),
+            Keys::new([0; 32], b"test-hmac-secret".to_vec()),
+            RateLimiter::new(1000.0, 1000),
+        ))
+    }
+
+    /// The request chain of contract §4 up to the role check, which each domain function
+    /// makes itself: the bearer key must resolve to a principal (looked up in the store on
+    /// every call: no cache), then pass the key's rate limit.
+    pub async fn authenticate(&self, authorization: Option<&str>) -> Result<Principal> {
+        let key = auth::bearer_token(authorization)?;
+        let principal = auth::authenticate(self.store.as_ref(), key).await?;
+        // The transport's request span (server::request_span) names the caller from here on.
+        tracing::Span::current().record("key_id", principal.id.as_str());
+        self.rate_limiter.check(&principal.id)?;
+        Ok(principal)
+    }
+
+    /// Drops a deleted key's token bucket.
+    pub fn forget_key(&self, id: &str) {
+        self.rate_limiter.forget(id);
+    }
+
+    /// The identity keys in force: the master key follows a `rotate-master`, which the
+    /// configuration file only learns at the next restart.
+    pub fn identity_keys(&self) -> Keys {
+        match self.secrets.current_master() {
+            Some(master) => self.keys.with_master(master),
+            None => self.keys.clone(),
+        }
     }
 }

@@ -639,3 +639,125 @@ fn bootstrap_key_file_is_private() {
     common::assert_private(&server.data_dir.join("bootstrap-admin.key"));
     assert!(svc::auth::looks_like_api_key(&server.admin_key));
 }
+
+/// Reads what the server sends on `stream` until it closes (or 5 s pass).
+fn read_until_closed(stream: &mut std::net::TcpStream) -> String {
+    use std::io::Read;
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    let mut text = Vec::new();
+    let _ = stream.read_to_end(&mut text);
+    String::from_utf8_lossy(&text).into_owned()
+}
+
+#[test]
+fn connection_caps_close_what_is_over_them_and_leave_other_ports_serving() {
+    use std::net::TcpStream;
+    use std::time::{Duration, Instant};
+    let server = TestServer::start_with(Options {
+        config_yaml: "limits: { max_connections: 3 }\n".into(),
+        ..Options::default()
+    });
+    // Connections that each served a request fill the REST cap (at most three of them: one
+    // may still be the start-up probe's, which the server sees closing a moment later); the
+    // next reads a 503 and is closed.
+    let mut idle = Vec::new();
+    let answer = loop {
+        let mut connection = TcpStream::connect(server.http).unwrap();
+        connection
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        std::io::Write::write_all(
+            &mut connection,
+            b"GET /health/live HTTP/1.1\r\nhost: x\r\n\r\n",
+        )
+        .unwrap();
+        let mut buffer = [0u8; 4096];
+        let read = std::io::Read::read(&mut connection, &mut buffer).unwrap_or(0);
+        let text = String::from_utf8_lossy(&buffer[..read]).into_owned();
+        if !text.starts_with("HTTP/1.1 200") {
+            let rest = read_until_closed(&mut connection);
+            break text + &rest;
+        }
+        idle.push(connection);
+        assert!(idle.len() <= 3, "more than 3 connections held");
+    };
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(answer.contains("limits.max_connections"), "{answer}");
+    // gRPC has its own cap: fill it too, and the fifth gRPC connection is closed unanswered.
+    let grpc_idle: Vec<TcpStream> = (0..3)
+        .map(|_| TcpStream::connect(server.grpc).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut grpc_over = TcpStream::connect(server.grpc).unwrap();
+    let started = Instant::now();
+    assert_eq!(read_until_closed(&mut grpc_over), "");
+    assert!(started.elapsed() < Duration::from_secs(4));
+    // The bus is not held up by either flood.
+    let mut bus = TcpStream::connect(common::bus_socket(&server.bus)).unwrap();
+    bus.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut info = [0u8; 5];
+    std::io::Read::read_exact(&mut bus, &mut info).unwrap();
+    assert_eq!(&info, b"INFO ");
+    // Freed slots are taken again at once.
+    drop(idle);
+    drop(grpc_idle);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let ready = http_request(server.http, "GET", "/health/ready", &[], None);
+        if ready.as_ref().map(|r| r.status).ok() == Some(200) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "REST did not recover");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let health = run(server
+        .cli("svcctl")
+        .args(["--api-key", &server.admin_key, "apikey", "list"]));
+    assert_eq!(health.code, 0, "{health:?}");
+}
+
+#[test]
+fn one_request_id_follows_a_request_through_the_log() {
+    let server = TestServer::start_with(Options {
+        config_yaml: "log_format: json\n".into(),
+        ..Options::default()
+    });
+    let auth = format!("Bearer {}", server.admin_key);
+    let response = http_request(
+        server.http,
+        "POST",
+        "/api/v1/apikeys",
+        &[("Authorization", &auth), ("X-Request-Id", "trace-me-42")],
+        Some(br#"{"name":"traced","role":"readonly"}"#),
+    )
+    .unwrap();
+    assert_eq!(response.status, 201, "{}", response.body);
+    assert_eq!(response.header("x-request-id"), Some("trace-me-42"));
+    let admin_id = server
+        .request("GET", "/api/v1/apikeys", Some(&server.admin_key), None)
+        .json()["apikeys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["name"] == "bootstrap-admin")
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let log = server.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("trace-me-42") && l.contains("API key created"))
+        .unwrap_or_else(|| panic!("no log line with the request id:\n{log}"));
+    let line: serde_json::Value = serde_json::from_str(line).unwrap();
+    let span = &line["span"];
+    assert_eq!(span["id"], "trace-me-42", "{line}");
+    assert_eq!(span["transport"], "rest", "{line}");
+    assert_eq!(span["route"], "/api/v1/apikeys", "{line}");
+    assert_eq!(span["key_id"], admin_id.as_str(), "{line}");
+    // Without a header the server makes one.
+    let made = server.request("GET", "/health/live", None, None);
+    assert!(made.header("x-request-id").is_some_and(|id| !id.is_empty()));
+}

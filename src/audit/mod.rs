@@ -544,6 +544,30 @@ fn csv_field(text: &str) -> String {
     }
 }
 
+/// `svc-audit export` (admin): the rows as chunks of CSV or JSON Lines in the returned
+/// channel. The role is checked before anything streams, so a readonly caller gets
+/// "forbidden", not an empty file; when the receiver goes away the export stops.
+pub fn open_export(
+    domain: &Arc<crate::domain::Domain>,
+    principal: &Principal,
+    format: ExportFormat,
+    since: Option<String>,
+    until: Option<String>,
+) -> Result<tokio::sync::mpsc::Receiver<Result<Vec<u8>>>> {
+    principal.require(Role::Admin)?;
+    let (sender, receiver) = tokio::sync::mpsc::channel(8);
+    let domain = domain.clone();
+    let principal = principal.clone();
+    tokio::spawn(async move {
+        let store = domain.store.as_ref();
+        let result = export(store, &principal, format, &since, &until, &sender).await;
+        if let Err(error) = result {
+            let _ = sender.send(Err(error)).await;
+        }
+    });
+    Ok(receiver)
+}
+
 /// Streams the log (chain order, redacted again on the way out) as chunks of bytes into
 /// `out`; stops early when the receiver goes away. Admin only: an export is the whole history.
 pub async fn export(

@@ -298,3 +298,94 @@ mod tests {
         }
     }
 }
+
+/// A policy as `svc-policy list|show` present it; for a policy set, `source_yaml` lists the
+/// member ids, one a line.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PolicyView {
+    pub id: String,
+    pub severity: String,
+    pub source_yaml: String,
+    pub policy_set: String,
+}
+
+impl From<&LoadedPolicy> for PolicyView {
+    fn from(loaded: &LoadedPolicy) -> Self {
+        PolicyView {
+            id: loaded.policy.id.clone(),
+            severity: loaded.policy.severity.clone(),
+            source_yaml: loaded.source.clone(),
+            policy_set: loaded.policy.policy_set.clone(),
+        }
+    }
+}
+
+fn set_view(set: &str, members: Vec<String>) -> PolicyView {
+    PolicyView {
+        id: set.to_string(),
+        severity: String::new(),
+        source_yaml: members.join("\n"),
+        policy_set: set.to_string(),
+    }
+}
+
+/// `svc-policy list [--policy-sets]` (any key): the policies in force, or one entry per
+/// policy set.
+pub fn list(
+    domain: &crate::domain::Domain,
+    principal: &crate::auth::Principal,
+    sets: bool,
+) -> crate::Result<Vec<PolicyView>> {
+    principal.require(crate::auth::Role::Readonly)?;
+    let loaded = domain.auditor.policies();
+    if !sets {
+        return Ok(loaded.policies.iter().map(PolicyView::from).collect());
+    }
+    let mut names: Vec<&str> = loaded
+        .policies
+        .iter()
+        .map(|p| p.policy.policy_set.as_str())
+        .filter(|s| !s.is_empty())
+        .collect();
+    names.sort();
+    names.dedup();
+    Ok(names
+        .into_iter()
+        .map(|set| set_view(set, members(&loaded, set)))
+        .collect())
+}
+
+fn members(loaded: &PolicySet, set: &str) -> Vec<String> {
+    loaded
+        .policies
+        .iter()
+        .filter(|p| p.policy.policy_set == set)
+        .map(|p| p.policy.id.clone())
+        .collect()
+}
+
+/// `svc-policy show ID [--policy-set]` (any key).
+pub fn get(
+    domain: &crate::domain::Domain,
+    principal: &crate::auth::Principal,
+    id: &str,
+    set: bool,
+) -> crate::Result<PolicyView> {
+    principal.require(crate::auth::Role::Readonly)?;
+    let loaded = domain.auditor.policies();
+    if set {
+        let members = members(&loaded, id);
+        if members.is_empty() {
+            return Err(crate::Error::NotFound(format!(
+                "policy set '{id}' not found"
+            )));
+        }
+        return Ok(set_view(id, members));
+    }
+    loaded
+        .policies
+        .iter()
+        .find(|p| p.policy.id == id)
+        .map(PolicyView::from)
+        .ok_or_else(|| crate::Error::NotFound(format!("policy '{id}' not found")))
+}

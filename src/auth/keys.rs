@@ -271,6 +271,7 @@ pub async fn delete_key(domain: &Domain, principal: &Principal, id: &str) -> Res
         )
         .await;
     if result.is_ok() {
+        domain.forget_key(id);
         let payload = json!({"id": id, "by": principal.name});
         domain
             .events

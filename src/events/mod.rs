@@ -8,7 +8,7 @@
 
 pub mod types;
 
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -126,12 +126,13 @@ fn unknown_type(name: &str) -> Error {
     ))
 }
 
-/// A function the bus integration installs to fan events out live; it must not block.
-pub type Publisher = Box<dyn Fn(&str, Vec<u8>) + Send + Sync>;
+/// Events waiting to be published live; beyond it an event is stored but not fanned out.
+const LIVE_QUEUE: usize = 4096;
 
 pub struct Events {
     log: Arc<StreamLog>,
-    publisher: RwLock<Option<Publisher>>,
+    /// The live fan-out: one task publishes on the bus in emit order (None without a bus).
+    live: Option<mpsc::Sender<(String, Vec<u8>)>>,
     counts: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
     /// Flips when the server stops, so live subscriptions end instead of holding shutdown.
     stopping: watch::Receiver<bool>,
@@ -144,10 +145,28 @@ fn decode(record: &Record) -> Option<Event> {
 }
 
 impl Events {
-    pub fn new(log: Arc<StreamLog>, stopping: watch::Receiver<bool>) -> Self {
+    /// With `bus`, every stored event is also published on `svc.events.<type>`: one task
+    /// publishes in emit order, and a full queue drops the live copy (logged) rather than
+    /// slowing emitters, since the durable log already has every event.
+    pub fn new(
+        log: Arc<StreamLog>,
+        stopping: watch::Receiver<bool>,
+        bus: Option<async_nats::Client>,
+    ) -> Self {
+        let live = bus.map(|client| {
+            let (sender, mut queue) = mpsc::channel::<(String, Vec<u8>)>(LIVE_QUEUE);
+            tokio::spawn(async move {
+                while let Some((subject, bytes)) = queue.recv().await {
+                    if let Err(e) = client.publish(subject, bytes.into()).await {
+                        tracing::warn!(error = %e, "live event publish failed");
+                    }
+                }
+            });
+            sender
+        });
         Events {
             log,
-            publisher: RwLock::new(None),
+            live,
             counts: Default::default(),
             stopping,
         }
@@ -155,11 +174,6 @@ impl Events {
 
     pub fn log(&self) -> &Arc<StreamLog> {
         &self.log
-    }
-
-    /// Installs the live fan-out (the bus client) once the bus is up.
-    pub fn set_publisher(&self, publisher: Publisher) {
-        *self.publisher.write().expect("publisher lock poisoned") = Some(publisher);
     }
 
     /// Events emitted since start, by type (for `svc_events_total{type}`).
@@ -214,14 +228,11 @@ impl Events {
             .expect("counts lock poisoned")
             .entry(event.event_type.clone())
             .or_default() += 1;
-        if let Some(publish) = self
-            .publisher
-            .read()
-            .expect("publisher lock poisoned")
-            .as_ref()
-        {
-            if let Ok(live) = serde_json::to_vec(&event) {
-                publish(&crate::bus::subjects::event(&event.event_type), live);
+        // The live copy carries the sequence number, which the stored one cannot know yet.
+        if let (Some(live), Ok(bytes)) = (&self.live, serde_json::to_vec(&event)) {
+            let subject = crate::bus::subjects::event(&event.event_type);
+            if live.try_send((subject, bytes)).is_err() {
+                tracing::warn!("live event queue full: event stored but not fanned out live");
             }
         }
         Ok(event)
@@ -425,4 +436,69 @@ pub async fn emit(
     };
     domain.auditor.record(principal, action, &result).await;
     result
+}
+
+/// The most events one `list` page returns.
+pub const MAX_PAGE: usize = 1000;
+
+/// `svc-events list`: a page of stored events (any key). `cursor` is the previous page's
+/// `next_cursor`; a limit of 0 means 100.
+pub fn list(
+    domain: &crate::domain::Domain,
+    principal: &Principal,
+    filter: &Filter,
+    limit: usize,
+    cursor: &str,
+) -> Result<(Vec<Event>, Option<u64>)> {
+    principal.require(Role::Readonly)?;
+    let limit = if limit == 0 { 100 } else { limit.min(MAX_PAGE) };
+    let cursor = match cursor {
+        "" => None,
+        text => Some(
+            text.parse::<u64>()
+                .map_err(|_| Error::Invalid(format!("invalid cursor '{text}'")))?,
+        ),
+    };
+    domain.events.list(filter, limit, cursor)
+}
+
+/// `svc-events get ID` (any key).
+pub fn get(domain: &crate::domain::Domain, principal: &Principal, id: &str) -> Result<Event> {
+    principal.require(Role::Readonly)?;
+    domain.events.get(id)
+}
+
+/// `svc-events stats` (any key).
+pub fn stats(
+    domain: &crate::domain::Domain,
+    principal: &Principal,
+    filter: &Filter,
+) -> Result<Stats> {
+    principal.require(Role::Readonly)?;
+    domain.events.stats(filter)
+}
+
+/// `svc-events types` (any key).
+pub fn types(principal: &Principal) -> Result<&'static [types::EventType]> {
+    principal.require(Role::Readonly)?;
+    Ok(TYPES)
+}
+
+/// `svc-events subscribe|replay` (any key): matching events from the log into the returned
+/// channel, history first and then (with `follow`) live ones, until the receiver is dropped
+/// or the server stops. A subscription without `since` starts now.
+pub fn open_stream(
+    domain: &std::sync::Arc<crate::domain::Domain>,
+    principal: &Principal,
+    mut filter: Filter,
+    follow: bool,
+) -> Result<mpsc::Receiver<Result<Event>>> {
+    principal.require(Role::Readonly)?;
+    if follow && filter.since_ms.is_none() {
+        filter.since_ms = Some(clock::now_millis());
+    }
+    let (sender, receiver) = mpsc::channel(256);
+    let domain = domain.clone();
+    tokio::spawn(async move { domain.events.stream(filter, follow, sender).await });
+    Ok(receiver)
 }

@@ -8,7 +8,7 @@
 //! - `exec.rs`, `state.rs`: `svcctl exec` and `svcctl state check|apply|drift` on top of jobs.
 //!
 //! Transports (gRPC FleetService, the server's bus subscriptions) call the functions here with
-//! a `Principal`; the bus client that carries commands is set once the bus is up.
+//! a `Principal`; the bus client that carries commands is the fleet's from the start.
 
 pub mod exec;
 pub mod jobs;
@@ -18,7 +18,6 @@ pub mod selector;
 pub mod state;
 
 use std::collections::BTreeMap;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -35,33 +34,24 @@ pub use selector::Selector;
 pub struct Fleet {
     pub registry: Registry,
     pub jobs: jobs::Jobs,
-    bus: OnceLock<async_nats::Client>,
+    /// The client commands go out on; None in a domain without a bus (unit tests, offline
+    /// tools), where sending a command is `Unavailable`.
+    bus: Option<async_nats::Client>,
 }
 
 impl Fleet {
-    pub fn new(heartbeat_timeout: Duration) -> Fleet {
+    pub fn new(heartbeat_timeout: Duration, bus: Option<async_nats::Client>) -> Fleet {
         Fleet {
             registry: Registry::new(heartbeat_timeout),
             jobs: jobs::Jobs::default(),
-            bus: OnceLock::new(),
+            bus,
         }
-    }
-
-    /// Gives the fleet the client it sends commands with (once, when the bus is up).
-    pub fn set_bus(&self, client: async_nats::Client) {
-        let _ = self.bus.set(client);
     }
 
     fn bus(&self) -> Result<&async_nats::Client> {
         self.bus
-            .get()
-            .ok_or_else(|| Error::Unavailable("the bus is not connected yet".into()))
-    }
-}
-
-impl Default for Fleet {
-    fn default() -> Self {
-        Fleet::new(Duration::from_secs(30))
+            .as_ref()
+            .ok_or_else(|| Error::Unavailable("this process has no bus to reach agents".into()))
     }
 }
 

@@ -31,7 +31,9 @@ pub use tokens::{
     TokenFilter, TokenView,
 };
 
-/// The server secrets identity needs. `Debug` never shows them.
+/// The server secrets identity needs. `Debug` never shows them. Built once at start and held
+/// by the `Domain` (`Domain::identity_keys` gives the ones in force).
+#[derive(Clone)]
 pub struct Keys {
     master_key: [u8; 32],
     hmacsecret: Vec<u8>,
@@ -44,6 +46,13 @@ impl std::fmt::Debug for Keys {
 }
 
 impl Keys {
+    pub fn new(master_key: [u8; 32], hmacsecret: Vec<u8>) -> Keys {
+        Keys {
+            master_key,
+            hmacsecret,
+        }
+    }
+
     /// From the validated server configuration (master_key: base64 of 32 bytes).
     pub fn from_config(config: &ServerConfig) -> Result<Keys> {
         let bytes = base64::engine::general_purpose::STANDARD
@@ -52,22 +61,23 @@ impl Keys {
         let master_key = bytes
             .try_into()
             .map_err(|_| Error::Invalid("master_key must be base64 of exactly 32 bytes".into()))?;
-        Ok(Keys {
+        Ok(Keys::new(
             master_key,
-            hmacsecret: config.hmacsecret.expose().as_bytes().to_vec(),
-        })
+            config.hmacsecret.expose().as_bytes().to_vec(),
+        ))
     }
-}
 
-impl Keys {
-    /// The keys in force for `domain`: the master key follows a `rotate-master`, which
-    /// the configuration file only learns at the next restart.
-    pub fn current(config: &ServerConfig, domain: &Domain) -> Result<Keys> {
-        let mut keys = Keys::from_config(config)?;
-        if let Some(master) = domain.secrets.current_master() {
-            keys.master_key = master;
+    /// The configured master key.
+    pub fn master_key(&self) -> &[u8; 32] {
+        &self.master_key
+    }
+
+    /// The same keys under another master key (after `rotate-master`).
+    pub fn with_master(&self, master_key: [u8; 32]) -> Keys {
+        Keys {
+            master_key,
+            hmacsecret: self.hmacsecret.clone(),
         }
-        Ok(keys)
     }
 }
 
@@ -215,7 +225,8 @@ pub async fn ca_info(domain: &Domain, principal: &Principal) -> Result<CaInfo> {
 
 /// `ca rotate-signing`: a new signing CA under the same root. Agent certificates from the old
 /// one stop authenticating on the bus at once (the broker checks against the current one).
-pub async fn rotate_signing(domain: &Domain, keys: &Keys, principal: &Principal) -> Result<CaInfo> {
+pub async fn rotate_signing(domain: &Domain, principal: &Principal) -> Result<CaInfo> {
+    let keys = &domain.identity_keys();
     let result = async {
         principal.require(Role::Admin)?;
         let (root, old) = active(domain.store.as_ref()).await?;
@@ -268,10 +279,10 @@ const MIN_PASSPHRASE: usize = 12;
 /// as a self-describing JSON document for offline keeping.
 pub async fn encrypt_ca(
     domain: &Domain,
-    keys: &Keys,
     principal: &Principal,
     passphrase: &str,
 ) -> Result<Vec<u8>> {
+    let keys = &domain.identity_keys();
     let result = async {
         principal.require(Role::Admin)?;
         if passphrase.chars().count() < MIN_PASSPHRASE {
@@ -328,8 +339,9 @@ pub struct Status {
     pub ca_not_after: String,
 }
 
-pub async fn status(domain: &Domain, keys: &Keys, principal: &Principal) -> Result<Status> {
+pub async fn status(domain: &Domain, principal: &Principal) -> Result<Status> {
     principal.require(Role::Readonly)?;
+    let keys = &domain.identity_keys();
     let mut tokens: BTreeMap<String, u64> = ["unused", "used", "revoked", "expired"]
         .into_iter()
         .map(|state| (state.to_string(), 0))
@@ -386,12 +398,8 @@ fn is_valid_psk(keys: &Keys, agent_id: &str, psk: &str) -> bool {
 }
 
 /// `psk AGENT_ID` (admin): the PSK is a credential, so showing it is audited.
-pub async fn psk(
-    domain: &Domain,
-    keys: &Keys,
-    principal: &Principal,
-    agent_id: &str,
-) -> Result<String> {
+pub async fn psk(domain: &Domain, principal: &Principal, agent_id: &str) -> Result<String> {
+    let keys = &domain.identity_keys();
     let result = async {
         principal.require(Role::Admin)?;
         validate_agent_id(agent_id)?;
@@ -447,7 +455,8 @@ pub struct Enrolled {
 
 /// Enrols an agent: checks the join token (or PSK), issues its certificate from the signing
 /// CA, burns the token, records the agent. Audited as `agent.enroll` whatever the outcome.
-pub async fn enrol(domain: &Domain, keys: &Keys, request: EnrolRequest) -> Result<Enrolled> {
+pub async fn enrol(domain: &Domain, request: EnrolRequest) -> Result<Enrolled> {
+    let keys = &domain.identity_keys();
     let principal = Principal {
         id: format!("agent:{}", request.agent_id),
         name: request.agent_id.clone(),

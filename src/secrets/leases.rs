@@ -344,16 +344,15 @@ async fn reap(domain: &Domain, retry: &mut HashMap<String, (Instant, Duration)>)
     }
 }
 
-/// Starts the reaper on the current runtime; it runs until the runtime stops. `domain_of`
-/// reaches the domain inside whatever owns it (the server's `Context`).
-pub fn spawn_reaper<T: Send + Sync + 'static>(owner: Arc<T>, domain_of: fn(&T) -> &Domain) {
+/// Starts the reaper on the current runtime; it runs until the runtime stops.
+pub fn spawn_reaper(domain: Arc<Domain>) {
     tokio::spawn(async move {
         let mut retry = HashMap::new();
         let mut ticks = tokio::time::interval(REAP_INTERVAL);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticks.tick().await;
-            reap(domain_of(&owner), &mut retry).await;
+            reap(&domain, &mut retry).await;
         }
     });
 }

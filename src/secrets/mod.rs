@@ -110,13 +110,25 @@ impl Secrets {
 /// value, on every later start verifies it. A wrong master key is refused with an error that
 /// says so (the server then exits 1), before any request is served.
 pub async fn start(domain: &Domain, master_key: &[u8; 32], config: &SecretsConfig) -> Result<()> {
+    verify_master_key(domain.store.as_ref(), master_key).await?;
     *domain
         .secrets
         .current_master
         .write()
         .expect("master lock poisoned") = Some(*master_key);
+    *domain.secrets.keyring.write().await = Some(Keyring::new(master_key));
+    *domain.secrets.config.write().expect("config lock poisoned") = config.clone();
+    Ok(())
+}
+
+/// Refuses a master key other than the one this store's secrets were sealed with (the first
+/// call on a new store records it). The server runs this before it opens anything sealed.
+pub async fn verify_master_key(
+    store: &dyn crate::store::Store,
+    master_key: &[u8; 32],
+) -> Result<()> {
     let keyring = Keyring::new(master_key);
-    let store = domain.store.secrets();
+    let store = store.secrets();
     let check = match store.master_check().await? {
         Some(check) => check,
         None => {
@@ -133,8 +145,6 @@ pub async fn start(domain: &Domain, master_key: &[u8; 32], config: &SecretsConfi
                 .into(),
         ));
     }
-    *domain.secrets.keyring.write().await = Some(keyring);
-    *domain.secrets.config.write().expect("config lock poisoned") = config.clone();
     Ok(())
 }
 

@@ -23,7 +23,6 @@ use crate::bus::{
     Permissions,
 };
 use crate::config::ServerConfig;
-use crate::domain::Domain;
 use crate::store::Store;
 use crate::{Error, Result};
 
@@ -82,9 +81,39 @@ pub struct Bus {
     /// Where clients reach the bus (the embedded broker's address, or the external URLs).
     pub address: String,
     connected: Arc<AtomicBool>,
+    /// The client's connection events, until `report_health` takes them.
+    state_changes: std::sync::Mutex<Option<mpsc::UnboundedReceiver<async_nats::Event>>>,
 }
 
 impl Bus {
+    /// Emits bus_healthy / bus_degraded as the server's own connection comes and goes (once;
+    /// later calls do nothing).
+    pub fn report_health(&self, events: Arc<crate::events::Events>) {
+        let Some(mut state_changes) = self.state_changes.lock().expect("bus lock").take() else {
+            return;
+        };
+        let flag = self.connected.clone();
+        tokio::spawn(async move {
+            while let Some(event) = state_changes.recv().await {
+                let (healthy, detail) = match &event {
+                    async_nats::Event::Connected => (true, "connected"),
+                    async_nats::Event::Disconnected => (false, "disconnected"),
+                    _ => continue,
+                };
+                if flag.swap(healthy, Ordering::Relaxed) != healthy {
+                    let event_type = if healthy {
+                        "bus_healthy"
+                    } else {
+                        "bus_degraded"
+                    };
+                    events
+                        .emit_system(event_type, "server", serde_json::json!({"detail": detail}))
+                        .await;
+                }
+            }
+        });
+    }
+
     pub fn is_connected(&self) -> bool {
         self.connected.load(Ordering::Relaxed)
             && self.client.connection_state() == async_nats::connection::State::Connected
@@ -114,11 +143,12 @@ pub struct EmbeddedListener {
     pub tls: Option<crate::tls::BusTls>,
 }
 
-/// Starts the embedded broker on `embedded` (or, without it, uses `bus.external_urls`),
-/// connects the server's client, and installs the live event fan-out.
+/// Starts the embedded broker on `embedded` (or, without it, uses `bus.external_urls`) and
+/// connects the server's client. API keys in CONNECT are checked against `store`. Call
+/// [`Bus::report_health`] once the domain exists, so connection changes become events.
 pub async fn start(
     config: &ServerConfig,
-    domain: &Domain,
+    store: Arc<dyn Store>,
     embedded: Option<EmbeddedListener>,
 ) -> Result<Bus> {
     let connected = Arc::new(AtomicBool::new(false));
@@ -127,7 +157,7 @@ pub async fn start(
         Some(EmbeddedListener { listener, tls }) => {
             let internal_token = crate::ids::random_base62(48);
             let authenticator = ApiKeyAuthenticator {
-                store: domain.store.clone(),
+                store: store.clone(),
                 internal_token: internal_token.clone(),
             };
             let scheme = if tls.is_some() { "tls" } else { "nats" };
@@ -153,8 +183,7 @@ pub async fn start(
         }
     };
     let address = urls.join(",");
-    let events = domain.events.clone();
-    let (state_sender, mut state_changes) = mpsc::unbounded_channel();
+    let (state_sender, state_changes) = mpsc::unbounded_channel();
     let mut options = async_nats::ConnectOptions::new()
         .name("svc-server")
         .retry_on_initial_connect()
@@ -189,52 +218,13 @@ pub async fn start(
         Ordering::Relaxed,
     );
 
-    // bus_healthy / bus_degraded follow the server's own connection.
-    let flag = connected.clone();
-    let monitor_events = events.clone();
-    tokio::spawn(async move {
-        while let Some(event) = state_changes.recv().await {
-            let (healthy, detail) = match &event {
-                async_nats::Event::Connected => (true, "connected".to_string()),
-                async_nats::Event::Disconnected => (false, "disconnected".to_string()),
-                _ => continue,
-            };
-            let was = flag.swap(healthy, Ordering::Relaxed);
-            if was != healthy {
-                let event_type = if healthy {
-                    "bus_healthy"
-                } else {
-                    "bus_degraded"
-                };
-                monitor_events
-                    .emit_system(event_type, "server", serde_json::json!({"detail": detail}))
-                    .await;
-            }
-        }
-    });
-
-    // Live fan-out: one task publishes in emit order; a full queue drops (counted in logs)
-    // rather than slowing emitters, since the durable log already has every event.
-    let (live_sender, mut live) = mpsc::channel::<(String, Vec<u8>)>(4096);
-    let publisher = client.clone();
-    tokio::spawn(async move {
-        while let Some((subject, bytes)) = live.recv().await {
-            if let Err(e) = publisher.publish(subject, bytes.into()).await {
-                tracing::warn!(error = %e, "live event publish failed");
-            }
-        }
-    });
-    events.set_publisher(Box::new(move |subject, bytes| {
-        if live_sender.try_send((subject.to_string(), bytes)).is_err() {
-            tracing::warn!("live event queue full: event stored but not fanned out live");
-        }
-    }));
     Ok(Bus {
         is_embedded: broker.is_some(),
         broker: std::sync::Mutex::new(broker),
         client,
         address,
         connected,
+        state_changes: std::sync::Mutex::new(Some(state_changes)),
     })
 }
 

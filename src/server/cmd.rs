@@ -12,7 +12,6 @@ use super::{BoundAddrs, Context, LISTEN_ADDRS_FILE, SHUTDOWN_GRACE};
 use crate::auth;
 use crate::config::{self, ConfigErrors, Loaded, LogFormat, Secret, ServerConfig};
 use crate::domain::Domain;
-use crate::events::Events;
 use crate::stream::{StreamConfig, StreamLog};
 use crate::Result;
 
@@ -145,6 +144,9 @@ fn validate(config: &ServerConfig, dev: bool) -> Vec<String> {
     if config.rate_limit.requests_per_second <= 0.0 || config.rate_limit.burst == 0 {
         problems.push("rate_limit: requests_per_second and burst must be positive".into());
     }
+    if config.limits.max_connections == 0 {
+        problems.push("limits.max_connections must be at least 1".into());
+    }
     // Reads and parses the files: a missing, unreadable or mismatched file is a problem here
     // rather than a failure at the first handshake.
     if let Err(problem) = crate::tls::server_tls(&config.tls) {
@@ -268,6 +270,20 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
         }
     }
 
+    // Start-up order: store (above) → master-key check → CA → stream logs → broker → the
+    // server's bus client → Domain::start → listeners. The CA comes before the broker because
+    // bus.tls verifies agents' certificates against its root; a wrong master_key is refused
+    // (with what to do) before anything sealed is opened.
+    let master_key = decode_master_key(&config.master_key).ok_or_else(|| {
+        crate::Error::Invalid("master_key must be base64 of exactly 32 bytes".into())
+    })?;
+    crate::secrets::verify_master_key(store.as_ref(), &master_key).await?;
+    crate::identity::ensure_ca(
+        store.as_ref(),
+        &crate::identity::Keys::from_config(&config)?,
+    )
+    .await?;
+
     let (stop_sender, stop) = tokio::sync::watch::channel(false);
     let jetstream = data_dir.join("jetstream");
     let stream_config = StreamConfig {
@@ -277,37 +293,27 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     };
     let events_log = StreamLog::open(&jetstream.join("events"), stream_config.clone())?;
     let audit_log = StreamLog::open(&jetstream.join("audit"), stream_config)?;
-    let events = Arc::new(Events::new(events_log.clone(), stop.clone()));
-    let mut domain = Domain::new(
-        store,
-        config.policy_dir.clone(),
-        events,
-        Some(audit_log.clone()),
+
+    let cap = config.limits.max_connections;
+    let http_listener = super::tls::Listener::new(
+        bind(&config.listen.http, "listen.http").await?,
+        "listen.http",
+        cap,
+        super::tls::HTTP_BUSY,
     );
-    domain.fleet = crate::fleet::Fleet::new(config.agents.heartbeat_timeout.0);
-    let agents = crate::fleet::load(&domain).await?;
-    tracing::debug!(agents, "agent registry loaded");
-
-    // Refuses a wrong master_key (with a message saying what to do) before anything else
-    // opens data sealed under it; expired leases get revoked once the server runs.
-    let master_key = decode_master_key(&config.master_key).ok_or_else(|| {
-        crate::Error::Invalid("master_key must be base64 of exactly 32 bytes".into())
-    })?;
-    crate::secrets::start(&domain, &master_key, &config.secrets).await?;
-
-    // The embedded CA: made on first start; master_key must open it on every start.
-    let identity_keys = crate::identity::Keys::from_config(&config)?;
-    crate::identity::ensure_ca(domain.store.as_ref(), &identity_keys).await?;
-
-    let http_listener = bind(&config.listen.http, "listen.http").await?;
-    let grpc_listener = bind(&config.listen.grpc, "listen.grpc").await?;
+    let grpc_listener = super::tls::Listener::new(
+        bind(&config.listen.grpc, "listen.grpc").await?,
+        "listen.grpc",
+        cap,
+        b"",
+    );
     // With bus.tls, agents may log in by mutual TLS: client certificates are requested (not
-    // required) and must chain to the embedded root CA, which exists by now.
+    // required) and must chain to the embedded root CA.
     // (validate() has checked both files are set, or neither.)
     let bus_tls = if config.bus.tls.cert.is_empty() {
         None
     } else {
-        let root = crate::identity::root_der(domain.store.as_ref()).await?;
+        let root = crate::identity::root_der(store.as_ref()).await?;
         crate::tls::bus_server_tls(&config.bus.tls, &[root.into()])
             .map_err(crate::Error::Invalid)?
     };
@@ -319,7 +325,13 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     } else {
         None
     };
-    let bus = super::bus::start(&config, &domain, bus_listener).await?;
+    let bus = super::bus::start(&config, store.clone(), bus_listener).await?;
+    let logs = crate::domain::Logs {
+        events: events_log.clone(),
+        audit: audit_log.clone(),
+    };
+    let domain = Domain::start(&config, store, logs, bus.client.clone(), stop.clone()).await?;
+    bus.report_health(domain.events.clone());
     let bound = BoundAddrs {
         http: http_listener.local_addr()?,
         grpc: grpc_listener.local_addr()?,
@@ -331,7 +343,7 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     tokio::spawn(enforce_retention(vec![events_log, audit_log]));
     tokio::spawn(super::enrol::serve(context.clone()));
     super::fleet::start(context.clone()).await?;
-    crate::secrets::leases::spawn_reaper(context.clone(), |c| &c.domain);
+    crate::secrets::leases::spawn_reaper(context.domain.clone());
 
     let http_task = tokio::spawn(super::http::serve(
         context.clone(),

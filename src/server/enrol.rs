@@ -10,7 +10,7 @@ use futures_util::StreamExt;
 
 use super::Context;
 use crate::bus::subjects;
-use crate::identity::{self, EnrolRequest, Keys};
+use crate::identity::{self, EnrolRequest};
 
 /// The queue group every svc-server joins on `svc.enroll`.
 const QUEUE_GROUP: &str = "svc-server";
@@ -34,27 +34,24 @@ pub async fn serve(context: Arc<Context>) {
             continue;
         };
         let context = context.clone();
-        tokio::spawn(async move {
+        let span = super::request_span("bus", subjects::ENROLL, &super::request_id());
+        let task = async move {
             let answer = answer(&context, &message.payload).await;
             if let Err(e) = context.bus.client.publish(reply, answer.into()).await {
                 tracing::warn!(error = %e, "enrolment reply not sent");
             }
-        });
+        };
+        tokio::spawn(tracing::Instrument::instrument(task, span));
     }
 }
 
 async fn answer(context: &Context, payload: &[u8]) -> Vec<u8> {
-    // Per request, so a master-key rotation is followed without a restart.
-    let keys = match Keys::current(&context.config, &context.domain) {
-        Ok(keys) => keys,
-        Err(e) => return error_reply("internal", &e.to_string()),
-    };
     let request: EnrolRequest = match serde_json::from_slice(payload) {
         Ok(request) => request,
         Err(e) => return error_reply("bad_request", &format!("malformed enrolment request: {e}")),
     };
     let agent_id = request.agent_id.clone();
-    match identity::enrol(&context.domain, &keys, request).await {
+    match identity::enrol(&context.domain, request).await {
         Ok(enrolled) => {
             tracing::info!(agent_id, "agent enrolled");
             if let Err(e) = crate::fleet::refresh(&context.domain, &agent_id).await {

@@ -20,7 +20,6 @@ const SAVE_EVERY: Duration = Duration::from_secs(5);
 /// Starts the heartbeat and result listeners and the sweep; they run until the bus client
 /// goes away.
 pub async fn start(context: Arc<Context>) -> crate::Result<()> {
-    context.domain.fleet.set_bus(context.bus.client.clone());
     let client = &context.bus.client;
     let subscribe = |subject: &'static str| client.queue_subscribe(subject, QUEUE_GROUP.into());
     let unavailable = |e: async_nats::SubscribeError| {
@@ -56,6 +55,9 @@ pub async fn start(context: Arc<Context>) -> crate::Result<()> {
             let Some(agent_id) = protocol::agent_of(&message.subject) else {
                 continue;
             };
+            let span = super::request_span("bus", &message.subject, &super::request_id());
+            span.record("key_id", format!("agent:{agent_id}").as_str());
+            let _entered = span.enter();
             match serde_json::from_slice::<protocol::Reply>(&message.payload) {
                 Ok(reply) => {
                     let job_id = reply.job_id.clone();

@@ -19,11 +19,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::auth::{self, Principal, RateLimiter};
 use crate::config::ServerConfig;
 use crate::domain::Domain;
 use crate::metrics::Metrics;
-use crate::Result;
 
 pub use cmd::main;
 pub use health::{Component, Readiness};
@@ -33,16 +31,16 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 /// The file in the data dir that records the bound addresses.
 pub const LISTEN_ADDRS_FILE: &str = "listen-addrs.json";
 
-/// Everything a request handler needs: the domain's shared state. Transports hold an
-/// `Arc<Context>` and call domain functions with it.
+/// What the transports share: the finished domain, plus what only servers need (the
+/// configuration, the bus handle, readiness and metrics). Handlers authenticate with
+/// `context.domain.authenticate` and call domain functions with `&context.domain`.
 pub struct Context {
     pub config: ServerConfig,
     pub data_dir: PathBuf,
-    pub domain: Domain,
+    pub domain: Arc<Domain>,
     pub bus: bus::Bus,
     /// The durable streams, by name, for readiness.
     pub streams: Vec<(&'static str, Arc<crate::stream::StreamLog>)>,
-    pub rate_limiter: RateLimiter,
     pub metrics: Metrics,
     pub started: Instant,
     /// Set while the gRPC server is accepting; readiness reports it.
@@ -53,34 +51,20 @@ impl Context {
     pub fn new(
         config: ServerConfig,
         data_dir: PathBuf,
-        domain: Domain,
+        domain: Arc<Domain>,
         bus: bus::Bus,
         streams: Vec<(&'static str, Arc<crate::stream::StreamLog>)>,
     ) -> Self {
-        let rate_limiter = RateLimiter::new(
-            config.rate_limit.requests_per_second,
-            config.rate_limit.burst,
-        );
         Context {
             config,
             data_dir,
             domain,
             bus,
             streams,
-            rate_limiter,
             metrics: Metrics::default(),
             started: Instant::now(),
             grpc_serving: AtomicBool::new(false),
         }
-    }
-
-    /// The request chain of contract §4 up to the role check, which each domain function makes
-    /// itself: the bearer key must resolve to a principal, then pass the key's rate limit.
-    pub async fn authenticate(&self, authorization: Option<&str>) -> Result<Principal> {
-        let key = auth::bearer_token(authorization)?;
-        let principal = auth::authenticate(self.domain.store.as_ref(), key).await?;
-        self.rate_limiter.check(&principal.id)?;
-        Ok(principal)
     }
 
     pub fn is_grpc_serving(&self) -> bool {
@@ -99,4 +83,29 @@ pub struct BoundAddrs {
     /// Whether REST and gRPC serve TLS only (`tls` configured): clients use `https://`.
     #[serde(default)]
     pub tls: bool,
+}
+
+/// A new request id: the server's start time and a counter, unique per server and cheap
+/// (no randomness on the request path).
+pub fn request_id() -> String {
+    use std::sync::atomic::AtomicU64;
+    use std::sync::OnceLock;
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    static PREFIX: OnceLock<String> = OnceLock::new();
+    let prefix = PREFIX.get_or_init(|| format!("{:x}", crate::clock::now_millis()));
+    format!("{prefix}-{}", NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// The span one request runs in, on every transport: its id, the transport, the route (a
+/// REST route template, a gRPC method, a bus subject) and, once authenticated, the caller's
+/// key id (`Domain::authenticate` records it). Every log line inside carries them, so one
+/// `grep <id>` follows a request.
+pub fn request_span(transport: &'static str, route: &str, id: &str) -> tracing::Span {
+    tracing::info_span!(
+        "request",
+        id,
+        transport,
+        route,
+        key_id = tracing::field::Empty
+    )
 }

@@ -1,5 +1,10 @@
 //! Accepting connections for the REST and gRPC listeners, with TLS when `tls` is configured.
 //!
+//! Every accepted connection holds one slot of its listener's cap (`limits.max_connections`)
+//! until it closes ([`Capped`]); past the cap a connection is closed at once (REST first gets
+//! a 503), so a flood can neither queue without bound nor run the process out of file
+//! descriptors that the other listeners need.
+//!
 //! Owns the accept loop when `tls` is configured: each accepted socket gets its own task for
 //! the handshake, bounded by `HANDSHAKE_TIMEOUT`, and only finished streams reach the HTTP
 //! server. So a client that connects and sends nothing (or handshakes slowly) holds one task
@@ -11,9 +16,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
 use futures_util::Stream;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_stream::wrappers::ReceiverStream;
@@ -24,11 +33,10 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Accepts on `listener` until `stop` flips or the returned stream is dropped, and yields each
 /// connection whose handshake succeeded. TCP_NODELAY is set on every accepted socket.
 pub fn incoming(
-    listener: TcpListener,
+    listener: Listener,
     config: Arc<rustls::ServerConfig>,
-    listener_name: &'static str,
     mut stop: watch::Receiver<bool>,
-) -> impl Stream<Item = io::Result<TlsStream<TcpStream>>> + Send + Unpin + 'static {
+) -> impl Stream<Item = io::Result<Capped<TlsStream<TcpStream>>>> + Send + Unpin + 'static {
     let acceptor = TlsAcceptor::from(config);
     // Small: a full channel only means the server is slow to take connections; handshake
     // tasks wait for room rather than accepting more work.
@@ -36,12 +44,13 @@ pub fn incoming(
     tokio::spawn(async move {
         loop {
             tokio::select! {
-                (socket, peer) = accept(&listener, listener_name) => {
+                (socket, peer, slot) = listener.accept() => {
                     let acceptor = acceptor.clone();
                     let sender = sender.clone();
+                    let name = listener.name;
                     tokio::spawn(async move {
-                        if let Some(stream) = handshake(&acceptor, socket, peer, listener_name).await {
-                            let _ = sender.send(Ok(stream)).await;
+                        if let Some(stream) = handshake(&acceptor, socket, peer, name).await {
+                            let _ = sender.send(Ok(Capped { io: stream, _slot: slot })).await;
                         }
                     });
                 }
@@ -54,24 +63,132 @@ pub fn incoming(
     ReceiverStream::new(receiver)
 }
 
-/// The next connection, with TCP_NODELAY set (a unary call whose frames span two writes
-/// would otherwise wait for the peer's delayed ACK, about 40 ms). Accept errors (usually
-/// EMFILE) are logged and retried after a pause instead of spinning.
-pub async fn accept(
-    listener: &TcpListener,
-    listener_name: &'static str,
-) -> (TcpStream, SocketAddr) {
-    loop {
-        match listener.accept().await {
-            Ok((socket, peer)) => {
-                let _ = socket.set_nodelay(true);
-                return (socket, peer);
-            }
-            Err(e) => {
-                tracing::warn!(listener = listener_name, error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
+/// A REST or gRPC listening socket with its connection cap.
+pub struct Listener {
+    listener: TcpListener,
+    /// `listen.http` or `listen.grpc`, for logs.
+    pub name: &'static str,
+    slots: Arc<Semaphore>,
+    /// Written to a connection refused over the cap before it is closed (REST: a 503).
+    refusal: &'static [u8],
+}
+
+/// What a REST client over the cap reads before the connection closes.
+pub const HTTP_BUSY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+connection: close\r\ncontent-length: 90\r\n\r\n\
+{\"error\":{\"code\":\"unavailable\",\"message\":\"too many connections (limits.max_connections)\"}}";
+
+impl Listener {
+    pub fn new(
+        listener: TcpListener,
+        name: &'static str,
+        max_connections: usize,
+        refusal: &'static [u8],
+    ) -> Self {
+        Listener {
+            listener,
+            name,
+            slots: Arc::new(Semaphore::new(max_connections)),
+            refusal,
+        }
+    }
+
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// The next connection within the cap, with TCP_NODELAY set (a unary call whose frames
+    /// span two writes would otherwise wait for the peer's delayed ACK, about 40 ms).
+    /// Connections over the cap are answered with `refusal` and closed. Accept errors
+    /// (usually EMFILE) are logged and retried after a pause instead of spinning.
+    pub async fn accept(&self) -> (TcpStream, SocketAddr, OwnedSemaphorePermit) {
+        loop {
+            match self.listener.accept().await {
+                Ok((socket, peer)) => {
+                    let Ok(slot) = self.slots.clone().try_acquire_owned() else {
+                        self.refuse(socket, peer);
+                        continue;
+                    };
+                    let _ = socket.set_nodelay(true);
+                    return (socket, peer, slot);
+                }
+                Err(e) => {
+                    tracing::warn!(listener = self.name, error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
             }
         }
+    }
+
+    fn refuse(&self, mut socket: TcpStream, peer: SocketAddr) {
+        tracing::debug!(listener = self.name, %peer, "connection refused: limits.max_connections reached");
+        let refusal = self.refusal;
+        tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            let _ = tokio::time::timeout(Duration::from_secs(1), socket.write_all(refusal)).await;
+        });
+    }
+
+    /// Accepted plain connections, each holding its slot.
+    pub fn plain(self) -> impl Stream<Item = io::Result<Capped<TcpStream>>> + Send + Unpin {
+        Box::pin(futures_util::stream::unfold(self, |listener| async move {
+            let (io, _, slot) = listener.accept().await;
+            Some((Ok(Capped { io, _slot: slot }), listener))
+        }))
+    }
+}
+
+/// A connection that holds a slot of its listener's cap until it is dropped.
+pub struct Capped<IO> {
+    io: IO,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Capped<IO> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Capped<IO> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+impl<IO: tonic::transport::server::Connected> tonic::transport::server::Connected for Capped<IO> {
+    type ConnectInfo = IO::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.io.connect_info()
     }
 }
 

@@ -58,8 +58,9 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let context = self.context.clone();
-        Box::pin(async move {
-            let path = request.uri().path().to_string();
+        let path = request.uri().path().to_string();
+        let span = crate::server::request_span("grpc", &path, &crate::server::request_id());
+        let call = async move {
             if !path.starts_with("/svc.v1.") {
                 return inner.call(request).await;
             }
@@ -67,7 +68,7 @@ where
                 .headers()
                 .get("authorization")
                 .map(|value| value.to_str().unwrap_or(""));
-            match context.authenticate(header).await {
+            match context.domain.authenticate(header).await {
                 Ok(principal) => {
                     request.extensions_mut().insert(principal);
                     let response = inner.call(request).await?;
@@ -81,7 +82,8 @@ where
                     Ok(status.into_http())
                 }
             }
-        })
+        };
+        Box::pin(tracing::Instrument::instrument(call, span))
     }
 }
 

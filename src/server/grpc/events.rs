@@ -5,10 +5,10 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::principal;
-use crate::auth::Role;
 use crate::events::{self, Event, Filter, NewEvent};
 use crate::proto;
 use crate::server::Context;
+use crate::Error;
 
 pub struct Events {
     pub context: Arc<Context>,
@@ -41,15 +41,10 @@ fn filter_from(filter: Option<proto::EventFilter>) -> Result<Filter, Status> {
     )?)
 }
 
-/// Serves a history-then-live (or history-only) stream from the log.
+/// The domain's event channel as a gRPC stream.
 fn event_stream(
-    context: &Arc<Context>,
-    filter: Filter,
-    follow: bool,
+    receiver: tokio::sync::mpsc::Receiver<crate::Result<Event>>,
 ) -> tonic::codegen::BoxStream<proto::Event> {
-    let (sender, receiver) = tokio::sync::mpsc::channel(256);
-    let context = context.clone();
-    tokio::spawn(async move { context.domain.events.stream(filter, follow, sender).await });
     use tokio_stream::StreamExt;
     Box::pin(
         tokio_stream::wrappers::ReceiverStream::new(receiver)
@@ -63,23 +58,17 @@ impl proto::event_service_server::EventService for Events {
         &self,
         request: Request<proto::ListEventsRequest>,
     ) -> Result<Response<proto::ListEventsResponse>, Status> {
-        principal(&request)?.require(Role::Readonly)?;
+        let caller = principal(&request)?;
         let request = request.into_inner();
         let filter = filter_from(request.filter)?;
         let page = request.page.unwrap_or_default();
-        let limit = if page.limit == 0 {
-            100
-        } else {
-            page.limit.min(1000)
-        } as usize;
-        let cursor = match page.cursor.as_str() {
-            "" => None,
-            text => Some(
-                text.parse::<u64>()
-                    .map_err(|_| Status::invalid_argument(format!("invalid cursor '{text}'")))?,
-            ),
-        };
-        let (items, next) = self.context.domain.events.list(&filter, limit, cursor)?;
+        let (items, next) = events::list(
+            &self.context.domain,
+            &caller,
+            &filter,
+            page.limit as usize,
+            &page.cursor,
+        )?;
         Ok(Response::new(proto::ListEventsResponse {
             items: items.into_iter().map(Into::into).collect(),
             next_cursor: next.map(|n| n.to_string()).unwrap_or_default(),
@@ -90,8 +79,8 @@ impl proto::event_service_server::EventService for Events {
         &self,
         request: Request<proto::GetEventRequest>,
     ) -> Result<Response<proto::Event>, Status> {
-        principal(&request)?.require(Role::Readonly)?;
-        let event = self.context.domain.events.get(&request.into_inner().id)?;
+        let caller = principal(&request)?;
+        let event = events::get(&self.context.domain, &caller, &request.into_inner().id)?;
         Ok(Response::new(event.into()))
     }
 
@@ -105,7 +94,7 @@ impl proto::event_service_server::EventService for Events {
             "" => None,
             text => Some(
                 serde_json::from_str(text)
-                    .map_err(|e| Status::invalid_argument(format!("payload is not JSON: {e}")))?,
+                    .map_err(|e| Error::Invalid(format!("payload is not JSON: {e}")))?,
             ),
         };
         let new = NewEvent {
@@ -122,29 +111,27 @@ impl proto::event_service_server::EventService for Events {
         &self,
         request: Request<proto::SubscribeEventsRequest>,
     ) -> Result<Response<tonic::codegen::BoxStream<proto::Event>>, Status> {
-        principal(&request)?.require(Role::Readonly)?;
-        let mut filter = filter_from(request.into_inner().filter)?;
-        // Without --since a subscription starts now: live events only.
-        if filter.since_ms.is_none() {
-            filter.since_ms = Some(crate::clock::now_millis());
-        }
-        Ok(Response::new(event_stream(&self.context, filter, true)))
+        let caller = principal(&request)?;
+        let filter = filter_from(request.into_inner().filter)?;
+        let receiver = events::open_stream(&self.context.domain, &caller, filter, true)?;
+        Ok(Response::new(event_stream(receiver)))
     }
 
     async fn replay(
         &self,
         request: Request<proto::ReplayEventsRequest>,
     ) -> Result<Response<tonic::codegen::BoxStream<proto::Event>>, Status> {
-        principal(&request)?.require(Role::Readonly)?;
+        let caller = principal(&request)?;
         let filter = filter_from(request.into_inner().filter)?;
-        Ok(Response::new(event_stream(&self.context, filter, false)))
+        let receiver = events::open_stream(&self.context.domain, &caller, filter, false)?;
+        Ok(Response::new(event_stream(receiver)))
     }
 
     async fn stats(
         &self,
         request: Request<proto::EventStatsRequest>,
     ) -> Result<Response<proto::EventStatsResponse>, Status> {
-        principal(&request)?.require(Role::Readonly)?;
+        let caller = principal(&request)?;
         let request = request.into_inner();
         let since = if request.since.is_empty() {
             "24h".to_string()
@@ -152,7 +139,7 @@ impl proto::event_service_server::EventService for Events {
             request.since
         };
         let filter = Filter::parse(Vec::new(), "", &since, &request.until, "", "")?;
-        let stats = self.context.domain.events.stats(&filter)?;
+        let stats = events::stats(&self.context.domain, &caller, &filter)?;
         let counts = |map: std::collections::BTreeMap<String, u64>| {
             map.into_iter()
                 .map(|(key, count)| proto::EventCount { key, count })
@@ -169,9 +156,9 @@ impl proto::event_service_server::EventService for Events {
         &self,
         request: Request<proto::Empty>,
     ) -> Result<Response<proto::EventTypesResponse>, Status> {
-        principal(&request)?.require(Role::Readonly)?;
+        let caller = principal(&request)?;
         Ok(Response::new(proto::EventTypesResponse {
-            types: events::TYPES
+            types: events::types(&caller)?
                 .iter()
                 .map(|t| proto::EventType {
                     name: t.name.into(),

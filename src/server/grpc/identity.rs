@@ -6,19 +6,13 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::principal;
-use crate::identity::{self, CertificateInfo, Keys, TokenView};
+use crate::identity::{self, CertificateInfo, TokenView};
 use crate::proto;
 use crate::server::Context;
 use crate::Error;
 
 pub struct Identity {
     pub context: Arc<Context>,
-}
-
-impl Identity {
-    fn keys(&self) -> Result<Keys, Status> {
-        Ok(Keys::current(&self.context.config, &self.context.domain)?)
-    }
 }
 
 fn certificate(info: CertificateInfo) -> proto::Certificate {
@@ -72,7 +66,7 @@ impl proto::identity_service_server::IdentityService for Identity {
         request: Request<proto::Empty>,
     ) -> Result<Response<proto::CaInfoResponse>, Status> {
         let caller = principal(&request)?;
-        let info = identity::rotate_signing(&self.context.domain, &self.keys()?, &caller).await?;
+        let info = identity::rotate_signing(&self.context.domain, &caller).await?;
         Ok(Response::new(ca_info_response(info)))
     }
 
@@ -91,8 +85,7 @@ impl proto::identity_service_server::IdentityService for Identity {
     ) -> Result<Response<proto::EncryptCaResponse>, Status> {
         let caller = principal(&request)?;
         let passphrase = request.into_inner().passphrase;
-        let data =
-            identity::encrypt_ca(&self.context.domain, &self.keys()?, &caller, &passphrase).await?;
+        let data = identity::encrypt_ca(&self.context.domain, &caller, &passphrase).await?;
         Ok(Response::new(proto::EncryptCaResponse { data }))
     }
 
@@ -101,7 +94,7 @@ impl proto::identity_service_server::IdentityService for Identity {
         request: Request<proto::Empty>,
     ) -> Result<Response<proto::IdentityStatusResponse>, Status> {
         let caller = principal(&request)?;
-        let status = identity::status(&self.context.domain, &self.keys()?, &caller).await?;
+        let status = identity::status(&self.context.domain, &caller).await?;
         let count = |state: &str| status.tokens.get(state).copied().unwrap_or(0);
         Ok(Response::new(proto::IdentityStatusResponse {
             tokens_unused: count("unused"),
@@ -121,7 +114,7 @@ impl proto::identity_service_server::IdentityService for Identity {
     ) -> Result<Response<proto::PskResponse>, Status> {
         let caller = principal(&request)?;
         let agent_id = request.into_inner().agent_id;
-        let psk = identity::psk(&self.context.domain, &self.keys()?, &caller, &agent_id).await?;
+        let psk = identity::psk(&self.context.domain, &caller, &agent_id).await?;
         Ok(Response::new(proto::PskResponse { psk }))
     }
 

@@ -15,7 +15,6 @@ mod stubs;
 
 use std::sync::Arc;
 
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use super::Context;
@@ -27,7 +26,7 @@ use crate::proto;
 /// a TLS handshake (ALPN h2) are served.
 pub async fn serve(
     context: Arc<Context>,
-    listener: TcpListener,
+    listener: super::tls::Listener,
     tls: Option<Arc<rustls::ServerConfig>>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -92,14 +91,13 @@ pub async fn serve(
     // on every socket it accepts.
     let served = match tls {
         Some(config) => {
-            let incoming = super::tls::incoming(listener, config, "grpc", stop_accepting);
+            let incoming = super::tls::incoming(listener, config, stop_accepting);
             router
                 .serve_with_incoming_shutdown(incoming, shutdown)
                 .await
         }
         None => {
-            let incoming =
-                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+            let incoming = listener.plain();
             router
                 .serve_with_incoming_shutdown(incoming, shutdown)
                 .await
@@ -126,5 +124,5 @@ pub fn principal<T>(request: &tonic::Request<T>) -> Result<Principal, tonic::Sta
         .extensions()
         .get::<Principal>()
         .cloned()
-        .ok_or_else(|| tonic::Status::unauthenticated("missing API key"))
+        .ok_or_else(|| crate::Error::Unauthenticated("missing API key".into()).into())
 }

@@ -7,9 +7,9 @@ use tonic::{Request, Response, Status};
 
 use super::principal;
 use crate::audit::{self, Entry};
-use crate::auth::Role;
 use crate::proto;
 use crate::server::Context;
+use crate::Error;
 
 fn counts(pairs: Vec<(String, u64)>) -> Vec<proto::AuditCount> {
     pairs
@@ -89,12 +89,12 @@ fn page_response(page: audit::Page) -> proto::AuditLogResponse {
     }
 }
 
-fn policy_message(loaded: &audit::policy::LoadedPolicy) -> proto::Policy {
+fn policy_message(view: audit::policy::PolicyView) -> proto::Policy {
     proto::Policy {
-        id: loaded.policy.id.clone(),
-        severity: loaded.policy.severity.clone(),
-        source_yaml: loaded.source.clone(),
-        policy_set: loaded.policy.policy_set.clone(),
+        id: view.id,
+        severity: view.severity,
+        source_yaml: view.source_yaml,
+        policy_set: view.policy_set,
     }
 }
 
@@ -152,25 +152,13 @@ impl proto::policy_service_server::PolicyService for Policy {
         let caller = principal(&request)?;
         let wanted = request.into_inner();
         let format: audit::ExportFormat = wanted.format.parse()?;
-        // Refuse before streaming, so a readonly caller gets PermissionDenied, not an empty file.
-        caller.require(crate::auth::Role::Admin)?;
-        let (sender, receiver) = tokio::sync::mpsc::channel(8);
-        let context = self.context.clone();
-        tokio::spawn(async move {
-            // When the client leaves, the next send fails and the export stops.
-            let result = audit::export(
-                context.domain.store.as_ref(),
-                &caller,
-                format,
-                &optional(wanted.since),
-                &optional(wanted.until),
-                &sender,
-            )
-            .await;
-            if let Err(error) = result {
-                let _ = sender.send(Err(error)).await;
-            }
-        });
+        let receiver = audit::open_export(
+            &self.context.domain,
+            &caller,
+            format,
+            optional(wanted.since),
+            optional(wanted.until),
+        )?;
         use tokio_stream::StreamExt;
         let stream = tokio_stream::wrappers::ReceiverStream::new(receiver).map(|item| {
             item.map(|data| proto::AuditExportChunk { data })
@@ -218,38 +206,10 @@ impl proto::policy_service_server::PolicyService for Policy {
         request: Request<proto::ListPoliciesRequest>,
     ) -> Result<Response<proto::ListPoliciesResponse>, Status> {
         let caller = principal(&request)?;
-        caller.require(Role::Readonly)?;
         let sets = request.into_inner().policy_sets;
-        let policies = self.context.domain.auditor.policies();
-        let mut listed: Vec<proto::Policy> = policies.policies.iter().map(policy_message).collect();
-        if sets {
-            // One entry per policy set, with its member ids in place of the source.
-            let mut names: Vec<String> = listed
-                .iter()
-                .map(|p| p.policy_set.clone())
-                .filter(|s| !s.is_empty())
-                .collect();
-            names.sort();
-            names.dedup();
-            listed = names
-                .into_iter()
-                .map(|set| {
-                    let members: Vec<String> = listed
-                        .iter()
-                        .filter(|p| p.policy_set == set)
-                        .map(|p| p.id.clone())
-                        .collect();
-                    proto::Policy {
-                        id: set.clone(),
-                        severity: String::new(),
-                        source_yaml: members.join("\n"),
-                        policy_set: set,
-                    }
-                })
-                .collect();
-        }
+        let listed = audit::policy::list(&self.context.domain, &caller, sets)?;
         Ok(Response::new(proto::ListPoliciesResponse {
-            policies: listed,
+            policies: listed.into_iter().map(policy_message).collect(),
         }))
     }
 
@@ -258,61 +218,39 @@ impl proto::policy_service_server::PolicyService for Policy {
         request: Request<proto::GetPolicyRequest>,
     ) -> Result<Response<proto::Policy>, Status> {
         let caller = principal(&request)?;
-        caller.require(Role::Readonly)?;
         let wanted = request.into_inner();
-        let policies = self.context.domain.auditor.policies();
-        if wanted.policy_set {
-            let members: Vec<String> = policies
-                .policies
-                .iter()
-                .filter(|p| p.policy.policy_set == wanted.id)
-                .map(|p| p.policy.id.clone())
-                .collect();
-            if members.is_empty() {
-                return Err(Status::not_found(format!(
-                    "policy set '{}' not found",
-                    wanted.id
-                )));
-            }
-            return Ok(Response::new(proto::Policy {
-                id: wanted.id.clone(),
-                severity: String::new(),
-                source_yaml: members.join("\n"),
-                policy_set: wanted.id,
-            }));
-        }
-        policies
-            .policies
-            .iter()
-            .find(|p| p.policy.id == wanted.id)
-            .map(|p| Response::new(policy_message(p)))
-            .ok_or_else(|| Status::not_found(format!("policy '{}' not found", wanted.id)))
+        let policy =
+            audit::policy::get(&self.context.domain, &caller, &wanted.id, wanted.policy_set)?;
+        Ok(Response::new(policy_message(policy)))
     }
 
     async fn create_policy(
         &self,
         _: Request<proto::Policy>,
     ) -> Result<Response<proto::Policy>, Status> {
-        Err(Status::unimplemented(
-            "policy create is not available in v0.1 (policies are files in policy_dir)",
+        Err(Error::Unimplemented(String::from(
+            "policy create over the API (policies are files in policy_dir)",
         ))
+        .into())
     }
 
     async fn update_policy(
         &self,
         _: Request<proto::Policy>,
     ) -> Result<Response<proto::Policy>, Status> {
-        Err(Status::unimplemented(
-            "policy update is not available in v0.1 (policies are files in policy_dir)",
+        Err(Error::Unimplemented(String::from(
+            "policy update over the API (policies are files in policy_dir)",
         ))
+        .into())
     }
 
     async fn delete_policy(
         &self,
         _: Request<proto::GetPolicyRequest>,
     ) -> Result<Response<proto::Empty>, Status> {
-        Err(Status::unimplemented(
-            "policy delete is not available in v0.1 (policies are files in policy_dir)",
+        Err(Error::Unimplemented(String::from(
+            "policy delete over the API (policies are files in policy_dir)",
         ))
+        .into())
     }
 }

@@ -60,7 +60,6 @@ pub async fn item(
         }
         _ => {
             auth::delete_key(domain, &caller, id).await?;
-            context.rate_limiter.forget(id);
             tracing::info!(key_id = %id, by = %caller.id, "API key deleted");
             Ok(Response::builder()
                 .status(StatusCode::NO_CONTENT)

@@ -22,7 +22,6 @@ use hyper_util::rt::TokioIo;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use super::Context;
@@ -38,30 +37,17 @@ const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// only connections that completed a TLS handshake (ALPN http/1.1) are served.
 pub async fn serve(
     context: Arc<Context>,
-    listener: TcpListener,
+    listener: super::tls::Listener,
     tls: Option<Arc<rustls::ServerConfig>>,
     stop: watch::Receiver<bool>,
 ) {
     match tls {
         Some(config) => {
-            let incoming = super::tls::incoming(listener, config, "http", stop.clone());
+            let incoming = super::tls::incoming(listener, config, stop.clone());
             serve_connections(context, incoming, stop).await
         }
-        None => serve_connections(context, plain_incoming(listener), stop).await,
+        None => serve_connections(context, listener.plain(), stop).await,
     }
-}
-
-/// Accepted TCP connections (see `tls::accept`).
-fn plain_incoming(
-    listener: TcpListener,
-) -> impl Stream<Item = std::io::Result<TcpStream>> + Send + Unpin {
-    Box::pin(futures_util::stream::unfold(
-        listener,
-        |listener| async move {
-            let (stream, _) = super::tls::accept(&listener, "http").await;
-            Some((Ok(stream), listener))
-        },
-    ))
 }
 
 async fn serve_connections<S, IO>(
@@ -107,12 +93,27 @@ async fn handle(
     context: Arc<Context>,
     request: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
+    use tracing::Instrument;
     let started = Instant::now();
-    let (route, result) = route(&context, request).await;
-    let response = result.unwrap_or_else(error_response);
+    // A client's own X-Request-Id (printable, at most 64 bytes) is kept; otherwise one is made.
+    let id = request
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 64 && v.bytes().all(|b| b.is_ascii_graphic()))
+        .map(str::to_string)
+        .unwrap_or_else(super::request_id);
+    let span = super::request_span("rest", request.uri().path(), &id);
+    let (route, result) = route(&context, request).instrument(span.clone()).await;
+    let mut response = result.unwrap_or_else(error_response);
+    let status = response.status().as_u16();
+    span.in_scope(|| tracing::debug!(route, status, elapsed = ?started.elapsed(), "request done"));
+    if let Ok(value) = http::HeaderValue::from_str(&id) {
+        response.headers_mut().insert("x-request-id", value);
+    }
     context
         .metrics
-        .record_http(route, response.status().as_u16(), started.elapsed());
+        .record_http(route, status, started.elapsed());
     Ok(response)
 }
 
@@ -184,7 +185,7 @@ async fn principal(context: &Context, request: &Request<Incoming>) -> Result<Pri
         .headers()
         .get(header::AUTHORIZATION)
         .map(|value| value.to_str().unwrap_or(""));
-    context.authenticate(header).await
+    context.domain.authenticate(header).await
 }
 
 /// Reads a JSON body of at most `limits.max_request_body` bytes: 413 beyond, 400 if malformed.
