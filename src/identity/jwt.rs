@@ -110,7 +110,7 @@ impl Revocations {
 }
 
 /// An issued token as `jwt list` shows it (never the token).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JwtView {
     pub id: String,
     pub subject: String,
@@ -125,7 +125,7 @@ pub struct JwtView {
 }
 
 /// A freshly issued token: its record and the token, shown this once.
-#[derive(Clone, Serialize)]
+#[derive(Clone, Serialize, Deserialize)]
 pub struct IssuedJwt {
     #[serde(flatten)]
     pub svid: JwtView,
