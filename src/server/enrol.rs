@@ -111,7 +111,10 @@ async fn serve_jwt(context: Arc<Context>) {
                 reply.clone()
             }
             _ => {
-                tracing::debug!(agent_id, "JWT-SVID request without an own reply subject ignored");
+                tracing::debug!(
+                    agent_id,
+                    "JWT-SVID request without an own reply subject ignored"
+                );
                 continue;
             }
         };

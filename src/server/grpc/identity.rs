@@ -250,9 +250,13 @@ impl proto::identity_service_server::IdentityService for Identity {
     ) -> Result<Response<proto::VerifyJwtResponse>, Status> {
         let caller = principal(&request)?;
         let wanted = request.into_inner();
-        let verification =
-            jwt::verify_jwt(&self.context.domain, &caller, &wanted.token, &wanted.audience)
-                .await?;
+        let verification = jwt::verify_jwt(
+            &self.context.domain,
+            &caller,
+            &wanted.token,
+            &wanted.audience,
+        )
+        .await?;
         let claims = verification.claims.unwrap_or_else(|| jwt::Claims {
             sub: String::new(),
             aud: Vec::new(),

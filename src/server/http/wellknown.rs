@@ -11,9 +11,10 @@ use crate::Result;
 
 fn fresh(mut response: Response<Body>) -> Response<Body> {
     // Verifiers may cache; a rotation or a revocation should be seen at their next fetch.
-    response
-        .headers_mut()
-        .insert(header::CACHE_CONTROL, header::HeaderValue::from_static("no-cache"));
+    response.headers_mut().insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-cache"),
+    );
     response
 }
 
