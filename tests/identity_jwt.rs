@@ -295,9 +295,9 @@ fn issue_verify_revoke_and_rotate() {
     let everything = serde_json::to_string(&rows).unwrap();
     let log = server.log();
     for secret in [
-        &token,
+        token.as_str(),
         second_token,
-        &short["token"].as_str().unwrap().to_string(),
+        short["token"].as_str().unwrap(),
     ] {
         let signature = secret.rsplit('.').next().unwrap();
         assert!(!everything.contains(signature), "a token in the audit log");
