@@ -472,6 +472,8 @@ fn openapi_documents_every_route() {
         ("/health/ready", "get"),
         ("/metrics", "get"),
         ("/api/v1/openapi.json", "get"),
+        ("/.well-known/jwks.json", "get"),
+        ("/.well-known/jwt-revocations.json", "get"),
         ("/api/v1/apikeys", "get"),
         ("/api/v1/apikeys", "post"),
         ("/api/v1/apikeys/{id}", "get"),

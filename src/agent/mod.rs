@@ -1,6 +1,7 @@
 //! svc-agent: the host daemon. `bootstrap` enrols (bootstrap.rs), `run` (the default) is the
 //! daemon (daemon.rs: heartbeats, commands; exec.rs runs programs, `crate::state` applies
-//! states), `service` manages its systemd unit (service.rs). The bus credentials an enrolled
+//! states), `service` manages its systemd unit (service.rs), `jwt` prints the agent's own
+//! JWT-SVID (jwt.rs). The bus credentials an enrolled
 //! agent connects with are here.
 //!
 //! `--config PATH` is global (`svc-agent --config PATH bootstrap ...`, or after the command);
@@ -9,6 +10,7 @@
 mod bootstrap;
 mod daemon;
 mod exec;
+pub mod jwt;
 mod service;
 
 use std::path::{Path, PathBuf};
@@ -32,6 +34,7 @@ pub fn main(program: &str, args: Vec<String>) -> i32 {
     match rest.first().map(String::as_str) {
         Some("bootstrap") => bootstrap::main(program, config, &rest[1..]),
         Some("service") => service::main(program, config, &rest[1..]),
+        Some("jwt") => jwt::main(program, config, &rest[1..]),
         Some("run") => run_daemon(program, config, &rest[1..]),
         None => run_daemon(program, config, &[]),
         Some(flag) if flag.starts_with("--") && !matches!(flag, "--help" | "--version") => {

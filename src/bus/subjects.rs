@@ -26,6 +26,22 @@ pub fn agent_result(agent_id: &str) -> String {
     format!("svc.agent.{agent_id}.result")
 }
 
+/// Every agent's JWT-SVID requests (the server's subscription).
+pub const AGENTS_JWT: &str = "svc.agent.*.jwt";
+
+/// `svc.agent.<id>.jwt`: an agent asks for its own JWT-SVID. The reply subject must be
+/// under [`agent_jwt_reply_prefix`], not an `_INBOX`: operator keys may read `_INBOX.>`, and
+/// only the agent itself may read its own subjects.
+pub fn agent_jwt(agent_id: &str) -> String {
+    format!("svc.agent.{agent_id}.jwt")
+}
+
+/// `svc.agent.<id>.jwt.reply.`: the prefix of the subjects the server answers JWT-SVID
+/// requests on; the agent adds a random last token.
+pub fn agent_jwt_reply_prefix(agent_id: &str) -> String {
+    format!("svc.agent.{agent_id}.jwt.reply.")
+}
+
 /// `svc.agent.<id>.>`: everything one agent may publish and subscribe to.
 pub fn agent_all(agent_id: &str) -> String {
     format!("svc.agent.{agent_id}.>")
@@ -221,6 +237,11 @@ mod tests {
         assert_eq!(agent_heartbeat("a1"), "svc.agent.a1.heartbeat");
         assert_eq!(agent_command("a1"), "svc.agent.a1.cmd");
         assert_eq!(agent_result("a1"), "svc.agent.a1.result");
+        assert_eq!(agent_jwt("a1"), "svc.agent.a1.jwt");
+        assert!(subject_matches(AGENTS_JWT, &agent_jwt("a1")));
+        let reply = format!("{}xyz", agent_jwt_reply_prefix("a1"));
+        assert!(!subject_matches(AGENTS_JWT, &reply));
+        assert!(subject_matches(&agent_all("a1"), &reply));
         assert_eq!(event("agent.enrolled"), "svc.events.agent.enrolled");
         assert!(subject_matches(&agent_all("a1"), &agent_result("a1")));
         assert!(subject_matches(EVENTS_ALL, &event("x")));

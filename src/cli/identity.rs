@@ -1,5 +1,6 @@
 //! `svc-identity`: ca info|rotate-signing|export|encrypt, status, psk, token
-//! create|list|revoke|cleanup (IdentityService).
+//! create|list|revoke|cleanup, jwt issue|list|revoke|verify (IdentityService; `jwt verify`
+//! also offline, from a JWKS file or `ca export` PEM).
 
 use std::path::PathBuf;
 
@@ -8,8 +9,9 @@ use argh::FromArgs;
 use super::client::{authorized, grpc_channel};
 use super::output::{print_json, print_table};
 use super::{CliError, Common, Output};
+use crate::identity::jwt::{self, KeySet};
 use crate::proto::identity_service_client::IdentityServiceClient;
-use crate::proto::{self, JoinToken};
+use crate::proto::{self, JoinToken, JwtSvid};
 
 pub fn main(program: &str, args: Vec<String>) -> i32 {
     super::run_partly_built(program, args, run)
@@ -21,6 +23,7 @@ fn run(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
         "ca" => super::run_command::<CaArgs, _>(program, &name, args, common, ca),
         "status" => super::run_command::<StatusArgs, _>(program, &name, args, common, status),
         "psk" => super::run_command::<PskArgs, _>(program, &name, args, common, psk),
+        "jwt" => super::run_command::<JwtArgs, _>(program, &name, args, common, jwt_command),
         _ => super::run_command::<TokenArgs, _>(program, &name, args, common, token),
     }
 }
@@ -404,6 +407,274 @@ async fn token(common: Common, args: TokenArgs) -> Result<(), CliError> {
             }
             println!("removed {removed} revoked or expired join tokens");
             Ok(())
+        }
+    }
+}
+
+#[derive(FromArgs)]
+/// Identity tokens: SPIFFE JWT-SVIDs (ES256) signed by the signing CA's key. Their public
+/// keys are at /.well-known/jwks.json, revoked ids at /.well-known/jwt-revocations.json
+/// (REST, no API key needed); see docs/identity.md.
+#[argh(help_triggers("-h", "--help"))]
+struct JwtArgs {
+    #[argh(subcommand)]
+    command: JwtCommand,
+}
+
+#[derive(FromArgs)]
+#[argh(subcommand)]
+enum JwtCommand {
+    Issue(JwtIssueArgs),
+    List(JwtListArgs),
+    Revoke(JwtRevokeArgs),
+    Verify(JwtVerifyArgs),
+}
+
+#[derive(FromArgs)]
+/// Issue a JWT-SVID (admin) and print it (-o json: id, subject, audience, expires_at, token).
+/// The token is shown this once; only its claims are stored.
+#[argh(subcommand, name = "issue", help_triggers("-h", "--help"))]
+struct JwtIssueArgs {
+    /// audience (repeat for several); required
+    #[argh(option)]
+    audience: Vec<String>,
+    /// lifetime (default 1h, at most 24h): 30s, 15m, 1h
+    #[argh(option)]
+    ttl: Option<String>,
+    /// SPIFFE ID under spiffe://svc/ (default spiffe://svc/apikey/<your key id>)
+    #[argh(option)]
+    subject: Option<String>,
+}
+
+#[derive(FromArgs)]
+/// List JWT-SVIDs not expired yet (admin); STATE is active, revoked, or rotated (signed by a
+/// signing CA since rotated out, so no longer verifiable).
+#[argh(subcommand, name = "list", help_triggers("-h", "--help"))]
+struct JwtListArgs {}
+
+#[derive(FromArgs)]
+/// Revoke a JWT-SVID by its id (its jti, from issue or list) (admin). The server's own check
+/// refuses it at once; offline verifiers see it in /.well-known/jwt-revocations.json.
+#[argh(subcommand, name = "revoke", help_triggers("-h", "--help"))]
+struct JwtRevokeArgs {
+    /// the token id (jti)
+    #[argh(positional)]
+    id: String,
+}
+
+#[derive(FromArgs)]
+/// Verify a JWT-SVID: exit 0 and print its claims when valid, exit 1 with the reason
+/// (expired, wrong audience, bad signature, unknown kid, revoked) when not. Offline with
+/// --jwks FILE (saved /.well-known/jwks.json) or --ca-file FILE (`ca export` PEM); add
+/// --revocations FILE (saved /.well-known/jwt-revocations.json) to check revocation offline.
+/// Without either key source (or with --online) the server checks it, revocation included
+/// (any role).
+#[argh(subcommand, name = "verify", help_triggers("-h", "--help"))]
+struct JwtVerifyArgs {
+    /// the token, or - to read it from stdin
+    #[argh(positional)]
+    token: String,
+    /// the audience this verifier is (must be in the token's aud)
+    #[argh(option)]
+    audience: String,
+    /// a JWKS file to take the keys from
+    #[argh(option)]
+    jwks: Option<PathBuf>,
+    /// a revocation list file (offline only)
+    #[argh(option)]
+    revocations: Option<PathBuf>,
+    /// ask the server even when --ca-file is set (--ca-file then only trusts its TLS)
+    #[argh(switch)]
+    online: bool,
+}
+
+fn jwt_json(svid: &JwtSvid) -> serde_json::Value {
+    let mut value = serde_json::json!({
+        "id": svid.id, "subject": svid.subject, "audience": svid.audience,
+        "state": svid.state, "kid": svid.kid, "issued_by": svid.issued_by,
+        "issued_at": svid.issued_at, "expires_at": svid.expires_at,
+        "revoked_at": optional(&svid.revoked_at),
+    });
+    if !svid.token.is_empty() {
+        value["token"] = serde_json::json!(svid.token);
+    }
+    value
+}
+
+const JWT_HEADERS: &[&str] = &["ID", "STATE", "SUBJECT", "AUDIENCE", "EXPIRES_AT"];
+
+fn jwt_row(svid: &JwtSvid) -> Vec<String> {
+    vec![
+        svid.id.clone(),
+        svid.state.clone(),
+        svid.subject.clone(),
+        svid.audience.join(","),
+        svid.expires_at.clone(),
+    ]
+}
+
+fn read_file(path: &PathBuf, what: &str) -> Result<String, CliError> {
+    std::fs::read_to_string(path)
+        .map_err(|e| CliError::usage(format!("cannot read {what} {}: {e}", path.display())))
+}
+
+async fn jwt_command(common: Common, args: JwtArgs) -> Result<(), CliError> {
+    match args.command {
+        JwtCommand::Issue(issue) => {
+            if issue.audience.is_empty() {
+                return Err(CliError::usage("--audience is required"));
+            }
+            if let Some(ttl) = &issue.ttl {
+                if crate::clock::parse_duration(ttl).is_none() {
+                    return Err(CliError::usage(format!(
+                        "invalid --ttl '{ttl}' (e.g. 30s, 15m, 1h)"
+                    )));
+                }
+            }
+            let request = proto::IssueJwtRequest {
+                audience: issue.audience,
+                ttl: issue.ttl.unwrap_or_default(),
+                subject: issue.subject.unwrap_or_default(),
+            };
+            let svid = client(&common)
+                .await?
+                .issue_jwt(authorized(&common, request)?)
+                .await?
+                .into_inner();
+            if common.output == Output::Json {
+                return print_json(&serde_json::json!({
+                    "id": svid.id, "subject": svid.subject, "audience": svid.audience,
+                    "expires_at": svid.expires_at, "token": svid.token,
+                }));
+            }
+            println!("{}", svid.token);
+            Ok(())
+        }
+        JwtCommand::List(_) => {
+            let jwts = client(&common)
+                .await?
+                .list_jwts(authorized(&common, proto::Empty {})?)
+                .await?
+                .into_inner()
+                .jwts;
+            if common.output == Output::Json {
+                return print_json(&jwts.iter().map(jwt_json).collect::<Vec<_>>());
+            }
+            print_table(JWT_HEADERS, &jwts.iter().map(jwt_row).collect::<Vec<_>>());
+            Ok(())
+        }
+        JwtCommand::Revoke(revoke) => {
+            let svid = client(&common)
+                .await?
+                .revoke_jwt(authorized(
+                    &common,
+                    proto::RevokeJwtRequest { id: revoke.id },
+                )?)
+                .await?
+                .into_inner();
+            if common.output == Output::Json {
+                return print_json(&jwt_json(&svid));
+            }
+            print_table(JWT_HEADERS, &[jwt_row(&svid)]);
+            Ok(())
+        }
+        JwtCommand::Verify(verify) => jwt_verify(common, verify).await,
+    }
+}
+
+async fn jwt_verify(common: Common, args: JwtVerifyArgs) -> Result<(), CliError> {
+    let token = if args.token == "-" {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+            .map_err(|e| CliError::usage(format!("cannot read the token from stdin: {e}")))?;
+        text.trim().to_string()
+    } else {
+        args.token.trim().to_string()
+    };
+    let offline_keys = match (&args.jwks, &common.ca_file) {
+        (Some(path), _) => {
+            let jwks: jwt::Jwks = serde_json::from_str(&read_file(path, "JWKS")?)
+                .map_err(|e| CliError::usage(format!("{}: not a JWKS: {e}", path.display())))?;
+            Some(KeySet::from_jwks(&jwks))
+        }
+        (None, Some(path)) if !args.online => Some(
+            KeySet::from_pem_certificates(&read_file(path, "CA file")?)
+                .map_err(|e| CliError::usage(format!("{}: {e}", path.display())))?,
+        ),
+        _ => None,
+    };
+    let checked = match offline_keys {
+        Some(keys) => {
+            let revoked =
+                match &args.revocations {
+                    Some(path) => serde_json::from_str::<jwt::Revocations>(&read_file(
+                        path,
+                        "revocation list",
+                    )?)
+                    .map_err(|e| {
+                        CliError::usage(format!("{}: not a revocation list: {e}", path.display()))
+                    })?
+                    .by_id(),
+                    None => Default::default(),
+                };
+            let now = crate::clock::now_millis() / 1000;
+            jwt::verify_token(&token, &keys, &args.audience, &revoked, now)
+        }
+        None => {
+            if args.revocations.is_some() {
+                return Err(CliError::usage(
+                    "--revocations is for offline checks (with --jwks or --ca-file); the \
+                     server checks revocation itself",
+                ));
+            }
+            let request = proto::VerifyJwtRequest {
+                token,
+                audience: args.audience.clone(),
+            };
+            let answer = client(&common)
+                .await?
+                .verify_jwt(authorized(&common, request)?)
+                .await?
+                .into_inner();
+            if answer.valid {
+                Ok(jwt::Claims {
+                    sub: answer.subject,
+                    aud: answer.audience,
+                    exp: answer.exp,
+                    iat: (answer.iat != 0).then_some(answer.iat),
+                    jti: answer.jti,
+                })
+            } else {
+                Err(answer.reason)
+            }
+        }
+    };
+    match checked {
+        Ok(claims) => {
+            if common.output == Output::Json {
+                return print_json(&serde_json::json!({"valid": true, "claims": claims}));
+            }
+            let time = |seconds: i64| crate::clock::format_rfc3339(seconds * 1000);
+            let mut rows = vec![
+                vec!["sub".into(), claims.sub.clone()],
+                vec!["aud".into(), claims.aud.join(",")],
+                vec![
+                    "exp".into(),
+                    format!("{} ({})", claims.exp, time(claims.exp)),
+                ],
+            ];
+            if let Some(iat) = claims.iat {
+                rows.push(vec!["iat".into(), format!("{iat} ({})", time(iat))]);
+            }
+            rows.push(vec!["jti".into(), claims.jti.clone()]);
+            print_table(&["CLAIM", "VALUE"], &rows);
+            Ok(())
+        }
+        Err(reason) => {
+            if common.output == Output::Json {
+                print_json(&serde_json::json!({"valid": false, "reason": reason}))?;
+            }
+            Err(CliError::failed(format!("invalid token: {reason}")))
         }
     }
 }

@@ -26,10 +26,11 @@ pub const AGENT: Planned = Planned {
         ("bootstrap", "enrol: interactive wizard, or --non-interactive --server URL --agent-id ID (--token T | --psk P) [--labels k=v,...]"),
         ("service", "manage the systemd unit: install | uninstall | status"),
         ("run", "run the daemon (the default): [--log-level LEVEL]"),
+        ("jwt", "print this agent's JWT-SVID: --audience A [--ttl D] [-o json]"),
     ],
     default: Some("run"),
     is_client: false,
-    built: &["bootstrap", "service", "run"],
+    built: &["bootstrap", "service", "run", "jwt"],
 };
 
 /// Every planned `svc-NAME` CLI.
@@ -73,16 +74,17 @@ pub const TOOLS: &[Planned] = &[
     },
     Planned {
         name: "svc-identity",
-        about: "Embedded CA and join tokens.",
+        about: "Embedded CA, join tokens and JWT-SVIDs.",
         commands: &[
             ("ca", "info | rotate-signing | export | encrypt"),
             ("status", "provider health, token counts, CA expiry"),
             ("psk", "print the bootstrap PSK of AGENT_ID"),
             ("token", "create [--ttl D] [--agent-id ID] | list [--unused] [--unexpired] | revoke ID | cleanup"),
+            ("jwt", "JWT-SVIDs: issue --audience A [--ttl D] [--subject ID] | list | revoke ID | verify TOKEN --audience A [--jwks F | --ca-file F] [--revocations F]"),
         ],
         default: None,
         is_client: true,
-        built: &["ca", "status", "psk", "token"],
+        built: &["ca", "status", "psk", "token", "jwt"],
     },
     Planned {
         name: "svc-secrets",

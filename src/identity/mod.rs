@@ -11,6 +11,7 @@
 //! files under data_dir/ca/ also means backups and `svc-migrate` carry it like every row.
 
 pub mod ca;
+pub mod jwt;
 mod tokens;
 
 use std::collections::BTreeMap;

@@ -1,8 +1,11 @@
-//! The bus side of enrolment: the server answers `svc.enroll` requests with its own client.
+//! The bus side of identity: the server answers `svc.enroll` requests, and enrolled agents'
+//! JWT-SVID requests on `svc.agent.<id>.jwt`, with its own client.
 //!
-//! Thin: parse the JSON request, call `identity::enrol`, reply with the certificate and CA
-//! chain or `{"error": ...}`. A queue group makes one server answer each request when several
-//! share an external NATS cluster. The open bus only ever carries public material here.
+//! Thin: parse the JSON request, call `identity::enrol` (or `identity::jwt::issue_agent_jwt`),
+//! reply with the certificate and CA chain (or the token) or `{"error": ...}`. A queue group
+//! makes one server answer each request when several share an external NATS cluster. The open
+//! bus only carries public material on `svc.enroll`; a JWT-SVID is answered only under the
+//! asking agent's own subjects, which no other agent and no operator key may read.
 
 use std::sync::Arc;
 
@@ -15,8 +18,10 @@ use crate::identity::{self, EnrolRequest};
 /// The queue group every svc-server joins on `svc.enroll`.
 const QUEUE_GROUP: &str = "svc-server";
 
-/// Answers enrolment requests until the server's bus client goes away.
+/// Answers enrolment requests (and, in a task of its own, agents' JWT-SVID requests) until
+/// the server's bus client goes away.
 pub async fn serve(context: Arc<Context>) {
+    tokio::spawn(serve_jwt(context.clone()));
     let mut requests = match context
         .bus
         .client
@@ -72,4 +77,73 @@ async fn answer(context: &Context, payload: &[u8]) -> Vec<u8> {
 fn error_reply(code: &str, message: &str) -> Vec<u8> {
     serde_json::to_vec(&serde_json::json!({"error": {"code": code, "message": message}}))
         .expect("JSON values serialize")
+}
+
+/// Answers `svc.agent.<id>.jwt`: the broker lets only agent `<id>` (and the server) publish
+/// there, so the subject names who asks. The answer goes to the request's reply subject only
+/// when it is under that agent's own `svc.agent.<id>.jwt.reply.`; any other is ignored.
+async fn serve_jwt(context: Arc<Context>) {
+    let mut requests = match context
+        .bus
+        .client
+        .queue_subscribe(subjects::AGENTS_JWT, QUEUE_GROUP.into())
+        .await
+    {
+        Ok(subscription) => subscription,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot subscribe to {}", subjects::AGENTS_JWT);
+            return;
+        }
+    };
+    while let Some(message) = requests.next().await {
+        let Some(agent_id) = crate::fleet::protocol::agent_of(&message.subject) else {
+            continue;
+        };
+        let agent_id = agent_id.to_string();
+        let reply = match &message.reply {
+            Some(reply)
+                if reply.starts_with(&subjects::agent_jwt_reply_prefix(&agent_id))
+                    && subjects::is_valid_literal(reply) =>
+            {
+                reply.clone()
+            }
+            _ => {
+                tracing::debug!(
+                    agent_id,
+                    "JWT-SVID request without an own reply subject ignored"
+                );
+                continue;
+            }
+        };
+        let context = context.clone();
+        let span = super::request_span("bus", &message.subject, &super::request_id());
+        span.record("key_id", format!("agent:{agent_id}").as_str());
+        let task = async move {
+            let answer = jwt_answer(&context, &agent_id, &message.payload).await;
+            if let Err(e) = context.bus.client.publish(reply, answer.into()).await {
+                tracing::warn!(error = %e, "JWT-SVID reply not sent");
+            }
+        };
+        tokio::spawn(tracing::Instrument::instrument(task, span));
+    }
+}
+
+async fn jwt_answer(context: &Context, agent_id: &str, payload: &[u8]) -> Vec<u8> {
+    let request: identity::jwt::AgentRequest = match serde_json::from_slice(payload) {
+        Ok(request) => request,
+        Err(e) => return error_reply("bad_request", &format!("malformed JWT-SVID request: {e}")),
+    };
+    match identity::jwt::issue_agent_jwt(&context.domain, agent_id, request).await {
+        Ok(issued) => {
+            tracing::info!(agent_id, jti = %issued.svid.id, "JWT-SVID issued to an agent");
+            serde_json::to_vec(&issued).expect("JWT-SVID replies serialize")
+        }
+        Err(error) => {
+            if let crate::Error::Internal(cause) = &error {
+                tracing::error!(agent_id, %cause, "JWT-SVID issue failed");
+            }
+            tracing::info!(agent_id, %error, "JWT-SVID refused");
+            error_reply(error.code(), &error.to_string())
+        }
+    }
 }

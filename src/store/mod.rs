@@ -5,6 +5,7 @@
 //! `migrations/` are embedded in the binary and applied in order at start.
 
 mod fleet;
+mod jwt;
 mod secrets;
 mod sqlite;
 
@@ -17,6 +18,7 @@ use crate::config::{StoreConfig, StoreDriver};
 use crate::Result;
 
 pub use fleet::{AgentStateRow, FleetStore};
+pub use jwt::{JwtStore, JwtSvidRow};
 pub use secrets::{
     LeaseRow, Rewrap, SecretRow, SecretStore, SecretVersionRow, TransitKeyRow, TransitVersionRow,
     Wrapped,
@@ -30,6 +32,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
     (3, "secrets", include_str!("migrations/0003_secrets.sql")),
     (4, "identity", include_str!("migrations/0004_identity.sql")),
     (5, "fleet", include_str!("migrations/0005_fleet.sql")),
+    (
+        6,
+        "jwt_svids",
+        include_str!("migrations/0006_jwt_svids.sql"),
+    ),
 ];
 
 /// A stored API key (never the key itself: only its hash).
@@ -174,6 +181,8 @@ pub trait Store: Send + Sync + 'static {
     fn secrets(&self) -> &dyn SecretStore;
     /// The fleet tables (registry, quarantine, heartbeats, applied states).
     fn fleet(&self) -> &dyn FleetStore;
+    /// The identity-token table (issued JWT-SVIDs and their revocation).
+    fn jwts(&self) -> &dyn JwtStore;
     /// The active (not retired) CA rows.
     async fn active_ca(&self) -> Result<Vec<CaRow>>;
     /// Replaces a CA row's sealed key (master-key rotation).

@@ -5,6 +5,7 @@
 //! hop per call. WAL lets the pooled readers run beside the one writer.
 
 mod fleet;
+mod jwt;
 mod secrets;
 
 use std::path::{Path, PathBuf};
@@ -778,6 +779,10 @@ impl Store for SqliteStore {
     }
 
     fn fleet(&self) -> &dyn super::FleetStore {
+        self
+    }
+
+    fn jwts(&self) -> &dyn super::JwtStore {
         self
     }
 }

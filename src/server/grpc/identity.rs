@@ -6,6 +6,7 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::principal;
+use crate::identity::jwt::{self, JwtView};
 use crate::identity::{self, CertificateInfo, TokenView};
 use crate::proto;
 use crate::server::Context;
@@ -43,6 +44,30 @@ fn token_message(view: TokenView, cleartext: String) -> proto::JoinToken {
         state: view.state,
         created_by: view.created_by,
         used_by: view.used_by.unwrap_or_default(),
+    }
+}
+
+fn jwt_message(view: JwtView, token: String) -> proto::JwtSvid {
+    proto::JwtSvid {
+        id: view.id,
+        token,
+        subject: view.subject,
+        audience: view.audience,
+        kid: view.kid,
+        issued_by: view.issued_by,
+        issued_at: view.issued_at,
+        expires_at: view.expires_at,
+        revoked_at: view.revoked_at.unwrap_or_default(),
+        state: view.state,
+    }
+}
+
+fn duration(text: String) -> Result<Option<std::time::Duration>, Error> {
+    match optional(text) {
+        Some(text) => crate::clock::parse_duration(&text)
+            .map(Some)
+            .ok_or_else(|| Error::Invalid(format!("invalid ttl '{text}' (e.g. 30m, 24h, 7d)"))),
+        None => Ok(None),
     }
 }
 
@@ -124,14 +149,8 @@ impl proto::identity_service_server::IdentityService for Identity {
     ) -> Result<Response<proto::JoinToken>, Status> {
         let caller = principal(&request)?;
         let wanted = request.into_inner();
-        let ttl = match optional(wanted.ttl) {
-            Some(text) => Some(crate::clock::parse_duration(&text).ok_or_else(|| {
-                Error::Invalid(format!("invalid ttl '{text}' (e.g. 30m, 24h, 7d)"))
-            })?),
-            None => None,
-        };
         let new = identity::NewToken {
-            ttl,
+            ttl: duration(wanted.ttl)?,
             agent_id: optional(wanted.agent_id),
         };
         let created = identity::create_token(&self.context.domain, &caller, new).await?;
@@ -177,5 +196,75 @@ impl proto::identity_service_server::IdentityService for Identity {
         let caller = principal(&request)?;
         let removed = identity::cleanup_tokens(&self.context.domain, &caller).await?;
         Ok(Response::new(proto::CleanupTokensResponse { removed }))
+    }
+
+    async fn issue_jwt(
+        &self,
+        request: Request<proto::IssueJwtRequest>,
+    ) -> Result<Response<proto::JwtSvid>, Status> {
+        let caller = principal(&request)?;
+        let wanted = request.into_inner();
+        let issue = jwt::IssueRequest {
+            audience: wanted.audience,
+            ttl: duration(wanted.ttl)?,
+            subject: optional(wanted.subject),
+        };
+        let issued = jwt::issue_jwt(&self.context.domain, &caller, issue).await?;
+        Ok(Response::new(jwt_message(issued.svid, issued.token)))
+    }
+
+    async fn list_jwts(
+        &self,
+        request: Request<proto::Empty>,
+    ) -> Result<Response<proto::ListJwtsResponse>, Status> {
+        let caller = principal(&request)?;
+        let jwts = jwt::list_jwts(&self.context.domain, &caller).await?;
+        Ok(Response::new(proto::ListJwtsResponse {
+            jwts: jwts
+                .into_iter()
+                .map(|view| jwt_message(view, String::new()))
+                .collect(),
+        }))
+    }
+
+    async fn revoke_jwt(
+        &self,
+        request: Request<proto::RevokeJwtRequest>,
+    ) -> Result<Response<proto::JwtSvid>, Status> {
+        let caller = principal(&request)?;
+        let id = request.into_inner().id;
+        let view = jwt::revoke_jwt(&self.context.domain, &caller, &id).await?;
+        Ok(Response::new(jwt_message(view, String::new())))
+    }
+
+    async fn verify_jwt(
+        &self,
+        request: Request<proto::VerifyJwtRequest>,
+    ) -> Result<Response<proto::VerifyJwtResponse>, Status> {
+        let caller = principal(&request)?;
+        let wanted = request.into_inner();
+        let verification = jwt::verify_jwt(
+            &self.context.domain,
+            &caller,
+            &wanted.token,
+            &wanted.audience,
+        )
+        .await?;
+        let claims = verification.claims.unwrap_or_else(|| jwt::Claims {
+            sub: String::new(),
+            aud: Vec::new(),
+            exp: 0,
+            iat: None,
+            jti: String::new(),
+        });
+        Ok(Response::new(proto::VerifyJwtResponse {
+            valid: verification.valid,
+            reason: verification.reason.unwrap_or_default(),
+            subject: claims.sub,
+            audience: claims.aud,
+            exp: claims.exp,
+            iat: claims.iat.unwrap_or_default(),
+            jti: claims.jti,
+        }))
     }
 }

@@ -7,6 +7,7 @@
 mod apikeys;
 mod health;
 mod openapi;
+mod wellknown;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -147,6 +148,20 @@ async fn route(
         ["api", "v1", "openapi.json"] => (
             "/api/v1/openapi.json",
             only(&method, &[Method::GET]).map(|()| openapi::document()),
+        ),
+        [".well-known", "jwks.json"] => (
+            "/.well-known/jwks.json",
+            match only(&method, &[Method::GET]) {
+                Ok(()) => wellknown::jwks(context).await,
+                Err(e) => Err(e),
+            },
+        ),
+        [".well-known", "jwt-revocations.json"] => (
+            "/.well-known/jwt-revocations.json",
+            match only(&method, &[Method::GET]) {
+                Ok(()) => wellknown::revocations(context).await,
+                Err(e) => Err(e),
+            },
         ),
         ["api", "v1", "apikeys"] => (
             "/api/v1/apikeys",

@@ -48,6 +48,17 @@ pub fn document() -> Response<Body> {
                 "NewApiKey": {"type": "object", "required": ["name", "role"], "additionalProperties": false, "properties": {
                     "name": {"type": "string"}, "role": {"type": "string", "enum": ["admin", "operator", "readonly"]},
                     "expires_at": {"type": "string", "format": "date-time"}}},
+                "Jwks": {"type": "object", "required": ["keys"], "properties": {"keys": {"type": "array", "items": {
+                    "type": "object", "required": ["kty", "crv", "x", "y", "kid"], "properties": {
+                        "kty": {"type": "string", "enum": ["EC"]}, "crv": {"type": "string", "enum": ["P-256"]},
+                        "x": {"type": "string"}, "y": {"type": "string"}, "kid": {"type": "string"},
+                        "alg": {"type": "string", "enum": ["ES256"]}, "use": {"type": "string", "enum": ["sig"]},
+                        "x5c": {"type": "array", "items": {"type": "string", "format": "byte"}}}}}}},
+                "JwtRevocations": {"type": "object", "required": ["generated_at", "revoked"], "properties": {
+                    "generated_at": {"type": "string", "format": "date-time"},
+                    "revoked": {"type": "array", "items": {"type": "object", "required": ["jti", "revoked_at", "expires_at"], "properties": {
+                        "jti": {"type": "string"}, "revoked_at": {"type": "string", "format": "date-time"},
+                        "expires_at": {"type": "string", "format": "date-time"}}}}}},
                 "ApiKeyUpdate": {"type": "object", "additionalProperties": false, "properties": {
                     "name": {"type": "string"}, "role": {"type": "string", "enum": ["admin", "operator", "readonly"]}}},
             }
@@ -58,6 +69,10 @@ pub fn document() -> Response<Body> {
                 "200": {"description": "ready"}, "503": {"description": "a component is not ok"}}}},
             "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text exposition format"}}}},
             "/api/v1/openapi.json": {"get": {"summary": "This document", "responses": {"200": {"description": "OpenAPI 3"}}}},
+            "/.well-known/jwks.json": {"get": {"summary": "JWT-SVID public keys (no key needed): the active signing CA's EC P-256 key, kid = its SHA-256 fingerprint, x5c = [signing CA, root]",
+                "responses": {"200": {"description": "JWKS", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Jwks"}}}}}}},
+            "/.well-known/jwt-revocations.json": {"get": {"summary": "Revoked JWT-SVIDs not yet expired, by jti (no key needed)",
+                "responses": {"200": {"description": "revocation list", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/JwtRevocations"}}}}}}},
             "/api/v1/apikeys": {
                 "get": {"summary": "List API keys (admin)", "security": [{"bearer": []}],
                     "responses": with_errors(json!({"200": {"description": "keys", "content": {"application/json": {"schema": {
