@@ -209,6 +209,12 @@ pub struct BusConfig {
     /// PEM certificate chain and key for the embedded broker's listener: both set, every
     /// client must use TLS. Not for `external_urls` (that cluster has its own settings).
     pub tls: TlsConfig,
+    /// The embedded broker's name in INFO (`server_name`) and the monitoring endpoints.
+    pub server_name: String,
+    /// How often the embedded broker PINGs an idle client (nats-server's `ping_interval`).
+    pub ping_interval: ConfigDuration,
+    /// Unanswered PINGs tolerated; one more closes the client with `-ERR 'Stale Connection'`.
+    pub ping_max: u32,
 }
 
 impl Default for BusConfig {
@@ -218,6 +224,9 @@ impl Default for BusConfig {
             max_payload: 1024 * 1024,
             external_token: Secret::default(),
             tls: TlsConfig::default(),
+            server_name: "svc".into(),
+            ping_interval: ConfigDuration(Duration::from_secs(120)),
+            ping_max: 2,
         }
     }
 }

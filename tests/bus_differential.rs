@@ -6,6 +6,10 @@
 //! its PONG, which orders everything the server sent it before. INFO is compared only on
 //! proto, headers, max_payload, auth_required and tls_required; `_INBOX.` ids are masked.
 //! Without nats-server the test prints a skip line, unless `CI` is set, where it fails.
+//!
+//! `info_matches_nats_server` compares the first INFO's key set and value types (not values:
+//! ids, ports and names differ) on an open, a password and a TLS server, so a field that
+//! nats-server sends and we do not fails the build.
 
 mod bus_support;
 
@@ -69,6 +73,10 @@ struct NatsServer {
 
 impl NatsServer {
     async fn start(binary: &Path, config: Option<&str>) -> NatsServer {
+        Self::start_with(binary, config, &[]).await
+    }
+
+    async fn start_with(binary: &Path, config: Option<&str>, extra: &[&str]) -> NatsServer {
         let dir = tempfile::tempdir().unwrap();
         // Pick a free port, release it, and hand it to nats-server.
         let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -78,6 +86,7 @@ impl NatsServer {
             .port();
         let mut command = Command::new(binary);
         command.args(["-a", "127.0.0.1", "-p", &port.to_string()]);
+        command.args(extra);
         if let Some(config) = config {
             let path = dir.path().join("nats.conf");
             std::fs::write(&path, config).unwrap();
@@ -377,13 +386,182 @@ fn mask_inboxes(text: &str) -> String {
     masked
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn raw_sessions_match_nats_server() {
-    let Some(binary) = find_nats_server() else {
+/// nats-server's path, or None after printing why the test is skipped (a failure in CI).
+fn nats_server_or_skip() -> Option<PathBuf> {
+    let binary = find_nats_server();
+    if binary.is_none() {
         if std::env::var_os("CI").is_some() {
             panic!("nats-server not found (needed in CI for the differential test)");
         }
-        println!("skip: nats-server not found on PATH or in /usr/sbin; differential test skipped");
+        println!(
+            "skip: nats-server not found on PATH or in /usr/sbin (apt-get install nats-server); \
+             differential test skipped"
+        );
+    }
+    binary
+}
+
+/// The JSON type of every key, recursively (`a.b` for nested objects, `a[]` for the first
+/// element of an array): what two servers must agree on when their values differ.
+pub fn shape(value: &serde_json::Value) -> std::collections::BTreeMap<String, &'static str> {
+    fn walk(
+        value: &serde_json::Value,
+        path: String,
+        out: &mut std::collections::BTreeMap<String, &'static str>,
+    ) {
+        use serde_json::Value;
+        let kind = match value {
+            Value::Null => "null",
+            Value::Bool(_) => "bool",
+            Value::Number(_) => "number",
+            Value::String(_) => "string",
+            Value::Array(items) => {
+                if let Some(first) = items.first() {
+                    walk(first, format!("{path}[]"), out);
+                }
+                "array"
+            }
+            Value::Object(map) => {
+                for (key, child) in map {
+                    let child_path = if path.is_empty() {
+                        key.clone()
+                    } else {
+                        format!("{path}.{key}")
+                    };
+                    walk(child, child_path, out);
+                }
+                "object"
+            }
+        };
+        if !path.is_empty() {
+            out.insert(path, kind);
+        }
+    }
+    let mut out = std::collections::BTreeMap::new();
+    walk(value, String::new(), &mut out);
+    out
+}
+
+/// Keys of ours that nats-server does not send, each for a reason.
+const OUR_EXTRA_INFO_KEYS: &[&str] = &[
+    // Our own version, next to the NATS version we match.
+    "svc_version",
+];
+
+async fn first_info(addr: SocketAddr) -> serde_json::Value {
+    let (_raw, line) = Raw::connect_after_info(addr).await;
+    serde_json::from_str(line.trim_start_matches("INFO ").trim_end()).unwrap()
+}
+
+/// A self-signed certificate for 127.0.0.1 made with the openssl CLI, or `None` without it.
+fn self_signed_certificate(dir: &Path) -> Option<(PathBuf, PathBuf)> {
+    let cert = dir.join("cert.pem");
+    let key = dir.join("key.pem");
+    let status = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+        ])
+        .args(["-nodes", "-days", "1", "-subj", "/CN=localhost"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .args(["-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .ok()?;
+    status.success().then_some((cert, key))
+}
+
+fn rustls_config(cert: &Path, key: &Path) -> Arc<rustls::ServerConfig> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let key = PrivateKeyDer::from_pem_file(key).unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .unwrap();
+    Arc::new(config)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn info_matches_nats_server() {
+    let Some(binary) = nats_server_or_skip() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut cases: Vec<(&str, NatsServer, svc::bus::BrokerHandle)> = vec![
+        (
+            "open",
+            NatsServer::start(&binary, None).await,
+            start_broker(BrokerConfig::default(), Arc::new(NoAuth)).await,
+        ),
+        (
+            "user and password",
+            NatsServer::start(&binary, Some(AUTH_CONFIG)).await,
+            start_broker(BrokerConfig::default(), Arc::new(mirrored_auth())).await,
+        ),
+    ];
+    match self_signed_certificate(dir.path()) {
+        Some((cert, key)) => {
+            let config = format!(
+                "tls {{ cert_file: {:?}, key_file: {:?} }}\n",
+                cert.display().to_string(),
+                key.display().to_string()
+            );
+            let tls = BrokerConfig {
+                tls: Some(rustls_config(&cert, &key)),
+                ..BrokerConfig::default()
+            };
+            cases.push((
+                "tls",
+                NatsServer::start(&binary, Some(&config)).await,
+                start_broker(tls, Arc::new(NoAuth)).await,
+            ));
+        }
+        None => println!("note: no openssl CLI; the TLS INFO is not compared"),
+    }
+    let mut problems = Vec::new();
+    for (name, reference, ours) in &cases {
+        let expected = shape(&first_info(reference.addr).await);
+        assert!(
+            expected.contains_key("go") && expected.contains_key("client_ip"),
+            "{name}: nats-server's INFO not read: {expected:?}"
+        );
+        let mut actual = shape(&first_info(ours.local_addr()).await);
+        for extra in OUR_EXTRA_INFO_KEYS {
+            actual.remove(*extra);
+        }
+        if expected != actual {
+            problems.push(format!(
+                "{name}:\n  nats-server: {expected:?}\n  ours:        {actual:?}"
+            ));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "INFO differs:\n{}",
+        problems.join("\n")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raw_sessions_match_nats_server() {
+    let Some(binary) = nats_server_or_skip() else {
         return;
     };
     let reference_open = NatsServer::start(&binary, None).await;

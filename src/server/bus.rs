@@ -62,6 +62,11 @@ impl Authenticator for ApiKeyAuthenticator {
         true
     }
 
+    /// Agents without a TLS client certificate sign the nonce.
+    fn uses_nonce(&self) -> bool {
+        true
+    }
+
     async fn authenticate(&self, request: &AuthRequest<'_>) -> Option<Permissions> {
         if !request.has_credentials() {
             return Some(Permissions::enrolment());
@@ -89,7 +94,8 @@ impl Authenticator for ApiKeyAuthenticator {
         }
         Some(permissions_for(
             principal.role,
-            format!("apikey:{}", principal.id),
+            // The key's id names the connection (monitoring's `authorized_user`); never the key.
+            principal.id.clone(),
         ))
     }
 }
@@ -154,6 +160,9 @@ pub async fn start(
             let scheme = if tls.is_some() { "tls" } else { "nats" };
             let broker_config = BrokerConfig {
                 max_payload: config.bus.max_payload as usize,
+                server_name: config.bus.server_name.clone(),
+                ping_interval: config.bus.ping_interval.0,
+                max_pings_out: config.bus.ping_max,
                 tls: tls.as_ref().map(|tls| tls.server.clone()),
                 ..BrokerConfig::default()
             };

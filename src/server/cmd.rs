@@ -160,6 +160,18 @@ fn validate(config: &ServerConfig, dev: bool) -> Vec<String> {
     } else if let Err(problem) = crate::tls::bus_server_tls(&config.bus.tls, &[]) {
         problems.push(problem);
     }
+    if config.bus.ping_interval.0.is_zero() {
+        problems
+            .push("bus.ping_interval must be longer than 0s (nats-server's default: 2m)".into());
+    }
+    if config.bus.ping_max == 0 {
+        problems.push("bus.ping_max must be at least 1 (nats-server's default: 2)".into());
+    }
+    if config.bus.server_name.trim().is_empty()
+        || config.bus.server_name.contains(char::is_whitespace)
+    {
+        problems.push("bus.server_name must be non-empty and without spaces".into());
+    }
     if config.store.driver == config::StoreDriver::Postgres && config.store.url.is_empty() {
         problems.push("store.url is required when store.driver is postgres".into());
     }

@@ -83,6 +83,12 @@ impl Subscription {
         self.delivered.load(Ordering::Acquire) >= max
     }
 
+    /// Messages delivered so far (claims past an `UNSUB max` are not deliveries).
+    pub(crate) fn delivered(&self) -> u64 {
+        let delivered = self.delivered.load(Ordering::Acquire);
+        delivered.min(self.max.load(Ordering::Acquire))
+    }
+
     pub(crate) fn is_exhausted(&self) -> bool {
         let max = self.max.load(Ordering::Acquire);
         max != u64::MAX && self.delivered.load(Ordering::Acquire) >= max
@@ -261,6 +267,31 @@ impl Router {
             index.cache.clear();
             self.generation.fetch_add(1, Ordering::AcqRel);
         }
+    }
+
+    /// Every indexed subscription (for monitoring; walks the whole trie under the lock).
+    pub(crate) fn snapshot(&self) -> Vec<Arc<Subscription>> {
+        fn walk(level: &Level, out: &mut Vec<Arc<Subscription>>) {
+            let nodes = level
+                .literal
+                .values()
+                .chain(level.single.as_deref())
+                .chain(level.full.as_deref());
+            for node in nodes {
+                out.extend(node.subscriptions.iter().cloned());
+                if let Some(next) = &node.next {
+                    walk(next, out);
+                }
+            }
+        }
+        let index = self.lock();
+        let mut out = Vec::new();
+        walk(&index.root, &mut out);
+        out
+    }
+
+    pub(crate) fn cache_len(&self) -> usize {
+        self.lock().cache.len()
     }
 
     pub(crate) fn lookup(&self, subject: &str) -> Arc<Matches> {
