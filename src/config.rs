@@ -215,6 +215,11 @@ pub struct BusConfig {
     pub ping_interval: ConfigDuration,
     /// Unanswered PINGs tolerated; one more closes the client with `-ERR 'Stale Connection'`.
     pub ping_max: u32,
+    /// Lame duck (SIGUSR2): bus clients are closed spread over this long (nats-server's
+    /// `lame_duck_duration`)...
+    pub lame_duck_duration: ConfigDuration,
+    /// ...after first waiting this long for them to leave on their own.
+    pub lame_duck_grace_period: ConfigDuration,
 }
 
 impl Default for BusConfig {
@@ -227,6 +232,8 @@ impl Default for BusConfig {
             server_name: "svc".into(),
             ping_interval: ConfigDuration(Duration::from_secs(120)),
             ping_max: 2,
+            lame_duck_duration: ConfigDuration(Duration::from_secs(30)),
+            lame_duck_grace_period: ConfigDuration(Duration::from_secs(10)),
         }
     }
 }

@@ -604,6 +604,31 @@ async fn shutdown_sends_lame_duck_info_then_closes() {
 }
 
 #[tokio::test]
+async fn lame_duck_stops_accepting_notifies_then_closes() {
+    let broker = start_open_broker().await;
+    let addr = broker.local_addr();
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        let (mut raw, _) = Raw::connect_after_info(addr).await;
+        raw.send(b"CONNECT {\"verbose\":false,\"protocol\":1}\r\n")
+            .await;
+        raw.flush().await;
+        clients.push(raw);
+    }
+    broker.enter_lame_duck(Duration::from_millis(600), Duration::from_millis(200));
+    for raw in &mut clients {
+        let info = raw.read_line().await;
+        assert!(info.contains("\"ldm\":true"), "{info}");
+        assert!(raw.expect_closed().await.is_empty());
+    }
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+    assert!(broker.view().is_lame_duck() && !broker.view().is_accepting());
+    timeout(PATIENCE, broker.shutdown(Duration::from_millis(100)))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
 async fn stats_count_traffic() {
     let broker = start_open_broker().await;
     let (mut raw, _) = Raw::connect_after_info(broker.local_addr()).await;

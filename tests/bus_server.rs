@@ -309,3 +309,74 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigusr2_lame_duck_moves_clients_to_another_server() {
+    // Both servers accept the same admin key, so one client may use either.
+    let key = format!("svc_{}", "l".repeat(40));
+    let options = || Options {
+        env: vec![("SVC_BOOTSTRAP_API_KEY".into(), key.clone())],
+        config_yaml: "bus:\n  lame_duck_duration: 3s\n  lame_duck_grace_period: 1s\n".into(),
+        ..Options::default()
+    };
+    let mut first = TestServer::start_with(options());
+    let second = TestServer::start_with(options());
+    let (events_sender, mut events) = tokio::sync::mpsc::unbounded_channel();
+    let client = async_nats::ConnectOptions::with_token(key.clone())
+        .retain_servers_order()
+        .event_callback(move |event| {
+            let sender = events_sender.clone();
+            async move {
+                let _ = sender.send(event);
+            }
+        })
+        .connect(vec![first.bus.clone(), second.bus.clone()])
+        .await
+        .unwrap();
+    let first_port = bus_socket(&first.bus).port();
+    let second_port = bus_socket(&second.bus).port();
+    assert_eq!(client.server_info().port, first_port);
+
+    unsafe {
+        libc::kill(first.pid() as i32, libc::SIGUSR2);
+    }
+    let saw_lame_duck = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(event) = events.recv().await {
+            if matches!(event, async_nats::Event::LameDuckMode) {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(
+        saw_lame_duck,
+        Ok(true),
+        "no lame-duck INFO:\n{}",
+        first.log()
+    );
+    // No new bus connections on the first server...
+    assert!(TcpStream::connect(bus_socket(&first.bus)).is_err());
+    // ...and the client moves to the second once the first closes it.
+    tokio::time::timeout(Duration::from_secs(15), async {
+        while client.server_info().port != second_port
+            || client.connection_state() != async_nats::connection::State::Connected
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("reconnected to the second server");
+    let mut subscription = client.subscribe("after.ldm").await.unwrap();
+    client.publish("after.ldm", "moved".into()).await.unwrap();
+    let message = tokio::time::timeout(Duration::from_secs(5), subscription.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&message.payload[..], b"moved");
+
+    // REST keeps serving on the first server until SIGTERM, which then stops it cleanly.
+    assert_eq!(first.request("GET", "/health/live", None, None).status, 200);
+    assert_eq!(first.stop_with(libc::SIGTERM), Some(0), "{}", first.log());
+    assert!(first.log().contains("lame duck"), "{}", first.log());
+}

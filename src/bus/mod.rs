@@ -9,6 +9,6 @@ pub mod broker;
 pub mod subjects;
 
 pub use broker::{
-    AllowDeny, AuthRequest, Authenticator, Broker, BrokerConfig, BrokerHandle, BrokerStats, NoAuth,
-    Permissions, StaticAuth, SubjectRule,
+    AllowDeny, AuthRequest, Authenticator, Broker, BrokerConfig, BrokerHandle, BrokerStats,
+    BrokerView, ConnectionView, NoAuth, Permissions, StaticAuth, SubjectRule, SubscriptionView,
 };

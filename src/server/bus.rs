@@ -123,6 +123,25 @@ impl Bus {
         broker.as_ref().map(|b| read(b.stats()))
     }
 
+    /// SIGUSR2: the embedded broker's lame duck (see `BrokerHandle::enter_lame_duck`); the
+    /// server's own client is closed with the others. False without an embedded broker.
+    pub fn enter_lame_duck(&self, duration: Duration, grace: Duration) -> bool {
+        let broker = self.broker.lock().expect("broker lock poisoned");
+        match broker.as_ref() {
+            Some(broker) => {
+                broker.enter_lame_duck(duration, grace);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The embedded broker's monitoring view (None for an external cluster).
+    pub fn broker_view(&self) -> Option<crate::bus::BrokerView> {
+        let broker = self.broker.lock().expect("broker lock poisoned");
+        broker.as_ref().map(|broker| broker.view())
+    }
+
     /// Lame duck for the embedded broker; the server's client flushes first.
     pub async fn shutdown(&self, grace: Duration) {
         // Drain (flush, unsubscribe, close) the server's own client first: the broker's lame

@@ -164,6 +164,10 @@ fn validate(config: &ServerConfig, dev: bool) -> Vec<String> {
         problems
             .push("bus.ping_interval must be longer than 0s (nats-server's default: 2m)".into());
     }
+    if config.bus.lame_duck_grace_period.0 >= config.bus.lame_duck_duration.0 {
+        problems
+            .push("bus.lame_duck_grace_period must be shorter than bus.lame_duck_duration".into());
+    }
     if config.bus.ping_max == 0 {
         problems.push("bus.ping_max must be at least 1 (nats-server's default: 2)".into());
     }
@@ -411,6 +415,7 @@ struct StopSignals {
     term: tokio::signal::unix::Signal,
     int: tokio::signal::unix::Signal,
     hup: tokio::signal::unix::Signal,
+    usr2: tokio::signal::unix::Signal,
 }
 
 impl StopSignals {
@@ -422,10 +427,12 @@ impl StopSignals {
             term: install(SignalKind::terminate())?,
             int: install(SignalKind::interrupt())?,
             hup: install(SignalKind::hangup())?,
+            usr2: install(SignalKind::user_defined2())?,
         })
     }
 
-    /// Waits for SIGTERM or SIGINT; SIGHUP reloads the policies meanwhile.
+    /// Waits for SIGTERM or SIGINT; SIGHUP reloads the policies meanwhile, and SIGUSR2 puts
+    /// the bus in lame duck (REST and gRPC keep serving until SIGTERM).
     async fn wait(&mut self, context: &Context) {
         loop {
             tokio::select! {
@@ -434,6 +441,12 @@ impl StopSignals {
                 _ = self.hup.recv() => {
                     let count = context.domain.auditor.reload_policies();
                     tracing::info!(count, "SIGHUP: policies reloaded");
+                }
+                _ = self.usr2.recv() => {
+                    let bus = &context.config.bus;
+                    if !context.bus.enter_lame_duck(bus.lame_duck_duration.0, bus.lame_duck_grace_period.0) {
+                        tracing::warn!("SIGUSR2: no embedded broker (bus.external_urls): nothing to put in lame duck");
+                    }
                 }
             }
         }

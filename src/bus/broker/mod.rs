@@ -525,3 +525,27 @@ fn make_server_id() -> String {
         .chain((0..55).map(|_| char::from(ALPHABET[random.gen_range(0..ALPHABET.len())])))
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lame_duck_spreads_closes_at_most_a_second_apart() {
+        let second = Duration::from_secs(1);
+        assert_eq!(close_schedule(Duration::from_secs(20), 3), (second, 1));
+        assert_eq!(
+            close_schedule(Duration::from_secs(20), 40),
+            (Duration::from_millis(500), 1)
+        );
+        // 100,000 clients over 20 s: 1 ms steps of 5.
+        assert_eq!(
+            close_schedule(Duration::from_secs(20), 100_000),
+            (Duration::from_millis(1), 5)
+        );
+        assert_eq!(
+            close_schedule(Duration::ZERO, 7),
+            (Duration::from_millis(1), 7)
+        );
+    }
+}
