@@ -168,6 +168,10 @@ pub struct ListenConfig {
     pub http: String,
     pub grpc: String,
     pub bus: String,
+    /// The embedded broker's monitoring endpoints (nats-server's `-m` port: /varz, /connz,
+    /// ...); empty turns them off. Loopback by default: without `bus.monitor_auth` anyone
+    /// who reaches it reads every connection's address.
+    pub bus_monitor: String,
 }
 
 impl Default for ListenConfig {
@@ -176,6 +180,7 @@ impl Default for ListenConfig {
             http: "0.0.0.0:8080".into(),
             grpc: "0.0.0.0:5397".into(),
             bus: "0.0.0.0:4222".into(),
+            bus_monitor: "127.0.0.1:8222".into(),
         }
     }
 }
@@ -220,6 +225,9 @@ pub struct BusConfig {
     pub lame_duck_duration: ConfigDuration,
     /// ...after first waiting this long for them to leave on their own.
     pub lame_duck_grace_period: ConfigDuration,
+    /// Monitoring (`listen.bus_monitor`) answers only requests with an admin API key as a
+    /// bearer token.
+    pub monitor_auth: bool,
 }
 
 impl Default for BusConfig {
@@ -234,6 +242,7 @@ impl Default for BusConfig {
             ping_max: 2,
             lame_duck_duration: ConfigDuration(Duration::from_secs(30)),
             lame_duck_grace_period: ConfigDuration(Duration::from_secs(10)),
+            monitor_auth: false,
         }
     }
 }

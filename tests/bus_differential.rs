@@ -10,8 +10,14 @@
 //! `info_matches_nats_server` compares the first INFO's key set and value types (not values:
 //! ids, ports and names differ) on an open, a password and a TLS server, so a field that
 //! nats-server sends and we do not fails the build.
+//!
+//! `monitoring_matches_nats_server` runs nats-server with `-m` next to a real svc-server,
+//! drives the same traffic through both with async-nats, and compares the key sets and value
+//! types of /varz, /connz (plain, `subs=1`, `subs=detail`, `auth=1`), /subsz (plain and
+//! `subs=1`), /healthz, /routez and /jsz; counters must move by exactly the traffic sent.
 
 mod bus_support;
+mod common;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -48,6 +54,18 @@ fn mirrored_auth() -> StaticAuth {
             },
         )
         .with_user("bob", "pw", Permissions::allow_all("bob"))
+}
+
+/// The nats-server side of the monitoring comparison: token auth like svc's API keys, and no
+/// system account (svc serves no `$SYS` requests).
+const MONITORED_CONFIG: &str = "no_sys_acc: true\nauthorization { token: \"s3cret-token\" }\n";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn find_nats_server() -> Option<PathBuf> {
@@ -401,8 +419,8 @@ fn nats_server_or_skip() -> Option<PathBuf> {
     binary
 }
 
-/// The JSON type of every key, recursively (`a.b` for nested objects, `a[]` for the first
-/// element of an array): what two servers must agree on when their values differ.
+/// The JSON type of every key, recursively (`a.b` for nested objects, `a[]` for the elements
+/// of an array): what two servers must agree on when their values differ.
 pub fn shape(value: &serde_json::Value) -> std::collections::BTreeMap<String, &'static str> {
     fn walk(
         value: &serde_json::Value,
@@ -415,9 +433,10 @@ pub fn shape(value: &serde_json::Value) -> std::collections::BTreeMap<String, &'
             Value::Bool(_) => "bool",
             Value::Number(_) => "number",
             Value::String(_) => "string",
+            // Every element, merged: the union of their keys (order varies by server).
             Value::Array(items) => {
-                if let Some(first) = items.first() {
-                    walk(first, format!("{path}[]"), out);
+                for item in items {
+                    walk(item, format!("{path}[]"), out);
                 }
                 "array"
             }
@@ -441,6 +460,9 @@ pub fn shape(value: &serde_json::Value) -> std::collections::BTreeMap<String, &'
     walk(value, String::new(), &mut out);
     out
 }
+
+/// A JSON document's keys and their JSON types (see [`shape`]).
+type Shape = std::collections::BTreeMap<String, &'static str>;
 
 /// Keys of ours that nats-server does not send, each for a reason.
 const OUR_EXTRA_INFO_KEYS: &[&str] = &[
@@ -595,4 +617,201 @@ async fn raw_sessions_match_nats_server() {
         sessions.len(),
         mismatches.join("\n")
     );
+}
+
+/// GET `path` (blocking, on the blocking pool); the status and the JSON body.
+async fn get_json(addr: SocketAddr, path: &str, key: Option<&str>) -> (u16, serde_json::Value) {
+    let path = path.to_string();
+    let header = key.map(|key| format!("Bearer {key}"));
+    tokio::task::spawn_blocking(move || {
+        let headers: Vec<(&str, &str)> = header
+            .iter()
+            .map(|value| ("Authorization", value.as_str()))
+            .collect();
+        let response = common::http_request(addr, "GET", &path, &headers, None).unwrap();
+        let json = serde_json::from_str(&response.body)
+            .unwrap_or_else(|e| panic!("GET {path}: {e}: {}", response.body));
+        (response.status, json)
+    })
+    .await
+    .unwrap()
+}
+
+/// One side of the monitoring comparison: where its bus and monitoring listen, the token a
+/// client presents, and the traffic client.
+struct Side {
+    name: &'static str,
+    monitor: SocketAddr,
+    client: async_nats::Client,
+}
+
+impl Side {
+    async fn connect(name: &'static str, bus: &str, monitor: SocketAddr, token: &str) -> Side {
+        let client = async_nats::ConnectOptions::with_token(token.to_string())
+            .name("differential")
+            .connect(bus)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: connect to {bus}: {e}"));
+        Side {
+            name,
+            monitor,
+            client,
+        }
+    }
+
+    async fn varz(&self) -> serde_json::Value {
+        get_json(self.monitor, "/varz", None).await.1
+    }
+
+    /// Subscribes (a wildcard and a queue group), publishes `count` messages of `size`
+    /// bytes that reach the wildcard only, and receives them all: both servers count a
+    /// message before delivering it, so the counters are then current (async-nats' flush
+    /// only writes the socket; it does not wait for the server).
+    async fn traffic(&self, count: usize, size: usize) -> [async_nats::Subscriber; 2] {
+        use futures_util::StreamExt;
+        let wildcard = self.client.subscribe("diff.>").await.unwrap();
+        let queue = self
+            .client
+            .queue_subscribe("diff.q", "workers".into())
+            .await
+            .unwrap();
+        self.client.flush().await.unwrap();
+        for _ in 0..count {
+            self.client
+                .publish("diff.a", vec![b'x'; size].into())
+                .await
+                .unwrap();
+        }
+        self.client.flush().await.unwrap();
+        let mut wildcard = wildcard;
+        for _ in 0..count {
+            tokio::time::timeout(bus_support::PATIENCE, wildcard.next())
+                .await
+                .expect("published messages arrive")
+                .expect("subscription open");
+        }
+        [wildcard, queue]
+    }
+}
+
+fn counter(value: &serde_json::Value, key: &str) -> u64 {
+    value[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{key} missing or not a count: {value}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn monitoring_matches_nats_server() {
+    let Some(binary) = nats_server_or_skip() else {
+        return;
+    };
+    let monitor_port = free_port();
+    let reference = NatsServer::start_with(
+        &binary,
+        Some(MONITORED_CONFIG),
+        &["-m", &monitor_port.to_string()],
+    )
+    .await;
+    let reference_monitor: SocketAddr = format!("127.0.0.1:{monitor_port}").parse().unwrap();
+    let ours = tokio::task::spawn_blocking(common::TestServer::start)
+        .await
+        .unwrap();
+    let our_monitor = ours
+        .bus_monitor
+        .expect("listen-addrs.json names bus_monitor");
+    let sides = [
+        Side::connect(
+            "nats-server",
+            &format!("nats://{}", reference.addr),
+            reference_monitor,
+            "s3cret-token",
+        )
+        .await,
+        Side::connect("svc", &ours.bus, our_monitor, &ours.admin_key).await,
+    ];
+
+    // Counters: exact deltas for the same traffic on both.
+    const COUNT: usize = 25;
+    const SIZE: usize = 100;
+    let mut subscribers = Vec::new();
+    for side in &sides {
+        let before = side.varz().await;
+        subscribers.push(side.traffic(COUNT, SIZE).await);
+        let after = side.varz().await;
+        for (key, expected) in [
+            ("in_msgs", COUNT),
+            ("out_msgs", COUNT),
+            ("in_bytes", COUNT * SIZE),
+            ("out_bytes", COUNT * SIZE),
+        ] {
+            assert_eq!(
+                counter(&after, key) - counter(&before, key),
+                expected as u64,
+                "{}: /varz {key}",
+                side.name
+            );
+        }
+        let cid = side.client.server_info().client_id;
+        let (_, connz) = get_json(side.monitor, &format!("/connz?cid={cid}"), None).await;
+        let connection = &connz["connections"][0];
+        for (key, expected) in [
+            ("in_msgs", COUNT),
+            ("out_msgs", COUNT),
+            ("in_bytes", COUNT * SIZE),
+            ("out_bytes", COUNT * SIZE),
+            ("subscriptions", 2),
+        ] {
+            assert_eq!(
+                counter(connection, key),
+                expected as u64,
+                "{}: /connz {key}: {connz}",
+                side.name
+            );
+        }
+        assert_eq!(connection["name"], "differential", "{}", side.name);
+    }
+
+    // Shapes: every endpoint, the connection entries filtered to the traffic client.
+    let mut problems = Vec::new();
+    let mut shapes: Vec<Vec<(String, u16, Shape)>> = Vec::new();
+    for side in &sides {
+        let cid = side.client.server_info().client_id;
+        let paths = [
+            "/varz".to_string(),
+            format!("/connz?cid={cid}"),
+            format!("/connz?cid={cid}&subs=1"),
+            format!("/connz?cid={cid}&subs=detail"),
+            format!("/connz?cid={cid}&auth=1"),
+            "/connz?sort=msgs_from&limit=1".to_string(),
+            "/subsz".to_string(),
+            "/subsz?subs=1&test=diff.q".to_string(),
+            "/healthz".to_string(),
+            "/routez".to_string(),
+            "/jsz".to_string(),
+        ];
+        let mut side_shapes = Vec::new();
+        for path in paths {
+            let (status, json) = get_json(side.monitor, &path, None).await;
+            let path = path.replace(&format!("cid={cid}"), "cid=<ours>");
+            side_shapes.push((path, status, shape(&json)));
+        }
+        shapes.push(side_shapes);
+    }
+    assert!(shapes[0][0].2.len() > 40, "/varz read: {:?}", shapes[0][0]);
+    for (expected, actual) in shapes[0].iter().zip(&shapes[1]) {
+        if expected != actual {
+            let (path, _, _) = expected;
+            problems.push(format!(
+                "{path}:\n  nats-server: {:?}\n  svc:         {:?}",
+                (expected.1, &expected.2),
+                (actual.1, &actual.2)
+            ));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "monitoring differs from nats-server:\n{}",
+        problems.join("\n")
+    );
+    drop(subscribers);
 }

@@ -380,3 +380,68 @@ async fn sigusr2_lame_duck_moves_clients_to_another_server() {
     assert_eq!(first.stop_with(libc::SIGTERM), Some(0), "{}", first.log());
     assert!(first.log().contains("lame duck"), "{}", first.log());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bus_monitoring_with_admin_keys_and_lame_duck_health() {
+    let server = tokio::task::spawn_blocking(|| {
+        TestServer::start_with(Options {
+            config_yaml: "bus:\n  monitor_auth: true\n  lame_duck_duration: 2s\n  lame_duck_grace_period: 500ms\n".into(),
+            ..Options::default()
+        })
+    })
+    .await
+    .unwrap();
+    let monitor = server
+        .bus_monitor
+        .expect("bus_monitor in listen-addrs.json");
+    let (viewer_id, viewer) = server.create_key("viewer", "readonly");
+    let client = async_nats::ConnectOptions::with_token(viewer.clone())
+        .name("watcher")
+        .connect(server.bus.as_str())
+        .await
+        .unwrap();
+    client.flush().await.unwrap();
+    let get = |path: &'static str, key: Option<String>| {
+        tokio::task::spawn_blocking(move || {
+            let header = key.map(|key| format!("Bearer {key}"));
+            let headers: Vec<(&str, &str)> = header
+                .iter()
+                .map(|h| ("Authorization", h.as_str()))
+                .collect();
+            common::http_request(monitor, "GET", path, &headers, None).unwrap()
+        })
+    };
+    assert_eq!(get("/varz", None).await.unwrap().status, 401);
+    assert_eq!(
+        get("/varz", Some(viewer.clone())).await.unwrap().status,
+        403
+    );
+    let admin = Some(server.admin_key.clone());
+    let connz = get("/connz?auth=1", admin.clone()).await.unwrap();
+    assert_eq!(connz.status, 200, "{}", connz.body);
+    let watcher = connz.json()["connections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|connection| connection["name"] == "watcher")
+        .cloned()
+        .unwrap_or_else(|| panic!("{}", connz.body));
+    // The key's id names the connection; the key itself never appears.
+    assert_eq!(watcher["authorized_user"], viewer_id.as_str());
+    assert!(!connz.body.contains(&viewer) && !connz.body.contains(&server.admin_key));
+    assert_eq!(get("/healthz", admin.clone()).await.unwrap().status, 200);
+
+    unsafe {
+        libc::kill(server.pid() as i32, libc::SIGUSR2);
+    }
+    let mut health = get("/healthz", admin.clone()).await.unwrap();
+    for _ in 0..100 {
+        if health.status == 503 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        health = get("/healthz", admin.clone()).await.unwrap();
+    }
+    assert_eq!(health.status, 503, "{}", health.body);
+    assert_eq!(health.json()["status"], "error");
+}

@@ -6,6 +6,7 @@
 //! module does not know about the server, the store or API keys.
 
 pub mod broker;
+pub mod monitor;
 pub mod subjects;
 
 pub use broker::{

@@ -164,6 +164,12 @@ fn validate(config: &ServerConfig, dev: bool) -> Vec<String> {
         problems
             .push("bus.ping_interval must be longer than 0s (nats-server's default: 2m)".into());
     }
+    let monitor = config.listen.bus_monitor.trim();
+    if !monitor.is_empty() && monitor.parse::<SocketAddr>().is_err() {
+        problems.push(format!(
+            "listen.bus_monitor: '{monitor}' is not a host:port socket address (empty: off)"
+        ));
+    }
     if config.bus.lame_duck_grace_period.0 >= config.bus.lame_duck_duration.0 {
         problems
             .push("bus.lame_duck_grace_period must be shorter than bus.lame_duck_duration".into());
@@ -336,11 +342,13 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
         None
     };
     let bus = super::bus::start(&config, &domain, bus_listener).await?;
+    let bus_monitor = super::bus_monitor::start(&config, &domain, &bus, stop.clone()).await?;
     let bound = BoundAddrs {
         http: http_listener.local_addr()?,
         grpc: grpc_listener.local_addr()?,
         bus: bus.address.clone(),
         tls: tls.is_some(),
+        bus_monitor,
     };
     let streams = vec![("events", events_log.clone()), ("audit", audit_log.clone())];
     let context = Arc::new(Context::new(config, data_dir.clone(), domain, bus, streams));

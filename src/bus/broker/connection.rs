@@ -346,8 +346,9 @@ impl Session {
                         .last_activity
                         .store(since_start.as_nanos() as u64, Ordering::Relaxed);
                     let keep = self.process(&parser, &mut buffer, auth_required).await;
-                    self.wake_all();
+                    // Counters first: a client that sees its PONG reads them current.
                     self.flush_counters();
+                    self.wake_all();
                     if !keep {
                         return;
                     }

@@ -10,7 +10,7 @@ mod auth;
 mod connection;
 mod outbound;
 mod protocol;
-mod router;
+pub(crate) mod router;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -24,6 +24,7 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+pub use router::IndexStats;
 pub use view::{BrokerView, ConnectionView, SubscriptionView};
 
 mod view;
@@ -34,6 +35,7 @@ pub use auth::{
 };
 
 use connection::Info;
+pub(crate) use connection::NATS_VERSION;
 use outbound::{Close, Outbound};
 use router::Router;
 

@@ -106,9 +106,9 @@ impl BrokerView {
             .collect()
     }
 
-    /// Subjects in the subject index's match cache.
-    pub fn cache_len(&self) -> usize {
-        self.shared.router.cache_len()
+    /// The subject index's counters and match cache.
+    pub fn index_stats(&self) -> super::router::IndexStats {
+        self.shared.router.stats()
     }
 
     /// Every connection, by client id.
