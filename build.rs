@@ -40,7 +40,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     )?;
 
     stamp_version();
+    stamp_rustc_version();
     Ok(())
+}
+
+/// Sets SVC_RUSTC_VERSION (`rust1.85.0`) for the bus INFO's `go` field, where nats-server
+/// names its runtime (`go1.19.8`).
+fn stamp_rustc_version() {
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".to_string());
+    let version = Command::new(rustc)
+        .arg("--version")
+        .output()
+        .ok()
+        .filter(|out| out.status.success())
+        .and_then(|out| String::from_utf8(out.stdout).ok())
+        .and_then(|text| text.split_whitespace().nth(1).map(str::to_string))
+        .unwrap_or_else(|| "unknown".to_string());
+    println!("cargo:rustc-env=SVC_RUSTC_VERSION=rust{version}");
 }
 
 /// Sets BUILT_GIT_COMMIT and BUILT_DATE for the `-v/--version` line.

@@ -168,6 +168,10 @@ pub struct ListenConfig {
     pub http: String,
     pub grpc: String,
     pub bus: String,
+    /// The embedded broker's monitoring endpoints (nats-server's `-m` port: /varz, /connz,
+    /// ...); empty turns them off. Loopback by default: without `bus.monitor_auth` anyone
+    /// who reaches it reads every connection's address.
+    pub bus_monitor: String,
 }
 
 impl Default for ListenConfig {
@@ -176,6 +180,7 @@ impl Default for ListenConfig {
             http: "0.0.0.0:8080".into(),
             grpc: "0.0.0.0:5397".into(),
             bus: "0.0.0.0:4222".into(),
+            bus_monitor: "127.0.0.1:8222".into(),
         }
     }
 }
@@ -209,6 +214,20 @@ pub struct BusConfig {
     /// PEM certificate chain and key for the embedded broker's listener: both set, every
     /// client must use TLS. Not for `external_urls` (that cluster has its own settings).
     pub tls: TlsConfig,
+    /// The embedded broker's name in INFO (`server_name`) and the monitoring endpoints.
+    pub server_name: String,
+    /// How often the embedded broker PINGs an idle client (nats-server's `ping_interval`).
+    pub ping_interval: ConfigDuration,
+    /// Unanswered PINGs tolerated; one more closes the client with `-ERR 'Stale Connection'`.
+    pub ping_max: u32,
+    /// Lame duck (SIGUSR2): bus clients are closed spread over this long (nats-server's
+    /// `lame_duck_duration`)...
+    pub lame_duck_duration: ConfigDuration,
+    /// ...after first waiting this long for them to leave on their own.
+    pub lame_duck_grace_period: ConfigDuration,
+    /// Monitoring (`listen.bus_monitor`) answers only requests with an admin API key as a
+    /// bearer token.
+    pub monitor_auth: bool,
 }
 
 impl Default for BusConfig {
@@ -218,6 +237,12 @@ impl Default for BusConfig {
             max_payload: 1024 * 1024,
             external_token: Secret::default(),
             tls: TlsConfig::default(),
+            server_name: "svc".into(),
+            ping_interval: ConfigDuration(Duration::from_secs(120)),
+            ping_max: 2,
+            lame_duck_duration: ConfigDuration(Duration::from_secs(30)),
+            lame_duck_grace_period: ConfigDuration(Duration::from_secs(10)),
+            monitor_auth: false,
         }
     }
 }

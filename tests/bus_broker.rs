@@ -170,8 +170,9 @@ async fn echo_false_skips_own_subscriptions() {
     let mut theirs = other.subscribe("chat").await.unwrap();
     other.flush().await.unwrap();
     quiet.publish("chat", "from quiet".into()).await.unwrap();
-    other.publish("chat", "from other".into()).await.unwrap();
+    // Two connections have no order between them: "from quiet" must be routed first.
     quiet.flush().await.unwrap();
+    other.publish("chat", "from other".into()).await.unwrap();
     other.flush().await.unwrap();
     assert_eq!(&next(&mut own).await.payload[..], b"from other");
     assert_eq!(&next(&mut theirs).await.payload[..], b"from quiet");
@@ -432,14 +433,22 @@ async fn info_announces_what_clients_need() {
         ("headers", serde_json::json!(true)),
         ("max_payload", serde_json::json!(1024 * 1024)),
         ("version", serde_json::json!("2.9.10")),
-        ("jetstream", serde_json::json!(false)),
     ];
     for (field, value) in expected {
         assert_eq!(json[field], value, "{field}");
     }
+    assert!(
+        json["go"]
+            .as_str()
+            .is_some_and(|go| go.starts_with("rust1.")),
+        "go: {info}"
+    );
+    for absent in ["nonce", "jetstream", "ldm", "auth_required", "tls_required"] {
+        assert!(json[absent].is_null(), "{absent} present: {info}");
+    }
     for field in [
         "server_id",
-        "nonce",
+        "server_name",
         "client_id",
         "client_ip",
         "host",
@@ -448,6 +457,38 @@ async fn info_announces_what_clients_need() {
     ] {
         assert!(!json[field].is_null(), "{field} missing: {info}");
     }
+}
+
+#[tokio::test]
+async fn idle_clients_are_pinged_and_stale_ones_closed() {
+    let config = BrokerConfig {
+        ping_interval: Duration::from_millis(200),
+        max_pings_out: 2,
+        ..BrokerConfig::default()
+    };
+    let broker = start_broker(config, Arc::new(NoAuth)).await;
+    let (mut answering, _) = Raw::connect_after_info(broker.local_addr()).await;
+    answering.send(b"CONNECT {\"verbose\":false}\r\n").await;
+    for _ in 0..4 {
+        answering.expect(b"PING\r\n").await;
+        answering.send(b"PONG\r\n").await;
+    }
+    let (mut silent, _) = Raw::connect_after_info(broker.local_addr()).await;
+    silent.send(b"CONNECT {\"verbose\":false}\r\n").await;
+    // Two unanswered PINGs are tolerated; the third tick closes the connection. (On a loaded
+    // machine a late tick may add a PING, never a missing one or another ending.)
+    let seen = String::from_utf8_lossy(&silent.expect_closed().await).into_owned();
+    let pings = seen
+        .strip_suffix("-ERR 'Stale Connection'\r\n")
+        .unwrap_or_else(|| panic!("not closed as stale: {seen:?}"));
+    assert!(
+        pings.len() >= 12 && pings.split_terminator("\r\n").all(|op| op == "PING"),
+        "{seen:?}"
+    );
+    assert!(
+        !answering.snapshot().closed,
+        "a client answering PINGs stays"
+    );
 }
 
 #[tokio::test]
@@ -547,18 +588,49 @@ async fn shutdown_sends_lame_duck_info_then_closes() {
     let broker = start_open_broker().await;
     let addr = broker.local_addr();
     let (mut raw, _) = Raw::connect_after_info(addr).await;
-    raw.send(b"CONNECT {\"verbose\":false}\r\n").await;
+    raw.send(b"CONNECT {\"verbose\":false,\"protocol\":1}\r\n")
+        .await;
     raw.flush().await;
+    // Protocol 0 clients get no async INFO (as nats-server).
+    let (mut old, _) = Raw::connect_after_info(addr).await;
+    old.send(b"CONNECT {\"verbose\":false}\r\n").await;
+    old.flush().await;
     broker.shutdown(Duration::from_millis(100)).await;
     let rest = String::from_utf8_lossy(&raw.expect_closed().await).into_owned();
     assert!(
         rest.starts_with("INFO ") && rest.contains("\"ldm\":true"),
         "{rest}"
     );
+    assert_eq!(old.expect_closed().await, b"");
     assert!(
         tokio::net::TcpStream::connect(addr).await.is_err(),
         "no longer accepting"
     );
+}
+
+#[tokio::test]
+async fn lame_duck_stops_accepting_notifies_then_closes() {
+    let broker = start_open_broker().await;
+    let addr = broker.local_addr();
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        let (mut raw, _) = Raw::connect_after_info(addr).await;
+        raw.send(b"CONNECT {\"verbose\":false,\"protocol\":1}\r\n")
+            .await;
+        raw.flush().await;
+        clients.push(raw);
+    }
+    broker.enter_lame_duck(Duration::from_millis(600), Duration::from_millis(200));
+    for raw in &mut clients {
+        let info = raw.read_line().await;
+        assert!(info.contains("\"ldm\":true"), "{info}");
+        assert!(raw.expect_closed().await.is_empty());
+    }
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+    assert!(broker.view().is_lame_duck() && !broker.view().is_accepting());
+    timeout(PATIENCE, broker.shutdown(Duration::from_millis(100)))
+        .await
+        .unwrap();
 }
 
 #[tokio::test]

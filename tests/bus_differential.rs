@@ -6,8 +6,18 @@
 //! its PONG, which orders everything the server sent it before. INFO is compared only on
 //! proto, headers, max_payload, auth_required and tls_required; `_INBOX.` ids are masked.
 //! Without nats-server the test prints a skip line, unless `CI` is set, where it fails.
+//!
+//! `info_matches_nats_server` compares the first INFO's key set and value types (not values:
+//! ids, ports and names differ) on an open, a password and a TLS server, so a field that
+//! nats-server sends and we do not fails the build.
+//!
+//! `monitoring_matches_nats_server` runs nats-server with `-m` next to a real svc-server,
+//! drives the same traffic through both with async-nats, and compares the key sets and value
+//! types of /varz, /connz (plain, `subs=1`, `subs=detail`, `auth=1`), /subsz (plain and
+//! `subs=1`), /healthz, /routez and /jsz; counters must move by exactly the traffic sent.
 
 mod bus_support;
+mod common;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -46,6 +56,18 @@ fn mirrored_auth() -> StaticAuth {
         .with_user("bob", "pw", Permissions::allow_all("bob"))
 }
 
+/// The nats-server side of the monitoring comparison: token auth like svc's API keys, and no
+/// system account (svc serves no `$SYS` requests).
+const MONITORED_CONFIG: &str = "no_sys_acc: true\nauthorization { token: \"s3cret-token\" }\n";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 fn find_nats_server() -> Option<PathBuf> {
     let on_path = std::env::var_os("PATH").and_then(|paths| {
         std::env::split_paths(&paths)
@@ -69,6 +91,10 @@ struct NatsServer {
 
 impl NatsServer {
     async fn start(binary: &Path, config: Option<&str>) -> NatsServer {
+        Self::start_with(binary, config, &[]).await
+    }
+
+    async fn start_with(binary: &Path, config: Option<&str>, extra: &[&str]) -> NatsServer {
         let dir = tempfile::tempdir().unwrap();
         // Pick a free port, release it, and hand it to nats-server.
         let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -78,6 +104,7 @@ impl NatsServer {
             .port();
         let mut command = Command::new(binary);
         command.args(["-a", "127.0.0.1", "-p", &port.to_string()]);
+        command.args(extra);
         if let Some(config) = config {
             let path = dir.path().join("nats.conf");
             std::fs::write(&path, config).unwrap();
@@ -377,13 +404,186 @@ fn mask_inboxes(text: &str) -> String {
     masked
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn raw_sessions_match_nats_server() {
-    let Some(binary) = find_nats_server() else {
+/// nats-server's path, or None after printing why the test is skipped (a failure in CI).
+fn nats_server_or_skip() -> Option<PathBuf> {
+    let binary = find_nats_server();
+    if binary.is_none() {
         if std::env::var_os("CI").is_some() {
             panic!("nats-server not found (needed in CI for the differential test)");
         }
-        println!("skip: nats-server not found on PATH or in /usr/sbin; differential test skipped");
+        println!(
+            "skip: nats-server not found on PATH or in /usr/sbin (apt-get install nats-server); \
+             differential test skipped"
+        );
+    }
+    binary
+}
+
+/// The JSON type of every key, recursively (`a.b` for nested objects, `a[]` for the elements
+/// of an array): what two servers must agree on when their values differ.
+pub fn shape(value: &serde_json::Value) -> std::collections::BTreeMap<String, &'static str> {
+    fn walk(
+        value: &serde_json::Value,
+        path: String,
+        out: &mut std::collections::BTreeMap<String, &'static str>,
+    ) {
+        use serde_json::Value;
+        let kind = match value {
+            Value::Null => "null",
+            Value::Bool(_) => "bool",
+            Value::Number(_) => "number",
+            Value::String(_) => "string",
+            // Every element, merged: the union of their keys (order varies by server).
+            Value::Array(items) => {
+                for item in items {
+                    walk(item, format!("{path}[]"), out);
+                }
+                "array"
+            }
+            Value::Object(map) => {
+                for (key, child) in map {
+                    let child_path = if path.is_empty() {
+                        key.clone()
+                    } else {
+                        format!("{path}.{key}")
+                    };
+                    walk(child, child_path, out);
+                }
+                "object"
+            }
+        };
+        if !path.is_empty() {
+            out.insert(path, kind);
+        }
+    }
+    let mut out = std::collections::BTreeMap::new();
+    walk(value, String::new(), &mut out);
+    out
+}
+
+/// A JSON document's keys and their JSON types (see [`shape`]).
+type Shape = std::collections::BTreeMap<String, &'static str>;
+
+/// Keys of ours that nats-server does not send, each for a reason.
+const OUR_EXTRA_INFO_KEYS: &[&str] = &[
+    // Our own version, next to the NATS version we match.
+    "svc_version",
+];
+
+async fn first_info(addr: SocketAddr) -> serde_json::Value {
+    let (_raw, line) = Raw::connect_after_info(addr).await;
+    serde_json::from_str(line.trim_start_matches("INFO ").trim_end()).unwrap()
+}
+
+/// A self-signed certificate for 127.0.0.1 made with the openssl CLI, or `None` without it.
+fn self_signed_certificate(dir: &Path) -> Option<(PathBuf, PathBuf)> {
+    let cert = dir.join("cert.pem");
+    let key = dir.join("key.pem");
+    let status = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+        ])
+        .args(["-nodes", "-days", "1", "-subj", "/CN=localhost"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .args(["-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .ok()?;
+    status.success().then_some((cert, key))
+}
+
+fn rustls_config(cert: &Path, key: &Path) -> Arc<rustls::ServerConfig> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let key = PrivateKeyDer::from_pem_file(key).unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .unwrap();
+    Arc::new(config)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn info_matches_nats_server() {
+    let Some(binary) = nats_server_or_skip() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut cases: Vec<(&str, NatsServer, svc::bus::BrokerHandle)> = vec![
+        (
+            "open",
+            NatsServer::start(&binary, None).await,
+            start_broker(BrokerConfig::default(), Arc::new(NoAuth)).await,
+        ),
+        (
+            "user and password",
+            NatsServer::start(&binary, Some(AUTH_CONFIG)).await,
+            start_broker(BrokerConfig::default(), Arc::new(mirrored_auth())).await,
+        ),
+    ];
+    match self_signed_certificate(dir.path()) {
+        Some((cert, key)) => {
+            let config = format!(
+                "tls {{ cert_file: {:?}, key_file: {:?} }}\n",
+                cert.display().to_string(),
+                key.display().to_string()
+            );
+            let tls = BrokerConfig {
+                tls: Some(rustls_config(&cert, &key)),
+                ..BrokerConfig::default()
+            };
+            cases.push((
+                "tls",
+                NatsServer::start(&binary, Some(&config)).await,
+                start_broker(tls, Arc::new(NoAuth)).await,
+            ));
+        }
+        None => println!("note: no openssl CLI; the TLS INFO is not compared"),
+    }
+    let mut problems = Vec::new();
+    for (name, reference, ours) in &cases {
+        let expected = shape(&first_info(reference.addr).await);
+        assert!(
+            expected.contains_key("go") && expected.contains_key("client_ip"),
+            "{name}: nats-server's INFO not read: {expected:?}"
+        );
+        let mut actual = shape(&first_info(ours.local_addr()).await);
+        for extra in OUR_EXTRA_INFO_KEYS {
+            actual.remove(*extra);
+        }
+        if expected != actual {
+            problems.push(format!(
+                "{name}:\n  nats-server: {expected:?}\n  ours:        {actual:?}"
+            ));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "INFO differs:\n{}",
+        problems.join("\n")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raw_sessions_match_nats_server() {
+    let Some(binary) = nats_server_or_skip() else {
         return;
     };
     let reference_open = NatsServer::start(&binary, None).await;
@@ -417,4 +617,201 @@ async fn raw_sessions_match_nats_server() {
         sessions.len(),
         mismatches.join("\n")
     );
+}
+
+/// GET `path` (blocking, on the blocking pool); the status and the JSON body.
+async fn get_json(addr: SocketAddr, path: &str, key: Option<&str>) -> (u16, serde_json::Value) {
+    let path = path.to_string();
+    let header = key.map(|key| format!("Bearer {key}"));
+    tokio::task::spawn_blocking(move || {
+        let headers: Vec<(&str, &str)> = header
+            .iter()
+            .map(|value| ("Authorization", value.as_str()))
+            .collect();
+        let response = common::http_request(addr, "GET", &path, &headers, None).unwrap();
+        let json = serde_json::from_str(&response.body)
+            .unwrap_or_else(|e| panic!("GET {path}: {e}: {}", response.body));
+        (response.status, json)
+    })
+    .await
+    .unwrap()
+}
+
+/// One side of the monitoring comparison: where its bus and monitoring listen, the token a
+/// client presents, and the traffic client.
+struct Side {
+    name: &'static str,
+    monitor: SocketAddr,
+    client: async_nats::Client,
+}
+
+impl Side {
+    async fn connect(name: &'static str, bus: &str, monitor: SocketAddr, token: &str) -> Side {
+        let client = async_nats::ConnectOptions::with_token(token.to_string())
+            .name("differential")
+            .connect(bus)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: connect to {bus}: {e}"));
+        Side {
+            name,
+            monitor,
+            client,
+        }
+    }
+
+    async fn varz(&self) -> serde_json::Value {
+        get_json(self.monitor, "/varz", None).await.1
+    }
+
+    /// Subscribes (a wildcard and a queue group), publishes `count` messages of `size`
+    /// bytes that reach the wildcard only, and receives them all: both servers count a
+    /// message before delivering it, so the counters are then current (async-nats' flush
+    /// only writes the socket; it does not wait for the server).
+    async fn traffic(&self, count: usize, size: usize) -> [async_nats::Subscriber; 2] {
+        use futures_util::StreamExt;
+        let wildcard = self.client.subscribe("diff.>").await.unwrap();
+        let queue = self
+            .client
+            .queue_subscribe("diff.q", "workers".into())
+            .await
+            .unwrap();
+        self.client.flush().await.unwrap();
+        for _ in 0..count {
+            self.client
+                .publish("diff.a", vec![b'x'; size].into())
+                .await
+                .unwrap();
+        }
+        self.client.flush().await.unwrap();
+        let mut wildcard = wildcard;
+        for _ in 0..count {
+            tokio::time::timeout(bus_support::PATIENCE, wildcard.next())
+                .await
+                .expect("published messages arrive")
+                .expect("subscription open");
+        }
+        [wildcard, queue]
+    }
+}
+
+fn counter(value: &serde_json::Value, key: &str) -> u64 {
+    value[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{key} missing or not a count: {value}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn monitoring_matches_nats_server() {
+    let Some(binary) = nats_server_or_skip() else {
+        return;
+    };
+    let monitor_port = free_port();
+    let reference = NatsServer::start_with(
+        &binary,
+        Some(MONITORED_CONFIG),
+        &["-m", &monitor_port.to_string()],
+    )
+    .await;
+    let reference_monitor: SocketAddr = format!("127.0.0.1:{monitor_port}").parse().unwrap();
+    let ours = tokio::task::spawn_blocking(common::TestServer::start)
+        .await
+        .unwrap();
+    let our_monitor = ours
+        .bus_monitor
+        .expect("listen-addrs.json names bus_monitor");
+    let sides = [
+        Side::connect(
+            "nats-server",
+            &format!("nats://{}", reference.addr),
+            reference_monitor,
+            "s3cret-token",
+        )
+        .await,
+        Side::connect("svc", &ours.bus, our_monitor, &ours.admin_key).await,
+    ];
+
+    // Counters: exact deltas for the same traffic on both.
+    const COUNT: usize = 25;
+    const SIZE: usize = 100;
+    let mut subscribers = Vec::new();
+    for side in &sides {
+        let before = side.varz().await;
+        subscribers.push(side.traffic(COUNT, SIZE).await);
+        let after = side.varz().await;
+        for (key, expected) in [
+            ("in_msgs", COUNT),
+            ("out_msgs", COUNT),
+            ("in_bytes", COUNT * SIZE),
+            ("out_bytes", COUNT * SIZE),
+        ] {
+            assert_eq!(
+                counter(&after, key) - counter(&before, key),
+                expected as u64,
+                "{}: /varz {key}",
+                side.name
+            );
+        }
+        let cid = side.client.server_info().client_id;
+        let (_, connz) = get_json(side.monitor, &format!("/connz?cid={cid}"), None).await;
+        let connection = &connz["connections"][0];
+        for (key, expected) in [
+            ("in_msgs", COUNT),
+            ("out_msgs", COUNT),
+            ("in_bytes", COUNT * SIZE),
+            ("out_bytes", COUNT * SIZE),
+            ("subscriptions", 2),
+        ] {
+            assert_eq!(
+                counter(connection, key),
+                expected as u64,
+                "{}: /connz {key}: {connz}",
+                side.name
+            );
+        }
+        assert_eq!(connection["name"], "differential", "{}", side.name);
+    }
+
+    // Shapes: every endpoint, the connection entries filtered to the traffic client.
+    let mut problems = Vec::new();
+    let mut shapes: Vec<Vec<(String, u16, Shape)>> = Vec::new();
+    for side in &sides {
+        let cid = side.client.server_info().client_id;
+        let paths = [
+            "/varz".to_string(),
+            format!("/connz?cid={cid}"),
+            format!("/connz?cid={cid}&subs=1"),
+            format!("/connz?cid={cid}&subs=detail"),
+            format!("/connz?cid={cid}&auth=1"),
+            "/connz?sort=msgs_from&limit=1".to_string(),
+            "/subsz".to_string(),
+            "/subsz?subs=1&test=diff.q".to_string(),
+            "/healthz".to_string(),
+            "/routez".to_string(),
+            "/jsz".to_string(),
+        ];
+        let mut side_shapes = Vec::new();
+        for path in paths {
+            let (status, json) = get_json(side.monitor, &path, None).await;
+            let path = path.replace(&format!("cid={cid}"), "cid=<ours>");
+            side_shapes.push((path, status, shape(&json)));
+        }
+        shapes.push(side_shapes);
+    }
+    assert!(shapes[0][0].2.len() > 40, "/varz read: {:?}", shapes[0][0]);
+    for (expected, actual) in shapes[0].iter().zip(&shapes[1]) {
+        if expected != actual {
+            let (path, _, _) = expected;
+            problems.push(format!(
+                "{path}:\n  nats-server: {:?}\n  svc:         {:?}",
+                (expected.1, &expected.2),
+                (actual.1, &actual.2)
+            ));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "monitoring differs from nats-server:\n{}",
+        problems.join("\n")
+    );
+    drop(subscribers);
 }

@@ -313,3 +313,139 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigusr2_lame_duck_moves_clients_to_another_server() {
+    // Both servers accept the same admin key, so one client may use either.
+    let key = format!("svc_{}", "l".repeat(40));
+    let options = || Options {
+        env: vec![("SVC_BOOTSTRAP_API_KEY".into(), key.clone())],
+        config_yaml: "bus:\n  lame_duck_duration: 3s\n  lame_duck_grace_period: 1s\n".into(),
+        ..Options::default()
+    };
+    let mut first = TestServer::start_with(options());
+    let second = TestServer::start_with(options());
+    let (events_sender, mut events) = tokio::sync::mpsc::unbounded_channel();
+    let client = async_nats::ConnectOptions::with_token(key.clone())
+        .retain_servers_order()
+        .event_callback(move |event| {
+            let sender = events_sender.clone();
+            async move {
+                let _ = sender.send(event);
+            }
+        })
+        .connect(vec![first.bus.clone(), second.bus.clone()])
+        .await
+        .unwrap();
+    let first_port = bus_socket(&first.bus).port();
+    let second_port = bus_socket(&second.bus).port();
+    assert_eq!(client.server_info().port, first_port);
+
+    unsafe {
+        libc::kill(first.pid() as i32, libc::SIGUSR2);
+    }
+    let saw_lame_duck = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(event) = events.recv().await {
+            if matches!(event, async_nats::Event::LameDuckMode) {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(
+        saw_lame_duck,
+        Ok(true),
+        "no lame-duck INFO:\n{}",
+        first.log()
+    );
+    // No new bus connections on the first server...
+    assert!(TcpStream::connect(bus_socket(&first.bus)).is_err());
+    // ...and the client moves to the second once the first closes it.
+    tokio::time::timeout(Duration::from_secs(15), async {
+        while client.server_info().port != second_port
+            || client.connection_state() != async_nats::connection::State::Connected
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("reconnected to the second server");
+    let mut subscription = client.subscribe("after.ldm").await.unwrap();
+    client.publish("after.ldm", "moved".into()).await.unwrap();
+    let message = tokio::time::timeout(Duration::from_secs(5), subscription.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&message.payload[..], b"moved");
+
+    // REST keeps serving on the first server until SIGTERM, which then stops it cleanly.
+    assert_eq!(first.request("GET", "/health/live", None, None).status, 200);
+    assert_eq!(first.stop_with(libc::SIGTERM), Some(0), "{}", first.log());
+    assert!(first.log().contains("lame duck"), "{}", first.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bus_monitoring_with_admin_keys_and_lame_duck_health() {
+    let server = tokio::task::spawn_blocking(|| {
+        TestServer::start_with(Options {
+            config_yaml: "bus:\n  monitor_auth: true\n  lame_duck_duration: 2s\n  lame_duck_grace_period: 500ms\n".into(),
+            ..Options::default()
+        })
+    })
+    .await
+    .unwrap();
+    let monitor = server
+        .bus_monitor
+        .expect("bus_monitor in listen-addrs.json");
+    let (viewer_id, viewer) = server.create_key("viewer", "readonly");
+    let client = async_nats::ConnectOptions::with_token(viewer.clone())
+        .name("watcher")
+        .connect(server.bus.as_str())
+        .await
+        .unwrap();
+    client.flush().await.unwrap();
+    let get = |path: &'static str, key: Option<String>| {
+        tokio::task::spawn_blocking(move || {
+            let header = key.map(|key| format!("Bearer {key}"));
+            let headers: Vec<(&str, &str)> = header
+                .iter()
+                .map(|h| ("Authorization", h.as_str()))
+                .collect();
+            common::http_request(monitor, "GET", path, &headers, None).unwrap()
+        })
+    };
+    assert_eq!(get("/varz", None).await.unwrap().status, 401);
+    assert_eq!(
+        get("/varz", Some(viewer.clone())).await.unwrap().status,
+        403
+    );
+    let admin = Some(server.admin_key.clone());
+    let connz = get("/connz?auth=1", admin.clone()).await.unwrap();
+    assert_eq!(connz.status, 200, "{}", connz.body);
+    let watcher = connz.json()["connections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|connection| connection["name"] == "watcher")
+        .cloned()
+        .unwrap_or_else(|| panic!("{}", connz.body));
+    // The key's id names the connection; the key itself never appears.
+    assert_eq!(watcher["authorized_user"], viewer_id.as_str());
+    assert!(!connz.body.contains(&viewer) && !connz.body.contains(&server.admin_key));
+    assert_eq!(get("/healthz", admin.clone()).await.unwrap().status, 200);
+
+    unsafe {
+        libc::kill(server.pid() as i32, libc::SIGUSR2);
+    }
+    let mut health = get("/healthz", admin.clone()).await.unwrap();
+    for _ in 0..100 {
+        if health.status == 503 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        health = get("/healthz", admin.clone()).await.unwrap();
+    }
+    assert_eq!(health.status, 503, "{}", health.body);
+    assert_eq!(health.json()["status"], "error");
+}

@@ -586,7 +586,7 @@ fn bad_bus_tls_settings_are_refused_at_start_and_by_check_config() {
         std::fs::write(
             &file,
             format!(
-                "data_dir: {}\nlisten: {{ http: 127.0.0.1:0, grpc: 127.0.0.1:0, bus: 127.0.0.1:0 }}\nhmacsecret: abc\nmaster_key: {}\n{yaml}",
+                "data_dir: {}\nlisten: {{ http: 127.0.0.1:0, grpc: 127.0.0.1:0, bus: 127.0.0.1:0, bus_monitor: 127.0.0.1:0 }}\nhmacsecret: abc\nmaster_key: {}\n{yaml}",
                 dir.path().join("data").display(),
                 common::random_master_key(),
             ),

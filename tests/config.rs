@@ -138,6 +138,7 @@ fn dev_mode_generates_private_secrets_and_a_bootstrap_key() {
         .env("SVC_LISTEN__HTTP", "127.0.0.1:0")
         .env("SVC_LISTEN__GRPC", "127.0.0.1:0")
         .env("SVC_LISTEN__BUS", "127.0.0.1:0")
+        .env("SVC_LISTEN__BUS_MONITOR", "127.0.0.1:0")
         .env("SVC_CONFIG", "unused")
         .args(["--config", "/dev/null"])
         .stderr(std::process::Stdio::piped())
@@ -172,4 +173,40 @@ fn dev_mode_generates_private_secrets_and_a_bootstrap_key() {
         !stderr.contains(key.trim()),
         "the bootstrap key must never be logged"
     );
+}
+
+#[test]
+fn bus_monitoring_and_keepalive_settings_are_checked() {
+    let names = Names::new();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("server.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "hmacsecret: abc\nmaster_key: {}\nlisten: {{ bus_monitor: nope }}\nbus: {{ ping_interval: 0s, ping_max: 0, lame_duck_duration: 5s, lame_duck_grace_period: 10s }}\n",
+            common::random_master_key()
+        ),
+    )
+    .unwrap();
+    let bad = check_config(&names, &file, &[]);
+    assert_eq!(bad.code, 1, "{bad:?}");
+    for key in [
+        "listen.bus_monitor",
+        "bus.ping_interval",
+        "bus.ping_max",
+        "bus.lame_duck_grace_period",
+    ] {
+        assert!(bad.stderr.contains(key), "{key}: {bad:?}");
+    }
+    let fixed = check_config(
+        &names,
+        &file,
+        &[
+            ("SVC_LISTEN__BUS_MONITOR", ""),
+            ("SVC_BUS__PING_INTERVAL", "30s"),
+            ("SVC_BUS__PING_MAX", "3"),
+            ("SVC_BUS__LAME_DUCK_GRACE_PERIOD", "1s"),
+        ],
+    );
+    assert_eq!(fixed.code, 0, "{fixed:?}");
 }

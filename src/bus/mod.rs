@@ -6,9 +6,10 @@
 //! module does not know about the server, the store or API keys.
 
 pub mod broker;
+pub mod monitor;
 pub mod subjects;
 
 pub use broker::{
-    AllowDeny, AuthRequest, Authenticator, Broker, BrokerConfig, BrokerHandle, BrokerStats, NoAuth,
-    Permissions, StaticAuth, SubjectRule,
+    AllowDeny, AuthRequest, Authenticator, Broker, BrokerConfig, BrokerHandle, BrokerStats,
+    BrokerView, ConnectionView, NoAuth, Permissions, StaticAuth, SubjectRule, SubscriptionView,
 };

@@ -40,6 +40,11 @@ impl Authenticator for ApiKeyAuthenticator {
         true
     }
 
+    /// Agents without a TLS client certificate sign the nonce.
+    fn uses_nonce(&self) -> bool {
+        true
+    }
+
     async fn authenticate(&self, request: &AuthRequest<'_>) -> Option<Permissions> {
         if !request.has_credentials() {
             return Some(Permissions::enrolment());
@@ -67,7 +72,8 @@ impl Authenticator for ApiKeyAuthenticator {
         }
         Some(auth::bus_permissions(
             principal.role,
-            format!("apikey:{}", principal.id),
+            // The key's id names the connection (monitoring's `authorized_user`); never the key.
+            principal.id.clone(),
         ))
     }
 }
@@ -125,6 +131,25 @@ impl Bus {
         broker.as_ref().map(|b| read(b.stats()))
     }
 
+    /// SIGUSR2: the embedded broker's lame duck (see `BrokerHandle::enter_lame_duck`); the
+    /// server's own client is closed with the others. False without an embedded broker.
+    pub fn enter_lame_duck(&self, duration: Duration, grace: Duration) -> bool {
+        let broker = self.broker.lock().expect("broker lock poisoned");
+        match broker.as_ref() {
+            Some(broker) => {
+                broker.enter_lame_duck(duration, grace);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The embedded broker's monitoring view (None for an external cluster).
+    pub fn broker_view(&self) -> Option<crate::bus::BrokerView> {
+        let broker = self.broker.lock().expect("broker lock poisoned");
+        broker.as_ref().map(|broker| broker.view())
+    }
+
     /// Lame duck for the embedded broker; the server's client flushes first.
     pub async fn shutdown(&self, grace: Duration) {
         // Drain (flush, unsubscribe, close) the server's own client first: the broker's lame
@@ -163,6 +188,9 @@ pub async fn start(
             let scheme = if tls.is_some() { "tls" } else { "nats" };
             let broker_config = BrokerConfig {
                 max_payload: config.bus.max_payload as usize,
+                server_name: config.bus.server_name.clone(),
+                ping_interval: config.bus.ping_interval.0,
+                max_pings_out: config.bus.ping_max,
                 tls: tls.as_ref().map(|tls| tls.server.clone()),
                 ..BrokerConfig::default()
             };

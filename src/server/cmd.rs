@@ -162,6 +162,28 @@ fn validate(config: &ServerConfig, dev: bool) -> Vec<String> {
     } else if let Err(problem) = crate::tls::bus_server_tls(&config.bus.tls, &[]) {
         problems.push(problem);
     }
+    if config.bus.ping_interval.0.is_zero() {
+        problems
+            .push("bus.ping_interval must be longer than 0s (nats-server's default: 2m)".into());
+    }
+    let monitor = config.listen.bus_monitor.trim();
+    if !monitor.is_empty() && monitor.parse::<SocketAddr>().is_err() {
+        problems.push(format!(
+            "listen.bus_monitor: '{monitor}' is not a host:port socket address (empty: off)"
+        ));
+    }
+    if config.bus.lame_duck_grace_period.0 >= config.bus.lame_duck_duration.0 {
+        problems
+            .push("bus.lame_duck_grace_period must be shorter than bus.lame_duck_duration".into());
+    }
+    if config.bus.ping_max == 0 {
+        problems.push("bus.ping_max must be at least 1 (nats-server's default: 2)".into());
+    }
+    if config.bus.server_name.trim().is_empty()
+        || config.bus.server_name.contains(char::is_whitespace)
+    {
+        problems.push("bus.server_name must be non-empty and without spaces".into());
+    }
     if config.store.driver == config::StoreDriver::Postgres && config.store.url.is_empty() {
         problems.push("store.url is required when store.driver is postgres".into());
     }
@@ -332,11 +354,13 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     };
     let domain = Domain::start(&config, store, logs, bus.client.clone(), stop.clone()).await?;
     bus.report_health(domain.events.clone());
+    let bus_monitor = super::bus_monitor::start(&config, &domain, &bus, stop.clone()).await?;
     let bound = BoundAddrs {
         http: http_listener.local_addr()?,
         grpc: grpc_listener.local_addr()?,
         bus: bus.address.clone(),
         tls: tls.is_some(),
+        bus_monitor,
     };
     let streams = vec![("events", events_log.clone()), ("audit", audit_log.clone())];
     let context = Arc::new(Context::new(config, data_dir.clone(), domain, bus, streams));
@@ -411,6 +435,7 @@ struct StopSignals {
     term: tokio::signal::unix::Signal,
     int: tokio::signal::unix::Signal,
     hup: tokio::signal::unix::Signal,
+    usr2: tokio::signal::unix::Signal,
 }
 
 impl StopSignals {
@@ -422,10 +447,12 @@ impl StopSignals {
             term: install(SignalKind::terminate())?,
             int: install(SignalKind::interrupt())?,
             hup: install(SignalKind::hangup())?,
+            usr2: install(SignalKind::user_defined2())?,
         })
     }
 
-    /// Waits for SIGTERM or SIGINT; SIGHUP reloads the policies meanwhile.
+    /// Waits for SIGTERM or SIGINT; SIGHUP reloads the policies meanwhile, and SIGUSR2 puts
+    /// the bus in lame duck (REST and gRPC keep serving until SIGTERM).
     async fn wait(&mut self, context: &Context) {
         loop {
             tokio::select! {
@@ -434,6 +461,12 @@ impl StopSignals {
                 _ = self.hup.recv() => {
                     let count = context.domain.auditor.reload_policies();
                     tracing::info!(count, "SIGHUP: policies reloaded");
+                }
+                _ = self.usr2.recv() => {
+                    let bus = &context.config.bus;
+                    if !context.bus.enter_lame_duck(bus.lame_duck_duration.0, bus.lame_duck_grace_period.0) {
+                        tracing::warn!("SIGUSR2: no embedded broker (bus.external_urls): nothing to put in lame duck");
+                    }
                 }
             }
         }

@@ -5,6 +5,7 @@
 //! `listen-addrs.json` (so tests and tools can find ports bound as `:0`) → serve.
 
 pub mod bus;
+mod bus_monitor;
 mod cmd;
 mod enrol;
 mod fleet;
@@ -83,6 +84,9 @@ pub struct BoundAddrs {
     /// Whether REST and gRPC serve TLS only (`tls` configured): clients use `https://`.
     #[serde(default)]
     pub tls: bool,
+    /// The embedded broker's monitoring listener (`listen.bus_monitor`), when on.
+    #[serde(default)]
+    pub bus_monitor: Option<SocketAddr>,
 }
 
 /// A new request id: the server's start time and a counter, unique per server and cheap

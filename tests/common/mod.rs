@@ -84,6 +84,8 @@ pub struct TestServer {
     pub grpc: SocketAddr,
     /// `nats://host:port` of the embedded broker (or the external URLs).
     pub bus: String,
+    /// The bus monitoring listener (`listen.bus_monitor`), when the server runs one.
+    pub bus_monitor: Option<SocketAddr>,
     pub admin_key: String,
     /// Set when the server serves TLS (`tls` in listen-addrs.json): the client configuration
     /// trusting `Options::ca_file`, used by `request` and the readiness probe.
@@ -117,7 +119,7 @@ impl TestServer {
         let data_dir = temp.path().join("data");
         let config_file = temp.path().join("server.yaml");
         let config = format!(
-            "data_dir: {}\nlisten:\n  http: 127.0.0.1:0\n  grpc: 127.0.0.1:0\n  bus: 127.0.0.1:0\nhmacsecret: test-hmac-secret\nmaster_key: {}\n{}",
+            "data_dir: {}\nlisten:\n  http: 127.0.0.1:0\n  grpc: 127.0.0.1:0\n  bus: 127.0.0.1:0\n  bus_monitor: 127.0.0.1:0\nhmacsecret: test-hmac-secret\nmaster_key: {}\n{}",
             data_dir.display(),
             random_master_key(),
             options.config_yaml
@@ -130,6 +132,7 @@ impl TestServer {
             http: "127.0.0.1:1".parse().unwrap(),
             grpc: "127.0.0.1:1".parse().unwrap(),
             bus: String::new(),
+            bus_monitor: None,
             admin_key: String::new(),
             tls: None,
             ca_file: options.ca_file.clone(),
@@ -171,6 +174,9 @@ impl TestServer {
                     self.http = addrs["http"].as_str().unwrap().parse().unwrap();
                     self.grpc = addrs["grpc"].as_str().unwrap().parse().unwrap();
                     self.bus = addrs["bus"].as_str().unwrap_or_default().to_string();
+                    self.bus_monitor = addrs["bus_monitor"]
+                        .as_str()
+                        .and_then(|addr| addr.parse().ok());
                     self.tls = addrs["tls"].as_bool().unwrap_or(false).then(|| {
                         tls_client(
                             self.ca_file

@@ -22,6 +22,11 @@ pub trait Authenticator: Send + Sync {
     /// Sent in INFO as `auth_required`. When true, ops before CONNECT are an Authorization
     /// Violation and a CONNECT must arrive within `auth_timeout`.
     fn auth_required(&self) -> bool;
+    /// Whether INFO carries a `nonce` for the client to sign (nats-server sends one only when
+    /// nkeys or JWTs are configured). Without it [`AuthRequest::nonce`] is empty.
+    fn uses_nonce(&self) -> bool {
+        false
+    }
     /// `None` rejects the connection with `-ERR 'Authorization Violation'`.
     async fn authenticate(&self, request: &AuthRequest<'_>) -> Option<Permissions>;
 }

@@ -25,7 +25,7 @@ use super::auth::{AuthRequest, Permissions};
 use super::outbound::{Batch, Close, Outbound, Queued};
 use super::protocol::{ClientOp, Parsed, Parser, Publish};
 use super::router::{Claim, Matches, Subscription};
-use super::Shared;
+use super::{ClientMeta, ConnectMeta, Shared};
 use crate::bus::subjects::{is_valid_literal, is_valid_pattern};
 
 /// The NATS server version we match; clients gate features on it.
@@ -39,33 +39,36 @@ const FIRST_PING: Duration = Duration::from_secs(2);
 /// The no-responders status block: `NATS/1.0 503` and the blank line, 16 bytes.
 const NO_RESPONDERS: &[u8] = b"NATS/1.0 503\r\n\r\n";
 
-/// The INFO a client reads first. Field names are the wire names.
+/// The INFO a client reads first (and, with `ldm`, the lame-duck notice). Field names, order
+/// and omissions are nats-server 2.9's for a server without clustering or JetStream;
+/// `tests/bus_differential.rs` compares the key set with the real one.
 #[derive(Serialize)]
 pub(crate) struct Info<'a> {
     pub server_id: &'a str,
     pub server_name: &'a str,
     pub version: &'static str,
-    /// Ours, next to the NATS version we match.
-    pub svc_version: &'static str,
     pub proto: u8,
+    /// The runtime, as nats-server names Go's (`go1.19.8`): `rust1.85.0`.
+    pub go: &'static str,
     pub host: &'a str,
     pub port: u16,
     pub headers: bool,
-    pub max_payload: usize,
-    pub client_id: u64,
-    pub client_ip: String,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub auth_required: bool,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub tls_required: bool,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub tls_verify: bool,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub tls_available: bool,
+    pub max_payload: usize,
+    pub client_id: u64,
+    pub client_ip: String,
+    /// Only when the authenticator lets clients sign it (agents do).
+    #[serde(skip_serializing_if = "str::is_empty")]
     pub nonce: &'a str,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub ldm: bool,
-    pub jetstream: bool,
+    /// Ours, next to the NATS version we match (the one key nats-server does not send).
+    pub svc_version: &'static str,
 }
 
 impl Info<'_> {
@@ -92,6 +95,8 @@ struct ConnectOptions {
     sig: Option<String>,
     jwt: Option<String>,
     name: Option<String>,
+    lang: Option<String>,
+    version: Option<String>,
     protocol: Option<i64>,
     echo: Option<bool>,
     headers: Option<bool>,
@@ -107,40 +112,21 @@ pub(crate) async fn serve(
     client_id: u64,
 ) {
     let _ = socket.set_nodelay(true);
-    let nonce = make_nonce();
-    let info = |tls_required: bool| {
-        Info {
-            server_id: &shared.server_id,
-            server_name: &shared.config.server_name,
-            version: NATS_VERSION,
-            svc_version: env!("CARGO_PKG_VERSION"),
-            proto: 1,
-            host: &shared.host,
-            port: shared.port,
-            headers: true,
-            max_payload: shared.config.max_payload,
-            client_id,
-            client_ip: peer.ip().to_string(),
-            auth_required: shared.auth.auth_required(),
-            tls_required,
-            tls_verify: tls_required && shared.config.tls_verify,
-            tls_available: tls_required,
-            nonce: &nonce,
-            ldm: false,
-            jetstream: false,
-        }
-        .to_line()
+    let nonce = if shared.auth.uses_nonce() {
+        make_nonce()
+    } else {
+        String::new()
     };
+    let first_info = shared.info(client_id, peer.ip(), &nonce, false);
     let Some(tls) = shared.config.tls.clone() else {
         let (reader, writer) = socket.into_split();
-        let session = Session::new(shared.clone(), client_id, peer, nonce.clone(), None);
-        session.run(reader, writer, info(false)).await;
+        let session = Session::new(shared.clone(), client_id, peer, nonce, None);
+        session.run(reader, writer, first_info).await;
         return;
     };
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     let handshake_deadline = shared.config.auth_timeout;
     let mut socket = socket;
-    let first_info = info(true);
     if !shared.config.tls_handshake_first {
         // INFO travels in clear; the client upgrades right after reading `tls_required`.
         if socket.write_all(&first_info).await.is_err() {
@@ -195,6 +181,8 @@ struct Session {
     outbound: Arc<Outbound>,
     cancel: CancellationToken,
     is_connected: bool,
+    /// CONNECT's `protocol` (0 or 1).
+    protocol: i64,
     verbose: bool,
     pedantic: bool,
     echo: bool,
@@ -218,7 +206,11 @@ struct Session {
     /// an active client, like nats-server's first (RTT-measuring) ping.
     has_round_trip: bool,
     last_activity: Instant,
+    /// When the oldest unanswered PING went out, for the round-trip time.
+    ping_sent: Option<Instant>,
     counters: Counters,
+    /// What monitoring and lame duck see of this connection.
+    meta: Arc<ClientMeta>,
 }
 
 #[derive(Default)]
@@ -249,6 +241,7 @@ impl Session {
             outbound,
             cancel: CancellationToken::new(),
             is_connected: false,
+            protocol: 0,
             // nats-server's defaults before (and absent from) CONNECT.
             verbose: true,
             pedantic: true,
@@ -267,7 +260,9 @@ impl Session {
             pings_out: 0,
             has_round_trip: false,
             last_activity: Instant::now(),
+            ping_sent: None,
             counters: Counters::default(),
+            meta: Arc::new(ClientMeta::new(peer)),
             shared,
         }
     }
@@ -278,8 +273,12 @@ impl Session {
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
-        self.shared
-            .register(self.client_id, self.outbound.clone(), self.cancel.clone());
+        self.shared.register(
+            self.client_id,
+            self.outbound.clone(),
+            self.cancel.clone(),
+            self.meta.clone(),
+        );
         if !info.is_empty() {
             self.outbound.push_now(&[&info]);
         }
@@ -342,9 +341,14 @@ impl Session {
                         Ok(_) => {}
                     }
                     self.last_activity = Instant::now();
+                    let since_start = self.last_activity.duration_since(self.shared.started_at);
+                    self.meta
+                        .last_activity
+                        .store(since_start.as_nanos() as u64, Ordering::Relaxed);
                     let keep = self.process(&parser, &mut buffer, auth_required).await;
-                    self.wake_all();
+                    // Counters first: a client that sees its PONG reads them current.
                     self.flush_counters();
+                    self.wake_all();
                     if !keep {
                         return;
                     }
@@ -408,11 +412,23 @@ impl Session {
             }
             ClientOp::Ping => {
                 self.push_own(&[b"PONG\r\n"]);
+                // nats-server sends async INFO (lame duck) only to protocol-1 clients that
+                // have had a PONG.
+                if self.is_connected
+                    && self.protocol >= 1
+                    && !self.meta.takes_info.load(Ordering::Relaxed)
+                {
+                    self.meta.takes_info.store(true, Ordering::Relaxed);
+                }
                 true
             }
             ClientOp::Pong => {
                 self.has_round_trip |= self.pings_out > 0;
                 self.pings_out = 0;
+                if let Some(sent) = self.ping_sent.take() {
+                    let rtt = sent.elapsed().as_nanos().max(1) as u64;
+                    self.meta.rtt_nanos.store(rtt, Ordering::Relaxed);
+                }
                 true
             }
             ClientOp::Ignored => true,
@@ -446,10 +462,18 @@ impl Session {
             self.send_error("Authorization Violation");
             return false;
         };
-        if !matches!(options.protocol.unwrap_or(0), 0 | 1) {
+        let protocol = options.protocol.unwrap_or(0);
+        if !matches!(protocol, 0 | 1) {
             self.send_error("invalid client protocol");
             return false;
         }
+        self.protocol = protocol;
+        *self.meta.connect_meta() = ConnectMeta {
+            name: options.name.clone().unwrap_or_default(),
+            lang: options.lang.clone().unwrap_or_default(),
+            version: options.version.clone().unwrap_or_default(),
+            user: permissions.user.clone(),
+        };
         self.verbose = options.verbose.unwrap_or(true);
         self.pedantic = options.pedantic.unwrap_or(true);
         self.echo = options.echo.unwrap_or(true);
@@ -574,7 +598,9 @@ impl Session {
         }
         head.extend_from_slice(number.format(payload.len()).as_bytes());
         head.extend_from_slice(b"\r\n");
-        let queued = subscription.outbound.push(&[head, payload, b"\r\n"]);
+        let queued = subscription
+            .outbound
+            .push_message(&[head, payload, b"\r\n"], payload.len());
         if claim == Claim::DeliverLast {
             self.shared.router.remove(subscription);
         }
@@ -716,6 +742,9 @@ impl Session {
             return false;
         }
         self.pings_out += 1;
+        if self.ping_sent.is_none() {
+            self.ping_sent = Some(Instant::now());
+        }
         self.push_own(&[b"PING\r\n"]);
         true
     }
@@ -746,6 +775,12 @@ impl Session {
         let stats = &self.shared.stats;
         let counters = std::mem::take(&mut self.counters);
         if counters.messages_in > 0 {
+            self.meta
+                .messages_in
+                .fetch_add(counters.messages_in, Ordering::Relaxed);
+            self.meta
+                .bytes_in
+                .fetch_add(counters.bytes_in, Ordering::Relaxed);
             stats
                 .messages_in
                 .fetch_add(counters.messages_in, Ordering::Relaxed);

@@ -10,13 +10,13 @@ mod auth;
 mod connection;
 mod outbound;
 mod protocol;
-mod router;
+pub(crate) mod router;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
@@ -24,12 +24,18 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+pub use router::IndexStats;
+pub use view::{BrokerView, ConnectionView, SubscriptionView};
+
+mod view;
+
 pub use auth::{
     constant_time_eq, AllowDeny, AuthRequest, Authenticator, NoAuth, Permissions, StaticAuth,
     SubjectRule,
 };
 
 use connection::Info;
+pub(crate) use connection::NATS_VERSION;
 use outbound::{Close, Outbound};
 use router::Router;
 
@@ -132,12 +138,68 @@ pub(crate) struct Shared {
     pub server_id: String,
     pub host: String,
     pub port: u16,
+    /// When the broker started, on both clocks (connections keep `Instant`s; monitoring
+    /// reports wall time).
+    pub started: SystemTime,
+    pub started_at: tokio::time::Instant,
+    /// Set while the accept loop runs; cleared by lame duck and shutdown.
+    pub accepting: AtomicBool,
+    pub lame_duck: AtomicBool,
     clients: Mutex<HashMap<u64, Client>>,
 }
 
 struct Client {
     outbound: Arc<Outbound>,
     cancel: CancellationToken,
+    meta: Arc<ClientMeta>,
+}
+
+/// One connection as monitoring and lame duck see it. Its session writes the counters once
+/// per read chunk (relaxed atomics, no lock on the publish path) and the rest at CONNECT.
+pub(crate) struct ClientMeta {
+    pub peer: SocketAddr,
+    pub start: SystemTime,
+    pub messages_in: AtomicU64,
+    pub bytes_in: AtomicU64,
+    /// Nanoseconds after `Shared::started_at` of the last read.
+    pub last_activity: AtomicU64,
+    /// The last PING→PONG round trip, in nanoseconds (0: none yet).
+    pub rtt_nanos: AtomicU64,
+    /// CONNECT said `protocol: 1` and the client has had a PONG: it takes an async INFO
+    /// (nats-server's condition for sending the lame-duck INFO).
+    pub takes_info: AtomicBool,
+    pub connect: Mutex<ConnectMeta>,
+}
+
+/// From CONNECT and the authenticator.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ConnectMeta {
+    pub name: String,
+    pub lang: String,
+    pub version: String,
+    /// The authenticated user (`Permissions::user`; an API key's id, never the key).
+    pub user: String,
+}
+
+impl ClientMeta {
+    pub(crate) fn new(peer: SocketAddr) -> Self {
+        ClientMeta {
+            peer,
+            start: SystemTime::now(),
+            messages_in: AtomicU64::new(0),
+            bytes_in: AtomicU64::new(0),
+            last_activity: AtomicU64::new(0),
+            rtt_nanos: AtomicU64::new(0),
+            takes_info: AtomicBool::new(false),
+            connect: Mutex::new(ConnectMeta::default()),
+        }
+    }
+
+    pub(crate) fn connect_meta(&self) -> std::sync::MutexGuard<'_, ConnectMeta> {
+        self.connect
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 }
 
 impl Shared {
@@ -152,35 +214,50 @@ impl Shared {
         client_id: u64,
         outbound: Arc<Outbound>,
         cancel: CancellationToken,
+        meta: Arc<ClientMeta>,
     ) {
-        self.clients()
-            .insert(client_id, Client { outbound, cancel });
+        self.clients().insert(
+            client_id,
+            Client {
+                outbound,
+                cancel,
+                meta,
+            },
+        );
     }
 
     pub(crate) fn unregister(&self, client_id: u64) {
         self.clients().remove(&client_id);
     }
 
-    fn info(&self, client_id: u64, client_ip: String, ldm: bool) -> Vec<u8> {
+    /// An INFO line: the first one of a connection, or (`ldm`) the lame-duck notice, which
+    /// nats-server sends with the same client fields and no nonce.
+    pub(crate) fn info(
+        &self,
+        client_id: u64,
+        client_ip: std::net::IpAddr,
+        nonce: &str,
+        ldm: bool,
+    ) -> Vec<u8> {
+        let tls_required = self.config.tls.is_some();
         Info {
             server_id: &self.server_id,
             server_name: &self.config.server_name,
             version: connection::NATS_VERSION,
-            svc_version: env!("CARGO_PKG_VERSION"),
             proto: 1,
+            go: env!("SVC_RUSTC_VERSION"),
             host: &self.host,
             port: self.port,
             headers: true,
+            auth_required: self.auth.auth_required(),
+            tls_required,
+            tls_verify: tls_required && self.config.tls_verify,
             max_payload: self.config.max_payload,
             client_id,
-            client_ip,
-            auth_required: self.auth.auth_required(),
-            tls_required: self.config.tls.is_some(),
-            tls_verify: self.config.tls.is_some() && self.config.tls_verify,
-            tls_available: self.config.tls.is_some(),
-            nonce: "",
+            client_ip: client_ip.to_string(),
+            nonce,
             ldm,
-            jetstream: false,
+            svc_version: env!("CARGO_PKG_VERSION"),
         }
         .to_line()
     }
@@ -205,6 +282,10 @@ impl Broker {
             server_id: make_server_id(),
             host: local_addr.ip().to_string(),
             port: local_addr.port(),
+            started: SystemTime::now(),
+            started_at: tokio::time::Instant::now(),
+            accepting: AtomicBool::new(true),
+            lame_duck: AtomicBool::new(false),
             clients: Mutex::new(HashMap::new()),
             config,
         });
@@ -255,15 +336,8 @@ impl BrokerHandle {
         if let Some(task) = self.accept_task.take() {
             let _ = task.await;
         }
-        let lame_duck: Vec<(u64, Arc<Outbound>)> = self
-            .shared
-            .clients()
-            .iter()
-            .map(|(id, client)| (*id, client.outbound.clone()))
-            .collect();
-        for (client_id, outbound) in lame_duck {
-            let info = self.shared.info(client_id, String::new(), true);
-            outbound.push_now(&[&info]);
+        if !self.shared.lame_duck.swap(true, Ordering::Relaxed) {
+            self.shared.send_lame_duck_info();
         }
         if timeout_recv(&mut self.done, grace).await {
             return;
@@ -276,6 +350,87 @@ impl BrokerHandle {
             tracing::warn!("bus shutdown: some connections did not finish flushing");
             for client in self.shared.clients().values() {
                 client.outbound.close(Close::Now);
+            }
+        }
+    }
+}
+
+impl BrokerHandle {
+    /// What the monitoring endpoints read.
+    pub fn view(&self) -> BrokerView {
+        BrokerView {
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// nats-server's lame-duck mode (SIGUSR2), without the exit: stop accepting at once,
+    /// send every client that takes async INFO one with `ldm: true`, wait `grace`, then close
+    /// the connections spread over the rest of `duration` (at most one a second apart, so a
+    /// small server is empty soon after the grace period), so that clients reconnect to
+    /// other servers gradually rather than all at once. Returns at once; the broker object
+    /// stays usable (counters, monitoring) and [`BrokerHandle::shutdown`] still works.
+    /// Calling it again does nothing.
+    pub fn enter_lame_duck(&self, duration: Duration, grace: Duration) {
+        if self.shared.lame_duck.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        self.stop.cancel();
+        let shared = self.shared.clone();
+        tracing::info!(?duration, ?grace, "bus lame duck: no new connections");
+        tokio::spawn(async move {
+            shared.send_lame_duck_info();
+            tokio::time::sleep(grace).await;
+            let mut targets: Vec<(u64, Arc<Outbound>, CancellationToken)> = shared
+                .clients()
+                .iter()
+                .map(|(id, client)| (*id, client.outbound.clone(), client.cancel.clone()))
+                .collect();
+            targets.sort_by_key(|(id, _, _)| *id);
+            let count = targets.len();
+            if count == 0 {
+                return;
+            }
+            tracing::info!(count, "bus lame duck: closing existing clients");
+            let spread = duration.saturating_sub(grace);
+            let (interval, batch) = close_schedule(spread, count);
+            for (index, chunk) in targets.chunks(batch).enumerate() {
+                if index > 0 {
+                    tokio::time::sleep(interval).await;
+                }
+                for (_, outbound, cancel) in chunk {
+                    outbound.close(Close::AfterFlush);
+                    cancel.cancel();
+                }
+            }
+            tracing::info!("bus lame duck: every client closed; still serving monitoring");
+        });
+    }
+}
+
+/// How lame duck spreads closing `count` clients over `spread`: (pause, clients per step).
+/// At most one second between steps, and at least a millisecond (larger batches then).
+fn close_schedule(spread: Duration, count: usize) -> (Duration, usize) {
+    let count = count.max(1) as u32;
+    let interval = (spread / count).min(Duration::from_secs(1));
+    if interval >= Duration::from_millis(1) {
+        return (interval, 1);
+    }
+    let steps = (spread.as_millis() as usize).max(1);
+    let batch = (count as usize).div_ceil(steps);
+    (Duration::from_millis(1), batch)
+}
+
+impl Shared {
+    fn send_lame_duck_info(&self) {
+        let targets: Vec<(u64, Arc<Outbound>, Arc<ClientMeta>)> = self
+            .clients()
+            .iter()
+            .map(|(id, client)| (*id, client.outbound.clone(), client.meta.clone()))
+            .collect();
+        for (client_id, outbound, meta) in targets {
+            if meta.takes_info.load(Ordering::Relaxed) {
+                let info = self.info(client_id, meta.peer.ip(), "", true);
+                outbound.push_now(&[&info]);
             }
         }
     }
@@ -307,7 +462,10 @@ async fn accept_loop(
     let mut backoff = Duration::from_millis(5);
     loop {
         let accepted = tokio::select! {
-            _ = stop.cancelled() => return,
+            _ = stop.cancelled() => {
+                shared.accepting.store(false, Ordering::Relaxed);
+                return;
+            }
             accepted = listener.accept() => accepted,
         };
         let (socket, peer) = match accepted {
@@ -351,7 +509,7 @@ async fn reject_connection(
     client_id: u64,
 ) {
     tracing::warn!(%peer, "bus connection cap reached");
-    let mut reply = shared.info(client_id, peer.ip().to_string(), false);
+    let mut reply = shared.info(client_id, peer.ip(), "", false);
     reply.extend_from_slice(b"-ERR 'maximum connections exceeded'\r\n");
     let write = async {
         socket.write_all(&reply).await?;
@@ -368,4 +526,28 @@ fn make_server_id() -> String {
     std::iter::once('N')
         .chain((0..55).map(|_| char::from(ALPHABET[random.gen_range(0..ALPHABET.len())])))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lame_duck_spreads_closes_at_most_a_second_apart() {
+        let second = Duration::from_secs(1);
+        assert_eq!(close_schedule(Duration::from_secs(20), 3), (second, 1));
+        assert_eq!(
+            close_schedule(Duration::from_secs(20), 40),
+            (Duration::from_millis(500), 1)
+        );
+        // 100,000 clients over 20 s: 1 ms steps of 5.
+        assert_eq!(
+            close_schedule(Duration::from_secs(20), 100_000),
+            (Duration::from_millis(1), 5)
+        );
+        assert_eq!(
+            close_schedule(Duration::ZERO, 7),
+            (Duration::from_millis(1), 7)
+        );
+    }
 }

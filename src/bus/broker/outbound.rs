@@ -36,6 +36,18 @@ struct State {
     /// the writer takes the buffer. Lets publishers wake each writer once per batch.
     is_signalled: bool,
     close: Option<Close>,
+    /// MSG/HMSG queued to this connection and their payload bytes (monitoring's `out_msgs`
+    /// and `out_bytes`); counted under the lock the append takes anyway.
+    messages: u64,
+    payload_bytes: u64,
+}
+
+/// What the monitor reads of one connection's buffer.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct OutboundCounters {
+    pub pending_bytes: usize,
+    pub messages: u64,
+    pub payload_bytes: u64,
 }
 
 /// What the writer should do next.
@@ -53,6 +65,8 @@ impl Outbound {
                 buffer: Vec::with_capacity(4096),
                 is_signalled: false,
                 close: None,
+                messages: 0,
+                payload_bytes: 0,
             }),
             wake: Notify::new(),
             max_pending,
@@ -73,6 +87,25 @@ impl Outbound {
     /// already due, and `Queued::Closed` when the connection is gone or just became a slow
     /// consumer.
     pub(crate) fn push(&self, pieces: &[&[u8]]) -> Queued {
+        self.push_counted(pieces, None)
+    }
+
+    /// [`Outbound::push`] for a MSG/HMSG with `payload_len` payload bytes, which the
+    /// connection's `out_msgs`/`out_bytes` count once queued.
+    pub(crate) fn push_message(&self, pieces: &[&[u8]], payload_len: usize) -> Queued {
+        self.push_counted(pieces, Some(payload_len))
+    }
+
+    pub(crate) fn counters(&self) -> OutboundCounters {
+        let state = self.lock();
+        OutboundCounters {
+            pending_bytes: state.buffer.len(),
+            messages: state.messages,
+            payload_bytes: state.payload_bytes,
+        }
+    }
+
+    fn push_counted(&self, pieces: &[&[u8]], payload_len: Option<usize>) -> Queued {
         let mut state = self.lock();
         if state.close.is_some() {
             return Queued::Closed;
@@ -88,6 +121,10 @@ impl Outbound {
         }
         for piece in pieces {
             state.buffer.extend_from_slice(piece);
+        }
+        if let Some(payload_len) = payload_len {
+            state.messages += 1;
+            state.payload_bytes += payload_len as u64;
         }
         if state.is_signalled {
             Queued::Pending

@@ -83,6 +83,12 @@ impl Subscription {
         self.delivered.load(Ordering::Acquire) >= max
     }
 
+    /// Messages delivered so far (claims past an `UNSUB max` are not deliveries).
+    pub(crate) fn delivered(&self) -> u64 {
+        let delivered = self.delivered.load(Ordering::Acquire);
+        delivered.min(self.max.load(Ordering::Acquire))
+    }
+
     pub(crate) fn is_exhausted(&self) -> bool {
         let max = self.max.load(Ordering::Acquire);
         max != u64::MAX && self.delivered.load(Ordering::Acquire) >= max
@@ -216,6 +222,35 @@ impl Level {
 struct Index {
     root: Level,
     cache: HashMap<Box<str>, Arc<Matches>>,
+    /// Monitoring counters (`/subsz`), kept under the lock every change takes anyway.
+    inserts: u64,
+    removes: u64,
+    /// Lookups the index answered (per-connection caches absorb most publishes first).
+    matches: u64,
+    cache_hits: u64,
+}
+
+/// The subject index's statistics, nats-server's `/subsz` numbers.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct IndexStats {
+    pub cache_len: usize,
+    pub inserts: u64,
+    pub removes: u64,
+    pub matches: u64,
+    pub cache_hits: u64,
+    /// Over the cached subjects: the most and the mean subscriptions one subject reaches.
+    pub max_fanout: usize,
+    pub avg_fanout: f64,
+}
+
+impl IndexStats {
+    pub fn cache_hit_rate(&self) -> f64 {
+        if self.matches == 0 {
+            0.0
+        } else {
+            self.cache_hits as f64 / self.matches as f64
+        }
+    }
 }
 
 #[derive(Default)]
@@ -249,6 +284,7 @@ impl Router {
             level = level.child(token).next.get_or_insert_with(Box::default);
         }
         level.child(last).subscriptions.push(subscription.clone());
+        index.inserts += 1;
         index.cache.clear();
         self.generation.fetch_add(1, Ordering::AcqRel);
     }
@@ -258,15 +294,62 @@ impl Router {
         let tokens: Vec<&str> = subscription.subject.split('.').collect();
         let mut index = self.lock();
         if index.root.remove(&tokens, subscription) {
+            index.removes += 1;
             index.cache.clear();
             self.generation.fetch_add(1, Ordering::AcqRel);
         }
     }
 
+    /// Every indexed subscription (for monitoring; walks the whole trie under the lock).
+    pub(crate) fn snapshot(&self) -> Vec<Arc<Subscription>> {
+        fn walk(level: &Level, out: &mut Vec<Arc<Subscription>>) {
+            let nodes = level
+                .literal
+                .values()
+                .chain(level.single.as_deref())
+                .chain(level.full.as_deref());
+            for node in nodes {
+                out.extend(node.subscriptions.iter().cloned());
+                if let Some(next) = &node.next {
+                    walk(next, out);
+                }
+            }
+        }
+        let index = self.lock();
+        let mut out = Vec::new();
+        walk(&index.root, &mut out);
+        out
+    }
+
+    pub(crate) fn stats(&self) -> IndexStats {
+        let index = self.lock();
+        let fanouts: Vec<usize> = index
+            .cache
+            .values()
+            .map(|matches| matches.plain.len() + matches.groups.len())
+            .collect();
+        IndexStats {
+            cache_len: index.cache.len(),
+            inserts: index.inserts,
+            removes: index.removes,
+            matches: index.matches,
+            cache_hits: index.cache_hits,
+            max_fanout: fanouts.iter().copied().max().unwrap_or(0),
+            avg_fanout: if fanouts.is_empty() {
+                0.0
+            } else {
+                fanouts.iter().sum::<usize>() as f64 / fanouts.len() as f64
+            },
+        }
+    }
+
     pub(crate) fn lookup(&self, subject: &str) -> Arc<Matches> {
         let mut index = self.lock();
+        index.matches += 1;
         if let Some(matches) = index.cache.get(subject) {
-            return matches.clone();
+            let matches = matches.clone();
+            index.cache_hits += 1;
+            return matches;
         }
         let tokens: Vec<&str> = subject.split('.').collect();
         let mut nodes = Vec::new();
