@@ -432,6 +432,40 @@ fn quarantine_blocks_commands_and_heartbeats_until_lifted() {
 }
 
 #[test]
+fn an_unquarantined_agent_that_kept_heartbeating_takes_commands_at_once() {
+    let server = TestServer::start_with(Options {
+        config_yaml: "agents:\n  heartbeat_timeout: 1s\n".into(),
+        ..Options::default()
+    });
+    let _web2 = Agent::start(&server, "web-2", "role=web");
+    wait_for_state(&server, "web-2", "connected", Duration::from_secs(10));
+    let (_, operator) = server.create_key("ops", "operator");
+
+    let quarantined = svcctl(&server, &operator, &["agent", "quarantine", "web-2"]);
+    assert_eq!(quarantined.code, 0, "{quarantined:?}");
+    // Well past the heartbeat timeout: its heartbeats are rejected, but it is still alive.
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(states(&server)["web-2"], "quarantined");
+
+    let lifted = svcctl(
+        &server,
+        &operator,
+        &["-o", "json", "agent", "unquarantine", "web-2"],
+    );
+    assert_eq!(lifted.code, 0, "{lifted:?}");
+    assert_eq!(json(&lifted)["state"], "connected", "{lifted:?}");
+    let exec = svcctl(
+        &server,
+        &operator,
+        &["-o", "json", "exec", "--target", "web-2", "--", "true"],
+    );
+    assert_eq!(exec.code, 0, "{exec:?}");
+    assert_eq!(json_lines(&exec)[0]["status"], "ok", "{exec:?}");
+    // Never reported as disconnected while it was quarantined.
+    assert!(events(&server, &["agent_disconnected"]).is_empty());
+}
+
+#[test]
 fn silent_agents_are_reported_disconnected_after_the_timeout() {
     let server = TestServer::start_with(Options {
         config_yaml: "agents:\n  heartbeat_timeout: 1s\n".into(),
