@@ -346,12 +346,58 @@ fn quarantine_blocks_commands_and_heartbeats_until_lifted() {
         &operator,
         &["-o", "json", "exec", "--", "sh", "-c", &touched],
     );
-    assert_eq!(exec.code, 0, "skipped is not a failure: {exec:?}");
-    let results = by_agent(&json_lines(&exec));
+    // A targeted agent that did not run the command fails the run, and the summary says why.
+    assert_eq!(exec.code, 1, "a skipped agent did not run it: {exec:?}");
+    assert!(
+        exec.stderr.contains("not run on web-02 (quarantined)"),
+        "{exec:?}"
+    );
+    let lines = json_lines(&exec);
+    let results = by_agent(&lines);
     assert_eq!(results["web-02"]["status"], "skipped", "{exec:?}");
     assert_eq!(results["web-01"]["status"], "ok", "{exec:?}");
+    let summary = &lines.last().unwrap()["summary"];
+    assert_eq!(summary["skipped"], 1, "{summary}");
+    assert_eq!(summary["not_run"][0], "web-02 (quarantined)", "{summary}");
     std::thread::sleep(Duration::from_millis(300));
     assert!(!marker.exists(), "a quarantined agent ran a command");
+
+    // Every target skipped: nothing ran, which is not a success (exec and state alike).
+    let only = svcctl(&server, &operator, &["exec", "-t", "web-02", "--", "true"]);
+    assert_eq!(only.code, 1, "{only:?}");
+    assert!(only.stderr.contains("1 agent: 1 skipped"), "{only:?}");
+    assert!(
+        only.stderr
+            .contains("nothing ran; not run on web-02 (quarantined)"),
+        "{only:?}"
+    );
+    let state_file = marks.path().join("state.yaml");
+    std::fs::write(
+        &state_file,
+        format!("- directory: {{path: {}/d}}\n", marks.path().display()),
+    )
+    .unwrap();
+    for operation in ["check", "apply"] {
+        let state = svcctl(
+            &server,
+            &operator,
+            &[
+                "state",
+                operation,
+                state_file.to_str().unwrap(),
+                "-t",
+                "web-02",
+            ],
+        );
+        assert_eq!(state.code, 1, "{operation}: {state:?}");
+        assert!(
+            state
+                .stderr
+                .contains("nothing ran; not run on web-02 (quarantined)"),
+            "{operation}: {state:?}"
+        );
+    }
+    assert!(!marks.path().join("d").exists());
 
     // Its heartbeats are rejected, and say so in events.
     wait_for_events(
@@ -384,18 +430,26 @@ fn quarantine_blocks_commands_and_heartbeats_until_lifted() {
     assert_eq!(exec.code, 0, "{exec:?}");
     assert!(marker.exists(), "{exec:?}\n{}", web2.log());
 
-    let sequence: Vec<String> = events(
-        &server,
-        &[
-            "agent_quarantined",
-            "agent_unquarantined",
-            "agent_connected",
-        ],
-    )
-    .into_iter()
-    .filter(|(_, source, _)| source == "web-02")
-    .map(|(t, _, _)| t)
-    .collect();
+    // The reconnection is announced by its next heartbeat (every 200 ms).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let sequence = loop {
+        let sequence: Vec<String> = events(
+            &server,
+            &[
+                "agent_quarantined",
+                "agent_unquarantined",
+                "agent_connected",
+            ],
+        )
+        .into_iter()
+        .filter(|(_, source, _)| source == "web-02")
+        .map(|(t, _, _)| t)
+        .collect();
+        if sequence.len() >= 4 || Instant::now() > deadline {
+            break sequence;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
     assert_eq!(
         sequence,
         [
