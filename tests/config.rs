@@ -172,4 +172,10 @@ fn dev_mode_generates_private_secrets_and_a_bootstrap_key() {
         !stderr.contains(key.trim()),
         "the bootstrap key must never be logged"
     );
+    // stderr is a pipe, not a terminal: no colour codes in the log.
+    assert!(stderr.contains("svc-server started"), "{stderr}");
+    assert!(
+        !stderr.contains("\x1b["),
+        "ANSI colours on a pipe: {stderr:?}"
+    );
 }

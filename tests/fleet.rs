@@ -491,7 +491,7 @@ fn an_unquarantined_agent_that_kept_heartbeating_takes_commands_at_once() {
         config_yaml: "agents:\n  heartbeat_timeout: 1s\n".into(),
         ..Options::default()
     });
-    let _web2 = Agent::start(&server, "web-2", "role=web");
+    let web2 = Agent::start(&server, "web-2", "role=web");
     wait_for_state(&server, "web-2", "connected", Duration::from_secs(10));
     let (_, operator) = server.create_key("ops", "operator");
 
@@ -517,6 +517,10 @@ fn an_unquarantined_agent_that_kept_heartbeating_takes_commands_at_once() {
     assert_eq!(json_lines(&exec)[0]["status"], "ok", "{exec:?}");
     // Never reported as disconnected while it was quarantined.
     assert!(events(&server, &["agent_disconnected"]).is_empty());
+    // Logs written to files carry no colour codes (neither the server's nor the agent's).
+    assert!(web2.log().contains("INFO"), "{}", web2.log());
+    assert!(!web2.log().contains("\x1b["), "{:?}", web2.log());
+    assert!(!server.log().contains("\x1b["), "{:?}", server.log());
 }
 
 #[test]

@@ -63,6 +63,7 @@ fn init_logging(level: &str) {
         .unwrap_or_else(|_| level.to_string());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_new(&filter).unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_ansi(crate::cli::output::stderr_colour())
         .with_writer(std::io::stderr)
         .try_init();
 }

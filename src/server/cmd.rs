@@ -181,6 +181,7 @@ fn init_logging(config: &ServerConfig) {
     let filter = EnvFilter::try_new(&filter).unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(crate::cli::output::stderr_colour())
         .with_writer(std::io::stderr);
     let _ = match config.log_format {
         LogFormat::Json => builder.json().try_init(),
