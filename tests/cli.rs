@@ -173,6 +173,15 @@ fn help_of_nested_commands() {
     let create = run(names.command("svcctl").args(["apikey", "create", "--help"]));
     assert_eq!(create.code, 0, "{create:?}");
     assert!(create.stdout.contains("--role"), "{create:?}");
+    // Each command's help is its own description, with no stray comment glued on.
+    let check = run(names.command("svcctl").args(["state", "check", "--help"]));
+    assert_eq!(check.code, 0, "{check:?}");
+    let description = check.stdout.lines().nth(2).unwrap_or_default();
+    assert!(
+        description.starts_with("Report what applying the state file would change"),
+        "{check:?}"
+    );
+    assert!(!check.stdout.contains("flatten"), "{check:?}");
 }
 
 #[test]

@@ -417,7 +417,8 @@ struct CompileArgs {
     file: PathBuf,
 }
 
-/// Flags shared by check and apply (argh has no flatten, so apply repeats them).
+// Flags shared by check and apply (argh has no flatten, so apply repeats them). A plain
+// comment: a doc comment here would be glued onto the command's help.
 #[derive(FromArgs)]
 /// Report what applying the state file would change on the targeted agents (dry run).
 #[argh(subcommand, name = "check", help_triggers("-h", "--help"))]

@@ -415,7 +415,6 @@ async fn bind(address: &str, key: &str) -> Result<tokio::net::TcpListener> {
         .map_err(|e| crate::Error::Unavailable(format!("{key}: cannot listen on {address}: {e}")))
 }
 
-/// Waits for SIGTERM or SIGINT; SIGHUP reloads the policies meanwhile.
 /// The signals the server handles, installed before the server announces its addresses:
 /// a SIGTERM that arrives during start-up must drain the server, not kill it.
 struct StopSignals {
