@@ -270,17 +270,22 @@ async fn delete(common: Common, args: DeleteArgs) -> Result<(), CliError> {
 }
 
 #[derive(FromArgs)]
-/// List secrets under a prefix: path, current version, times (never values).
+/// List secrets under a prefix: path, current version, times (never values). Paths whose
+/// latest version was deleted are left out unless --include-deleted.
 #[argh(help_triggers("-h", "--help"))]
 struct ListArgs {
     /// path prefix (default: everything)
     #[argh(positional)]
     prefix: Option<String>,
+    /// also list paths whose latest version is deleted, marked as deleted
+    #[argh(switch)]
+    include_deleted: bool,
 }
 
 async fn list(common: Common, args: ListArgs) -> Result<(), CliError> {
     let request = proto::ListSecretsRequest {
         prefix: args.prefix.unwrap_or_default(),
+        include_deleted: args.include_deleted,
     };
     let secrets = client(&common)
         .await?
@@ -295,10 +300,32 @@ async fn list(common: Common, args: ListArgs) -> Result<(), CliError> {
                 .iter()
                 .map(|m| {
                     serde_json::json!({"path": m.path, "version": m.version,
-                        "created_at": m.created_at, "updated_at": m.updated_at})
+                        "created_at": m.created_at, "updated_at": m.updated_at,
+                        "deleted": m.deleted,
+                        "deleted_at": (!m.deleted_at.is_empty()).then_some(&m.deleted_at)})
                 })
                 .collect::<Vec<_>>(),
         ),
+        Output::Table if args.include_deleted => {
+            let rows: Vec<Vec<String>> = secrets
+                .iter()
+                .map(|m| {
+                    vec![
+                        m.path.clone(),
+                        m.version.to_string(),
+                        m.created_at.clone(),
+                        m.updated_at.clone(),
+                        if m.deleted {
+                            m.deleted_at.clone()
+                        } else {
+                            "-".into()
+                        },
+                    ]
+                })
+                .collect();
+            print_table(&["PATH", "VERSION", "CREATED", "UPDATED", "DELETED"], &rows);
+            Ok(())
+        }
         Output::Table => print_metadata(&common, &secrets),
     }
 }
