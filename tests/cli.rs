@@ -167,7 +167,7 @@ fn help_of_nested_commands() {
     let names = Names::new();
     let agent = run(names.command("svcctl").args(["agent", "--help"]));
     assert_eq!(agent.code, 0);
-    for word in ["quarantine", "unquarantine", "list", "show"] {
+    for word in ["quarantine", "unquarantine", "list", "show", "label"] {
         assert!(agent.stdout.contains(word), "{agent:?}");
     }
     let create = run(names.command("svcctl").args(["apikey", "create", "--help"]));

@@ -523,6 +523,158 @@ fn an_unquarantined_agent_that_kept_heartbeating_takes_commands_at_once() {
     assert!(!server.log().contains("\x1b["), "{:?}", server.log());
 }
 
+/// The agents' labels, by id, from `svcctl agent list -o json`.
+fn labels(server: &TestServer) -> std::collections::BTreeMap<String, serde_json::Value> {
+    let listed = svcctl(server, &server.admin_key, &["-o", "json", "agent", "list"]);
+    assert_eq!(listed.code, 0, "{listed:?}");
+    json(&listed)
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| (a["id"].as_str().unwrap().to_string(), a["labels"].clone()))
+        .collect()
+}
+
+/// The agent ids a `--target` runs on (exec of `true`).
+fn exec_targets(server: &TestServer, key: &str, target: &str) -> (i32, Vec<String>) {
+    let result = svcctl(
+        server,
+        key,
+        &["-o", "json", "exec", "--target", target, "--", "true"],
+    );
+    let ids = result
+        .stdout
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter_map(|line| line["agent_id"].as_str().map(String::from))
+        .collect();
+    (result.code, ids)
+}
+
+#[test]
+fn labels_from_agent_yaml_are_enrolled_and_can_be_changed_later() {
+    let server = TestServer::start();
+    // Labels written in agent.yaml before bootstrap are enrolled (no --labels) ...
+    let mut web = Agent::new("web-1");
+    let config = std::fs::read_to_string(web.config()).unwrap();
+    std::fs::write(
+        web.config(),
+        format!("{config}  labels:\n    role: web\n    tier: 1\n"),
+    )
+    .unwrap();
+    let enrolled = web.bootstrap(&server, &["--server", &server.bus]);
+    assert_eq!(enrolled.code, 0, "{enrolled:?}");
+    let written = std::fs::read_to_string(web.config()).unwrap();
+    assert!(written.contains("role: web"), "{written}");
+    web.spawn(&server.names);
+    // ... and --labels replaces them, in the file too.
+    let mut db = Agent::new("db-1");
+    let config = std::fs::read_to_string(db.config()).unwrap();
+    std::fs::write(db.config(), format!("{config}  labels:\n    role: web\n")).unwrap();
+    let enrolled = db.bootstrap(&server, &["--server", &server.bus, "--labels", "role=db"]);
+    assert_eq!(enrolled.code, 0, "{enrolled:?}");
+    let written = std::fs::read_to_string(db.config()).unwrap();
+    assert!(
+        written.contains("role: db") && !written.contains("role: web"),
+        "{written}"
+    );
+    db.spawn(&server.names);
+    for id in ["web-1", "db-1"] {
+        wait_for_state(&server, id, "connected", Duration::from_secs(10));
+    }
+    let now = labels(&server);
+    assert_eq!(
+        now["web-1"],
+        serde_json::json!({"role": "web", "tier": "1"})
+    );
+    assert_eq!(now["db-1"], serde_json::json!({"role": "db"}));
+    let (_, operator) = server.create_key("ops", "operator");
+    let (_, readonly) = server.create_key("viewer", "readonly");
+    assert_eq!(
+        exec_targets(&server, &operator, "role=web"),
+        (0, vec!["web-1".to_string()])
+    );
+
+    // svcctl agent label: set, replace and remove; the target matches at once.
+    let labelled = svcctl(
+        &server,
+        &operator,
+        &[
+            "-o", "json", "agent", "label", "db-1", "role=web", "env=prod",
+        ],
+    );
+    assert_eq!(labelled.code, 0, "{labelled:?}");
+    assert_eq!(
+        json(&labelled)["labels"],
+        serde_json::json!({"role": "web", "env": "prod"})
+    );
+    let (code, mut ids) = exec_targets(&server, &operator, "role=web");
+    ids.sort();
+    assert_eq!(
+        (code, ids),
+        (0, vec!["db-1".to_string(), "web-1".to_string()])
+    );
+    let removed = svcctl(
+        &server,
+        &operator,
+        &[
+            "-o", "json", "agent", "label", "web-1", "tier-", "--remove", "role",
+        ],
+    );
+    assert_eq!(removed.code, 0, "{removed:?}");
+    assert_eq!(json(&removed)["labels"], serde_json::json!({}));
+    assert_eq!(
+        exec_targets(&server, &operator, "role=web"),
+        (0, vec!["db-1".to_string()])
+    );
+
+    // Refusals: readonly (4), unknown agent (5), malformed changes (2, before connecting).
+    let denied = svcctl(&server, &readonly, &["agent", "label", "db-1", "x=y"]);
+    assert_eq!(denied.code, 4, "{denied:?}");
+    let unknown = svcctl(&server, &operator, &["agent", "label", "nope", "x=y"]);
+    assert_eq!(unknown.code, 5, "{unknown:?}");
+    for bad in [&["db-1"][..], &["db-1", "novalue"], &["db-1", "a,b=c"]] {
+        let mut args = vec!["agent", "label"];
+        args.extend(bad);
+        let refused = svcctl(&server, &operator, &args);
+        assert_eq!(refused.code, 2, "{bad:?}: {refused:?}");
+    }
+    assert_eq!(
+        labels(&server)["db-1"],
+        serde_json::json!({"role": "web", "env": "prod"})
+    );
+
+    // Audited, refused ones too.
+    let rows = audit_rows(&server, &["--action", "agent.label"]);
+    let outcomes: Vec<(&str, &str)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["resource_id"].as_str().unwrap_or_default(),
+                r["outcome"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            ("nope", "error"),
+            ("db-1", "denied"),
+            ("web-1", "success"),
+            ("db-1", "success"),
+        ],
+        "{rows:?}"
+    );
+    assert_eq!(
+        rows[3]["detail"]["after"],
+        serde_json::json!({"role": "web", "env": "prod"})
+    );
+    assert_eq!(
+        rows[3]["detail"]["before"],
+        serde_json::json!({"role": "db"})
+    );
+}
+
 #[test]
 fn silent_agents_are_reported_disconnected_after_the_timeout() {
     let server = TestServer::start_with(Options {

@@ -16,7 +16,7 @@ Usage: svcctl <command> [<args>]
 Operator CLI for svc-server.
 
 Commands:
-  agent      inspect registered agents; quarantine and unquarantine them
+  agent      inspect registered agents; label, quarantine and unquarantine them
   exec       run a command on agents
   state      declarative state: compile, check, apply, drift
   apikey     manage API keys: create, list, show, update, delete

@@ -33,7 +33,7 @@ fn duration(text: &Option<String>, flag: &str) -> Result<u64, CliError> {
 // svcctl agent
 
 #[derive(FromArgs)]
-/// Inspect registered agents; quarantine and unquarantine them.
+/// Inspect registered agents; label, quarantine and unquarantine them.
 #[argh(help_triggers("-h", "--help"))]
 struct AgentArgs {
     #[argh(subcommand)]
@@ -45,8 +45,55 @@ struct AgentArgs {
 enum AgentCommand {
     List(ListArgs),
     Show(ShowArgs),
+    Label(LabelArgs),
     Quarantine(QuarantineArgs),
     Unquarantine(UnquarantineArgs),
+}
+
+#[derive(FromArgs)]
+/// Change an agent's labels (operator): k=v sets or replaces a label, k- (or --remove k)
+/// removes it; others stay. Audited; --target selects on the new labels at once.
+#[argh(subcommand, name = "label", help_triggers("-h", "--help"))]
+struct LabelArgs {
+    /// agent id
+    #[argh(positional)]
+    id: String,
+    /// k=v to set, k- to remove
+    #[argh(positional)]
+    changes: Vec<String>,
+    /// a label key to remove (repeatable)
+    #[argh(option)]
+    remove: Vec<String>,
+}
+
+impl LabelArgs {
+    /// The request, or a usage error naming the first malformed change.
+    fn request(&self) -> Result<proto::SetLabelsRequest, CliError> {
+        let mut set = std::collections::HashMap::new();
+        let mut remove = self.remove.clone();
+        for change in &self.changes {
+            if let Some((key, value)) = change.split_once('=') {
+                crate::fleet::selector::check_label(key, value).map_err(CliError::usage)?;
+                set.insert(key.to_string(), value.to_string());
+            } else if let Some(key) = change.strip_suffix('-').filter(|k| !k.is_empty()) {
+                remove.push(key.to_string());
+            } else {
+                return Err(CliError::usage(format!(
+                    "'{change}' is neither k=v (set) nor k- (remove)"
+                )));
+            }
+        }
+        if set.is_empty() && remove.is_empty() {
+            return Err(CliError::usage(
+                "nothing to change: svcctl agent label AGENT k=v... [k-...] [--remove k]",
+            ));
+        }
+        Ok(proto::SetLabelsRequest {
+            id: self.id.clone(),
+            set,
+            remove,
+        })
+    }
 }
 
 #[derive(FromArgs)]
@@ -156,6 +203,10 @@ fn print_agents(agents: &[Agent]) {
 }
 
 async fn agent_command(common: Common, args: AgentArgs) -> Result<(), CliError> {
+    // A malformed change is a usage error before any connection is tried.
+    if let AgentCommand::Label(label) = &args.command {
+        label.request()?;
+    }
     let mut client = client(&common).await?;
     let one = match args.command {
         AgentCommand::List(args) => {
@@ -176,6 +227,10 @@ async fn agent_command(common: Common, args: AgentArgs) -> Result<(), CliError> 
         AgentCommand::Show(args) => {
             let request = proto::AgentRequest { id: args.id };
             client.get_agent(authorized(&common, request)?).await?
+        }
+        AgentCommand::Label(args) => {
+            let request = args.request()?;
+            client.set_labels(authorized(&common, request)?).await?
         }
         AgentCommand::Quarantine(args) => {
             let request = proto::QuarantineRequest {
