@@ -270,10 +270,11 @@ fn exec_across_three_agents_with_selectors_events_and_audit() {
         &operator,
         &["exec", "-t", "role=web,db-01", "--", "true"],
     );
-    assert_eq!(malformed.code, 1, "{malformed:?}");
+    assert_eq!(malformed.code, 2, "a usage error: {malformed:?}");
     assert!(malformed.stderr.contains("invalid target"), "{malformed:?}");
 
-    // Events carry the agent as source; one audit row per exec, refused ones included.
+    // Events carry the agent as source; one audit row per exec, refused ones included (the
+    // malformed selector never reached the server: a usage error).
     let job_events = events(
         &server,
         &["command_dispatched", "command_completed", "command_failed"],
@@ -292,7 +293,7 @@ fn exec_across_three_agents_with_selectors_events_and_audit() {
     let outcome = |o: &str| rows.iter().filter(|r| r["outcome"] == o).count();
     assert_eq!(
         (outcome("success"), outcome("denied"), outcome("error")),
-        (6, 1, 2),
+        (6, 1, 1),
         "{rows:?}"
     );
     assert!(rows

@@ -29,7 +29,7 @@ const MAX_JOBS: usize = 16;
 #[argh(help_triggers("-h", "--help"))]
 pub struct RunArgs {
     /// log level or filter (default info; SVC_LOG and RUST_LOG also work)
-    #[argh(option)]
+    #[argh(option, from_str_fn(crate::cli::values::log_filter))]
     log_level: Option<String>,
 }
 

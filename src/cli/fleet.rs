@@ -9,6 +9,7 @@ use argh::FromArgs;
 
 use super::client::{authorized, grpc_channel};
 use super::output::{print_json, print_table};
+use super::values::target;
 use super::{exit, run_command, CliError, Common, Output};
 use crate::proto::fleet_service_client::FleetServiceClient;
 use crate::proto::{self, Agent};
@@ -101,7 +102,7 @@ impl LabelArgs {
 #[argh(subcommand, name = "list", help_triggers("-h", "--help"))]
 struct ListArgs {
     /// only agents matching: *, id globs (web-*), a comma list, or labels (role=web,env=prod)
-    #[argh(option, short = 't')]
+    #[argh(option, short = 't', from_str_fn(target))]
     target: Option<String>,
 }
 
@@ -264,10 +265,10 @@ async fn agent_command(common: Common, args: AgentArgs) -> Result<(), CliError> 
 #[argh(help_triggers("-h", "--help"))]
 struct ExecArgs {
     /// which agents: * (default), id globs (web-*), a comma list, or labels (role=web,env=prod)
-    #[argh(option, short = 't')]
+    #[argh(option, short = 't', from_str_fn(target))]
     target: Option<String>,
     /// how long each agent may run it (default 60s; e.g. 30s, 5m)
-    #[argh(option)]
+    #[argh(option, from_str_fn(super::values::duration))]
     timeout: Option<String>,
     /// how many agents run it at once (default: all)
     #[argh(option)]
@@ -482,10 +483,10 @@ struct RunArgs {
     #[argh(positional)]
     file: PathBuf,
     /// which agents: * (default), id globs, a comma list, or labels (role=web)
-    #[argh(option, short = 't')]
+    #[argh(option, short = 't', from_str_fn(target))]
     target: Option<String>,
     /// how long each agent may take (default 10m)
-    #[argh(option)]
+    #[argh(option, from_str_fn(super::values::duration))]
     timeout: Option<String>,
     /// how many agents work at once (default: all)
     #[argh(option)]
@@ -501,10 +502,10 @@ struct ApplyArgs {
     #[argh(positional)]
     file: PathBuf,
     /// which agents: * (default), id globs, a comma list, or labels (role=web)
-    #[argh(option, short = 't')]
+    #[argh(option, short = 't', from_str_fn(target))]
     target: Option<String>,
     /// how long each agent may take (default 10m)
-    #[argh(option)]
+    #[argh(option, from_str_fn(super::values::duration))]
     timeout: Option<String>,
     /// how many agents work at once (default: all)
     #[argh(option)]
@@ -517,10 +518,10 @@ struct ApplyArgs {
 #[argh(subcommand, name = "drift", help_triggers("-h", "--help"))]
 struct DriftArgs {
     /// which agents: * (default), id globs, a comma list, or labels (role=web)
-    #[argh(option, short = 't')]
+    #[argh(option, short = 't', from_str_fn(target))]
     target: Option<String>,
     /// how long each agent may take (default 10m)
-    #[argh(option)]
+    #[argh(option, from_str_fn(super::values::duration))]
     timeout: Option<String>,
 }
 

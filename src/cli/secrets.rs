@@ -13,6 +13,7 @@ use base64::Engine;
 
 use super::client::{authorized, grpc_channel};
 use super::output::{print_json, print_table};
+use super::values::{creds_backend, duration, transit_key_type};
 use super::{exit, parse_args, run_async, CliError, Common, Output};
 use crate::proto::secrets_service_client::SecretsServiceClient;
 use crate::proto::{self};
@@ -422,7 +423,12 @@ struct CreateKeyArgs {
     #[argh(positional)]
     name: String,
     /// aes256-gcm (default; encrypt/decrypt) or ed25519 (sign/verify)
-    #[argh(option, long = "type", default = "String::from(\"aes256-gcm\")")]
+    #[argh(
+        option,
+        long = "type",
+        default = "String::from(\"aes256-gcm\")",
+        from_str_fn(transit_key_type)
+    )]
     key_type: String,
 }
 
@@ -918,10 +924,10 @@ async fn leases(common: Common, args: LeasesArgs) -> Result<(), CliError> {
 #[argh(help_triggers("-h", "--help"))]
 struct CredsArgs {
     /// backend: postgres
-    #[argh(positional)]
+    #[argh(positional, from_str_fn(creds_backend))]
     backend: String,
     /// lease length, e.g. 15m (default: the backend's default_ttl; capped by max_ttl)
-    #[argh(option)]
+    #[argh(option, from_str_fn(duration))]
     ttl: Option<String>,
 }
 

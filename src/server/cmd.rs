@@ -31,7 +31,7 @@ struct Args {
     #[argh(switch)]
     check_config: bool,
     /// log level or filter (overrides log_level; SVC_LOG and RUST_LOG also work)
-    #[argh(option)]
+    #[argh(option, from_str_fn(crate::cli::values::log_filter))]
     log_level: Option<String>,
 }
 
