@@ -129,8 +129,12 @@ fn mutations_are_audited_redacted_and_queryable() {
         run(server
             .cli("svc-audit")
             .args(["--api-key", &readonly, "log", "--since", "yesterday"]));
-    assert_eq!(bad.code, 1, "{bad:?}");
-    assert!(bad.stderr.contains("since 'yesterday'"), "{bad:?}");
+    assert_eq!(bad.code, 2, "a usage error: {bad:?}");
+    assert!(
+        bad.stderr
+            .contains("'--since' with value 'yesterday': not a time"),
+        "{bad:?}"
+    );
 }
 
 #[test]

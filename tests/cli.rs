@@ -163,16 +163,164 @@ fn usage_errors_exit_2() {
 }
 
 #[test]
+fn bad_flag_values_are_usage_errors_that_list_the_allowed_values() {
+    // No server runs: each is refused at parse time (exit 2), before any connection is tried
+    // (which would be exit 3), with the allowed values in the message.
+    let names = Names::new();
+    let cases: &[(&str, &[&str], &str)] = &[
+        (
+            "svc-events",
+            &["list", "--min-severity", "bogus"],
+            "expected one of debug, info, warning, error, critical",
+        ),
+        (
+            "svc-events",
+            &["watch", "--category", "nope"],
+            "expected one of agent, job, bus, policy, security, system",
+        ),
+        (
+            "svc-events",
+            &["subscribe", "--type", "agent_connect"],
+            "expected one of agent_connected,",
+        ),
+        (
+            "svc-events",
+            &["emit", "--type", "bus_healthy", "--severity", "fatal"],
+            "expected one of debug, info,",
+        ),
+        ("svc-events", &["list", "--since", "yesterday"], "RFC 3339"),
+        ("svc-events", &["stats", "--until", "soon"], "RFC 3339"),
+        (
+            "svc-audit",
+            &["log", "--min-severity", "info"],
+            "expected one of low, medium, high, critical",
+        ),
+        (
+            "svc-audit",
+            &["export", "--format", "xml"],
+            "expected one of json, jsonl, csv",
+        ),
+        ("svc-audit", &["stats", "--since", "last week"], "RFC 3339"),
+        (
+            "svcctl",
+            &["apikey", "create", "--name", "x", "--role", "root"],
+            "expected one of admin, operator, readonly",
+        ),
+        (
+            "svcctl",
+            &["apikey", "update", "K", "--role", "superuser"],
+            "expected one of admin, operator, readonly",
+        ),
+        (
+            "svcctl",
+            &[
+                "apikey", "create", "--name", "x", "--role", "admin", "--ttl", "forever",
+            ],
+            "expected e.g. 500ms, 30s, 5m, 24h, 7d",
+        ),
+        (
+            "svcctl",
+            &[
+                "apikey",
+                "create",
+                "--name",
+                "x",
+                "--role",
+                "admin",
+                "--expires-at",
+                "2027",
+            ],
+            "2027-01-01T00:00:00Z",
+        ),
+        (
+            "svcctl",
+            &["exec", "--timeout", "soon", "--", "true"],
+            "expected e.g. 500ms",
+        ),
+        (
+            "svcctl",
+            &["exec", "--target", "role=web,db-01", "--", "true"],
+            "labels and ids cannot be mixed",
+        ),
+        (
+            "svcctl",
+            &["agent", "list", "-t", "a=b,c"],
+            "invalid target",
+        ),
+        ("svcctl", &["agent", "label", "web-1", "novalue"], "k=v"),
+        (
+            "svcctl",
+            &["state", "drift", "--timeout", "0s"],
+            "expected e.g. 500ms",
+        ),
+        ("svcctl", &["-o", "yaml", "agent", "list"], "table or json"),
+        (
+            "svc-identity",
+            &["token", "create", "--ttl", "1y"],
+            "expected e.g. 500ms",
+        ),
+        (
+            "svc-secrets",
+            &["transit", "create-key", "k", "--type", "rsa"],
+            "expected one of aes256-gcm, ed25519",
+        ),
+        (
+            "svc-secrets",
+            &["creds", "mysql"],
+            "expected one of postgres",
+        ),
+        (
+            "svc-secrets",
+            &["creds", "postgres", "--ttl", "long"],
+            "expected e.g. 500ms",
+        ),
+        (
+            "svc-server",
+            &["--log-level", "svc=[oops"],
+            "expected one of error, warn, info, debug, trace",
+        ),
+        (
+            "svc-agent",
+            &["run", "--log-level", "svc=[oops"],
+            "expected one of error, warn, info, debug, trace",
+        ),
+    ];
+    for (name, args, allowed) in cases {
+        let result = run(names
+            .command(name)
+            .env("SVC_SERVER", "127.0.0.1:1")
+            .env("SVC_HTTP_URL", "http://127.0.0.1:1")
+            .env("SVC_API_KEY", "k")
+            .args(*args));
+        assert_eq!(result.code, 2, "{name} {args:?}: {result:?}");
+        assert!(result.stderr.starts_with(name), "{result:?}");
+        assert!(
+            result.stderr.contains(allowed),
+            "{name} {args:?} should list {allowed:?}: {result:?}"
+        );
+    }
+}
+
+#[test]
 fn help_of_nested_commands() {
     let names = Names::new();
     let agent = run(names.command("svcctl").args(["agent", "--help"]));
     assert_eq!(agent.code, 0);
-    for word in ["quarantine", "unquarantine", "list", "show"] {
+    for word in ["quarantine", "unquarantine", "list", "show", "label"] {
         assert!(agent.stdout.contains(word), "{agent:?}");
     }
     let create = run(names.command("svcctl").args(["apikey", "create", "--help"]));
     assert_eq!(create.code, 0, "{create:?}");
     assert!(create.stdout.contains("--role"), "{create:?}");
+    // Each command's help is its own description, with no stray comment glued on.
+    let check = run(names.command("svcctl").args(["state", "check", "--help"]));
+    assert_eq!(check.code, 0, "{check:?}");
+    let description = check.stdout.lines().nth(2).unwrap_or_default();
+    assert!(
+        description.starts_with("Report what applying the state file would change"),
+        "{check:?}"
+    );
+    assert!(!check.stdout.contains("flatten"), "{check:?}");
 }
 
 #[test]

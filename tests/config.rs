@@ -173,6 +173,97 @@ fn dev_mode_generates_private_secrets_and_a_bootstrap_key() {
         !stderr.contains(key.trim()),
         "the bootstrap key must never be logged"
     );
+    // stderr is a pipe, not a terminal: no colour codes in the log.
+    assert!(stderr.contains("svc-server started"), "{stderr}");
+    assert!(
+        !stderr.contains("\x1b["),
+        "ANSI colours on a pipe: {stderr:?}"
+    );
+}
+
+/// Every line on stderr parsed as JSON (panics naming the first line that is not).
+fn json_lines(stderr: &str) -> Vec<serde_json::Value> {
+    stderr
+        .lines()
+        .filter(|line| !line.trim().is_empty())
+        .map(|line| {
+            serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("not a JSON line ({e}): {line:?}\n{stderr}"))
+        })
+        .collect()
+}
+
+#[test]
+fn with_json_logs_every_line_the_server_writes_is_json() {
+    let names = Names::new();
+    let dir = tempfile::tempdir().unwrap();
+    let child = names
+        .command("svc-server")
+        .arg("--dev")
+        .current_dir(dir.path())
+        .env("SVC_LISTEN__HTTP", "127.0.0.1:0")
+        .env("SVC_LISTEN__GRPC", "127.0.0.1:0")
+        .env("SVC_LISTEN__BUS", "127.0.0.1:0")
+        .env("SVC_LOG_FORMAT", "json")
+        .args(["--config", "/dev/null"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let data = dir.path().join(".svc-dev");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !data.join("listen-addrs.json").exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "dev server did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(0));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let lines = json_lines(&stderr);
+    let messages: Vec<&str> = lines
+        .iter()
+        .filter_map(|line| line["fields"]["message"].as_str())
+        .collect();
+    for wanted in [
+        "dev mode: generated hmacsecret and master_key in",
+        "bootstrap admin API key written to",
+        "svc-server started",
+        "svc-server stopped",
+    ] {
+        assert!(
+            messages.iter().any(|m| m.contains(wanted)),
+            "no {wanted:?} record: {stderr}"
+        );
+    }
+
+    // A start-up failure is a JSON record too, not a bare line.
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let config = dir.path().join("server.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir: {}\nlog_format: json\nlisten:\n  http: {}\n  grpc: 127.0.0.1:0\n  bus: 127.0.0.1:0\nhmacsecret: h\nmaster_key: {}\n",
+            dir.path().join("busy").display(),
+            busy.local_addr().unwrap(),
+            common::random_master_key()
+        ),
+    )
+    .unwrap();
+    let failed = run(names.command("svc-server").arg("--config").arg(&config));
+    assert_eq!(failed.code, 1, "{failed:?}");
+    let lines = json_lines(&failed.stderr);
+    assert!(
+        lines.iter().any(|line| line["level"] == "ERROR"
+            && line["fields"]["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("cannot listen"))),
+        "{failed:?}"
+    );
 }
 
 #[test]

@@ -158,10 +158,33 @@ fn types_emit_get_list_stats() {
         run(server
             .cli("svc-events")
             .args(["--api-key", &operator, "emit", "--type", "made_up"]));
-    assert_eq!(unknown.code, 1, "{unknown:?}");
+    // A bad flag value is a usage error, caught before the server is asked.
+    assert_eq!(unknown.code, 2, "{unknown:?}");
     assert!(
-        unknown.stderr.contains("unknown event type 'made_up'"),
+        unknown
+            .stderr
+            .contains("'made_up': not a canonical event type"),
         "{unknown:?}"
+    );
+    // The server refuses it too (a client that skips the CLI's check), and audits that.
+    let refused = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let address = format!("http://{}", server.grpc);
+        let mut client = svc::proto::event_service_client::EventServiceClient::connect(address)
+            .await
+            .unwrap();
+        let request = svc::proto::EmitEventRequest {
+            r#type: "made_up".into(),
+            ..Default::default()
+        };
+        client
+            .emit(common::with_key(request, &operator))
+            .await
+            .unwrap_err()
+    });
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    assert!(
+        refused.message().contains("unknown event type 'made_up'"),
+        "{refused:?}"
     );
     let bad_payload = run(server.cli("svc-events").args([
         "--api-key",
@@ -177,7 +200,8 @@ fn types_emit_get_list_stats() {
         run(server
             .cli("svc-events")
             .args(["--api-key", &operator, "list", "--since", "whenever"]));
-    assert_eq!(bad_since.code, 1, "{bad_since:?}");
+    assert_eq!(bad_since.code, 2, "{bad_since:?}");
+    assert!(bad_since.stderr.contains("not a time"), "{bad_since:?}");
 
     // Emit is audited.
     let audit = json(&run(server.cli("svc-audit").args([

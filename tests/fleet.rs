@@ -270,10 +270,11 @@ fn exec_across_three_agents_with_selectors_events_and_audit() {
         &operator,
         &["exec", "-t", "role=web,db-01", "--", "true"],
     );
-    assert_eq!(malformed.code, 1, "{malformed:?}");
+    assert_eq!(malformed.code, 2, "a usage error: {malformed:?}");
     assert!(malformed.stderr.contains("invalid target"), "{malformed:?}");
 
-    // Events carry the agent as source; one audit row per exec, refused ones included.
+    // Events carry the agent as source; one audit row per exec, refused ones included (the
+    // malformed selector never reached the server: a usage error).
     let job_events = events(
         &server,
         &["command_dispatched", "command_completed", "command_failed"],
@@ -292,7 +293,7 @@ fn exec_across_three_agents_with_selectors_events_and_audit() {
     let outcome = |o: &str| rows.iter().filter(|r| r["outcome"] == o).count();
     assert_eq!(
         (outcome("success"), outcome("denied"), outcome("error")),
-        (6, 1, 2),
+        (6, 1, 1),
         "{rows:?}"
     );
     assert!(rows
@@ -346,12 +347,58 @@ fn quarantine_blocks_commands_and_heartbeats_until_lifted() {
         &operator,
         &["-o", "json", "exec", "--", "sh", "-c", &touched],
     );
-    assert_eq!(exec.code, 0, "skipped is not a failure: {exec:?}");
-    let results = by_agent(&json_lines(&exec));
+    // A targeted agent that did not run the command fails the run, and the summary says why.
+    assert_eq!(exec.code, 1, "a skipped agent did not run it: {exec:?}");
+    assert!(
+        exec.stderr.contains("not run on web-02 (quarantined)"),
+        "{exec:?}"
+    );
+    let lines = json_lines(&exec);
+    let results = by_agent(&lines);
     assert_eq!(results["web-02"]["status"], "skipped", "{exec:?}");
     assert_eq!(results["web-01"]["status"], "ok", "{exec:?}");
+    let summary = &lines.last().unwrap()["summary"];
+    assert_eq!(summary["skipped"], 1, "{summary}");
+    assert_eq!(summary["not_run"][0], "web-02 (quarantined)", "{summary}");
     std::thread::sleep(Duration::from_millis(300));
     assert!(!marker.exists(), "a quarantined agent ran a command");
+
+    // Every target skipped: nothing ran, which is not a success (exec and state alike).
+    let only = svcctl(&server, &operator, &["exec", "-t", "web-02", "--", "true"]);
+    assert_eq!(only.code, 1, "{only:?}");
+    assert!(only.stderr.contains("1 agent: 1 skipped"), "{only:?}");
+    assert!(
+        only.stderr
+            .contains("nothing ran; not run on web-02 (quarantined)"),
+        "{only:?}"
+    );
+    let state_file = marks.path().join("state.yaml");
+    std::fs::write(
+        &state_file,
+        format!("- directory: {{path: {}/d}}\n", marks.path().display()),
+    )
+    .unwrap();
+    for operation in ["check", "apply"] {
+        let state = svcctl(
+            &server,
+            &operator,
+            &[
+                "state",
+                operation,
+                state_file.to_str().unwrap(),
+                "-t",
+                "web-02",
+            ],
+        );
+        assert_eq!(state.code, 1, "{operation}: {state:?}");
+        assert!(
+            state
+                .stderr
+                .contains("nothing ran; not run on web-02 (quarantined)"),
+            "{operation}: {state:?}"
+        );
+    }
+    assert!(!marks.path().join("d").exists());
 
     // Its heartbeats are rejected, and say so in events.
     wait_for_events(
@@ -384,18 +431,26 @@ fn quarantine_blocks_commands_and_heartbeats_until_lifted() {
     assert_eq!(exec.code, 0, "{exec:?}");
     assert!(marker.exists(), "{exec:?}\n{}", web2.log());
 
-    let sequence: Vec<String> = events(
-        &server,
-        &[
-            "agent_quarantined",
-            "agent_unquarantined",
-            "agent_connected",
-        ],
-    )
-    .into_iter()
-    .filter(|(_, source, _)| source == "web-02")
-    .map(|(t, _, _)| t)
-    .collect();
+    // The reconnection is announced by its next heartbeat (every 200 ms).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let sequence = loop {
+        let sequence: Vec<String> = events(
+            &server,
+            &[
+                "agent_quarantined",
+                "agent_unquarantined",
+                "agent_connected",
+            ],
+        )
+        .into_iter()
+        .filter(|(_, source, _)| source == "web-02")
+        .map(|(t, _, _)| t)
+        .collect();
+        if sequence.len() >= 4 || Instant::now() > deadline {
+            break sequence;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
     assert_eq!(
         sequence,
         [
@@ -428,6 +483,196 @@ fn quarantine_blocks_commands_and_heartbeats_until_lifted() {
             ("agent.quarantine", "denied"),
         ],
         "{rows:?}"
+    );
+}
+
+#[test]
+fn an_unquarantined_agent_that_kept_heartbeating_takes_commands_at_once() {
+    let server = TestServer::start_with(Options {
+        config_yaml: "agents:\n  heartbeat_timeout: 1s\n".into(),
+        ..Options::default()
+    });
+    let web2 = Agent::start(&server, "web-2", "role=web");
+    wait_for_state(&server, "web-2", "connected", Duration::from_secs(10));
+    let (_, operator) = server.create_key("ops", "operator");
+
+    let quarantined = svcctl(&server, &operator, &["agent", "quarantine", "web-2"]);
+    assert_eq!(quarantined.code, 0, "{quarantined:?}");
+    // Well past the heartbeat timeout: its heartbeats are rejected, but it is still alive.
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(states(&server)["web-2"], "quarantined");
+
+    let lifted = svcctl(
+        &server,
+        &operator,
+        &["-o", "json", "agent", "unquarantine", "web-2"],
+    );
+    assert_eq!(lifted.code, 0, "{lifted:?}");
+    assert_eq!(json(&lifted)["state"], "connected", "{lifted:?}");
+    let exec = svcctl(
+        &server,
+        &operator,
+        &["-o", "json", "exec", "--target", "web-2", "--", "true"],
+    );
+    assert_eq!(exec.code, 0, "{exec:?}");
+    assert_eq!(json_lines(&exec)[0]["status"], "ok", "{exec:?}");
+    // Never reported as disconnected while it was quarantined.
+    assert!(events(&server, &["agent_disconnected"]).is_empty());
+    // Logs written to files carry no colour codes (neither the server's nor the agent's).
+    assert!(web2.log().contains("INFO"), "{}", web2.log());
+    assert!(!web2.log().contains("\x1b["), "{:?}", web2.log());
+    assert!(!server.log().contains("\x1b["), "{:?}", server.log());
+}
+
+/// The agents' labels, by id, from `svcctl agent list -o json`.
+fn labels(server: &TestServer) -> std::collections::BTreeMap<String, serde_json::Value> {
+    let listed = svcctl(server, &server.admin_key, &["-o", "json", "agent", "list"]);
+    assert_eq!(listed.code, 0, "{listed:?}");
+    json(&listed)
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| (a["id"].as_str().unwrap().to_string(), a["labels"].clone()))
+        .collect()
+}
+
+/// The agent ids a `--target` runs on (exec of `true`).
+fn exec_targets(server: &TestServer, key: &str, target: &str) -> (i32, Vec<String>) {
+    let result = svcctl(
+        server,
+        key,
+        &["-o", "json", "exec", "--target", target, "--", "true"],
+    );
+    let ids = result
+        .stdout
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter_map(|line| line["agent_id"].as_str().map(String::from))
+        .collect();
+    (result.code, ids)
+}
+
+#[test]
+fn labels_from_agent_yaml_are_enrolled_and_can_be_changed_later() {
+    let server = TestServer::start();
+    // Labels written in agent.yaml before bootstrap are enrolled (no --labels) ...
+    let mut web = Agent::new("web-1");
+    let config = std::fs::read_to_string(web.config()).unwrap();
+    std::fs::write(
+        web.config(),
+        format!("{config}  labels:\n    role: web\n    tier: 1\n"),
+    )
+    .unwrap();
+    let enrolled = web.bootstrap(&server, &["--server", &server.bus]);
+    assert_eq!(enrolled.code, 0, "{enrolled:?}");
+    let written = std::fs::read_to_string(web.config()).unwrap();
+    assert!(written.contains("role: web"), "{written}");
+    web.spawn(&server.names);
+    // ... and --labels replaces them, in the file too.
+    let mut db = Agent::new("db-1");
+    let config = std::fs::read_to_string(db.config()).unwrap();
+    std::fs::write(db.config(), format!("{config}  labels:\n    role: web\n")).unwrap();
+    let enrolled = db.bootstrap(&server, &["--server", &server.bus, "--labels", "role=db"]);
+    assert_eq!(enrolled.code, 0, "{enrolled:?}");
+    let written = std::fs::read_to_string(db.config()).unwrap();
+    assert!(
+        written.contains("role: db") && !written.contains("role: web"),
+        "{written}"
+    );
+    db.spawn(&server.names);
+    for id in ["web-1", "db-1"] {
+        wait_for_state(&server, id, "connected", Duration::from_secs(10));
+    }
+    let now = labels(&server);
+    assert_eq!(
+        now["web-1"],
+        serde_json::json!({"role": "web", "tier": "1"})
+    );
+    assert_eq!(now["db-1"], serde_json::json!({"role": "db"}));
+    let (_, operator) = server.create_key("ops", "operator");
+    let (_, readonly) = server.create_key("viewer", "readonly");
+    assert_eq!(
+        exec_targets(&server, &operator, "role=web"),
+        (0, vec!["web-1".to_string()])
+    );
+
+    // svcctl agent label: set, replace and remove; the target matches at once.
+    let labelled = svcctl(
+        &server,
+        &operator,
+        &[
+            "-o", "json", "agent", "label", "db-1", "role=web", "env=prod",
+        ],
+    );
+    assert_eq!(labelled.code, 0, "{labelled:?}");
+    assert_eq!(
+        json(&labelled)["labels"],
+        serde_json::json!({"role": "web", "env": "prod"})
+    );
+    let (code, mut ids) = exec_targets(&server, &operator, "role=web");
+    ids.sort();
+    assert_eq!(
+        (code, ids),
+        (0, vec!["db-1".to_string(), "web-1".to_string()])
+    );
+    let removed = svcctl(
+        &server,
+        &operator,
+        &[
+            "-o", "json", "agent", "label", "web-1", "tier-", "--remove", "role",
+        ],
+    );
+    assert_eq!(removed.code, 0, "{removed:?}");
+    assert_eq!(json(&removed)["labels"], serde_json::json!({}));
+    assert_eq!(
+        exec_targets(&server, &operator, "role=web"),
+        (0, vec!["db-1".to_string()])
+    );
+
+    // Refusals: readonly (4), unknown agent (5), malformed changes (2, before connecting).
+    let denied = svcctl(&server, &readonly, &["agent", "label", "db-1", "x=y"]);
+    assert_eq!(denied.code, 4, "{denied:?}");
+    let unknown = svcctl(&server, &operator, &["agent", "label", "nope", "x=y"]);
+    assert_eq!(unknown.code, 5, "{unknown:?}");
+    for bad in [&["db-1"][..], &["db-1", "novalue"], &["db-1", "a,b=c"]] {
+        let mut args = vec!["agent", "label"];
+        args.extend(bad);
+        let refused = svcctl(&server, &operator, &args);
+        assert_eq!(refused.code, 2, "{bad:?}: {refused:?}");
+    }
+    assert_eq!(
+        labels(&server)["db-1"],
+        serde_json::json!({"role": "web", "env": "prod"})
+    );
+
+    // Audited, refused ones too.
+    let rows = audit_rows(&server, &["--action", "agent.label"]);
+    let outcomes: Vec<(&str, &str)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["resource_id"].as_str().unwrap_or_default(),
+                r["outcome"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            ("nope", "error"),
+            ("db-1", "denied"),
+            ("web-1", "success"),
+            ("db-1", "success"),
+        ],
+        "{rows:?}"
+    );
+    assert_eq!(
+        rows[3]["detail"]["after"],
+        serde_json::json!({"role": "web", "env": "prod"})
+    );
+    assert_eq!(
+        rows[3]["detail"]["before"],
+        serde_json::json!({"role": "db"})
     );
 }
 

@@ -1,4 +1,5 @@
-//! gRPC end to end: health, reflection, authentication, rate limiting, Unimplemented stubs.
+//! gRPC end to end: health, reflection, authentication, rate limiting, Unimplemented stubs,
+//! and a streaming RPC held open across SIGTERM.
 
 mod common;
 
@@ -156,13 +157,79 @@ async fn grpc_calls_show_in_metrics() {
 }
 
 #[test]
-fn sigterm_stops_the_grpc_server_promptly() {
-    // No streaming RPC is built yet, so this checks the stop path only: SIGTERM → exit 0
-    // well within the grace. FIXME: when EventService.Subscribe lands, hold a stream open
-    // across SIGTERM and assert it is drained, not cut.
+fn sigterm_ends_an_open_event_stream_cleanly_and_stops_promptly() {
+    use std::io::BufRead;
+    use std::time::{Duration, Instant};
+
     let mut server = TestServer::start();
-    let started = std::time::Instant::now();
+    // A live `svc-events subscribe` stream, open before the signal.
+    let mut subscriber = server
+        .cli("svc-events")
+        .args(["--api-key", &server.admin_key, "subscribe"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = subscriber.stdout.take().unwrap();
+    let (lines, received) = std::sync::mpsc::channel::<String>();
+    let reader = std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    // Emit until the subscriber prints one: then the stream is certainly established.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let emitted = common::run(server.cli("svc-events").args([
+            "--api-key",
+            &server.admin_key,
+            "emit",
+            "--type",
+            "bus_healthy",
+            "--payload",
+            r#"{"probe":true}"#,
+        ]));
+        assert_eq!(emitted.code, 0, "{emitted:?}");
+        if let Ok(line) = received.recv_timeout(Duration::from_millis(500)) {
+            assert!(line.contains("bus_healthy"), "{line}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the subscriber printed nothing");
+    }
+
+    let stopped = Instant::now();
     assert_eq!(server.stop_with(libc::SIGTERM), Some(0), "{}", server.log());
-    assert!(started.elapsed() < svc::server::SHUTDOWN_GRACE);
+    // The server ended the stream (no 30 s wait for the grace to run out) ...
+    assert!(
+        stopped.elapsed() < Duration::from_secs(10),
+        "{:?}\n{}",
+        stopped.elapsed(),
+        server.log()
+    );
     assert!(server.log().contains("stop requested"), "{}", server.log());
+    // ... and cleanly: the CLI saw the end of the stream, not a broken connection.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let status = loop {
+        if let Some(status) = subscriber.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = subscriber.kill();
+            panic!("svc-events subscribe still running after the server stopped");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut subscriber.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    reader.join().unwrap();
+    let rest: Vec<String> = received.try_iter().collect();
+    assert!(
+        rest.iter()
+            .all(|line| serde_json::from_str::<serde_json::Value>(line).is_ok()),
+        "{rest:?}"
+    );
 }

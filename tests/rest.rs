@@ -578,9 +578,11 @@ fn svcctl_apikey_end_to_end() {
         .cli("svcctl")
         .env("SVC_API_KEY", &admin)
         .args(["apikey", "create", "--name", "x", "--role", "root"]));
-    assert_eq!(bad_role.code, 1, "{bad_role:?}");
+    assert_eq!(bad_role.code, 2, "a usage error: {bad_role:?}");
     assert!(
-        bad_role.stderr.contains("unknown role 'root'"),
+        bad_role
+            .stderr
+            .contains("'root': not a role; expected one of admin, operator, readonly"),
         "{bad_role:?}"
     );
 }

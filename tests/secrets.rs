@@ -124,6 +124,56 @@ fn kv_versions_deletes_and_roles() {
         ))["data"]["password"],
         "one"
     );
+
+    // A path whose latest version is deleted is not listed like a live one: left out, or
+    // marked with --include-deleted.
+    let listed = json(&ok(&server, &readonly, &["list", "db/", "-o", "json"]));
+    assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
+    assert_eq!(listed[0]["path"], "db/replica");
+    assert_eq!(listed[0]["deleted"], false);
+    assert_eq!(listed[0]["deleted_at"], serde_json::Value::Null);
+    let table = ok(&server, &readonly, &["list", "db/"]);
+    assert!(!table.stdout.contains("db/prod"), "{table:?}");
+    let all = json(&ok(
+        &server,
+        &readonly,
+        &["list", "db/", "--include-deleted", "-o", "json"],
+    ));
+    assert_eq!(all.as_array().unwrap().len(), 2, "{all}");
+    assert_eq!(all[0]["path"], "db/prod");
+    assert_eq!(all[0]["deleted"], true, "{all}");
+    assert!(
+        all[0]["deleted_at"].as_str().unwrap().ends_with('Z'),
+        "{all}"
+    );
+    assert_eq!(all[1]["deleted"], false, "{all}");
+    let table = ok(&server, &readonly, &["list", "db/", "--include-deleted"]);
+    let header = table.stdout.lines().next().unwrap();
+    assert!(header.contains("DELETED"), "{table:?}");
+    let prod = table
+        .stdout
+        .lines()
+        .find(|line| line.starts_with("db/prod"))
+        .unwrap();
+    assert!(prod
+        .trim_end()
+        .ends_with(all[0]["deleted_at"].as_str().unwrap()));
+    let replica = table
+        .stdout
+        .lines()
+        .find(|line| line.starts_with("db/replica"))
+        .unwrap();
+    assert!(replica.trim_end().ends_with('-'), "{table:?}");
+    // Written again, it is live again.
+    ok(
+        &server,
+        &operator,
+        &["put", "db/prod", "user=app", "password=three"],
+    );
+    let listed = json(&ok(&server, &readonly, &["list", "db/", "-o", "json"]));
+    assert_eq!(listed.as_array().unwrap().len(), 2, "{listed}");
+    ok(&server, &operator, &["delete", "db/prod"]);
+
     ok(
         &server,
         &operator,

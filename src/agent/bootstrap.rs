@@ -47,7 +47,7 @@ struct Args {
     /// the agent's PSK from `svc-identity psk AGENT_ID`
     #[argh(option)]
     psk: Option<String>,
-    /// labels: k=v,k2=v2
+    /// labels: k=v,k2=v2 (default: agent.labels in the config file; these replace them)
     #[argh(option)]
     labels: Option<String>,
 }
@@ -59,7 +59,8 @@ struct Settings {
     ca_file: Option<PathBuf>,
     agent_id: String,
     credential: Credential,
-    labels: BTreeMap<String, String>,
+    /// From --labels or the wizard; None: agent.labels of the config file.
+    labels: Option<BTreeMap<String, String>>,
 }
 
 enum Credential {
@@ -139,9 +140,14 @@ fn settings(args: Args) -> Result<Settings, CliError> {
         (None, None) => return Err(CliError::usage("--token or --psk is required")),
     };
     let labels = match args.labels {
-        Some(text) => parse_labels(&text)?,
-        None if can_prompt => parse_labels(&prompt("Labels (k=v,k2=v2; empty for none)")?)?,
-        None => BTreeMap::new(),
+        Some(text) => Some(parse_labels(&text)?),
+        None if can_prompt => {
+            let answer = prompt("Labels (k=v,k2=v2; empty: those in the config file, if any)")?;
+            (!answer.trim().is_empty())
+                .then(|| parse_labels(&answer))
+                .transpose()?
+        }
+        None => None,
     };
     if server.is_empty() || agent_id.is_empty() {
         return Err(CliError::usage(
@@ -176,6 +182,36 @@ fn read_config(path: &Path) -> Result<Mapping, CliError> {
             path.display()
         ))),
     }
+}
+
+/// `agent.labels` of the config file (scalars as text), so labels written there before
+/// bootstrap are the ones enrolled.
+fn config_labels(config: &mut Mapping, path: &Path) -> Result<BTreeMap<String, String>, CliError> {
+    let Some(labels) = section(config, "agent").get("labels") else {
+        return Ok(BTreeMap::new());
+    };
+    let invalid =
+        |why: String| CliError::failed(format!("{}: agent.labels: {why}", path.display()));
+    let scalar = |value: &Value| match value {
+        Value::String(text) => Some(text.clone()),
+        Value::Bool(b) => Some(b.to_string()),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    };
+    let mapping = match labels {
+        Value::Null => return Ok(BTreeMap::new()),
+        Value::Mapping(mapping) => mapping,
+        _ => return Err(invalid("expected a mapping of k: v".into())),
+    };
+    let mut parsed = BTreeMap::new();
+    for (key, value) in mapping {
+        let (Some(key), Some(value)) = (scalar(key), scalar(value)) else {
+            return Err(invalid(format!("'{key:?}: {value:?}' is not k: v")));
+        };
+        crate::fleet::selector::check_label(key.trim(), value.trim()).map_err(invalid)?;
+        parsed.insert(key.trim().to_string(), value.trim().to_string());
+    }
+    Ok(parsed)
 }
 
 fn section<'a>(config: &'a mut Mapping, name: &str) -> &'a mut Mapping {
@@ -242,7 +278,7 @@ async fn request_certificate(settings: &Settings, csr: String) -> Result<Enrolle
     };
     let request = EnrolRequest {
         agent_id: settings.agent_id.clone(),
-        labels: settings.labels.clone(),
+        labels: settings.labels.clone().unwrap_or_default(),
         csr,
         token,
         psk,
@@ -277,6 +313,10 @@ async fn request_certificate(settings: &Settings, csr: String) -> Result<Enrolle
 
 async fn bootstrap(config_path: PathBuf, mut settings: Settings) -> Result<(), CliError> {
     let mut config = read_config(&config_path)?;
+    // What agent.yaml already holds is kept: its labels are enrolled unless --labels is given.
+    if settings.labels.is_none() {
+        settings.labels = Some(config_labels(&mut config, &config_path)?);
+    }
     if settings.ca_file.is_none() {
         settings.ca_file = section(&mut config, "nats")
             .get("ca_file")
@@ -337,7 +377,7 @@ async fn bootstrap(config_path: PathBuf, mut settings: Settings) -> Result<(), C
     let agent = section(&mut config, "agent");
     agent.insert("id".into(), settings.agent_id.clone().into());
     let mut labels = Mapping::new();
-    for (key, value) in &settings.labels {
+    for (key, value) in settings.labels.iter().flatten() {
         labels.insert(key.clone().into(), value.clone().into());
     }
     agent.insert("labels".into(), Value::Mapping(labels));

@@ -29,7 +29,7 @@ const MAX_JOBS: usize = 16;
 #[argh(help_triggers("-h", "--help"))]
 pub struct RunArgs {
     /// log level or filter (default info; SVC_LOG and RUST_LOG also work)
-    #[argh(option)]
+    #[argh(option, from_str_fn(crate::cli::values::log_filter))]
     log_level: Option<String>,
 }
 
@@ -63,6 +63,7 @@ fn init_logging(level: &str) {
         .unwrap_or_else(|_| level.to_string());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_new(&filter).unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_ansi(crate::cli::output::stderr_colour())
         .with_writer(std::io::stderr)
         .try_init();
 }

@@ -4,6 +4,7 @@ use argh::FromArgs;
 
 use super::client::{authorized, grpc_channel};
 use super::output::{print_json, print_table};
+use super::values::{audit_severity, export_format, time_or_ago};
 use super::{exit, parse_args, run_async, CliError, Common, Output};
 use crate::proto::policy_service_client::PolicyServiceClient;
 use crate::proto::{self, AuditEntry};
@@ -43,10 +44,10 @@ fn run(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
 #[argh(help_triggers("-h", "--help"))]
 pub struct WindowArgs {
     /// window start: RFC 3339 or a duration ago (24h, 7d)
-    #[argh(option)]
+    #[argh(option, from_str_fn(time_or_ago))]
     pub since: Option<String>,
     /// window end (default now)
-    #[argh(option)]
+    #[argh(option, from_str_fn(time_or_ago))]
     pub until: Option<String>,
 }
 
@@ -64,13 +65,17 @@ impl WindowArgs {
 #[argh(help_triggers("-h", "--help"))]
 struct ExportArgs {
     /// json, jsonl (default) or csv
-    #[argh(option, default = "String::from(\"jsonl\")")]
+    #[argh(
+        option,
+        default = "String::from(\"jsonl\")",
+        from_str_fn(export_format)
+    )]
     format: String,
     /// only entries at or after this time (RFC 3339 or a duration ago)
-    #[argh(option)]
+    #[argh(option, from_str_fn(time_or_ago))]
     since: Option<String>,
     /// only entries before this time
-    #[argh(option)]
+    #[argh(option, from_str_fn(time_or_ago))]
     until: Option<String>,
     /// write to this file (mode 0600) instead of stdout
     #[argh(option)]
@@ -241,10 +246,10 @@ async fn export(common: Common, args: ExportArgs) -> Result<(), CliError> {
 #[argh(help_triggers("-h", "--help"))]
 pub struct LogArgs {
     /// only entries at or after this time
-    #[argh(option)]
+    #[argh(option, from_str_fn(time_or_ago))]
     pub since: Option<String>,
     /// only entries before this time
-    #[argh(option)]
+    #[argh(option, from_str_fn(time_or_ago))]
     pub until: Option<String>,
     /// only this principal
     #[argh(option)]
@@ -259,7 +264,7 @@ pub struct LogArgs {
     #[argh(option)]
     pub policy_id: Option<String>,
     /// low, medium, high or critical
-    #[argh(option)]
+    #[argh(option, from_str_fn(audit_severity))]
     pub min_severity: Option<String>,
     /// page size (default 50, at most 1000)
     #[argh(option)]

@@ -7,6 +7,7 @@ use serde_json::{json, Value};
 
 use super::client::http_json;
 use super::output::{print_json, print_table};
+use super::values::{duration, rfc3339, role};
 use super::{exit, run_async, take_common, version_line, CliError, Common, Output, COMMON_HELP};
 use crate::auth::ApiKey;
 
@@ -16,7 +17,7 @@ Usage: svcctl <command> [<args>]
 Operator CLI for svc-server.
 
 Commands:
-  agent      inspect registered agents; quarantine and unquarantine them
+  agent      inspect registered agents; label, quarantine and unquarantine them
   exec       run a command on agents
   state      declarative state: compile, check, apply, drift
   apikey     manage API keys: create, list, show, update, delete
@@ -144,13 +145,13 @@ struct CreateArgs {
     #[argh(option)]
     name: String,
     /// admin, operator or readonly
-    #[argh(option)]
+    #[argh(option, from_str_fn(role))]
     role: String,
     /// expiry as RFC 3339 (2027-01-01T00:00:00Z)
-    #[argh(option)]
+    #[argh(option, from_str_fn(rfc3339))]
     expires_at: Option<String>,
     /// expiry as a duration from now (30d, 24h)
-    #[argh(option)]
+    #[argh(option, from_str_fn(duration))]
     ttl: Option<String>,
 }
 
@@ -179,7 +180,7 @@ struct UpdateArgs {
     #[argh(option)]
     name: Option<String>,
     /// new role: admin, operator or readonly
-    #[argh(option)]
+    #[argh(option, from_str_fn(role))]
     role: Option<String>,
 }
 

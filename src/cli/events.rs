@@ -7,6 +7,7 @@ use argh::FromArgs;
 
 use super::client::{authorized, grpc_channel};
 use super::output::{print_json, print_table};
+use super::values::{event_category, event_severity, event_type, time_or_ago};
 use super::{CliError, Common, Output};
 use crate::proto::event_service_client::EventServiceClient;
 use crate::proto::{self, Event};
@@ -38,19 +39,19 @@ fn run(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
 #[argh(help_triggers("-h", "--help"))]
 struct FilterArgs {
     /// only this type (repeatable)
-    #[argh(option, long = "type")]
+    #[argh(option, long = "type", from_str_fn(event_type))]
     types: Vec<String>,
     /// only this category: agent, job, bus, policy, security, system
-    #[argh(option)]
+    #[argh(option, from_str_fn(event_category))]
     category: Option<String>,
     /// start here (subscribe/watch: replay history from here, then follow live)
-    #[argh(option)]
+    #[argh(option, from_str_fn(time_or_ago))]
     since: Option<String>,
     /// stop before this time
-    #[argh(option)]
+    #[argh(option, from_str_fn(time_or_ago))]
     until: Option<String>,
     /// debug, info, warning, error or critical
-    #[argh(option)]
+    #[argh(option, from_str_fn(event_severity))]
     min_severity: Option<String>,
     /// only events from this source (an agent id for job events)
     #[argh(option)]
@@ -75,19 +76,19 @@ impl FilterArgs {
 #[argh(help_triggers("-h", "--help"))]
 struct ListArgs {
     /// only this type (repeatable)
-    #[argh(option, long = "type")]
+    #[argh(option, long = "type", from_str_fn(event_type))]
     types: Vec<String>,
-    /// only this category
-    #[argh(option)]
+    /// only this category: agent, job, bus, policy, security, system
+    #[argh(option, from_str_fn(event_category))]
     category: Option<String>,
     /// from this time (RFC 3339 or a duration ago)
-    #[argh(option)]
+    #[argh(option, from_str_fn(time_or_ago))]
     since: Option<String>,
     /// before this time
-    #[argh(option)]
+    #[argh(option, from_str_fn(time_or_ago))]
     until: Option<String>,
     /// debug, info, warning, error or critical
-    #[argh(option)]
+    #[argh(option, from_str_fn(event_severity))]
     min_severity: Option<String>,
     /// only this source
     #[argh(option)]
@@ -114,10 +115,10 @@ struct GetArgs {
 #[argh(help_triggers("-h", "--help"))]
 struct EmitArgs {
     /// one of the canonical types (svc-events types)
-    #[argh(option, long = "type")]
+    #[argh(option, long = "type", from_str_fn(event_type))]
     event_type: String,
-    /// severity (default: the type's)
-    #[argh(option)]
+    /// severity (default: the type's): debug, info, warning, error or critical
+    #[argh(option, from_str_fn(event_severity))]
     severity: Option<String>,
     /// source (default: your key's name)
     #[argh(option)]
@@ -131,11 +132,11 @@ struct EmitArgs {
 /// Counts by type and severity over a window (default the last 24h).
 #[argh(help_triggers("-h", "--help"))]
 struct StatsArgs {
-    /// window start
-    #[argh(option)]
+    /// window start (RFC 3339 or a duration ago)
+    #[argh(option, from_str_fn(time_or_ago))]
     since: Option<String>,
     /// window end
-    #[argh(option)]
+    #[argh(option, from_str_fn(time_or_ago))]
     until: Option<String>,
 }
 

@@ -9,6 +9,7 @@ use argh::FromArgs;
 
 use super::client::{authorized, grpc_channel};
 use super::output::{print_json, print_table};
+use super::values::target;
 use super::{exit, run_command, CliError, Common, Output};
 use crate::proto::fleet_service_client::FleetServiceClient;
 use crate::proto::{self, Agent};
@@ -33,7 +34,7 @@ fn duration(text: &Option<String>, flag: &str) -> Result<u64, CliError> {
 // svcctl agent
 
 #[derive(FromArgs)]
-/// Inspect registered agents; quarantine and unquarantine them.
+/// Inspect registered agents; label, quarantine and unquarantine them.
 #[argh(help_triggers("-h", "--help"))]
 struct AgentArgs {
     #[argh(subcommand)]
@@ -45,8 +46,55 @@ struct AgentArgs {
 enum AgentCommand {
     List(ListArgs),
     Show(ShowArgs),
+    Label(LabelArgs),
     Quarantine(QuarantineArgs),
     Unquarantine(UnquarantineArgs),
+}
+
+#[derive(FromArgs)]
+/// Change an agent's labels (operator): k=v sets or replaces a label, k- (or --remove k)
+/// removes it; others stay. Audited; --target selects on the new labels at once.
+#[argh(subcommand, name = "label", help_triggers("-h", "--help"))]
+struct LabelArgs {
+    /// agent id
+    #[argh(positional)]
+    id: String,
+    /// k=v to set, k- to remove
+    #[argh(positional)]
+    changes: Vec<String>,
+    /// a label key to remove (repeatable)
+    #[argh(option)]
+    remove: Vec<String>,
+}
+
+impl LabelArgs {
+    /// The request, or a usage error naming the first malformed change.
+    fn request(&self) -> Result<proto::SetLabelsRequest, CliError> {
+        let mut set = std::collections::HashMap::new();
+        let mut remove = self.remove.clone();
+        for change in &self.changes {
+            if let Some((key, value)) = change.split_once('=') {
+                crate::fleet::selector::check_label(key, value).map_err(CliError::usage)?;
+                set.insert(key.to_string(), value.to_string());
+            } else if let Some(key) = change.strip_suffix('-').filter(|k| !k.is_empty()) {
+                remove.push(key.to_string());
+            } else {
+                return Err(CliError::usage(format!(
+                    "'{change}' is neither k=v (set) nor k- (remove)"
+                )));
+            }
+        }
+        if set.is_empty() && remove.is_empty() {
+            return Err(CliError::usage(
+                "nothing to change: svcctl agent label AGENT k=v... [k-...] [--remove k]",
+            ));
+        }
+        Ok(proto::SetLabelsRequest {
+            id: self.id.clone(),
+            set,
+            remove,
+        })
+    }
 }
 
 #[derive(FromArgs)]
@@ -54,7 +102,7 @@ enum AgentCommand {
 #[argh(subcommand, name = "list", help_triggers("-h", "--help"))]
 struct ListArgs {
     /// only agents matching: *, id globs (web-*), a comma list, or labels (role=web,env=prod)
-    #[argh(option, short = 't')]
+    #[argh(option, short = 't', from_str_fn(target))]
     target: Option<String>,
 }
 
@@ -156,6 +204,10 @@ fn print_agents(agents: &[Agent]) {
 }
 
 async fn agent_command(common: Common, args: AgentArgs) -> Result<(), CliError> {
+    // A malformed change is a usage error before any connection is tried.
+    if let AgentCommand::Label(label) = &args.command {
+        label.request()?;
+    }
     let mut client = client(&common).await?;
     let one = match args.command {
         AgentCommand::List(args) => {
@@ -176,6 +228,10 @@ async fn agent_command(common: Common, args: AgentArgs) -> Result<(), CliError> 
         AgentCommand::Show(args) => {
             let request = proto::AgentRequest { id: args.id };
             client.get_agent(authorized(&common, request)?).await?
+        }
+        AgentCommand::Label(args) => {
+            let request = args.request()?;
+            client.set_labels(authorized(&common, request)?).await?
         }
         AgentCommand::Quarantine(args) => {
             let request = proto::QuarantineRequest {
@@ -204,15 +260,15 @@ async fn agent_command(common: Common, args: AgentArgs) -> Result<(), CliError> 
 
 #[derive(FromArgs)]
 /// Run a program on agents (no shell: use `-- sh -c '...'` for one) and stream each agent's
-/// exit code, output and duration as it arrives. Exits 1 if any agent failed, timed out or
-/// could not be reached; quarantined agents are skipped.
+/// exit code, output and duration as it arrives. Exits 1 if any targeted agent failed,
+/// timed out, or did not run it (quarantined agents are skipped; unreachable ones too).
 #[argh(help_triggers("-h", "--help"))]
 struct ExecArgs {
     /// which agents: * (default), id globs (web-*), a comma list, or labels (role=web,env=prod)
-    #[argh(option, short = 't')]
+    #[argh(option, short = 't', from_str_fn(target))]
     target: Option<String>,
     /// how long each agent may run it (default 60s; e.g. 30s, 5m)
-    #[argh(option)]
+    #[argh(option, from_str_fn(super::values::duration))]
     timeout: Option<String>,
     /// how many agents run it at once (default: all)
     #[argh(option)]
@@ -239,14 +295,28 @@ struct Summary {
     #[serde(flatten)]
     by_status: std::collections::BTreeMap<String, u64>,
     job_id: String,
+    /// Targeted agents that did not run the job, with why: `web-2 (quarantined)`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    not_run: Vec<String>,
 }
 
+/// Statuses of a targeted agent that did not run the job at all.
+const NOT_RUN: &[&str] = &["skipped", "unreachable", "no_state"];
+
 impl Summary {
-    fn add(&mut self, status: &str, job_id: &str) {
+    fn add_agent(&mut self, agent_id: &str, status: &str, job_id: &str) {
         self.agents += 1;
         *self.by_status.entry(status.to_string()).or_default() += 1;
         if self.job_id.is_empty() {
             self.job_id = job_id.to_string();
+        }
+        if NOT_RUN.contains(&status) {
+            let why = match status {
+                "skipped" => "quarantined",
+                "no_state" => "no state applied yet",
+                _ => "unreachable",
+            };
+            self.not_run.push(format!("{agent_id} ({why})"));
         }
     }
 
@@ -273,25 +343,36 @@ impl Summary {
     }
 
     /// Prints the summary (stderr for tables, a last JSON line otherwise) and turns the
-    /// counts of `failing` statuses into the exit code.
+    /// counts of `failing` statuses into the exit code. A targeted agent that did not run the
+    /// job (quarantined, unreachable, no state) always fails the run, and the message says
+    /// which and why.
     fn finish(&self, output: Output, failing: &[&str]) -> Result<(), CliError> {
         match output {
             Output::Json => println!("{}", serde_json::json!({ "summary": self })),
             Output::Table => eprintln!("{}", self.line()),
         }
-        if self.count(failing) > 0 {
-            // The details are above; the exit code carries the verdict.
-            Err(CliError::new(
-                exit::FAILED,
-                format!(
-                    "{} of {} agents did not succeed",
-                    self.count(failing),
-                    self.agents
-                ),
-            ))
-        } else {
-            Ok(())
+        let not_run = self.count(NOT_RUN);
+        let failed: u64 = self
+            .by_status
+            .iter()
+            .filter(|(status, _)| {
+                failing.contains(&status.as_str()) || NOT_RUN.contains(&status.as_str())
+            })
+            .map(|(_, n)| n)
+            .sum();
+        if failed == 0 {
+            return Ok(());
         }
+        // The details are above; the exit code carries the verdict.
+        let mut message = if not_run == self.agents {
+            "nothing ran".to_string()
+        } else {
+            format!("{failed} of {} agents did not succeed", self.agents)
+        };
+        if not_run > 0 {
+            message.push_str(&format!("; not run on {}", self.not_run.join(", ")));
+        }
+        Err(CliError::new(exit::FAILED, message))
     }
 }
 
@@ -325,7 +406,7 @@ async fn exec_command(common: Common, args: ExecArgs) -> Result<(), CliError> {
     let mut summary = Summary::default();
     let stdout = std::io::stdout();
     while let Some(result) = stream.message().await? {
-        summary.add(&result.status, &result.job_id);
+        summary.add_agent(&result.agent_id, &result.status, &result.job_id);
         let mut out = stdout.lock();
         match common.output {
             Output::Json => {
@@ -392,7 +473,8 @@ struct CompileArgs {
     file: PathBuf,
 }
 
-/// Flags shared by check and apply (argh has no flatten, so apply repeats them).
+// Flags shared by check and apply (argh has no flatten, so apply repeats them). A plain
+// comment: a doc comment here would be glued onto the command's help.
 #[derive(FromArgs)]
 /// Report what applying the state file would change on the targeted agents (dry run).
 #[argh(subcommand, name = "check", help_triggers("-h", "--help"))]
@@ -401,10 +483,10 @@ struct RunArgs {
     #[argh(positional)]
     file: PathBuf,
     /// which agents: * (default), id globs, a comma list, or labels (role=web)
-    #[argh(option, short = 't')]
+    #[argh(option, short = 't', from_str_fn(target))]
     target: Option<String>,
     /// how long each agent may take (default 10m)
-    #[argh(option)]
+    #[argh(option, from_str_fn(super::values::duration))]
     timeout: Option<String>,
     /// how many agents work at once (default: all)
     #[argh(option)]
@@ -420,10 +502,10 @@ struct ApplyArgs {
     #[argh(positional)]
     file: PathBuf,
     /// which agents: * (default), id globs, a comma list, or labels (role=web)
-    #[argh(option, short = 't')]
+    #[argh(option, short = 't', from_str_fn(target))]
     target: Option<String>,
     /// how long each agent may take (default 10m)
-    #[argh(option)]
+    #[argh(option, from_str_fn(super::values::duration))]
     timeout: Option<String>,
     /// how many agents work at once (default: all)
     #[argh(option)]
@@ -436,10 +518,10 @@ struct ApplyArgs {
 #[argh(subcommand, name = "drift", help_triggers("-h", "--help"))]
 struct DriftArgs {
     /// which agents: * (default), id globs, a comma list, or labels (role=web)
-    #[argh(option, short = 't')]
+    #[argh(option, short = 't', from_str_fn(target))]
     target: Option<String>,
     /// how long each agent may take (default 10m)
-    #[argh(option)]
+    #[argh(option, from_str_fn(super::values::duration))]
     timeout: Option<String>,
 }
 
@@ -511,7 +593,7 @@ async fn state_command(common: Common, args: StateArgs) -> Result<(), CliError> 
     let mut summary = Summary::default();
     let stdout = std::io::stdout();
     while let Some(result) = stream.message().await? {
-        summary.add(&result.status, &result.job_id);
+        summary.add_agent(&result.agent_id, &result.status, &result.job_id);
         let mut out = stdout.lock();
         match common.output {
             Output::Json => {
@@ -611,18 +693,32 @@ mod tests {
     #[test]
     fn summary_counts_and_exit() {
         let mut summary = Summary::default();
-        summary.add("ok", "J");
-        summary.add("failed", "J");
-        summary.add("skipped", "J");
-        assert_eq!(
-            summary.line(),
-            "3 agents: 1 failed, 1 ok, 1 skipped (job J)"
-        );
+        summary.add_agent("a", "ok", "J");
+        summary.add_agent("b", "failed", "J");
+        assert_eq!(summary.line(), "2 agents: 1 failed, 1 ok (job J)");
         assert_eq!(summary.count(&["failed", "timed_out"]), 1);
         assert!(summary.finish(Output::Table, &["timed_out"]).is_ok());
         assert_eq!(
             summary.finish(Output::Table, &["failed"]).unwrap_err().code,
             exit::FAILED
+        );
+        // A skipped agent did not run the job: that fails the run, and the message says why.
+        summary.add_agent("c", "skipped", "J");
+        let error = summary.finish(Output::Table, &["timed_out"]).unwrap_err();
+        assert_eq!(error.code, exit::FAILED);
+        assert_eq!(
+            error.message,
+            "1 of 3 agents did not succeed; not run on c (quarantined)"
+        );
+        let mut nothing = Summary::default();
+        nothing.add_agent("web-2", "skipped", "J");
+        nothing.add_agent("web-3", "unreachable", "J");
+        assert_eq!(
+            nothing
+                .finish(Output::Table, &["failed"])
+                .unwrap_err()
+                .message,
+            "nothing ran; not run on web-2 (quarantined), web-3 (unreachable)"
         );
         assert_eq!(duration(&Some("5m".into()), "--timeout").unwrap(), 300_000);
         assert!(duration(&Some("0s".into()), "--timeout").is_err());

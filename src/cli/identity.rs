@@ -8,6 +8,7 @@ use argh::FromArgs;
 
 use super::client::{authorized, grpc_channel};
 use super::output::{print_json, print_table};
+use super::values::duration;
 use super::{CliError, Common, Output};
 use crate::identity::jwt::{self, KeySet};
 use crate::proto::identity_service_client::IdentityServiceClient;
@@ -115,7 +116,7 @@ enum TokenCommand {
 #[argh(subcommand, name = "create", help_triggers("-h", "--help"))]
 struct CreateArgs {
     /// lifetime (default 24h): 30m, 24h, 7d
-    #[argh(option)]
+    #[argh(option, from_str_fn(duration))]
     ttl: Option<String>,
     /// only this agent id may use the token
     #[argh(option)]

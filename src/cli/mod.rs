@@ -16,6 +16,7 @@ pub mod output;
 pub mod planned;
 pub mod policy;
 pub mod secrets;
+pub mod values;
 
 use std::fmt;
 use std::path::PathBuf;

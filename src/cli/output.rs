@@ -25,6 +25,15 @@ impl FromStr for Output {
     }
 }
 
+/// Whether log lines on stderr may carry ANSI colours: only on a terminal, and not when
+/// `NO_COLOR` is set to anything but the empty string (no-color.org). Logs written to a file,
+/// a pipe or journald stay plain text.
+pub fn stderr_colour() -> bool {
+    use std::io::IsTerminal;
+    let no_color = std::env::var_os("NO_COLOR").is_some_and(|value| !value.is_empty());
+    !no_color && std::io::stderr().is_terminal()
+}
+
 /// Prints a value as pretty JSON on stdout.
 pub fn print_json<T: Serialize>(value: &T) -> Result<(), CliError> {
     let text = serde_json::to_string_pretty(value)

@@ -13,6 +13,7 @@ use base64::Engine;
 
 use super::client::{authorized, grpc_channel};
 use super::output::{print_json, print_table};
+use super::values::{creds_backend, duration, transit_key_type};
 use super::{exit, parse_args, run_async, CliError, Common, Output};
 use crate::proto::secrets_service_client::SecretsServiceClient;
 use crate::proto::{self};
@@ -270,17 +271,22 @@ async fn delete(common: Common, args: DeleteArgs) -> Result<(), CliError> {
 }
 
 #[derive(FromArgs)]
-/// List secrets under a prefix: path, current version, times (never values).
+/// List secrets under a prefix: path, current version, times (never values). Paths whose
+/// latest version was deleted are left out unless --include-deleted.
 #[argh(help_triggers("-h", "--help"))]
 struct ListArgs {
     /// path prefix (default: everything)
     #[argh(positional)]
     prefix: Option<String>,
+    /// also list paths whose latest version is deleted, marked as deleted
+    #[argh(switch)]
+    include_deleted: bool,
 }
 
 async fn list(common: Common, args: ListArgs) -> Result<(), CliError> {
     let request = proto::ListSecretsRequest {
         prefix: args.prefix.unwrap_or_default(),
+        include_deleted: args.include_deleted,
     };
     let secrets = client(&common)
         .await?
@@ -295,10 +301,32 @@ async fn list(common: Common, args: ListArgs) -> Result<(), CliError> {
                 .iter()
                 .map(|m| {
                     serde_json::json!({"path": m.path, "version": m.version,
-                        "created_at": m.created_at, "updated_at": m.updated_at})
+                        "created_at": m.created_at, "updated_at": m.updated_at,
+                        "deleted": m.deleted,
+                        "deleted_at": (!m.deleted_at.is_empty()).then_some(&m.deleted_at)})
                 })
                 .collect::<Vec<_>>(),
         ),
+        Output::Table if args.include_deleted => {
+            let rows: Vec<Vec<String>> = secrets
+                .iter()
+                .map(|m| {
+                    vec![
+                        m.path.clone(),
+                        m.version.to_string(),
+                        m.created_at.clone(),
+                        m.updated_at.clone(),
+                        if m.deleted {
+                            m.deleted_at.clone()
+                        } else {
+                            "-".into()
+                        },
+                    ]
+                })
+                .collect();
+            print_table(&["PATH", "VERSION", "CREATED", "UPDATED", "DELETED"], &rows);
+            Ok(())
+        }
         Output::Table => print_metadata(&common, &secrets),
     }
 }
@@ -395,7 +423,12 @@ struct CreateKeyArgs {
     #[argh(positional)]
     name: String,
     /// aes256-gcm (default; encrypt/decrypt) or ed25519 (sign/verify)
-    #[argh(option, long = "type", default = "String::from(\"aes256-gcm\")")]
+    #[argh(
+        option,
+        long = "type",
+        default = "String::from(\"aes256-gcm\")",
+        from_str_fn(transit_key_type)
+    )]
     key_type: String,
 }
 
@@ -891,10 +924,10 @@ async fn leases(common: Common, args: LeasesArgs) -> Result<(), CliError> {
 #[argh(help_triggers("-h", "--help"))]
 struct CredsArgs {
     /// backend: postgres
-    #[argh(positional)]
+    #[argh(positional, from_str_fn(creds_backend))]
     backend: String,
     /// lease length, e.g. 15m (default: the backend's default_ttl; capped by max_ttl)
-    #[argh(option)]
+    #[argh(option, from_str_fn(duration))]
     ttl: Option<String>,
 }
 

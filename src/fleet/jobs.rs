@@ -5,8 +5,7 @@
 //! waiting for it ([`Jobs::deliver`]); an answer for a job or agent that is not waited for
 //! (late, duplicated or forged by an admin key) is dropped.
 //!
-//! [`Command`]: super::protocol::Command `concurrency` bounds how many
-//! agents are working at once, as Salt's batch mode does.
+//! `concurrency` bounds how many agents are working at once, as Salt's batch mode does.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -66,8 +65,8 @@ pub enum Delivery {
     NotSent(String),
 }
 
-/// Sends each agent its command (`agents`: id and payload, a serialized [`Command`] for
-/// `job_id`), at most `concurrency` (0: all) at a time, and reports each agent's outcome on
+/// Sends each agent its command (`agents`: id and payload, a serialized
+/// [`Command`](super::protocol::Command) for `job_id`), at most `concurrency` (0: all) at a time, and reports each agent's outcome on
 /// `out` as it comes. Returns when every agent has answered or timed out, or when `out` is
 /// closed (the caller went away; agents still finish their work). `on_dispatch` is called for
 /// each agent right after its command is published.

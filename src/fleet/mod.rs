@@ -212,6 +212,71 @@ pub async fn set_quarantine(
     get(domain, principal, id).await
 }
 
+/// Changes an agent's labels: `set` adds or replaces, `remove` drops keys (operator, as for
+/// quarantine). Audited as `agent.label`; the registry copy is updated at once, so a
+/// `--target` on the new labels matches right after.
+pub async fn set_labels(
+    domain: &Domain,
+    principal: &Principal,
+    id: &str,
+    set: &BTreeMap<String, String>,
+    remove: &[String],
+) -> Result<AgentView> {
+    let result = async {
+        principal.require(Role::Operator)?;
+        if set.is_empty() && remove.is_empty() {
+            return Err(Error::Invalid(
+                "no label to set or remove (k=v to set, k- to remove)".into(),
+            ));
+        }
+        for (key, value) in set {
+            selector::check_label(key, value).map_err(Error::Invalid)?;
+        }
+        if let Some(key) = remove.iter().find(|key| set.contains_key(*key)) {
+            return Err(Error::Invalid(format!(
+                "label '{key}' is both set and removed"
+            )));
+        }
+        let row = domain
+            .store
+            .get_agent(id)
+            .await?
+            .ok_or_else(|| not_found(id))?;
+        let mut labels: BTreeMap<String, String> =
+            serde_json::from_str(&row.labels).unwrap_or_default();
+        let before = labels.clone();
+        for key in remove {
+            labels.remove(key);
+        }
+        labels.extend(set.iter().map(|(k, v)| (k.clone(), v.clone())));
+        let text = serde_json::to_string(&labels).map_err(Error::internal)?;
+        let row = domain
+            .store
+            .fleet()
+            .set_labels(id, &text)
+            .await?
+            .ok_or_else(|| not_found(id))?;
+        domain.fleet.registry.update(row);
+        Ok::<_, Error>((before, labels))
+    }
+    .await;
+    let mut detail = serde_json::json!({ "set": set, "remove": remove });
+    if let Ok((before, after)) = &result {
+        detail["before"] = serde_json::json!(before);
+        detail["after"] = serde_json::json!(after);
+    }
+    domain
+        .auditor
+        .record(
+            principal,
+            Action::new("agent.label", "agent", id).detail(detail),
+            &result,
+        )
+        .await;
+    result?;
+    get(domain, principal, id).await
+}
+
 /// Handles one heartbeat from agent `id` (authenticated by the bus: the subject is its own).
 /// Events go through `sink`, so a storm of connecting agents is written in batches instead
 /// of one fdatasync per agent.

@@ -27,6 +27,8 @@ pub struct Entry {
     pub version: String,
     /// `last_heartbeat_ms` is newer than what the store has.
     dirty: bool,
+    /// Connected again by an unquarantine: its next heartbeat reports it as newly connected.
+    announce: bool,
 }
 
 impl Entry {
@@ -52,6 +54,7 @@ impl Entry {
             hostname: String::new(),
             version: String::new(),
             dirty: false,
+            announce: false,
         }
     }
 
@@ -109,7 +112,9 @@ impl Registry {
         }
     }
 
-    /// Caches a changed row (enrolment, quarantine), keeping liveness.
+    /// Caches a changed row (enrolment, quarantine), keeping liveness. A quarantined agent's
+    /// heartbeats keep its liveness (they are rejected for everything else), so lifting the
+    /// quarantine of an agent that kept heartbeating connects it at once.
     pub fn update(&self, row: AgentRow) {
         Self::put(&mut self.lock(), row, self.timeout);
     }
@@ -120,6 +125,14 @@ impl Registry {
                 entry.labels = serde_json::from_str(&row.labels).unwrap_or_default();
                 if row.is_quarantined {
                     entry.connected = false;
+                } else if entry.row.is_quarantined {
+                    let live = entry
+                        .last_seen
+                        .is_some_and(|seen| seen.elapsed() <= timeout);
+                    if live && !entry.connected {
+                        entry.connected = true;
+                        entry.announce = true;
+                    }
                 }
                 entry.row = AgentRow {
                     last_heartbeat_at: entry.row.last_heartbeat_at.clone(),
@@ -147,17 +160,13 @@ impl Registry {
         entries
     }
 
-    /// Records a heartbeat from `id` (which the bus has authenticated).
+    /// Records a heartbeat from `id` (which the bus has authenticated). A quarantined agent's
+    /// heartbeat is rejected, but its time is still recorded: liveness is tracked throughout.
     pub fn heartbeat(&self, id: &str, hostname: &str, version: &str) -> Verdict {
         let mut agents = self.lock();
         let Some(entry) = agents.get_mut(id) else {
             return Verdict::Unknown;
         };
-        if entry.row.is_quarantined {
-            return Verdict::Rejected;
-        }
-        let newly_connected = !entry.connected;
-        entry.connected = true;
         entry.last_seen = Some(Instant::now());
         entry.last_heartbeat_ms = Some(clock::now_millis());
         entry.dirty = true;
@@ -167,6 +176,11 @@ impl Registry {
         if entry.version != version {
             entry.version = version.to_string();
         }
+        if entry.row.is_quarantined {
+            return Verdict::Rejected;
+        }
+        let newly_connected = !entry.connected || std::mem::take(&mut entry.announce);
+        entry.connected = true;
         Verdict::Accepted { newly_connected }
     }
 
@@ -275,11 +289,35 @@ mod tests {
         assert_eq!(registry.heartbeat("recent", "h", "v"), Verdict::Rejected);
         assert_eq!(registry.counts()["quarantined"], 1);
         registry.update(row("recent"));
+        // It heartbeated while quarantined: connected as soon as the quarantine is lifted,
+        // and its next heartbeat is still reported as a (re)connection.
+        assert_eq!(registry.get("recent").unwrap().state(), "connected");
         assert_eq!(
             registry.heartbeat("recent", "h", "v"),
             Verdict::Accepted {
                 newly_connected: true
             }
         );
+        assert_eq!(
+            registry.heartbeat("recent", "h", "v"),
+            Verdict::Accepted {
+                newly_connected: false
+            }
+        );
+    }
+
+    #[test]
+    fn a_quarantined_agent_that_went_silent_is_not_connected_when_lifted() {
+        let registry = Registry::new(Duration::from_millis(50));
+        registry.load(vec![row("a")]);
+        let mut quarantined = row("a");
+        quarantined.is_quarantined = true;
+        registry.update(quarantined);
+        assert_eq!(registry.heartbeat("a", "h", "v"), Verdict::Rejected);
+        assert!(registry.get("a").unwrap().last_heartbeat_ms.is_some());
+        std::thread::sleep(Duration::from_millis(80));
+        registry.update(row("a"));
+        assert_eq!(registry.get("a").unwrap().state(), "disconnected");
+        assert!(registry.sweep().is_empty(), "never reported connected");
     }
 }

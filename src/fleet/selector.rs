@@ -68,6 +68,22 @@ pub fn parse_labels(text: &str) -> Result<BTreeMap<String, String>, String> {
     Ok(labels)
 }
 
+/// Checks one label as `svcctl agent label` sets it: a key that is not empty and holds no
+/// `=`, `,` or whitespace, and a value without `,` (so `--target k=v` can select it).
+pub fn check_label(key: &str, value: &str) -> Result<(), String> {
+    if key.is_empty() || key.contains(['=', ',']) || key.contains(char::is_whitespace) {
+        return Err(format!(
+            "invalid label key '{key}' (not empty; no '=', ',' or spaces)"
+        ));
+    }
+    if value.contains(',') || value.trim() != value {
+        return Err(format!(
+            "invalid value for label '{key}': '{value}' (no ',' and no surrounding spaces)"
+        ));
+    }
+    Ok(())
+}
+
 /// `*` matches any run of characters, `?` one character; everything else literally.
 pub fn glob_matches(glob: &str, text: &str) -> bool {
     let (glob, text) = (glob.as_bytes(), text.as_bytes());

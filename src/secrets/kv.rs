@@ -29,6 +29,9 @@ pub struct Metadata {
     pub version: i64,
     pub created_at: String,
     pub updated_at: String,
+    /// When the current version was deleted (soft or destroyed): the path is deleted, and
+    /// `list` shows it only when asked to.
+    pub deleted_at: Option<String>,
 }
 
 impl From<SecretRow> for Metadata {
@@ -38,6 +41,7 @@ impl From<SecretRow> for Metadata {
             version: row.current_version,
             created_at: row.created_at,
             updated_at: row.updated_at,
+            deleted_at: None,
         }
     }
 }
@@ -311,17 +315,38 @@ async fn delete_inner(
     }
 }
 
-/// `svc-secrets list`: metadata of the secrets under `prefix` (readonly may list).
-pub async fn list(domain: &Domain, principal: &Principal, prefix: &str) -> Result<Vec<Metadata>> {
-    let result = list_inner(domain, principal, prefix).await;
-    let action = Action::new("secret.list", "secret", prefix);
+/// `svc-secrets list`: metadata of the secrets under `prefix` (readonly may list). Paths whose
+/// current version is deleted are left out unless `include_deleted`.
+pub async fn list(
+    domain: &Domain,
+    principal: &Principal,
+    prefix: &str,
+    include_deleted: bool,
+) -> Result<Vec<Metadata>> {
+    let result = list_inner(domain, principal, prefix, include_deleted).await;
+    let mut action = Action::new("secret.list", "secret", prefix);
+    if include_deleted {
+        action = action.detail(json!({ "include_deleted": true }));
+    }
     audited(domain, principal, action, result).await
 }
 
-async fn list_inner(domain: &Domain, principal: &Principal, prefix: &str) -> Result<Vec<Metadata>> {
+async fn list_inner(
+    domain: &Domain,
+    principal: &Principal,
+    prefix: &str,
+    include_deleted: bool,
+) -> Result<Vec<Metadata>> {
     principal.require(Role::Readonly)?;
     let rows = store(domain).list_secrets(prefix).await?;
-    Ok(rows.into_iter().map(Metadata::from).collect())
+    Ok(rows
+        .into_iter()
+        .filter(|(_, deleted_at)| include_deleted || deleted_at.is_none())
+        .map(|(row, deleted_at)| Metadata {
+            deleted_at,
+            ..Metadata::from(row)
+        })
+        .collect())
 }
 
 #[cfg(test)]
@@ -380,7 +405,10 @@ mod tests {
             get(&domain, &readonly, "db/prod", None).await,
             Err(Error::Forbidden(_))
         ));
-        assert_eq!(list(&domain, &readonly, "db/").await.unwrap().len(), 1);
+        assert_eq!(
+            list(&domain, &readonly, "db/", false).await.unwrap().len(),
+            1
+        );
         assert_eq!(
             delete(&domain, &admin, "db/prod", &Deletion::default())
                 .await
@@ -392,6 +420,14 @@ mod tests {
             Err(Error::NotFound(_))
         ));
         assert!(get(&domain, &admin, "db/prod", Some(1)).await.is_ok());
+        // Its current version is deleted: listed only when asked, and marked.
+        assert!(list(&domain, &readonly, "db/", false)
+            .await
+            .unwrap()
+            .is_empty());
+        let listed = list(&domain, &readonly, "db/", true).await.unwrap();
+        assert_eq!(listed.len(), 1);
+        assert!(listed[0].deleted_at.is_some());
         let destroy = Deletion {
             versions: vec![1],
             destroy: true,
@@ -409,6 +445,6 @@ mod tests {
             destroy: true,
         };
         assert_eq!(delete(&domain, &admin, "db/prod", &all).await.unwrap(), 2);
-        assert!(list(&domain, &admin, "").await.unwrap().is_empty());
+        assert!(list(&domain, &admin, "", true).await.unwrap().is_empty());
     }
 }

@@ -30,7 +30,7 @@ struct Args {
     #[argh(switch)]
     check_config: bool,
     /// log level or filter (overrides log_level; SVC_LOG and RUST_LOG also work)
-    #[argh(option)]
+    #[argh(option, from_str_fn(crate::cli::values::log_filter))]
     log_level: Option<String>,
 }
 
@@ -69,14 +69,16 @@ pub fn main(program: &str, args: Vec<String>) -> i32 {
     {
         Ok(runtime) => runtime,
         Err(e) => {
-            eprintln!("{program}: cannot start the async runtime: {e}");
+            notice(program, &format!("cannot start the async runtime: {e}"));
             return 1;
         }
     };
     match runtime.block_on(run(program, server_config, args.dev)) {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("{program}: {e}");
+            if !JSON_LOGS.load(Ordering::Relaxed) {
+                eprintln!("{program}: {e}");
+            }
             tracing::error!(error = %e, "server stopped with an error");
             1
         }
@@ -205,11 +207,29 @@ fn init_logging(config: &ServerConfig) {
     let filter = EnvFilter::try_new(&filter).unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(crate::cli::output::stderr_colour())
         .with_writer(std::io::stderr);
     let _ = match config.log_format {
-        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Json => {
+            JSON_LOGS.store(true, Ordering::Relaxed);
+            builder.json().try_init()
+        }
         LogFormat::Text => builder.try_init(),
     };
+}
+
+/// Set when the server logs JSON (`log_format: json`): then every line it writes is a log
+/// record, notices for the operator included.
+static JSON_LOGS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A line for the operator on stderr: `program: message` with text logs; a log record (info)
+/// with JSON logs, so that every line the server writes parses as JSON.
+fn notice(program: &str, message: &str) {
+    if JSON_LOGS.load(Ordering::Relaxed) {
+        tracing::info!("{message}");
+    } else {
+        eprintln!("{program}: {message}");
+    }
 }
 
 /// Creates a directory (and parents) readable only by the owner.
@@ -245,9 +265,12 @@ fn ensure_dev_secrets(program: &str, config: &mut ServerConfig) -> Result<()> {
             };
             let text = config::to_yaml(&secrets).map_err(crate::Error::Internal)?;
             auth::write_private_file(&path, text.as_bytes())?;
-            eprintln!(
-                "{program}: dev mode: generated hmacsecret and master_key in {} (mode 0600)",
-                path.display()
+            notice(
+                program,
+                &format!(
+                    "dev mode: generated hmacsecret and master_key in {} (mode 0600)",
+                    path.display()
+                ),
             );
             secrets
         }
@@ -285,9 +308,9 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
             tracing::info!(key_id = %id, "created bootstrap-admin key from SVC_BOOTSTRAP_API_KEY");
         } else {
             tracing::info!(key_id = %id, file = %key_file.display(), "created bootstrap-admin key (mode 0600)");
-            eprintln!(
-                "{program}: bootstrap admin API key written to {}",
-                key_file.display()
+            notice(
+                program,
+                &format!("bootstrap admin API key written to {}", key_file.display()),
             );
         }
     }
@@ -428,7 +451,6 @@ async fn bind(address: &str, key: &str) -> Result<tokio::net::TcpListener> {
         .map_err(|e| crate::Error::Unavailable(format!("{key}: cannot listen on {address}: {e}")))
 }
 
-/// Waits for SIGTERM or SIGINT; SIGHUP reloads the policies meanwhile.
 /// The signals the server handles, installed before the server announces its addresses:
 /// a SIGTERM that arrives during start-up must drain the server, not kill it.
 struct StopSignals {

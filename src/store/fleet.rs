@@ -28,6 +28,8 @@ pub trait FleetStore: Send + Sync {
         reason: Option<&str>,
         at: &str,
     ) -> Result<Option<AgentRow>>;
+    /// Replaces an agent's labels (a JSON object, as text); None for an unknown id.
+    async fn set_labels(&self, id: &str, labels: &str) -> Result<Option<AgentRow>>;
     /// Records the latest heartbeat time of many agents in one transaction.
     async fn record_heartbeats(&self, seen: &[(String, String)]) -> Result<()>;
     async fn put_agent_state(&self, row: &AgentStateRow) -> Result<()>;

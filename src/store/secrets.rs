@@ -95,8 +95,9 @@ pub trait SecretStore: Send + Sync {
         version: i64,
     ) -> Result<Option<SecretVersionRow>>;
     async fn secret_versions(&self, path: &str) -> Result<Vec<SecretVersionRow>>;
-    /// Secrets whose path starts with `prefix`, ordered by path.
-    async fn list_secrets(&self, prefix: &str) -> Result<Vec<SecretRow>>;
+    /// Secrets whose path starts with `prefix`, ordered by path, each with the time its
+    /// current version was deleted (soft or destroyed; None while it is readable).
+    async fn list_secrets(&self, prefix: &str) -> Result<Vec<(SecretRow, Option<String>)>>;
     /// Adds `version` (which must be `secret.current_version`) to the secret, creating the
     /// secret when `version.version` is 1. `Conflict` if another writer got there first.
     async fn write_secret_version(

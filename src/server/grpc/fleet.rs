@@ -172,6 +172,24 @@ impl proto::fleet_service_server::FleetService for Fleet {
         Ok(Response::new(agent.into()))
     }
 
+    async fn set_labels(
+        &self,
+        request: Request<proto::SetLabelsRequest>,
+    ) -> Result<Response<proto::Agent>, Status> {
+        let caller = principal(&request)?;
+        let request = request.into_inner();
+        let set = request.set.into_iter().collect();
+        let agent = fleet::set_labels(
+            &self.context.domain,
+            &caller,
+            &request.id,
+            &set,
+            &request.remove,
+        )
+        .await?;
+        Ok(Response::new(agent.into()))
+    }
+
     async fn exec(
         &self,
         request: Request<proto::ExecRequest>,

@@ -22,6 +22,8 @@ impl From<kv::Metadata> for proto::SecretMetadata {
             version: meta.version as u32,
             created_at: meta.created_at,
             updated_at: meta.updated_at,
+            deleted: meta.deleted_at.is_some(),
+            deleted_at: meta.deleted_at.unwrap_or_default(),
         }
     }
 }
@@ -120,8 +122,14 @@ impl proto::secrets_service_server::SecretsService for Secrets {
         request: Request<proto::ListSecretsRequest>,
     ) -> Result<Response<proto::ListSecretsResponse>, Status> {
         let caller = principal(&request)?;
-        let prefix = request.into_inner().prefix;
-        let secrets = kv::list(&self.context.domain, &caller, &prefix).await?;
+        let request = request.into_inner();
+        let secrets = kv::list(
+            &self.context.domain,
+            &caller,
+            &request.prefix,
+            request.include_deleted,
+        )
+        .await?;
         Ok(Response::new(proto::ListSecretsResponse {
             secrets: secrets.into_iter().map(Into::into).collect(),
         }))

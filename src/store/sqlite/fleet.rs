@@ -64,6 +64,22 @@ impl FleetStore for SqliteStore {
         })
     }
 
+    async fn set_labels(&self, id: &str, labels: &str) -> Result<Option<AgentRow>> {
+        self.with(|c| {
+            let changed = c
+                .prepare_cached("UPDATE agents SET labels = ?2 WHERE id = ?1")?
+                .execute(params![id, labels])?;
+            if changed == 0 {
+                return Ok(None);
+            }
+            Ok(
+                c.prepare_cached(&format!("SELECT {AGENT_COLUMNS} FROM agents WHERE id = ?1"))?
+                    .query_row([id], agent_from_row)
+                    .optional()?,
+            )
+        })
+    }
+
     async fn record_heartbeats(&self, seen: &[(String, String)]) -> Result<()> {
         if seen.is_empty() {
             return Ok(());

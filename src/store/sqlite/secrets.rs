@@ -214,12 +214,22 @@ impl SecretStore for SqliteStore {
         })
     }
 
-    async fn list_secrets(&self, prefix: &str) -> Result<Vec<SecretRow>> {
+    async fn list_secrets(&self, prefix: &str) -> Result<Vec<(SecretRow, Option<String>)>> {
         self.with(|c| {
+            // The current version's deleted_at says whether the path is (soft-)deleted.
+            let columns: Vec<String> = SECRET_COLUMNS
+                .split(", ")
+                .map(|column| format!("s.{column}"))
+                .collect();
+            let columns = columns.join(", ");
             let mut statement = c.prepare_cached(&format!(
-                "SELECT {SECRET_COLUMNS} FROM secrets WHERE path LIKE ?1 ESCAPE '\\' ORDER BY path"
+                "SELECT {columns}, v.deleted_at FROM secrets s \
+                 LEFT JOIN secret_versions v ON v.path = s.path AND v.version = s.current_version \
+                 WHERE s.path LIKE ?1 ESCAPE '\\' ORDER BY s.path"
             ))?;
-            let rows = statement.query_map([prefix_like(prefix)], secret_from_row)?;
+            let rows = statement.query_map([prefix_like(prefix)], |row| {
+                Ok((secret_from_row(row)?, row.get(5)?))
+            })?;
             Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
         })
     }
