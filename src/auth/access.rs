@@ -113,6 +113,7 @@ pub const GRPC: &[(&str, Access)] = &[
     ("svc.v1.FleetService/GetAgent", Least(Readonly)),
     ("svc.v1.FleetService/Quarantine", Least(Operator)),
     ("svc.v1.FleetService/Unquarantine", Least(Operator)),
+    ("svc.v1.FleetService/SetLabels", Least(Operator)),
     ("svc.v1.FleetService/Exec", Least(Operator)),
     ("svc.v1.FleetService/StateCheck", Least(Operator)),
     ("svc.v1.FleetService/StateApply", Least(Operator)),
