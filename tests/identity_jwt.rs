@@ -303,6 +303,29 @@ fn issue_verify_revoke_and_rotate() {
         assert!(!everything.contains(signature), "a token in the audit log");
         assert!(!log.contains(signature), "a token in the server log");
     }
+    // Issue and revoke are events too, naming the token's id and never the token.
+    let listed = run(server.cli("svc-events").args([
+        "--api-key",
+        &server.admin_key,
+        "-o",
+        "json",
+        "list",
+        "--type",
+        "jwt_issued",
+        "--type",
+        "jwt_revoked",
+    ]));
+    assert_eq!(listed.code, 0, "{listed:?}");
+    let events: serde_json::Value = serde_json::from_str(&listed.stdout).unwrap();
+    let items = events["items"].as_array().unwrap();
+    assert!(
+        items
+            .iter()
+            .any(|e| e["type"] == "jwt_revoked" && e["payload"]["id"] == id.as_str()),
+        "{events}"
+    );
+    assert!(items.iter().any(|e| e["type"] == "jwt_issued"), "{events}");
+    assert!(!listed.stdout.contains(token.rsplit('.').next().unwrap()));
 }
 
 #[test]

@@ -236,8 +236,8 @@ impl Auditor {
             .await?;
         if let (Some(events), Some(decision)) = (&self.events, &decision) {
             let event_type = match decision.effect {
-                Effect::Allow => "policy_allow",
-                Effect::Deny => "policy_deny",
+                Effect::Allow => crate::events::EventKind::PolicyAllow,
+                Effect::Deny => crate::events::EventKind::PolicyDeny,
             };
             let payload = serde_json::json!({
                 "policy_id": decision.policy_id, "action": entry.action, "user": entry.user,

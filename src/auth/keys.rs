@@ -147,7 +147,7 @@ pub async fn create_key(
         let payload = json!({"id": record.id, "name": record.name, "role": record.role, "by": principal.name});
         domain
             .events
-            .emit_system("apikey_created", "server", payload)
+            .emit_system(crate::events::EventKind::ApikeyCreated, "server", payload)
             .await;
     }
     result
@@ -275,7 +275,7 @@ pub async fn delete_key(domain: &Domain, principal: &Principal, id: &str) -> Res
         let payload = json!({"id": id, "by": principal.name});
         domain
             .events
-            .emit_system("apikey_revoked", "server", payload)
+            .emit_system(crate::events::EventKind::ApikeyRevoked, "server", payload)
             .await;
     }
     result

@@ -66,7 +66,7 @@ pub const TOOLS: &[Planned] = &[
             ("watch", "live tail, one line per event"),
             ("replay", "history only: --since [--until] [--min-severity]"),
             ("stats", "counts by type and severity"),
-            ("types", "the 22 canonical event types"),
+            ("types", "the event types: category and default severity"),
         ],
         default: None,
         is_client: true,

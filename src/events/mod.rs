@@ -18,7 +18,7 @@ use crate::auth::{Principal, Role};
 use crate::stream::{Record, StreamLog};
 use crate::{clock, ids, Error, Result};
 
-pub use types::{EventType, SEVERITIES, TYPES};
+pub use types::{EventKind, EventType, Severity, SEVERITIES, TYPES};
 
 /// Largest payload an event may carry (JSON text), so one event never dominates a read.
 pub const MAX_PAYLOAD_BYTES: usize = 64 * 1024;
@@ -31,9 +31,9 @@ pub struct Event {
     #[serde(default, skip_serializing_if = "is_zero")]
     pub seq: u64,
     #[serde(rename = "type")]
-    pub event_type: String,
+    pub event_type: EventKind,
     pub category: String,
-    pub severity: String,
+    pub severity: Severity,
     pub source: String,
     pub timestamp: String,
     pub payload: Value,
@@ -55,11 +55,11 @@ pub struct NewEvent {
 /// Which events a read wants. Times are Unix milliseconds.
 #[derive(Clone, Debug, Default)]
 pub struct Filter {
-    pub types: Vec<String>,
+    pub types: Vec<EventKind>,
     pub category: Option<String>,
     pub since_ms: Option<i64>,
     pub until_ms: Option<i64>,
-    pub min_severity: Option<usize>,
+    pub min_severity: Option<Severity>,
     pub source: Option<String>,
 }
 
@@ -83,19 +83,13 @@ impl Filter {
                 ))
             })
         };
-        for name in &types {
-            if types::find(name).is_none() {
-                return Err(unknown_type(name));
-            }
-        }
+        let types = types
+            .iter()
+            .map(|name| kind_of(name))
+            .collect::<Result<Vec<_>>>()?;
         let min_severity = match min_severity {
             "" => None,
-            text => Some(types::severity_rank(text).ok_or_else(|| {
-                Error::Invalid(format!(
-                    "severity '{text}' is not one of {}",
-                    SEVERITIES.join(", ")
-                ))
-            })?),
+            text => Some(severity_of(text)?),
         };
         Ok(Filter {
             types,
@@ -112,11 +106,25 @@ impl Filter {
             && self.category.as_ref().is_none_or(|c| *c == event.category)
             && self.since_ms.is_none_or(|s| timestamp_ms >= s)
             && self.until_ms.is_none_or(|u| timestamp_ms < u)
-            && self
-                .min_severity
-                .is_none_or(|min| types::severity_rank(&event.severity).unwrap_or(0) >= min)
+            && self.min_severity.is_none_or(|min| event.severity >= min)
             && self.source.as_ref().is_none_or(|s| *s == event.source)
     }
+}
+
+/// The kind a type name names, or the error that lists where the names are.
+fn kind_of(name: &str) -> Result<EventKind> {
+    types::find(name)
+        .map(|t| t.kind)
+        .ok_or_else(|| unknown_type(name))
+}
+
+fn severity_of(text: &str) -> Result<Severity> {
+    Severity::parse(text).ok_or_else(|| {
+        Error::Invalid(format!(
+            "severity '{text}' is not one of {}",
+            SEVERITIES.join(", ")
+        ))
+    })
 }
 
 fn unknown_type(name: &str) -> Error {
@@ -133,7 +141,7 @@ pub struct Events {
     log: Arc<StreamLog>,
     /// The live fan-out: one task publishes on the bus in emit order (None without a bus).
     live: Option<mpsc::Sender<(String, Vec<u8>)>>,
-    counts: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
+    counts: std::sync::Mutex<std::collections::BTreeMap<EventKind, u64>>,
     /// Flips when the server stops, so live subscriptions end instead of holding shutdown.
     stopping: watch::Receiver<bool>,
 }
@@ -179,21 +187,15 @@ impl Events {
     /// Events emitted since start, by type (for `svc_events_total{type}`).
     pub fn counts(&self) -> Vec<(String, u64)> {
         let counts = self.counts.lock().expect("counts lock poisoned");
-        counts.iter().map(|(k, v)| (k.clone(), *v)).collect()
+        counts.iter().map(|(k, v)| (k.to_string(), *v)).collect()
     }
 
     /// The one emit function: validates, appends durably, then fans out live.
     pub async fn emit(&self, new: NewEvent, default_source: &str) -> Result<Event> {
-        let kind = types::find(&new.event_type).ok_or_else(|| unknown_type(&new.event_type))?;
+        let kind = kind_of(&new.event_type)?.info();
         let severity = match new.severity.filter(|s| !s.is_empty()) {
-            Some(s) if types::severity_rank(&s).is_some() => s,
-            Some(s) => {
-                return Err(Error::Invalid(format!(
-                    "severity '{s}' is not one of {}",
-                    SEVERITIES.join(", ")
-                )))
-            }
-            None => kind.severity.to_string(),
+            Some(text) => severity_of(&text)?,
+            None => kind.severity,
         };
         let payload = new
             .payload
@@ -205,7 +207,7 @@ impl Events {
         let mut event = Event {
             id: ids::ulid(),
             seq: 0,
-            event_type: kind.name.to_string(),
+            event_type: kind.kind,
             category: kind.category.to_string(),
             severity,
             source: new
@@ -226,11 +228,11 @@ impl Events {
             .counts
             .lock()
             .expect("counts lock poisoned")
-            .entry(event.event_type.clone())
+            .entry(event.event_type)
             .or_default() += 1;
         // The live copy carries the sequence number, which the stored one cannot know yet.
         if let (Some(live), Ok(bytes)) = (&self.live, serde_json::to_vec(&event)) {
-            let subject = crate::bus::subjects::event(&event.event_type);
+            let subject = crate::bus::subjects::event(event.event_type.as_str());
             if live.try_send((subject, bytes)).is_err() {
                 tracing::warn!("live event queue full: event stored but not fanned out live");
             }
@@ -240,14 +242,14 @@ impl Events {
 
     /// Emits on behalf of the server; a failure is logged, never returned, because the
     /// operation that caused the event already happened.
-    pub async fn emit_system(&self, event_type: &str, source: &str, payload: Value) {
+    pub async fn emit_system(&self, event_type: EventKind, source: &str, payload: Value) {
         let new = NewEvent {
-            event_type: event_type.to_string(),
+            event_type: event_type.as_str().to_string(),
             payload: Some(payload),
             ..NewEvent::default()
         };
         if let Err(e) = self.emit(new, source).await {
-            tracing::error!(error = %e, event_type, "event could not be emitted");
+            tracing::error!(error = %e, %event_type, "event could not be emitted");
         }
     }
 
@@ -397,8 +399,14 @@ impl Events {
                     decode(record).filter(|e| filter.matches(e, record.timestamp_ms))
                 {
                     stats.total += 1;
-                    *stats.by_type.entry(event.event_type).or_default() += 1;
-                    *stats.by_severity.entry(event.severity).or_default() += 1;
+                    *stats
+                        .by_type
+                        .entry(event.event_type.to_string())
+                        .or_default() += 1;
+                    *stats
+                        .by_severity
+                        .entry(event.severity.to_string())
+                        .or_default() += 1;
                 }
             }
         }

@@ -1,55 +1,179 @@
-//! The 22 canonical event types (contract §8): name, category and default severity, in one
-//! table. `svc-events types` prints it; emit refuses any other type.
+//! The canonical event types (contract §8, plus the identity tokens' two): name, category and
+//! default severity, in one table. `svc-events types` prints it; emit refuses any other type.
+//! Types and severities are enums, so a misspelt one is a compile error, with the wire names
+//! (snake_case types, lowercase severities) from serde.
 
-/// Severities in increasing order.
+use serde::{Deserialize, Serialize};
+
+/// Severities in increasing order (the wire names, for help texts and CLI checks).
 pub const SEVERITIES: &[&str] = &["debug", "info", "warning", "error", "critical"];
 
-pub struct EventType {
-    pub name: &'static str,
-    pub category: &'static str,
-    pub severity: &'static str,
+/// An event's severity, ordered from least to most severe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    Debug,
+    Info,
+    Warning,
+    Error,
+    Critical,
 }
 
-const fn t(name: &'static str, category: &'static str, severity: &'static str) -> EventType {
+impl Severity {
+    pub const ALL: [Severity; 5] = [
+        Severity::Debug,
+        Severity::Info,
+        Severity::Warning,
+        Severity::Error,
+        Severity::Critical,
+    ];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Severity::Debug => "debug",
+            Severity::Info => "info",
+            Severity::Warning => "warning",
+            Severity::Error => "error",
+            Severity::Critical => "critical",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Severity> {
+        Severity::ALL.into_iter().find(|s| s.as_str() == text)
+    }
+}
+
+impl std::fmt::Display for Severity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Every event type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    AgentConnected,
+    AgentDisconnected,
+    AgentEnrolled,
+    AgentQuarantined,
+    AgentUnquarantined,
+    AgentHeartbeatRejected,
+    CommandDispatched,
+    CommandCompleted,
+    CommandFailed,
+    StateApplyStarted,
+    StateApplySucceeded,
+    StateApplyFailed,
+    StateDriftDetected,
+    BusHealthy,
+    BusDegraded,
+    PolicyAllow,
+    PolicyDeny,
+    ApikeyCreated,
+    ApikeyRevoked,
+    CaSigningRotated,
+    JwtIssued,
+    JwtRevoked,
+    ServerStarted,
+    ServerStopping,
+}
+
+impl EventKind {
+    pub const fn as_str(self) -> &'static str {
+        use EventKind::*;
+        match self {
+            AgentConnected => "agent_connected",
+            AgentDisconnected => "agent_disconnected",
+            AgentEnrolled => "agent_enrolled",
+            AgentQuarantined => "agent_quarantined",
+            AgentUnquarantined => "agent_unquarantined",
+            AgentHeartbeatRejected => "agent_heartbeat_rejected",
+            CommandDispatched => "command_dispatched",
+            CommandCompleted => "command_completed",
+            CommandFailed => "command_failed",
+            StateApplyStarted => "state_apply_started",
+            StateApplySucceeded => "state_apply_succeeded",
+            StateApplyFailed => "state_apply_failed",
+            StateDriftDetected => "state_drift_detected",
+            BusHealthy => "bus_healthy",
+            BusDegraded => "bus_degraded",
+            PolicyAllow => "policy_allow",
+            PolicyDeny => "policy_deny",
+            ApikeyCreated => "apikey_created",
+            ApikeyRevoked => "apikey_revoked",
+            CaSigningRotated => "ca_signing_rotated",
+            JwtIssued => "jwt_issued",
+            JwtRevoked => "jwt_revoked",
+            ServerStarted => "server_started",
+            ServerStopping => "server_stopping",
+        }
+    }
+
+    /// This type's row in [`TYPES`].
+    pub fn info(self) -> &'static EventType {
+        TYPES
+            .iter()
+            .find(|t| t.kind == self)
+            .expect("every kind has a row in TYPES")
+    }
+}
+
+impl std::fmt::Display for EventKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+pub struct EventType {
+    pub kind: EventKind,
+    /// The wire name (`kind.as_str()`).
+    pub name: &'static str,
+    pub category: &'static str,
+    pub severity: Severity,
+}
+
+const fn t(kind: EventKind, category: &'static str, severity: Severity) -> EventType {
     EventType {
-        name,
+        kind,
+        name: kind.as_str(),
         category,
         severity,
     }
 }
 
+use EventKind::*;
+use Severity as S;
+
 pub const TYPES: &[EventType] = &[
-    t("agent_connected", "agent", "info"),
-    t("agent_disconnected", "agent", "warning"),
-    t("agent_enrolled", "agent", "info"),
-    t("agent_quarantined", "agent", "warning"),
-    t("agent_unquarantined", "agent", "info"),
-    t("agent_heartbeat_rejected", "agent", "warning"),
-    t("command_dispatched", "job", "info"),
-    t("command_completed", "job", "info"),
-    t("command_failed", "job", "error"),
-    t("state_apply_started", "job", "info"),
-    t("state_apply_succeeded", "job", "info"),
-    t("state_apply_failed", "job", "error"),
-    t("state_drift_detected", "job", "warning"),
-    t("bus_healthy", "bus", "info"),
-    t("bus_degraded", "bus", "error"),
-    t("policy_allow", "policy", "debug"),
-    t("policy_deny", "policy", "warning"),
-    t("apikey_created", "security", "info"),
-    t("apikey_revoked", "security", "info"),
-    t("ca_signing_rotated", "security", "warning"),
-    t("server_started", "system", "info"),
-    t("server_stopping", "system", "info"),
+    t(AgentConnected, "agent", S::Info),
+    t(AgentDisconnected, "agent", S::Warning),
+    t(AgentEnrolled, "agent", S::Info),
+    t(AgentQuarantined, "agent", S::Warning),
+    t(AgentUnquarantined, "agent", S::Info),
+    t(AgentHeartbeatRejected, "agent", S::Warning),
+    t(CommandDispatched, "job", S::Info),
+    t(CommandCompleted, "job", S::Info),
+    t(CommandFailed, "job", S::Error),
+    t(StateApplyStarted, "job", S::Info),
+    t(StateApplySucceeded, "job", S::Info),
+    t(StateApplyFailed, "job", S::Error),
+    t(StateDriftDetected, "job", S::Warning),
+    t(BusHealthy, "bus", S::Info),
+    t(BusDegraded, "bus", S::Error),
+    t(PolicyAllow, "policy", S::Debug),
+    t(PolicyDeny, "policy", S::Warning),
+    t(ApikeyCreated, "security", S::Info),
+    t(ApikeyRevoked, "security", S::Info),
+    t(CaSigningRotated, "security", S::Warning),
+    t(JwtIssued, "security", S::Info),
+    t(JwtRevoked, "security", S::Info),
+    t(ServerStarted, "system", S::Info),
+    t(ServerStopping, "system", S::Info),
 ];
 
 pub fn find(name: &str) -> Option<&'static EventType> {
     TYPES.iter().find(|t| t.name == name)
-}
-
-/// The rank of a severity, or None if it is not one.
-pub fn severity_rank(severity: &str) -> Option<usize> {
-    SEVERITIES.iter().position(|s| *s == severity)
 }
 
 #[cfg(test)]
@@ -58,7 +182,8 @@ mod tests {
 
     #[test]
     fn the_table_is_the_contract() {
-        assert_eq!(TYPES.len(), 22);
+        // Contract §8's 22, plus jwt_issued and jwt_revoked (issue 11: identity tokens).
+        assert_eq!(TYPES.len(), 24);
         let categories = ["agent", "job", "bus", "policy", "security", "system"];
         for event_type in TYPES {
             assert!(
@@ -66,15 +191,26 @@ mod tests {
                 "{}",
                 event_type.name
             );
-            assert!(
-                severity_rank(event_type.severity).is_some(),
-                "{}",
+            // The wire name serde gives the kind is the table's.
+            assert_eq!(
+                serde_json::to_value(event_type.kind).unwrap(),
                 event_type.name
             );
+            assert_eq!(event_type.kind.info().name, event_type.name);
         }
         let mut names: Vec<&str> = TYPES.iter().map(|t| t.name).collect();
         names.sort();
         names.dedup();
-        assert_eq!(names.len(), 22, "no duplicates");
+        assert_eq!(names.len(), 24, "no duplicates");
+    }
+
+    #[test]
+    fn severities_order_and_wire_names() {
+        let names: Vec<&str> = Severity::ALL.iter().map(|s| s.as_str()).collect();
+        assert_eq!(names, SEVERITIES);
+        assert!(Severity::Critical > Severity::Warning);
+        assert_eq!(Severity::parse("error"), Some(Severity::Error));
+        assert_eq!(Severity::parse("fatal"), None);
+        assert_eq!(serde_json::to_value(Severity::Warning).unwrap(), "warning");
     }
 }

@@ -14,10 +14,11 @@ use tokio::sync::mpsc;
 
 use super::jobs::{self, Delivery, EventSink};
 use super::protocol::{Command, ExecOutcome, ReplyOutcome, Work};
-use super::{Skip, Targets};
+use super::{JobStatus, Skip, Targets};
 use crate::audit::Action;
 use crate::auth::{Principal, Role};
 use crate::domain::Domain;
+use crate::events::EventKind;
 use crate::{ids, Error, Result};
 
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -40,7 +41,7 @@ pub struct ExecRequest {
 pub struct AgentResult {
     pub agent_id: String,
     /// ok | failed | timed_out | unreachable | skipped (quarantined)
-    pub status: &'static str,
+    pub status: JobStatus,
     pub exit_code: i32,
     pub stdout: String,
     pub stderr: String,
@@ -153,16 +154,16 @@ impl Job {
             let result = AgentResult {
                 agent_id: agent_id.clone(),
                 status: match skip {
-                    Skip::Quarantined => "skipped",
-                    Skip::NotConnected { .. } => "unreachable",
+                    Skip::Quarantined => JobStatus::Skipped,
+                    Skip::NotConnected { .. } => JobStatus::Unreachable,
                 },
                 exit_code: -1,
                 error: Some(skip.message()),
                 ..AgentResult::default()
             };
-            if result.status == "unreachable" {
+            if result.status == JobStatus::Unreachable {
                 sink.emit(
-                    "command_failed",
+                    EventKind::CommandFailed,
                     agent_id,
                     self.event_payload(&line, &result),
                 );
@@ -195,17 +196,17 @@ impl Job {
             |agent| {
                 let payload =
                     serde_json::json!({"job_id": self.job_id, "command": line, "by": self.by});
-                sink.emit("command_dispatched", agent, payload);
+                sink.emit(EventKind::CommandDispatched, agent, payload);
             },
             sender,
         );
         let collect = async {
             while let Some((agent_id, delivery)) = deliveries.recv().await {
                 let result = agent_result(agent_id, delivery);
-                let event_type = if result.status == "ok" {
-                    "command_completed"
+                let event_type = if result.status == JobStatus::Ok {
+                    EventKind::CommandCompleted
                 } else {
-                    "command_failed"
+                    EventKind::CommandFailed
                 };
                 sink.emit(
                     event_type,
@@ -239,7 +240,7 @@ fn agent_result(agent_id: String, delivery: Delivery) -> AgentResult {
             ReplyOutcome::Exec(outcome) => from_outcome(agent_id, reply.duration_ms, outcome),
             ReplyOutcome::State(_) => AgentResult {
                 agent_id,
-                status: "failed",
+                status: JobStatus::Failed,
                 exit_code: -1,
                 error: Some("the agent answered with a state result".into()),
                 ..AgentResult::default()
@@ -247,7 +248,7 @@ fn agent_result(agent_id: String, delivery: Delivery) -> AgentResult {
         },
         Delivery::NoAnswer => AgentResult {
             agent_id,
-            status: "timed_out",
+            status: JobStatus::TimedOut,
             exit_code: -1,
             timed_out: true,
             error: Some("no answer from the agent before the timeout".into()),
@@ -255,7 +256,7 @@ fn agent_result(agent_id: String, delivery: Delivery) -> AgentResult {
         },
         Delivery::NotSent(error) => AgentResult {
             agent_id,
-            status: "unreachable",
+            status: JobStatus::Unreachable,
             exit_code: -1,
             error: Some(format!("command not sent: {error}")),
             ..AgentResult::default()
@@ -265,11 +266,11 @@ fn agent_result(agent_id: String, delivery: Delivery) -> AgentResult {
 
 fn from_outcome(agent_id: String, duration_ms: u64, outcome: ExecOutcome) -> AgentResult {
     let status = if outcome.timed_out {
-        "timed_out"
+        JobStatus::TimedOut
     } else if outcome.error.is_none() && outcome.exit_code == 0 {
-        "ok"
+        JobStatus::Ok
     } else {
-        "failed"
+        JobStatus::Failed
     };
     AgentResult {
         agent_id,
@@ -301,7 +302,7 @@ mod tests {
     #[test]
     fn statuses() {
         let ok = from_outcome("a".into(), 1, ExecOutcome::default());
-        assert_eq!(ok.status, "ok");
+        assert_eq!(ok.status, JobStatus::Ok);
         let failed = from_outcome(
             "a".into(),
             1,
@@ -310,7 +311,7 @@ mod tests {
                 ..Default::default()
             },
         );
-        assert_eq!(failed.status, "failed");
+        assert_eq!(failed.status, JobStatus::Failed);
         let timed_out = from_outcome(
             "a".into(),
             1,
@@ -320,10 +321,10 @@ mod tests {
                 ..Default::default()
             },
         );
-        assert_eq!(timed_out.status, "timed_out");
+        assert_eq!(timed_out.status, JobStatus::TimedOut);
         assert_eq!(
             agent_result("a".into(), Delivery::NoAnswer).status,
-            "timed_out"
+            JobStatus::TimedOut
         );
     }
 }

@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use super::protocol::Reply;
 use super::Fleet;
 use crate::bus::subjects;
+use crate::events::EventKind;
 use crate::Result;
 
 /// How long after its own timeout an agent's answer is still waited for: the agent stops the
@@ -147,14 +148,14 @@ pub async fn run(
 /// never waits for an fdatasync per event. Events are appended in the order they are sent
 /// here: a batch's emits all reach the log's writer on their first poll, in order.
 pub struct EventSink {
-    sender: mpsc::UnboundedSender<(&'static str, String, serde_json::Value)>,
+    sender: mpsc::UnboundedSender<(EventKind, String, serde_json::Value)>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl EventSink {
     pub fn start(events: std::sync::Arc<crate::events::Events>) -> EventSink {
         let (sender, mut receiver) =
-            mpsc::unbounded_channel::<(&'static str, String, serde_json::Value)>();
+            mpsc::unbounded_channel::<(EventKind, String, serde_json::Value)>();
         let task = tokio::spawn(async move {
             while let Some(first) = receiver.recv().await {
                 let mut batch = vec![first];
@@ -174,7 +175,7 @@ impl EventSink {
         EventSink { sender, task }
     }
 
-    pub fn emit(&self, event_type: &'static str, source: &str, payload: serde_json::Value) {
+    pub fn emit(&self, event_type: EventKind, source: &str, payload: serde_json::Value) {
         let _ = self.sender.send((event_type, source.to_string(), payload));
     }
 

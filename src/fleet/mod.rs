@@ -25,9 +25,10 @@ use serde::Serialize;
 use crate::audit::Action;
 use crate::auth::{Principal, Role};
 use crate::domain::Domain;
+use crate::events::EventKind;
 use crate::{clock, Error, Result};
 
-pub use registry::{Registry, Verdict};
+pub use registry::{AgentState, Registry, Verdict};
 pub use selector::Selector;
 
 /// The fleet's shared state: liveness, jobs waiting for answers, and the bus client.
@@ -55,13 +56,57 @@ impl Fleet {
     }
 }
 
+/// How one targeted agent's part of a job (exec or state) ended; the wire names are the
+/// snake_case of the variants.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobStatus {
+    /// Ran and succeeded (state: nothing to change, or no drift).
+    Ok,
+    /// State: apply changed something, or check found something to change.
+    Changed,
+    /// State drift: resources differ from the last applied state.
+    Drift,
+    /// Ran and failed (exit code, resource error, or the command could not start).
+    #[default]
+    Failed,
+    /// No answer before the deadline.
+    TimedOut,
+    /// Not connected, or the command could not be sent.
+    Unreachable,
+    /// Quarantined: nothing was sent.
+    Skipped,
+    /// State drift: never applied, nothing to compare against.
+    NoState,
+}
+
+impl JobStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobStatus::Ok => "ok",
+            JobStatus::Changed => "changed",
+            JobStatus::Drift => "drift",
+            JobStatus::Failed => "failed",
+            JobStatus::TimedOut => "timed_out",
+            JobStatus::Unreachable => "unreachable",
+            JobStatus::Skipped => "skipped",
+            JobStatus::NoState => "no_state",
+        }
+    }
+}
+
+impl std::fmt::Display for JobStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// An agent as operators see it.
 #[derive(Clone, Debug, Serialize)]
 pub struct AgentView {
     pub id: String,
     pub labels: BTreeMap<String, String>,
-    /// connected | disconnected | pending | quarantined
-    pub state: String,
+    pub state: AgentState,
     pub quarantined: bool,
     pub quarantine_reason: Option<String>,
     pub quarantined_at: Option<String>,
@@ -76,7 +121,7 @@ pub struct AgentView {
 impl From<registry::Entry> for AgentView {
     fn from(entry: registry::Entry) -> Self {
         AgentView {
-            state: entry.state().to_string(),
+            state: entry.state(),
             id: entry.row.id,
             labels: entry.labels,
             quarantined: entry.row.is_quarantined,
@@ -157,20 +202,35 @@ fn not_found(id: &str) -> Error {
     Error::NotFound(format!("agent '{id}' not found"))
 }
 
-/// Quarantines an agent (its heartbeats are rejected and it gets no commands) or lifts it.
-/// Audited as `agent.quarantine` / `agent.unquarantine`; emits agent_quarantined /
-/// agent_unquarantined.
-pub async fn set_quarantine(
+/// Quarantines an agent: its heartbeats count only for liveness and it gets no commands.
+/// Audited as `agent.quarantine`; emits agent_quarantined.
+pub async fn quarantine(
     domain: &Domain,
     principal: &Principal,
     id: &str,
-    quarantined: bool,
     reason: &str,
 ) -> Result<AgentView> {
+    change_quarantine(domain, principal, id, Some(reason)).await
+}
+
+/// Lifts an agent's quarantine. Audited as `agent.unquarantine`; emits agent_unquarantined.
+pub async fn unquarantine(domain: &Domain, principal: &Principal, id: &str) -> Result<AgentView> {
+    change_quarantine(domain, principal, id, None).await
+}
+
+/// `reason` is Some to quarantine, None to lift it.
+async fn change_quarantine(
+    domain: &Domain,
+    principal: &Principal,
+    id: &str,
+    reason: Option<&str>,
+) -> Result<AgentView> {
+    let quarantined = reason.is_some();
+    let reason = reason.unwrap_or_default();
     let (action, event_type) = if quarantined {
-        ("agent.quarantine", "agent_quarantined")
+        ("agent.quarantine", EventKind::AgentQuarantined)
     } else {
-        ("agent.unquarantine", "agent_unquarantined")
+        ("agent.unquarantine", EventKind::AgentUnquarantined)
     };
     let reason = reason.trim();
     let result = async {
@@ -307,12 +367,12 @@ pub async fn heartbeat(
             let payload = serde_json::json!({
                 "agent_id": id, "hostname": beat.hostname, "version": beat.version,
             });
-            sink.emit("agent_connected", id, payload);
+            sink.emit(EventKind::AgentConnected, id, payload);
         }
         Verdict::Accepted { .. } => {}
         Verdict::Rejected => {
             let payload = serde_json::json!({"agent_id": id, "reason": "quarantined"});
-            sink.emit("agent_heartbeat_rejected", id, payload);
+            sink.emit(EventKind::AgentHeartbeatRejected, id, payload);
         }
         Verdict::Unknown => {
             tracing::warn!(
@@ -332,7 +392,7 @@ pub fn sweep(domain: &Domain, sink: &jobs::EventSink) {
             "agent_id": id, "last_heartbeat_at": last_heartbeat_at,
             "timeout": clock::format_duration(domain.fleet.registry.timeout()),
         });
-        sink.emit("agent_disconnected", &id, payload);
+        sink.emit(EventKind::AgentDisconnected, &id, payload);
     }
 }
 
@@ -355,7 +415,7 @@ pub struct Targets {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Skip {
     Quarantined,
-    NotConnected { state: &'static str },
+    NotConnected { state: AgentState },
 }
 
 impl Skip {
@@ -388,8 +448,8 @@ pub async fn targets(domain: &Domain, target: &str) -> Result<Targets> {
     for entry in entries {
         let id = entry.row.id.clone();
         match entry.state() {
-            "connected" => targets.reachable.push(id),
-            "quarantined" => targets.skipped.push((id, Skip::Quarantined)),
+            AgentState::Connected => targets.reachable.push(id),
+            AgentState::Quarantined => targets.skipped.push((id, Skip::Quarantined)),
             state => targets.skipped.push((id, Skip::NotConnected { state })),
         }
     }

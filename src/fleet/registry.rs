@@ -13,6 +13,44 @@ use std::time::{Duration, Instant};
 use crate::clock;
 use crate::store::AgentRow;
 
+/// Where an agent stands, as operators see it (wire names in snake_case).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AgentState {
+    /// Heartbeating within the timeout.
+    Connected,
+    /// Heartbeated once, silent past the timeout.
+    Disconnected,
+    /// Enrolled, never heartbeated.
+    Pending,
+    /// Gets no commands; its heartbeats are rejected.
+    Quarantined,
+}
+
+impl AgentState {
+    pub const ALL: [AgentState; 4] = [
+        AgentState::Connected,
+        AgentState::Disconnected,
+        AgentState::Pending,
+        AgentState::Quarantined,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AgentState::Connected => "connected",
+            AgentState::Disconnected => "disconnected",
+            AgentState::Pending => "pending",
+            AgentState::Quarantined => "quarantined",
+        }
+    }
+}
+
+impl std::fmt::Display for AgentState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// One agent as the registry knows it.
 #[derive(Clone, Debug)]
 pub struct Entry {
@@ -59,15 +97,15 @@ impl Entry {
     }
 
     /// connected | disconnected | pending (never heard from) | quarantined
-    pub fn state(&self) -> &'static str {
+    pub fn state(&self) -> AgentState {
         if self.row.is_quarantined {
-            "quarantined"
+            AgentState::Quarantined
         } else if self.connected {
-            "connected"
+            AgentState::Connected
         } else if self.last_heartbeat_ms.is_some() {
-            "disconnected"
+            AgentState::Disconnected
         } else {
-            "pending"
+            AgentState::Pending
         }
     }
 }
@@ -220,13 +258,12 @@ impl Registry {
 
     /// Agents by state, for `svc_agents{state}`.
     pub fn counts(&self) -> BTreeMap<&'static str, u64> {
-        let mut counts: BTreeMap<&'static str, u64> =
-            ["connected", "disconnected", "pending", "quarantined"]
-                .into_iter()
-                .map(|state| (state, 0))
-                .collect();
+        let mut counts: BTreeMap<&'static str, u64> = AgentState::ALL
+            .into_iter()
+            .map(|state| (state.as_str(), 0))
+            .collect();
         for entry in self.lock().values() {
-            *counts.entry(entry.state()).or_default() += 1;
+            *counts.entry(entry.state().as_str()).or_default() += 1;
         }
         counts
     }
@@ -248,7 +285,7 @@ mod tests {
     fn heartbeats_connect_and_silence_disconnects() {
         let registry = Registry::new(Duration::from_millis(50));
         registry.load(vec![row("a")]);
-        assert_eq!(registry.get("a").unwrap().state(), "pending");
+        assert_eq!(registry.get("a").unwrap().state(), AgentState::Pending);
         assert_eq!(registry.heartbeat("zz", "h", "v"), Verdict::Unknown);
         assert_eq!(
             registry.heartbeat("a", "h", "v"),
@@ -268,7 +305,7 @@ mod tests {
         std::thread::sleep(Duration::from_millis(80));
         let gone = registry.sweep();
         assert_eq!(gone.len(), 1);
-        assert_eq!(registry.get("a").unwrap().state(), "disconnected");
+        assert_eq!(registry.get("a").unwrap().state(), AgentState::Disconnected);
         assert!(registry.sweep().is_empty(), "reported once");
     }
 
@@ -280,8 +317,14 @@ mod tests {
         let mut old = row("old");
         old.last_heartbeat_at = Some(clock::format_rfc3339(clock::now_millis() - 60_000));
         registry.load(vec![recent, old]);
-        assert_eq!(registry.get("recent").unwrap().state(), "connected");
-        assert_eq!(registry.get("old").unwrap().state(), "disconnected");
+        assert_eq!(
+            registry.get("recent").unwrap().state(),
+            AgentState::Connected
+        );
+        assert_eq!(
+            registry.get("old").unwrap().state(),
+            AgentState::Disconnected
+        );
 
         let mut quarantined = row("recent");
         quarantined.is_quarantined = true;
@@ -291,7 +334,10 @@ mod tests {
         registry.update(row("recent"));
         // It heartbeated while quarantined: connected as soon as the quarantine is lifted,
         // and its next heartbeat is still reported as a (re)connection.
-        assert_eq!(registry.get("recent").unwrap().state(), "connected");
+        assert_eq!(
+            registry.get("recent").unwrap().state(),
+            AgentState::Connected
+        );
         assert_eq!(
             registry.heartbeat("recent", "h", "v"),
             Verdict::Accepted {
@@ -317,7 +363,7 @@ mod tests {
         assert!(registry.get("a").unwrap().last_heartbeat_ms.is_some());
         std::thread::sleep(Duration::from_millis(80));
         registry.update(row("a"));
-        assert_eq!(registry.get("a").unwrap().state(), "disconnected");
+        assert_eq!(registry.get("a").unwrap().state(), AgentState::Disconnected);
         assert!(registry.sweep().is_empty(), "never reported connected");
     }
 }

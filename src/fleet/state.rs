@@ -17,10 +17,11 @@ use tokio::sync::mpsc;
 
 use super::jobs::{self, Delivery, EventSink};
 use super::protocol::{Command, ReplyOutcome, Work};
-use super::{Skip, Targets};
+use super::{JobStatus, Skip, Targets};
 use crate::audit::Action;
 use crate::auth::{Principal, Role};
 use crate::domain::Domain;
+use crate::events::EventKind;
 use crate::state::{Mode, Outcome, Plan, Resource};
 use crate::store::AgentStateRow;
 use crate::{clock, ids, Error, Result};
@@ -50,7 +51,7 @@ pub struct AgentStateResult {
     pub agent_id: String,
     /// ok (nothing to change) | changed (apply: changed; check: would change) | drift |
     /// failed | timed_out | unreachable | skipped (quarantined) | no_state (drift: never applied)
-    pub status: &'static str,
+    pub status: JobStatus,
     pub outcomes: Vec<Outcome>,
     /// Drift: the resources that differ from the last applied state.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -139,8 +140,8 @@ async fn prepare_checked(
             .map(|(agent_id, skip)| AgentStateResult {
                 agent_id,
                 status: match skip {
-                    Skip::Quarantined => "skipped",
-                    Skip::NotConnected { .. } => "unreachable",
+                    Skip::Quarantined => JobStatus::Skipped,
+                    Skip::NotConnected { .. } => JobStatus::Unreachable,
                 },
                 error: Some(skip.message()),
                 ..AgentStateResult::default()
@@ -157,7 +158,7 @@ async fn prepare_checked(
                 None => {
                     job.skipped.push(AgentStateResult {
                         agent_id,
-                        status: "no_state",
+                        status: JobStatus::NoState,
                         error: Some("no state has been applied to this agent yet".into()),
                         ..AgentStateResult::default()
                     });
@@ -183,9 +184,9 @@ impl Job {
     pub async fn run(self, domain: &Domain, out: mpsc::Sender<AgentStateResult>) {
         let sink = EventSink::start(domain.events.clone());
         for result in &self.skipped {
-            if self.operation == Operation::Apply && result.status == "unreachable" {
+            if self.operation == Operation::Apply && result.status == JobStatus::Unreachable {
                 sink.emit(
-                    "state_apply_failed",
+                    EventKind::StateApplyFailed,
                     &result.agent_id,
                     serde_json::json!({"job_id": self.job_id, "error": result.error}),
                 );
@@ -233,7 +234,7 @@ impl Job {
             |agent| {
                 if self.operation == Operation::Apply {
                     let payload = serde_json::json!({"job_id": self.job_id, "by": self.by});
-                    sink.emit("state_apply_started", agent, payload);
+                    sink.emit(EventKind::StateApplyStarted, agent, payload);
                 }
             },
             sender,
@@ -275,19 +276,19 @@ impl Job {
                 match reply.outcome {
                     ReplyOutcome::State(outcome) => outcome,
                     ReplyOutcome::Exec(_) => {
-                        result.status = "failed";
+                        result.status = JobStatus::Failed;
                         result.error = Some("the agent answered with an exec result".into());
                         return result;
                     }
                 }
             }
             Delivery::NoAnswer => {
-                result.status = "timed_out";
+                result.status = JobStatus::TimedOut;
                 result.error = Some("no answer from the agent before the timeout".into());
                 return result;
             }
             Delivery::NotSent(error) => {
-                result.status = "unreachable";
+                result.status = JobStatus::Unreachable;
                 result.error = Some(format!("command not sent: {error}"));
                 return result;
             }
@@ -302,19 +303,19 @@ impl Job {
         let any_change = outcome.outcomes.iter().any(|o| o.changed);
         result.outcomes = outcome.outcomes;
         result.status = if outcome.timed_out {
-            "timed_out"
+            JobStatus::TimedOut
         } else if any_error || result.error.is_some() {
-            "failed"
+            JobStatus::Failed
         } else if self.operation == Operation::Drift {
             if result.drift.is_empty() {
-                "ok"
+                JobStatus::Ok
             } else {
-                "drift"
+                JobStatus::Drift
             }
         } else if any_change {
-            "changed"
+            JobStatus::Changed
         } else {
-            "ok"
+            JobStatus::Ok
         };
         result
     }
@@ -352,8 +353,8 @@ impl Job {
         match self.operation {
             Operation::Apply => {
                 let event_type = match result.status {
-                    "ok" | "changed" => "state_apply_succeeded",
-                    _ => "state_apply_failed",
+                    JobStatus::Ok | JobStatus::Changed => EventKind::StateApplySucceeded,
+                    _ => EventKind::StateApplyFailed,
                 };
                 let payload = serde_json::json!({
                     "job_id": self.job_id, "changed": changed, "failed": failed,
@@ -363,7 +364,7 @@ impl Job {
             }
             Operation::Drift if !result.drift.is_empty() => {
                 let payload = serde_json::json!({"job_id": self.job_id, "resources": result.drift});
-                sink.emit("state_drift_detected", &result.agent_id, payload);
+                sink.emit(EventKind::StateDriftDetected, &result.agent_id, payload);
             }
             _ => {}
         }

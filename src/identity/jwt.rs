@@ -552,10 +552,20 @@ async fn audit_issue(
         .auditor
         .record(
             principal,
-            Action::new("jwt.issue", "jwt_svid", id).detail(detail),
+            Action::new("jwt.issue", "jwt_svid", &id).detail(detail.clone()),
             result,
         )
         .await;
+    if result.is_ok() {
+        // The event says who got a token for what; never the token.
+        let mut payload = detail;
+        payload["id"] = json!(id);
+        payload["by"] = json!(principal.name);
+        domain
+            .events
+            .emit_system(crate::events::EventKind::JwtIssued, "server", payload)
+            .await;
+    }
 }
 
 /// `jwt issue` (admin): a token for `subject` (default the caller's own
@@ -680,10 +690,19 @@ pub async fn revoke_jwt(domain: &Domain, principal: &Principal, id: &str) -> Res
         .auditor
         .record(
             principal,
-            Action::new("jwt.revoke", "jwt_svid", id).detail(detail),
+            Action::new("jwt.revoke", "jwt_svid", id).detail(detail.clone()),
             &result,
         )
         .await;
+    if result.is_ok() {
+        let mut payload = detail;
+        payload["id"] = json!(id);
+        payload["by"] = json!(principal.name);
+        domain
+            .events
+            .emit_system(crate::events::EventKind::JwtRevoked, "server", payload)
+            .await;
+    }
     result
 }
 

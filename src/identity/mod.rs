@@ -252,7 +252,11 @@ pub async fn rotate_signing(domain: &Domain, principal: &Principal) -> Result<Ca
     result?;
     domain
         .events
-        .emit_system("ca_signing_rotated", &principal.name, detail)
+        .emit_system(
+            crate::events::EventKind::CaSigningRotated,
+            &principal.name,
+            detail,
+        )
         .await;
     ca_info(domain, principal).await
 }
@@ -490,7 +494,7 @@ pub async fn enrol(domain: &Domain, request: EnrolRequest) -> Result<Enrolled> {
     domain
         .events
         .emit_system(
-            "agent_enrolled",
+            crate::events::EventKind::AgentEnrolled,
             &request.agent_id,
             serde_json::json!({
                 "agent_id": request.agent_id, "labels": request.labels,

@@ -108,9 +108,9 @@ impl Bus {
                 };
                 if flag.swap(healthy, Ordering::Relaxed) != healthy {
                     let event_type = if healthy {
-                        "bus_healthy"
+                        crate::events::EventKind::BusHealthy
                     } else {
-                        "bus_degraded"
+                        crate::events::EventKind::BusDegraded
                     };
                     events
                         .emit_system(event_type, "server", serde_json::json!({"detail": detail}))

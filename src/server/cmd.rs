@@ -413,7 +413,7 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     context
         .domain
         .events
-        .emit_system("server_started", "server", started)
+        .emit_system(crate::events::EventKind::ServerStarted, "server", started)
         .await;
 
     signals.wait(&context).await;
@@ -421,7 +421,11 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     context
         .domain
         .events
-        .emit_system("server_stopping", "server", serde_json::json!({}))
+        .emit_system(
+            crate::events::EventKind::ServerStopping,
+            "server",
+            serde_json::json!({}),
+        )
         .await;
     context.grpc_serving.store(false, Ordering::Relaxed);
     // Heartbeat times are saved in batches; keep the last ones for the next start.

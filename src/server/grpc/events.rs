@@ -19,9 +19,9 @@ impl From<Event> for proto::Event {
         proto::Event {
             id: event.id,
             seq: event.seq,
-            r#type: event.event_type,
+            r#type: event.event_type.to_string(),
             category: event.category,
-            severity: event.severity,
+            severity: event.severity.to_string(),
             source: event.source,
             timestamp: event.timestamp,
             payload_json: event.payload.to_string(),
@@ -163,7 +163,7 @@ impl proto::event_service_server::EventService for Events {
                 .map(|t| proto::EventType {
                     name: t.name.into(),
                     category: t.category.into(),
-                    default_severity: t.severity.into(),
+                    default_severity: t.severity.to_string(),
                 })
                 .collect(),
         }))

@@ -25,7 +25,7 @@ impl From<AgentView> for proto::Agent {
         proto::Agent {
             id: agent.id,
             labels: agent.labels.into_iter().collect(),
-            state: agent.state,
+            state: agent.state.to_string(),
             quarantined: agent.quarantined,
             quarantine_reason: agent.quarantine_reason.unwrap_or_default(),
             last_heartbeat_at: agent.last_heartbeat_at.unwrap_or_default(),
@@ -145,14 +145,8 @@ impl proto::fleet_service_server::FleetService for Fleet {
     ) -> Result<Response<proto::Agent>, Status> {
         let caller = principal(&request)?;
         let request = request.into_inner();
-        let agent = fleet::set_quarantine(
-            &self.context.domain,
-            &caller,
-            &request.id,
-            true,
-            &request.reason,
-        )
-        .await?;
+        let agent =
+            fleet::quarantine(&self.context.domain, &caller, &request.id, &request.reason).await?;
         Ok(Response::new(agent.into()))
     }
 
@@ -161,14 +155,8 @@ impl proto::fleet_service_server::FleetService for Fleet {
         request: Request<proto::AgentRequest>,
     ) -> Result<Response<proto::Agent>, Status> {
         let caller = principal(&request)?;
-        let agent = fleet::set_quarantine(
-            &self.context.domain,
-            &caller,
-            &request.get_ref().id,
-            false,
-            "",
-        )
-        .await?;
+        let agent =
+            fleet::unquarantine(&self.context.domain, &caller, &request.get_ref().id).await?;
         Ok(Response::new(agent.into()))
     }
 
