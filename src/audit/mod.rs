@@ -20,7 +20,7 @@ use crate::auth::{Principal, Role};
 use crate::store::{AuditFilter, AuditGroup, AuditRow, Store};
 use crate::{clock, ids, Error, Result};
 
-pub use policy::{Decision, Effect, PolicySet};
+pub use policy::{Decision, Effect, PolicySet, Severity};
 
 /// Owns the policy set and writes audit rows.
 pub struct Auditor {
@@ -118,20 +118,13 @@ impl Entry {
 }
 
 /// The severity of an action before policies weigh in.
-fn action_severity(action: &str) -> &'static str {
+fn action_severity(action: &str) -> Severity {
     let family = action.split('.').next().unwrap_or("");
     match family {
-        "ca" | "cluster" => "critical",
-        "apikey" | "secret" | "transit" | "lease" | "exec" | "token" => "high",
-        _ => "medium",
+        "ca" | "cluster" => Severity::Critical,
+        "apikey" | "secret" | "transit" | "lease" | "exec" | "token" | "jwt" => Severity::High,
+        _ => Severity::Medium,
     }
-}
-
-fn severity_rank(severity: &str) -> usize {
-    policy::SEVERITIES
-        .iter()
-        .position(|s| *s == severity)
-        .unwrap_or(1)
 }
 
 /// The outcome word for a result: refused operations are `denied`, other failures `error`.
@@ -206,9 +199,7 @@ impl Auditor {
             .evaluate(action.action, principal, &resource);
         let mut severity = action_severity(action.action);
         if let Some(d) = decision.as_ref().filter(|d| d.effect == Effect::Deny) {
-            if severity_rank(&d.severity) > severity_rank(severity) {
-                severity = policy::SEVERITIES[severity_rank(&d.severity)];
-            }
+            severity = severity.max(d.severity);
         }
         let row = AuditRow {
             seq: 0,
@@ -296,16 +287,15 @@ impl Query {
         let severities = match non_empty(&self.min_severity) {
             None => Vec::new(),
             Some(min) => {
-                let rank = policy::SEVERITIES
-                    .iter()
-                    .position(|s| *s == min)
-                    .ok_or_else(|| {
-                        Error::Invalid(format!(
-                            "min severity '{min}' is not one of low, medium, high, critical"
-                        ))
-                    })?;
-                policy::SEVERITIES[rank..]
-                    .iter()
+                let min = Severity::parse(&min).ok_or_else(|| {
+                    Error::Invalid(format!(
+                        "min severity '{min}' is not one of {}",
+                        policy::SEVERITIES.join(", ")
+                    ))
+                })?;
+                Severity::ALL
+                    .into_iter()
+                    .filter(|s| *s >= min)
                     .map(|s| s.to_string())
                     .collect()
             }

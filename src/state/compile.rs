@@ -341,11 +341,11 @@ mod tests {
                 }),
                 Resource::Package(PackageResource {
                     name: "telnet".into(),
-                    state: Some("absent".into()),
+                    state: Some(crate::state::PackageState::Absent),
                 }),
                 Resource::Service(ServiceResource {
                     name: "nginx".into(),
-                    state: Some("running".into()),
+                    state: Some(crate::state::ServiceState::Running),
                     enabled: Some(true),
                 }),
                 Resource::Command(CommandResource {
@@ -394,11 +394,11 @@ mod tests {
             ),
             (
                 "- package: {name: nginx}\n- package: {name: nginx, state: latest}\n",
-                "line 2: package: state must be installed or absent, not 'latest'",
+                "line 2: package: unknown variant `latest`, expected `installed` or `absent`",
             ),
             (
                 "- service: {name: x, state: up}\n",
-                "line 1: service: state must be running or stopped, not 'up'",
+                "line 1: service: unknown variant `up`, expected `running` or `stopped`",
             ),
             (
                 "- service: {name: x, enabled: maybe}\n",

@@ -57,13 +57,46 @@ pub enum Resource {
     Command(CommandResource),
 }
 
+/// Whether a file, directory or symlink should exist (wire names lowercase).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Presence {
+    Present,
+    Absent,
+}
+
+/// What a package should be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PackageState {
+    Installed,
+    Absent,
+}
+
+/// What a service should be doing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ServiceState {
+    Running,
+    Stopped,
+}
+
+impl std::fmt::Display for ServiceState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ServiceState::Running => "running",
+            ServiceState::Stopped => "stopped",
+        })
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileResource {
     pub path: String,
     /// present (default) | absent. Absent removes a regular file, never anything else.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub state: Option<String>,
+    pub state: Option<Presence>,
     /// The whole file, as text. At most one of content, content_base64 and source.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
@@ -94,7 +127,7 @@ pub struct DirectoryResource {
     pub path: String,
     /// present (default) | absent. Absent removes an empty directory only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub state: Option<String>,
+    pub state: Option<Presence>,
     /// Octal, as text; a new directory without a mode gets 0755.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<String>,
@@ -114,7 +147,7 @@ pub struct SymlinkResource {
     pub target: String,
     /// present (default) | absent. Absent removes a symlink, never what it points at.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub state: Option<String>,
+    pub state: Option<Presence>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -123,7 +156,7 @@ pub struct PackageResource {
     pub name: String,
     /// installed (default) | absent
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub state: Option<String>,
+    pub state: Option<PackageState>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -132,7 +165,7 @@ pub struct ServiceResource {
     pub name: String,
     /// running | stopped; unset leaves it alone. At least one of state and enabled is set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub state: Option<String>,
+    pub state: Option<ServiceState>,
     /// Started at boot; unset leaves it alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,

@@ -5,7 +5,9 @@
 
 use base64::Engine as _;
 
-use super::{FileResource, Plan, Resource};
+#[cfg(test)]
+use super::ServiceState;
+use super::{FileResource, Plan, Presence, Resource};
 
 /// File contents a plan may carry in all, measured as encoded in the JSON plan. The plan
 /// travels in one bus message of at most 1 MiB, and text can grow when escaped, so half of that
@@ -43,7 +45,7 @@ pub(super) fn check_resource(resource: &Resource) -> Result<(), String> {
     match resource {
         Resource::File(file) => {
             check_path("path", &file.path)?;
-            let is_absent = check_presence(file.state.as_deref())?;
+            let is_absent = file.state == Some(Presence::Absent);
             let sources = [
                 ("content", file.content.is_some()),
                 ("content_base64", file.content_base64.is_some()),
@@ -89,7 +91,7 @@ pub(super) fn check_resource(resource: &Resource) -> Result<(), String> {
         }
         Resource::Directory(directory) => {
             check_path("path", &directory.path)?;
-            if check_presence(directory.state.as_deref())? {
+            if directory.state == Some(Presence::Absent) {
                 refuse_with_absent(&[
                     ("mode", directory.mode.is_some()),
                     ("owner", directory.owner.is_some()),
@@ -104,7 +106,7 @@ pub(super) fn check_resource(resource: &Resource) -> Result<(), String> {
         }
         Resource::Symlink(symlink) => {
             check_path("path", &symlink.path)?;
-            if check_presence(symlink.state.as_deref())? {
+            if symlink.state == Some(Presence::Absent) {
                 refuse_with_absent(&[("target", !symlink.target.is_empty())])
             } else if symlink.target.is_empty() {
                 Err("target is required (what the link points at)".into())
@@ -115,20 +117,11 @@ pub(super) fn check_resource(resource: &Resource) -> Result<(), String> {
             }
         }
         Resource::Package(package) => {
-            check_package_name(&package.name)?;
-            match package.state.as_deref() {
-                None | Some("installed") | Some("absent") => Ok(()),
-                Some(other) => Err(format!("state must be installed or absent, not '{other}'")),
-            }
+            // Its state is an enum: YAML with another value does not parse.
+            check_package_name(&package.name)
         }
         Resource::Service(service) => {
             check_service_name(&service.name)?;
-            match service.state.as_deref() {
-                None | Some("running") | Some("stopped") => {}
-                Some(other) => {
-                    return Err(format!("state must be running or stopped, not '{other}'"))
-                }
-            }
             if service.state.is_none() && service.enabled.is_none() {
                 return Err("nothing to manage: set state (running|stopped) and/or enabled".into());
             }
@@ -226,15 +219,6 @@ fn check_path(field: &str, path: &str) -> Result<(), String> {
         ));
     }
     Ok(())
-}
-
-/// present (the default) or absent; true for absent.
-fn check_presence(state: Option<&str>) -> Result<bool, String> {
-    match state {
-        None | Some("present") => Ok(false),
-        Some("absent") => Ok(true),
-        Some(other) => Err(format!("state must be present or absent, not '{other}'")),
-    }
 }
 
 fn refuse_with_absent(fields: &[(&str, bool)]) -> Result<(), String> {
@@ -439,18 +423,11 @@ mod tests {
             ),
             (
                 Resource::File(FileResource {
-                    state: Some("absent".into()),
+                    state: Some(Presence::Absent),
                     mode: Some("0644".into()),
                     ..file("/a")
                 }),
                 Some("mode cannot go with state absent"),
-            ),
-            (
-                Resource::File(FileResource {
-                    state: Some("gone".into()),
-                    ..file("/a")
-                }),
-                Some("state must be present or absent"),
             ),
             (
                 Resource::Directory(DirectoryResource {
@@ -479,14 +456,14 @@ mod tests {
                 Resource::Symlink(SymlinkResource {
                     path: "/a".into(),
                     target: "/b".into(),
-                    state: Some("absent".into()),
+                    state: Some(Presence::Absent),
                 }),
                 Some("target cannot go with state absent"),
             ),
             (
                 Resource::Package(PackageResource {
                     name: "libc6:amd64".into(),
-                    state: Some("absent".into()),
+                    state: Some(super::super::PackageState::Absent),
                 }),
                 None,
             ),
@@ -498,16 +475,9 @@ mod tests {
                 Some("package name '-y'"),
             ),
             (
-                Resource::Package(PackageResource {
-                    name: "nginx".into(),
-                    state: Some("latest".into()),
-                }),
-                Some("state must be installed or absent, not 'latest'"),
-            ),
-            (
                 Resource::Service(ServiceResource {
                     name: "nginx".into(),
-                    state: Some("running".into()),
+                    state: Some(ServiceState::Running),
                     enabled: None,
                 }),
                 None,
@@ -519,14 +489,6 @@ mod tests {
                     enabled: Some(true),
                 }),
                 None,
-            ),
-            (
-                Resource::Service(ServiceResource {
-                    name: "nginx".into(),
-                    state: Some("restarted".into()),
-                    enabled: None,
-                }),
-                Some("state must be running or stopped"),
             ),
             (
                 Resource::Service(ServiceResource {

@@ -23,7 +23,7 @@ pub(super) fn run(
     planned: &mut PlannedDirectories,
 ) -> Result<Report, String> {
     let path = Path::new(&directory.path);
-    if directory.state.as_deref() == Some("absent") {
+    if directory.state == Some(crate::state::Presence::Absent) {
         return remove(path, mode);
     }
     let mut wanted = Attributes::resolve(
@@ -224,7 +224,7 @@ mod tests {
         fs::create_dir(&path).unwrap();
         fs::write(path.join("precious"), "data").unwrap();
         let absent = DirectoryResource {
-            state: Some("absent".into()),
+            state: Some(crate::state::Presence::Absent),
             ..resource(&path)
         };
         let error = run_alone(&absent, Mode::Apply).unwrap_err();

@@ -27,7 +27,7 @@ pub(super) fn run(
     planned: &PlannedDirectories,
 ) -> Result<Report, String> {
     let path = Path::new(&file.path);
-    if file.state.as_deref() == Some("absent") {
+    if file.state == Some(crate::state::Presence::Absent) {
         return remove(path, mode);
     }
     let content = match (&file.content, &file.content_base64) {
@@ -402,7 +402,7 @@ mod tests {
         let path = dir.path().join("old");
         fs::write(&path, "bye").unwrap();
         let file = FileResource {
-            state: Some("absent".into()),
+            state: Some(crate::state::Presence::Absent),
             ..resource(&path)
         };
         assert_eq!(check(&file).unwrap().detail, "would remove (3 bytes)");

@@ -46,7 +46,7 @@ fn run_with(
         "no supported package manager found (need dpkg-query and apt-get, or rpm and dnf)",
     )?;
     let name = package.name.as_str();
-    let wants_installed = package.state.as_deref() != Some("absent");
+    let wants_installed = package.state != Some(crate::state::PackageState::Absent);
     if is_installed(&manager, name)? == wants_installed {
         let state = if wants_installed {
             "installed"
@@ -156,7 +156,7 @@ mod tests {
     fn package(name: &str, state: Option<&str>) -> PackageResource {
         PackageResource {
             name: name.into(),
-            state: state.map(String::from),
+            state: state.map(|s| serde_json::from_value(serde_json::json!(s)).unwrap()),
         }
     }
 

@@ -31,8 +31,8 @@ fn run_with(
         systemctl.ok_or("systemctl not found (services are managed through systemd)")?;
     let name = service.name.as_str();
     let mut changes = Vec::new();
-    if let Some(state) = service.state.as_deref() {
-        let wants_running = state == "running";
+    if let Some(state) = service.state {
+        let wants_running = state == crate::state::ServiceState::Running;
         let (is_running_now, current) = is_active(systemctl, name)?;
         if is_running_now != wants_running {
             let action = if wants_running { "start" } else { "stop" };
@@ -125,7 +125,7 @@ mod tests {
     fn service() -> ServiceResource {
         ServiceResource {
             name: "svc-no-such-unit".into(),
-            state: Some("running".into()),
+            state: Some(crate::state::ServiceState::Running),
             enabled: Some(true),
         }
     }
@@ -164,7 +164,7 @@ esac"#
     fn unit(name: &str, state: &str, enabled: bool) -> ServiceResource {
         ServiceResource {
             name: name.into(),
-            state: Some(state.into()),
+            state: Some(serde_json::from_value(serde_json::json!(state)).unwrap()),
             enabled: Some(enabled),
         }
     }

@@ -22,7 +22,7 @@ pub(super) fn run(
     planned: &PlannedDirectories,
 ) -> Result<Report, String> {
     let path = Path::new(&link.path);
-    if link.state.as_deref() == Some("absent") {
+    if link.state == Some(crate::state::Presence::Absent) {
         return remove(path, mode);
     }
     let target = Path::new(&link.target);
@@ -156,7 +156,7 @@ mod tests {
                 "{error}"
             );
             let absent = SymlinkResource {
-                state: Some("absent".into()),
+                state: Some(crate::state::Presence::Absent),
                 ..resource(path, "")
             };
             let error = run_alone(&absent, Mode::Apply).unwrap_err();
@@ -177,7 +177,7 @@ mod tests {
         let path = dir.path().join("link");
         symlink(&target, &path).unwrap();
         let absent = SymlinkResource {
-            state: Some("absent".into()),
+            state: Some(crate::state::Presence::Absent),
             ..resource(&path, "")
         };
         assert_eq!(
