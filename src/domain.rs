@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::audit::Auditor;
-use crate::auth::{self, Principal, RateLimiter};
+use crate::auth::{self, Admission, InFlight, Principal, RateLimiter};
 use crate::config::ServerConfig;
 use crate::events::Events;
 use crate::identity::Keys;
@@ -37,6 +37,8 @@ pub struct Domain {
     keys: Keys,
     /// Per-key token buckets, applied to every authenticated request on every transport.
     rate_limiter: RateLimiter,
+    /// Per-key requests in progress (`rate_limit.max_in_flight`), taken by [`Domain::admit`].
+    in_flight: InFlight,
 }
 
 /// The durable streams the domain writes.
@@ -70,6 +72,7 @@ impl Domain {
                 config.rate_limit.requests_per_second,
                 config.rate_limit.burst,
             ),
+            InFlight::new(config.rate_limit.max_in_flight),
         );
         // A wrong master_key is refused (with what to do) before anything sealed is opened.
         crate::secrets::start(&domain, domain.keys.master_key(), &config.secrets).await?;
@@ -87,6 +90,7 @@ impl Domain {
         fleet: crate::fleet::Fleet,
         keys: Keys,
         rate_limiter: RateLimiter,
+        in_flight: InFlight,
     ) -> Self {
         let auditor = Auditor::new(store.clone(), policy_dir)
             .with_events(events.clone())
@@ -99,6 +103,7 @@ impl Domain {
             fleet,
             keys,
             rate_limiter,
+            in_flight,
         }
     }
 
@@ -119,6 +124,7 @@ impl Domain {
             crate::fleet::Fleet::new(Duration::from_secs(30), None),
             Keys::new([0; 32], b"test-hmac-secret".to_vec()),
             RateLimiter::new(1000.0, 1000),
+            InFlight::new(1000),
         ))
     }
 
@@ -132,6 +138,16 @@ impl Domain {
         tracing::Span::current().record("key_id", principal.id.as_str());
         self.rate_limiter.check(&principal.id)?;
         Ok(principal)
+    }
+
+    /// [`Domain::authenticate`], then a slot among the key's `rate_limit.max_in_flight`
+    /// requests in progress (429 past it), held until the returned admission is dropped:
+    /// what a transport calls for a request whose handling can last (REST reads its body
+    /// after this).
+    pub async fn admit(&self, authorization: Option<&str>) -> Result<(Principal, Admission)> {
+        let principal = self.authenticate(authorization).await?;
+        let admission = self.in_flight.admit(&principal.id)?;
+        Ok((principal, admission))
     }
 
     /// Drops a deleted key's token bucket.

@@ -149,6 +149,15 @@ fn validate(config: &ServerConfig, dev: bool) -> Vec<String> {
     if config.limits.max_connections == 0 {
         problems.push("limits.max_connections must be at least 1".into());
     }
+    if config.rate_limit.max_in_flight == 0 {
+        problems.push("rate_limit.max_in_flight must be at least 1".into());
+    }
+    if config.limits.body_timeout.0.is_zero() {
+        problems.push("limits.body_timeout must be longer than 0s (default 30s)".into());
+    }
+    if config.limits.idle_timeout.0.is_zero() {
+        problems.push("limits.idle_timeout must be longer than 0s (default 10s)".into());
+    }
     // Reads and parses the files: a missing, unreadable or mismatched file is a problem here
     // rather than a failure at the first handshake.
     if let Err(problem) = crate::tls::server_tls(&config.tls) {

@@ -14,11 +14,11 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rusqlite::{params, Connection, OptionalExtension, Row};
+use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
 
 use super::{
     AgentRow, ApiKeyChange, ApiKeyRow, AuditFilter, AuditGroup, AuditRow, AuditSeal, CaRow,
-    JoinTokenRow, Store, MIGRATIONS,
+    JoinTokenRow, KeyWrite, Store, MIGRATIONS,
 };
 use crate::{Error, Result};
 
@@ -236,6 +236,16 @@ fn migrate(connection: &mut Connection) -> Result<()> {
         tracing::info!(version, name, "applied store migration");
     }
     Ok(())
+}
+
+/// Admin keys not expired at `now`. Expiries are all written by `clock::format_rfc3339`
+/// (fixed width, UTC), so text order is time order.
+fn active_admin_keys(c: &Connection, now: &str) -> rusqlite::Result<i64> {
+    c.query_row(
+        "SELECT COUNT(*) FROM api_keys WHERE role = 'admin' AND (expires_at IS NULL OR expires_at > ?1)",
+        [now],
+        |row| row.get(0),
+    )
 }
 
 const API_KEY_COLUMNS: &str = "id, name, role, key_hash, created_at, last_used_at, expires_at";
@@ -511,27 +521,51 @@ impl Store for SqliteStore {
         })
     }
 
-    async fn update_api_key(&self, id: &str, change: &ApiKeyChange) -> Result<Option<ApiKeyRow>> {
+    async fn update_api_key(
+        &self,
+        id: &str,
+        change: &ApiKeyChange,
+        now: &str,
+    ) -> Result<KeyWrite<ApiKeyRow>> {
         self.with(|c| {
-            let tx = c.transaction()?;
-            tx.execute(
-                "UPDATE api_keys SET name = COALESCE(?2, name), role = COALESCE(?3, role) WHERE id = ?1",
-                params![id, change.name, change.role],
+            // IMMEDIATE: the write lock is taken before the count, so the count still holds
+            // at commit. Returning early drops `tx`, which rolls back.
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let before = active_admin_keys(&tx, now)?;
+            let changed = tx.execute(
+                "UPDATE api_keys SET name = COALESCE(?2, name), role = COALESCE(?3, role), \
+                 expires_at = COALESCE(?4, expires_at) WHERE id = ?1",
+                params![id, change.name, change.role, change.expires_at],
             )?;
-            let row = tx
-                .query_row(
-                    &format!("SELECT {API_KEY_COLUMNS} FROM api_keys WHERE id = ?1"),
-                    [id],
-                    api_key_from_row,
-                )
-                .optional()?;
+            if changed == 0 {
+                return Ok(KeyWrite::NotFound);
+            }
+            if before > 0 && active_admin_keys(&tx, now)? == 0 {
+                return Ok(KeyWrite::LastAdmin);
+            }
+            let row = tx.query_row(
+                &format!("SELECT {API_KEY_COLUMNS} FROM api_keys WHERE id = ?1"),
+                [id],
+                api_key_from_row,
+            )?;
             tx.commit()?;
-            Ok(row)
+            Ok(KeyWrite::Done(row))
         })
     }
 
-    async fn delete_api_key(&self, id: &str) -> Result<bool> {
-        self.with(|c| Ok(c.execute("DELETE FROM api_keys WHERE id = ?1", [id])? > 0))
+    async fn delete_api_key(&self, id: &str, now: &str) -> Result<KeyWrite<()>> {
+        self.with(|c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let before = active_admin_keys(&tx, now)?;
+            if tx.execute("DELETE FROM api_keys WHERE id = ?1", [id])? == 0 {
+                return Ok(KeyWrite::NotFound);
+            }
+            if before > 0 && active_admin_keys(&tx, now)? == 0 {
+                return Ok(KeyWrite::LastAdmin);
+            }
+            tx.commit()?;
+            Ok(KeyWrite::Done(()))
+        })
     }
 
     async fn append_audit_batch(
