@@ -341,6 +341,17 @@ pub async fn ensure_bootstrap_key(
     Ok(Some(record.id))
 }
 
+/// `svc-server --recover-admin`: a new admin key named `name`, its cleartext written to
+/// `key_file` (0600) before the row is stored. For the server's host only, with the data
+/// dir's lock held, when no admin key is left to make one through the API.
+pub async fn recover_admin_key(store: &dyn Store, key_file: &Path, name: &str) -> Result<ApiKey> {
+    let name = validate_name(name)?;
+    let key = generate_key();
+    write_private_file(key_file, format!("{key}\n").as_bytes())?;
+    let (record, _) = insert_key(store, name, Role::Admin, None, key).await?;
+    Ok(record)
+}
+
 /// Writes a file readable only by its owner (0600), replacing any old one.
 pub fn write_private_file(path: &Path, contents: &[u8]) -> Result<()> {
     use std::io::Write;
