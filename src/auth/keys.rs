@@ -239,9 +239,8 @@ pub async fn update_key(
     id: &str,
     update: KeyUpdate,
 ) -> Result<ApiKey> {
-    let action = Action::new("apikey.update", "apikey", id).detail(
-        json!({"name": update.name, "role": update.role, "expires_at": update.expires_at}),
-    );
+    let action = Action::new("apikey.update", "apikey", id)
+        .detail(json!({"name": update.name, "role": update.role, "expires_at": update.expires_at}));
     let result = update_key_checked(domain.store.as_ref(), principal, id, update).await;
     domain.auditor.record(principal, action, &result).await;
     result

@@ -16,8 +16,8 @@ use crate::{Error, Result};
 pub use access::{bus_permissions, Access};
 pub use keys::{
     authenticate, create_key, delete_key, ensure_bootstrap_key, get_key, hash_key, list_keys,
-    looks_like_api_key, recover_admin_key, update_key, write_private_file, ApiKey, KeyUpdate, NewKey,
-    BOOTSTRAP_KEY_NAME,
+    looks_like_api_key, recover_admin_key, update_key, write_private_file, ApiKey, KeyUpdate,
+    NewKey, BOOTSTRAP_KEY_NAME,
 };
 pub use rate_limit::{Admission, InFlight, RateLimiter};
 

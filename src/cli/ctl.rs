@@ -276,9 +276,8 @@ fn expiry(expires_at: Option<String>, ttl: Option<String>) -> Result<Option<Stri
         (Some(_), Some(_)) => Err(CliError::usage("give --expires-at or --ttl, not both")),
         (Some(at), None) => Ok(Some(at)),
         (None, Some(ttl)) => {
-            let ttl = crate::clock::parse_duration(&ttl).ok_or_else(|| {
-                CliError::usage(format!("invalid --ttl '{ttl}' (e.g. 30d, 24h)"))
-            })?;
+            let ttl = crate::clock::parse_duration(&ttl)
+                .ok_or_else(|| CliError::usage(format!("invalid --ttl '{ttl}' (e.g. 30d, 24h)")))?;
             Ok(Some(crate::clock::format_rfc3339(
                 crate::clock::now_millis() + ttl.as_millis() as i64,
             )))

@@ -238,12 +238,14 @@ fn migrate(connection: &mut Connection) -> Result<()> {
     Ok(())
 }
 
-/// Admin keys not expired at `now`. Expiries are all written by `clock::format_rfc3339`
-/// (fixed width, UTC), so text order is time order.
-fn active_admin_keys(c: &Connection, now: &str) -> rusqlite::Result<i64> {
+/// Whether key `id` is an active admin key (role admin, not expired at `now`) and no other
+/// is. Expiries are all written by `clock::format_rfc3339` (fixed width, UTC), so text order
+/// is time order.
+fn is_last_active_admin(c: &Connection, id: &str, now: &str) -> rusqlite::Result<bool> {
     c.query_row(
-        "SELECT COUNT(*) FROM api_keys WHERE role = 'admin' AND (expires_at IS NULL OR expires_at > ?1)",
-        [now],
+        "SELECT COALESCE(SUM(id = ?1), 0) = 1 AND COUNT(*) = 1 FROM api_keys \
+         WHERE role = 'admin' AND (expires_at IS NULL OR expires_at > ?2)",
+        params![id, now],
         |row| row.get(0),
     )
 }
@@ -531,7 +533,11 @@ impl Store for SqliteStore {
             // IMMEDIATE: the write lock is taken before the count, so the count still holds
             // at commit. Returning early drops `tx`, which rolls back.
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let before = active_admin_keys(&tx, now)?;
+            let takes_admin = change.role.as_deref().is_some_and(|role| role != "admin")
+                || change.expires_at.is_some();
+            if takes_admin && is_last_active_admin(&tx, id, now)? {
+                return Ok(KeyWrite::LastAdmin);
+            }
             let changed = tx.execute(
                 "UPDATE api_keys SET name = COALESCE(?2, name), role = COALESCE(?3, role), \
                  expires_at = COALESCE(?4, expires_at) WHERE id = ?1",
@@ -539,9 +545,6 @@ impl Store for SqliteStore {
             )?;
             if changed == 0 {
                 return Ok(KeyWrite::NotFound);
-            }
-            if before > 0 && active_admin_keys(&tx, now)? == 0 {
-                return Ok(KeyWrite::LastAdmin);
             }
             let row = tx.query_row(
                 &format!("SELECT {API_KEY_COLUMNS} FROM api_keys WHERE id = ?1"),
@@ -556,12 +559,11 @@ impl Store for SqliteStore {
     async fn delete_api_key(&self, id: &str, now: &str) -> Result<KeyWrite<()>> {
         self.with(|c| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let before = active_admin_keys(&tx, now)?;
+            if is_last_active_admin(&tx, id, now)? {
+                return Ok(KeyWrite::LastAdmin);
+            }
             if tx.execute("DELETE FROM api_keys WHERE id = ?1", [id])? == 0 {
                 return Ok(KeyWrite::NotFound);
-            }
-            if before > 0 && active_admin_keys(&tx, now)? == 0 {
-                return Ok(KeyWrite::LastAdmin);
             }
             tx.commit()?;
             Ok(KeyWrite::Done(()))
