@@ -485,6 +485,49 @@ fn openapi_documents_every_route() {
             doc["paths"][path][method].is_object(),
             "{method} {path} missing"
         );
+        // Every path answers a method it does not serve with 405 and Allow.
+        assert_eq!(
+            doc["paths"][path][method]["responses"]["405"]["$ref"],
+            "#/components/responses/MethodNotAllowed",
+            "{method} {path}"
+        );
+    }
+    assert_eq!(
+        doc["components"]["responses"]["MethodNotAllowed"]["headers"]["Allow"]["required"],
+        true
+    );
+    // The rules the server enforces on bodies are stated.
+    for (path, method) in [
+        ("/api/v1/apikeys", "post"),
+        ("/api/v1/apikeys/{id}", "patch"),
+    ] {
+        let responses = &doc["paths"][path][method]["responses"];
+        for code in ["400", "401", "403", "408", "413", "415", "422", "429"] {
+            assert!(responses[code].is_object(), "{method} {path}: no {code}");
+        }
+        let body = &doc["paths"][path][method]["requestBody"]["content"];
+        assert_eq!(body.as_object().unwrap().len(), 1, "application/json only");
+    }
+    for method in ["patch", "delete"] {
+        assert!(doc["paths"]["/api/v1/apikeys/{id}"][method]["responses"]["409"].is_object());
+    }
+    for schema in ["NewApiKey", "ApiKeyUpdate"] {
+        let schema = &doc["components"]["schemas"][schema];
+        assert_eq!(schema["additionalProperties"], false);
+        let name = &schema["properties"]["name"];
+        assert_eq!(
+            (name["minLength"].as_u64(), name["maxLength"].as_u64()),
+            (Some(1), Some(128))
+        );
+        assert!(name["pattern"]
+            .as_str()
+            .unwrap()
+            .contains("\\u0000-\\u001F"));
+        assert_eq!(schema["properties"]["expires_at"]["format"], "date-time");
+        assert_eq!(
+            schema["properties"]["role"]["enum"],
+            serde_json::json!(["admin", "operator", "readonly"])
+        );
     }
 }
 
@@ -1072,6 +1115,17 @@ fn bodies_must_be_json_objects_sent_as_json() {
         .collect();
     assert_eq!(names, ["bootstrap-admin", "ci", "ci", "target"]);
     assert_eq!(list["apikeys"][3]["role"], "readonly");
+    // 128 characters, not bytes, as the OpenAPI document says.
+    for (count, status) in [(128, 201), (129, 422)] {
+        let body = format!(r#"{{"name":"{}","role":"readonly"}}"#, "é".repeat(count));
+        let response = server.request(
+            "POST",
+            "/api/v1/apikeys",
+            Some(&server.admin_key),
+            Some(&body),
+        );
+        assert_eq!(response.status, status, "{count}: {}", response.body);
+    }
 }
 
 #[test]
