@@ -19,7 +19,7 @@ pub use keys::{
     looks_like_api_key, recover_admin_key, update_key, write_private_file, ApiKey, KeyUpdate,
     NewKey, BOOTSTRAP_KEY_NAME,
 };
-pub use rate_limit::{Admission, InFlight, RateLimiter};
+pub use rate_limit::{Admission, InFlight, KeyLimits, RateLimiter};
 
 /// The roles of contract §4, ordered by what they may do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

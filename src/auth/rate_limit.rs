@@ -63,6 +63,12 @@ impl RateLimiter {
     }
 }
 
+/// Both per-key limits, as the domain holds them.
+pub struct KeyLimits {
+    pub rate: RateLimiter,
+    pub in_flight: InFlight,
+}
+
 /// Counts each key's requests in progress; a request past `max` is refused (429) instead of
 /// waiting, so one key cannot hold an unbounded share of the server (e.g. with bodies that
 /// never finish).

@@ -854,18 +854,34 @@ mod tests {
             store.find_api_key_by_hash("h2").await.unwrap().unwrap().id,
             "b"
         );
+        let now = "2026-11-21T09:00:00.000Z";
         let change = ApiKeyChange {
-            name: None,
             role: Some("admin".into()),
+            ..ApiKeyChange::default()
         };
-        let updated = store.update_api_key("a", &change).await.unwrap().unwrap();
+        let KeyWrite::Done(updated) = store.update_api_key("a", &change, now).await.unwrap() else {
+            panic!("not updated");
+        };
         assert_eq!(
             (updated.name.as_str(), updated.role.as_str()),
             ("key a", "admin")
         );
-        assert!(store.update_api_key("zz", &change).await.unwrap().is_none());
-        assert!(store.delete_api_key("a").await.unwrap());
-        assert!(!store.delete_api_key("a").await.unwrap());
+        let missing = store.update_api_key("zz", &change, now).await.unwrap();
+        assert_eq!(missing, KeyWrite::NotFound);
+        // "a" is the only admin: it stays.
+        assert_eq!(
+            store.delete_api_key("a", now).await.unwrap(),
+            KeyWrite::LastAdmin
+        );
+        store.update_api_key("b", &change, now).await.unwrap();
+        assert_eq!(
+            store.delete_api_key("a", now).await.unwrap(),
+            KeyWrite::Done(())
+        );
+        assert_eq!(
+            store.delete_api_key("a", now).await.unwrap(),
+            KeyWrite::NotFound
+        );
         drop(store);
         let reopened = SqliteStore::open(&path).unwrap();
         assert_eq!(
@@ -873,6 +889,67 @@ mod tests {
             MIGRATIONS.last().map(|m| m.0).unwrap()
         );
         assert_eq!(reopened.list_api_keys().await.unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn the_last_active_admin_key_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(&dir.path().join("svc.db")).unwrap();
+        let now = "2026-11-21T09:00:00.000Z";
+        let admin = |id: &str, expires_at: Option<&str>| ApiKeyRow {
+            role: "admin".into(),
+            expires_at: expires_at.map(str::to_string),
+            ..row(id, id)
+        };
+        store.insert_api_key(&admin("live", None)).await.unwrap();
+        // Expired admins do not count; deleting one is fine.
+        store
+            .insert_api_key(&admin("old", Some("2026-11-21T08:59:59.999Z")))
+            .await
+            .unwrap();
+        let demote = ApiKeyChange {
+            role: Some("operator".into()),
+            ..ApiKeyChange::default()
+        };
+        let expire = ApiKeyChange {
+            expires_at: Some("2027-01-01T00:00:00.000Z".into()),
+            ..ApiKeyChange::default()
+        };
+        let rename = ApiKeyChange {
+            name: Some("root".into()),
+            ..ApiKeyChange::default()
+        };
+        for change in [&demote, &expire] {
+            let refused = store.update_api_key("live", change, now).await.unwrap();
+            assert_eq!(refused, KeyWrite::LastAdmin);
+        }
+        assert_eq!(
+            store.delete_api_key("live", now).await.unwrap(),
+            KeyWrite::LastAdmin
+        );
+        assert!(matches!(
+            store.update_api_key("live", &rename, now).await.unwrap(),
+            KeyWrite::Done(_)
+        ));
+        let kept = store.get_api_key("live").await.unwrap().unwrap();
+        assert_eq!((kept.role.as_str(), kept.expires_at), ("admin", None));
+        assert_eq!(
+            store.delete_api_key("old", now).await.unwrap(),
+            KeyWrite::Done(())
+        );
+        // A second admin with a future expiry is active: either may now be changed.
+        store
+            .insert_api_key(&admin("next", Some("2027-01-01T00:00:00.000Z")))
+            .await
+            .unwrap();
+        assert!(matches!(
+            store.update_api_key("live", &demote, now).await.unwrap(),
+            KeyWrite::Done(_)
+        ));
+        assert_eq!(
+            store.delete_api_key("next", now).await.unwrap(),
+            KeyWrite::LastAdmin
+        );
     }
 
     #[tokio::test]
