@@ -1316,6 +1316,8 @@ fn the_last_active_admin_key_cannot_be_deleted_demoted_or_given_an_expiry() {
 #[test]
 fn recover_admin_refuses_a_running_server_then_mints_an_audited_admin_key() {
     let mut server = TestServer::start();
+    let help = run(server.names.command("svc-server").arg("--help"));
+    assert!(help.stdout.contains("--recover-admin"), "{help:?}");
     let recover = |server: &TestServer| {
         run(server
             .names
