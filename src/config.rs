@@ -262,6 +262,8 @@ pub struct RateLimitConfig {
     pub requests_per_second: f64,
     /// Requests a key may make at once before the sustained rate applies.
     pub burst: u32,
+    /// REST requests one key may have in progress at once; past it a request gets 429.
+    pub max_in_flight: usize,
 }
 
 impl Default for RateLimitConfig {
@@ -269,6 +271,7 @@ impl Default for RateLimitConfig {
         RateLimitConfig {
             requests_per_second: 50.0,
             burst: 100,
+            max_in_flight: 16,
         }
     }
 }
@@ -302,6 +305,16 @@ pub struct LimitsConfig {
     /// Open connections each of the REST and gRPC listeners accepts; past it a new connection
     /// is closed at once (REST with a 503). The bus has its own cap in the broker.
     pub max_connections: usize,
+    /// Longest time a REST client may take to send a whole request body; past it the
+    /// request gets 408 and the connection is closed.
+    pub body_timeout: ConfigDuration,
+    /// Slowest a REST request body may arrive, in bytes per second: the body must be whole
+    /// by 5 s (`server::http::BODY_RATE_GRACE`) plus one second per `min_body_rate` bytes
+    /// received so far (and by `body_timeout` in any case); slower gets 408. 0: no floor.
+    pub min_body_rate: u64,
+    /// How long a REST connection may go without a complete request header: from connecting,
+    /// and between requests on a keep-alive connection. Past it the connection is closed.
+    pub idle_timeout: ConfigDuration,
 }
 
 impl Default for LimitsConfig {
@@ -309,6 +322,9 @@ impl Default for LimitsConfig {
         LimitsConfig {
             max_request_body: 1024 * 1024,
             max_connections: 4096,
+            body_timeout: ConfigDuration(Duration::from_secs(30)),
+            min_body_rate: 1024,
+            idle_timeout: ConfigDuration(Duration::from_secs(10)),
         }
     }
 }

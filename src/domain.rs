@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::audit::Auditor;
-use crate::auth::{self, Principal, RateLimiter};
+use crate::auth::{self, Admission, InFlight, KeyLimits, Principal, RateLimiter};
 use crate::config::ServerConfig;
 use crate::events::Events;
 use crate::identity::Keys;
@@ -35,8 +35,10 @@ pub struct Domain {
     pub fleet: crate::fleet::Fleet,
     /// The server secrets identity needs (hmacsecret; the master key follows `secrets`).
     keys: Keys,
-    /// Per-key token buckets, applied to every authenticated request on every transport.
-    rate_limiter: RateLimiter,
+    /// Per-key token buckets, applied to every authenticated request on every transport,
+    /// and per-key requests in progress (`rate_limit.max_in_flight`), taken by
+    /// [`Domain::admit`].
+    limits: KeyLimits,
 }
 
 /// The durable streams the domain writes.
@@ -66,10 +68,13 @@ impl Domain {
             Some(logs.audit),
             crate::fleet::Fleet::new(config.agents.heartbeat_timeout.0, Some(bus)),
             keys,
-            RateLimiter::new(
-                config.rate_limit.requests_per_second,
-                config.rate_limit.burst,
-            ),
+            KeyLimits {
+                rate: RateLimiter::new(
+                    config.rate_limit.requests_per_second,
+                    config.rate_limit.burst,
+                ),
+                in_flight: InFlight::new(config.rate_limit.max_in_flight),
+            },
         );
         // A wrong master_key is refused (with what to do) before anything sealed is opened.
         crate::secrets::start(&domain, domain.keys.master_key(), &config.secrets).await?;
@@ -86,7 +91,7 @@ impl Domain {
         audit_mirror: Option<Arc<StreamLog>>,
         fleet: crate::fleet::Fleet,
         keys: Keys,
-        rate_limiter: RateLimiter,
+        limits: KeyLimits,
     ) -> Self {
         let auditor = Auditor::new(store.clone(), policy_dir)
             .with_events(events.clone())
@@ -98,7 +103,7 @@ impl Domain {
             secrets: Default::default(),
             fleet,
             keys,
-            rate_limiter,
+            limits,
         }
     }
 
@@ -118,7 +123,10 @@ impl Domain {
             None,
             crate::fleet::Fleet::new(Duration::from_secs(30), None),
             Keys::new([0; 32], b"test-hmac-secret".to_vec()),
-            RateLimiter::new(1000.0, 1000),
+            KeyLimits {
+                rate: RateLimiter::new(1000.0, 1000),
+                in_flight: InFlight::new(1000),
+            },
         ))
     }
 
@@ -130,13 +138,23 @@ impl Domain {
         let principal = auth::authenticate(self.store.as_ref(), key).await?;
         // The transport's request span (server::request_span) names the caller from here on.
         tracing::Span::current().record("key_id", principal.id.as_str());
-        self.rate_limiter.check(&principal.id)?;
+        self.limits.rate.check(&principal.id)?;
         Ok(principal)
+    }
+
+    /// [`Domain::authenticate`], then a slot among the key's `rate_limit.max_in_flight`
+    /// requests in progress (429 past it), held until the returned admission is dropped:
+    /// what a transport calls for a request whose handling can last (REST reads its body
+    /// after this).
+    pub async fn admit(&self, authorization: Option<&str>) -> Result<(Principal, Admission)> {
+        let principal = self.authenticate(authorization).await?;
+        let admission = self.limits.in_flight.admit(&principal.id)?;
+        Ok((principal, admission))
     }
 
     /// Drops a deleted key's token bucket.
     pub fn forget_key(&self, id: &str) {
-        self.rate_limiter.forget(id);
+        self.limits.rate.forget(id);
     }
 
     /// The identity keys in force: the master key follows a `rotate-master`, which the

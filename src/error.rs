@@ -19,17 +19,30 @@ pub enum Error {
     Invalid(String),
     #[error("{0}")]
     Conflict(String),
+    /// The change would break a rule the current state must keep (the last active admin
+    /// key): HTTP 409, gRPC FailedPrecondition.
+    #[error("{0}")]
+    FailedPrecondition(String),
     #[error("{0}")]
     Unauthenticated(String),
     #[error("{0}")]
     Forbidden(String),
     #[error("rate limit exceeded; retry in {}s", retry_after.as_secs().max(1))]
     RateLimited { retry_after: Duration },
+    /// The key already has `rate_limit.max_in_flight` requests in progress: HTTP 429.
+    #[error("{0}")]
+    TooManyInFlight(String),
+    /// The client did not send its request (body) in time: HTTP 408, connection closed.
+    #[error("{0}")]
+    Timeout(String),
+    /// A request body that is not `application/json`: HTTP 415.
+    #[error("{0}")]
+    UnsupportedMediaType(String),
     #[error("{0}")]
     TooLarge(String),
-    /// A REST route exists but not for this method: HTTP 405.
-    #[error("{0}")]
-    MethodNotAllowed(String),
+    /// A REST route exists but not for this method: HTTP 405 with `Allow: <allow>`.
+    #[error("{message}")]
+    MethodNotAllowed { message: String, allow: String },
     #[error("{0}")]
     Unavailable(String),
     #[error("{0}: not implemented yet")]
@@ -51,11 +64,15 @@ impl Error {
             Error::Malformed(_) => "bad_request",
             Error::Invalid(_) => "invalid_argument",
             Error::Conflict(_) => "conflict",
+            Error::FailedPrecondition(_) => "failed_precondition",
             Error::Unauthenticated(_) => "unauthenticated",
             Error::Forbidden(_) => "permission_denied",
             Error::RateLimited { .. } => "rate_limited",
+            Error::TooManyInFlight(_) => "too_many_in_flight",
+            Error::Timeout(_) => "request_timeout",
+            Error::UnsupportedMediaType(_) => "unsupported_media_type",
             Error::TooLarge(_) => "payload_too_large",
-            Error::MethodNotAllowed(_) => "method_not_allowed",
+            Error::MethodNotAllowed { .. } => "method_not_allowed",
             Error::Unavailable(_) => "unavailable",
             Error::Unimplemented(_) => "unimplemented",
             Error::Internal(_) => "internal",
@@ -67,12 +84,14 @@ impl Error {
             Error::NotFound(_) => 404,
             Error::Malformed(_) => 400,
             Error::Invalid(_) => 422,
-            Error::Conflict(_) => 409,
+            Error::Conflict(_) | Error::FailedPrecondition(_) => 409,
             Error::Unauthenticated(_) => 401,
             Error::Forbidden(_) => 403,
-            Error::RateLimited { .. } => 429,
+            Error::RateLimited { .. } | Error::TooManyInFlight(_) => 429,
+            Error::Timeout(_) => 408,
+            Error::UnsupportedMediaType(_) => 415,
             Error::TooLarge(_) => 413,
-            Error::MethodNotAllowed(_) => 405,
+            Error::MethodNotAllowed { .. } => 405,
             Error::Unavailable(_) => 503,
             Error::Unimplemented(_) => 501,
             Error::Internal(_) => 500,
@@ -88,8 +107,13 @@ impl From<Error> for tonic::Status {
         let message = error.to_string();
         match error {
             Error::NotFound(_) => tonic::Status::not_found(message),
-            Error::Malformed(_) | Error::Invalid(_) => tonic::Status::invalid_argument(message),
+            Error::Malformed(_) | Error::Invalid(_) | Error::UnsupportedMediaType(_) => {
+                tonic::Status::invalid_argument(message)
+            }
             Error::Conflict(_) => tonic::Status::already_exists(message),
+            Error::FailedPrecondition(_) => tonic::Status::failed_precondition(message),
+            Error::TooManyInFlight(_) => tonic::Status::resource_exhausted(message),
+            Error::Timeout(_) => tonic::Status::deadline_exceeded(message),
             Error::Unauthenticated(_) => tonic::Status::unauthenticated(message),
             Error::Forbidden(_) => tonic::Status::permission_denied(message),
             Error::RateLimited { retry_after } => {
@@ -101,7 +125,7 @@ impl From<Error> for tonic::Status {
             }
             Error::TooLarge(_) => tonic::Status::out_of_range(message),
             Error::Unavailable(_) => tonic::Status::unavailable(message),
-            Error::Unimplemented(_) | Error::MethodNotAllowed(_) => {
+            Error::Unimplemented(_) | Error::MethodNotAllowed { .. } => {
                 tonic::Status::unimplemented(message)
             }
             Error::Internal(_) => tonic::Status::internal(message),

@@ -301,3 +301,39 @@ fn bus_monitoring_and_keepalive_settings_are_checked() {
     );
     assert_eq!(fixed.code, 0, "{fixed:?}");
 }
+
+#[test]
+fn request_limits_are_checked() {
+    let names = Names::new();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("server.yaml");
+    let write = |limits: &str| {
+        std::fs::write(
+            &file,
+            format!(
+                "hmacsecret: abc\nmaster_key: {}\n{limits}",
+                common::random_master_key()
+            ),
+        )
+        .unwrap();
+    };
+    write("limits: { body_timeout: 0s, idle_timeout: 0s }\nrate_limit: { max_in_flight: 0 }\n");
+    let bad = check_config(&names, &file, &[]);
+    assert_eq!(bad.code, 1, "{bad:?}");
+    for key in [
+        "limits.body_timeout",
+        "limits.idle_timeout",
+        "rate_limit.max_in_flight",
+    ] {
+        assert!(bad.stderr.contains(key), "{key}: {bad:?}");
+    }
+    write("limits: { body_timeout: 5s, min_body_rate: 0, idle_timeout: 2m }\nrate_limit: { max_in_flight: 4 }\n");
+    let good = check_config(&names, &file, &[]);
+    assert_eq!(good.code, 0, "{good:?}");
+    write("limits: { body_deadline: 5s }\n");
+    let unknown = check_config(&names, &file, &[]);
+    assert!(
+        unknown.stderr.contains("limits.body_deadline"),
+        "{unknown:?}"
+    );
+}

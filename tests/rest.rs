@@ -485,6 +485,49 @@ fn openapi_documents_every_route() {
             doc["paths"][path][method].is_object(),
             "{method} {path} missing"
         );
+        // Every path answers a method it does not serve with 405 and Allow.
+        assert_eq!(
+            doc["paths"][path][method]["responses"]["405"]["$ref"],
+            "#/components/responses/MethodNotAllowed",
+            "{method} {path}"
+        );
+    }
+    assert_eq!(
+        doc["components"]["responses"]["MethodNotAllowed"]["headers"]["Allow"]["required"],
+        true
+    );
+    // The rules the server enforces on bodies are stated.
+    for (path, method) in [
+        ("/api/v1/apikeys", "post"),
+        ("/api/v1/apikeys/{id}", "patch"),
+    ] {
+        let responses = &doc["paths"][path][method]["responses"];
+        for code in ["400", "401", "403", "408", "413", "415", "422", "429"] {
+            assert!(responses[code].is_object(), "{method} {path}: no {code}");
+        }
+        let body = &doc["paths"][path][method]["requestBody"]["content"];
+        assert_eq!(body.as_object().unwrap().len(), 1, "application/json only");
+    }
+    for method in ["patch", "delete"] {
+        assert!(doc["paths"]["/api/v1/apikeys/{id}"][method]["responses"]["409"].is_object());
+    }
+    for schema in ["NewApiKey", "ApiKeyUpdate"] {
+        let schema = &doc["components"]["schemas"][schema];
+        assert_eq!(schema["additionalProperties"], false);
+        let name = &schema["properties"]["name"];
+        assert_eq!(
+            (name["minLength"].as_u64(), name["maxLength"].as_u64()),
+            (Some(1), Some(128))
+        );
+        assert!(name["pattern"]
+            .as_str()
+            .unwrap()
+            .contains("\\u0000-\\u001F"));
+        assert_eq!(schema["properties"]["expires_at"]["format"], "date-time");
+        assert_eq!(
+            schema["properties"]["role"]["enum"],
+            serde_json::json!(["admin", "operator", "readonly"])
+        );
     }
 }
 
@@ -764,4 +807,577 @@ fn one_request_id_follows_a_request_through_the_log() {
     // Without a header the server makes one.
     let made = server.request("GET", "/health/live", None, None);
     assert!(made.header("x-request-id").is_some_and(|id| !id.is_empty()));
+}
+
+// ---- Hostile clients (issue 23): body deadlines, in-flight caps, media types, last admin.
+
+/// Sends `bytes` on a new connection and returns everything the server sends until it
+/// closes (or 10 s pass).
+fn raw_exchange(addr: std::net::SocketAddr, bytes: &[u8]) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    stream.write_all(bytes).unwrap();
+    let mut raw = Vec::new();
+    let _ = stream.read_to_end(&mut raw);
+    String::from_utf8_lossy(&raw).into_owned()
+}
+
+/// A POST whose body never completes: the header promises 100 bytes, 5 are sent.
+fn stalled_post(addr: std::net::SocketAddr, key: &str) -> std::net::TcpStream {
+    use std::io::Write;
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        stream,
+        "POST /api/v1/apikeys HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\
+         Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"na"
+    )
+    .unwrap();
+    stream
+}
+
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
+}
+
+fn metric(server: &TestServer, name: &str) -> f64 {
+    let text = server.request("GET", "/metrics", None, None).body;
+    text.lines()
+        .find_map(|line| line.strip_prefix(&format!("{name} ")))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in /metrics"))
+}
+
+#[test]
+fn stalled_bodies_get_408_at_the_deadline_and_their_sockets_are_released() {
+    use std::time::{Duration, Instant};
+    let server = TestServer::start_with(Options {
+        config_yaml: "limits: { body_timeout: 1s }\nrate_limit: { max_in_flight: 100 }\n".into(),
+        ..Options::default()
+    });
+    let (_, readonly) = server.create_key("reader", "readonly");
+    // (The connection create_key used may still be closing.)
+    std::thread::sleep(Duration::from_millis(200));
+    let before = open_fds(server.pid());
+    let started = Instant::now();
+    let mut stalled: Vec<_> = (0..40)
+        .map(|_| stalled_post(server.http, &readonly))
+        .collect();
+    // Meanwhile the server answers others at once.
+    let list = server.request("GET", "/api/v1/apikeys", Some(&server.admin_key), None);
+    assert_eq!(list.status, 200, "{}", list.body);
+    assert!(started.elapsed() < Duration::from_millis(900));
+    // (Accepting may trail the connects a little.)
+    let deadline = Instant::now() + Duration::from_millis(700);
+    while open_fds(server.pid()) < before + 38 {
+        assert!(
+            Instant::now() < deadline,
+            "the stalled connections are not all held"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for stream in &mut stalled {
+        let answer = read_until_closed(stream);
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+        assert!(
+            answer.to_ascii_lowercase().contains("connection: close"),
+            "{answer}"
+        );
+        let body = answer.split("\r\n\r\n").nth(1).unwrap();
+        let error: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(error["error"]["code"], "request_timeout", "{answer}");
+        assert!(error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("limits.body_timeout"));
+    }
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed >= Duration::from_millis(900) && elapsed < Duration::from_secs(6),
+        "{elapsed:?}"
+    );
+    drop(stalled);
+    // The server closed its side of every stalled connection: back to where it was.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while open_fds(server.pid()) > before + 2 {
+        assert!(
+            Instant::now() < deadline,
+            "{} fds open, {before} before",
+            open_fds(server.pid())
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(metric(&server, "svc_api_errors_total") >= 40.0);
+}
+
+#[test]
+fn a_trickled_body_gets_408_below_the_minimum_rate() {
+    use std::io::Write;
+    use std::time::{Duration, Instant};
+    let server = TestServer::start_with(Options {
+        config_yaml: "limits: { body_timeout: 60s, min_body_rate: 1000 }\n".into(),
+        ..Options::default()
+    });
+    let mut stream = std::net::TcpStream::connect(server.http).unwrap();
+    write!(
+        stream,
+        "POST /api/v1/apikeys HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\n\
+         Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n",
+        server.admin_key
+    )
+    .unwrap();
+    let started = Instant::now();
+    // Ten bytes a second: far below 1000 bytes/s. Due by 5 s (the grace) + what was sent.
+    let mut answer = String::new();
+    for _ in 0..100 {
+        if stream.write_all(b"          ").is_err() {
+            break;
+        }
+        stream
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let mut buffer = [0u8; 4096];
+        if let Ok(read @ 1..) = std::io::Read::read(&mut stream, &mut buffer) {
+            answer = String::from_utf8_lossy(&buffer[..read]).into_owned();
+            break;
+        }
+    }
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("limits.min_body_rate"), "{answer}");
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed >= Duration::from_secs(4) && elapsed < Duration::from_secs(8),
+        "{elapsed:?}"
+    );
+}
+
+#[test]
+fn idle_keep_alive_connections_are_closed_after_the_idle_timeout() {
+    use std::io::{Read, Write};
+    use std::time::{Duration, Instant};
+    let server = TestServer::start_with(Options {
+        config_yaml: "limits: { idle_timeout: 1s }\n".into(),
+        ..Options::default()
+    });
+    let mut stream = std::net::TcpStream::connect(server.http).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    stream
+        .write_all(b"GET /health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut buffer = [0u8; 4096];
+    let read = stream.read(&mut buffer).unwrap();
+    assert!(buffer[..read].starts_with(b"HTTP/1.1 200"));
+    // Kept alive, then idle: closed by the server (read gives EOF) about a second later.
+    let started = Instant::now();
+    assert_eq!(stream.read(&mut buffer).unwrap_or(0), 0);
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed >= Duration::from_millis(800) && elapsed < Duration::from_secs(4),
+        "{elapsed:?}"
+    );
+    // A connection that never sends a request is closed the same way.
+    let mut silent = std::net::TcpStream::connect(server.http).unwrap();
+    silent
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let started = Instant::now();
+    assert_eq!(silent.read(&mut buffer).unwrap_or(0), 0);
+    assert!(started.elapsed() < Duration::from_secs(4));
+}
+
+#[test]
+fn requests_in_flight_past_the_cap_get_429_and_other_keys_are_served() {
+    use std::time::{Duration, Instant};
+    let server = TestServer::start_with(Options {
+        config_yaml: "limits: { body_timeout: 20s }\nrate_limit: { max_in_flight: 3 }\n".into(),
+        ..Options::default()
+    });
+    let (_, greedy) = server.create_key("greedy", "readonly");
+    let (_, other) = server.create_key("other", "readonly");
+    let errors_before = metric(&server, "svc_api_errors_total");
+    let stalled: Vec<_> = (0..3).map(|_| stalled_post(server.http, &greedy)).collect();
+    // The fourth request of that key, whatever it is, is refused while those are held.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let refused = loop {
+        let response = server.request("GET", "/api/v1/apikeys", Some(&greedy), None);
+        if response.status == 429 {
+            break response;
+        }
+        assert_eq!(response.status, 403, "{}", response.body);
+        assert!(Instant::now() < deadline, "never refused");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(refused.json()["error"]["code"], "too_many_in_flight");
+    assert!(refused.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("rate_limit.max_in_flight"));
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    // Other keys are served meanwhile.
+    let served = server.request("GET", "/api/v1/apikeys", Some(&other), None);
+    assert_eq!(served.status, 403, "{}", served.body);
+    let admin = server.request("GET", "/api/v1/apikeys", Some(&server.admin_key), None);
+    assert_eq!(admin.status, 200, "{}", admin.body);
+    assert!(metric(&server, "svc_api_errors_total") > errors_before);
+    // Hanging up gives the slots back.
+    drop(stalled);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let response = server.request("GET", "/api/v1/apikeys", Some(&greedy), None);
+        if response.status == 403 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "slots not given back");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn bodies_must_be_json_objects_sent_as_json() {
+    let server = TestServer::start();
+    let auth = format!("Bearer {}", server.admin_key);
+    let post = |content_type: Option<&str>, body: &str| {
+        let mut request = format!(
+            "POST /api/v1/apikeys HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: {auth}\r\nContent-Length: {}\r\n",
+            body.len()
+        );
+        if let Some(content_type) = content_type {
+            request.push_str(&format!("Content-Type: {content_type}\r\n"));
+        }
+        request.push_str("\r\n");
+        request.push_str(body);
+        raw_exchange(server.http, request.as_bytes())
+    };
+    let body = r#"{"name":"ci","role":"readonly"}"#;
+    for content_type in [
+        Some("text/plain"),
+        None,
+        Some("application/json; charset=latin1"),
+        Some("application/jsonx"),
+        Some("multipart/form-data; boundary=x"),
+    ] {
+        let answer = post(content_type, body);
+        assert!(
+            answer.starts_with("HTTP/1.1 415"),
+            "{content_type:?}: {answer}"
+        );
+        assert!(answer.contains("\"unsupported_media_type\""), "{answer}");
+    }
+    for content_type in ["application/json", "Application/JSON; charset=\"UTF-8\""] {
+        let answer = post(Some(content_type), body);
+        assert!(
+            answer.starts_with("HTTP/1.1 201"),
+            "{content_type}: {answer}"
+        );
+    }
+    // serde would read a sequence as the struct's fields in order; the API takes objects only.
+    let created = server.request(
+        "POST",
+        "/api/v1/apikeys",
+        Some(&server.admin_key),
+        Some(r#"["name","operator"]"#),
+    );
+    assert_eq!(created.status, 400, "{}", created.body);
+    assert_eq!(created.json()["error"]["code"], "bad_request");
+    let (id, _) = server.create_key("target", "readonly");
+    for body in ["[null, null]", " [\"x\"]", "null", "\"x\"", "1", "{} {}"] {
+        let patched = server.request(
+            "PATCH",
+            &format!("/api/v1/apikeys/{id}"),
+            Some(&server.admin_key),
+            Some(body),
+        );
+        assert_eq!(patched.status, 400, "{body}: {}", patched.body);
+        assert_eq!(patched.json()["error"]["code"], "bad_request");
+    }
+    // Duplicate fields stay refused too.
+    let duplicate = server.request(
+        "PATCH",
+        &format!("/api/v1/apikeys/{id}"),
+        Some(&server.admin_key),
+        Some(r#"{"role":"admin","role":"readonly"}"#),
+    );
+    assert_eq!(duplicate.status, 400, "{}", duplicate.body);
+    let list = server
+        .request("GET", "/api/v1/apikeys", Some(&server.admin_key), None)
+        .json();
+    let names: Vec<&str> = list["apikeys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["bootstrap-admin", "ci", "ci", "target"]);
+    assert_eq!(list["apikeys"][3]["role"], "readonly");
+    // 128 characters, not bytes, as the OpenAPI document says.
+    for (count, status) in [(128, 201), (129, 422)] {
+        let body = format!(r#"{{"name":"{}","role":"readonly"}}"#, "é".repeat(count));
+        let response = server.request(
+            "POST",
+            "/api/v1/apikeys",
+            Some(&server.admin_key),
+            Some(&body),
+        );
+        assert_eq!(response.status, status, "{count}: {}", response.body);
+    }
+}
+
+#[test]
+fn every_405_says_allow_and_a_malformed_content_length_is_refused() {
+    let server = TestServer::start();
+    let key = Some(server.admin_key.as_str());
+    for (method, path, allow) in [
+        ("PUT", "/api/v1/apikeys", "GET, POST"),
+        (
+            "DELETE",
+            "/api/v1/apikeys/01ZZZZZZZZZZZZZZZZZZZZZZZZ",
+            "GET, PATCH, DELETE",
+        ),
+        ("POST", "/health/live", "GET"),
+        ("POST", "/health/ready", "GET"),
+        ("DELETE", "/metrics", "GET"),
+        ("PUT", "/api/v1/openapi.json", "GET"),
+        ("POST", "/.well-known/jwks.json", "GET"),
+        ("PATCH", "/.well-known/jwt-revocations.json", "GET"),
+    ] {
+        let method = if method == "DELETE" && path.contains("apikeys/") {
+            "PUT"
+        } else {
+            method
+        };
+        let response = server.request(method, path, key, None);
+        assert_eq!(response.status, 405, "{method} {path}: {}", response.body);
+        assert_eq!(response.header("allow"), Some(allow), "{method} {path}");
+        assert_eq!(response.json()["error"]["code"], "method_not_allowed");
+    }
+    // hyper refuses a malformed Content-Length itself, before the router: a 400 without a
+    // body (it offers no hook for one), and the connection is closed rather than left to
+    // guess where the next request starts.
+    for length in ["abc", "-1", "1, 2", "31, 31", "99999999999999999999999", ""] {
+        let answer = raw_exchange(
+            server.http,
+            format!(
+                "POST /api/v1/apikeys HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\n\
+                 Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n{{}}",
+                server.admin_key
+            )
+            .as_bytes(),
+        );
+        assert!(answer.starts_with("HTTP/1.1 400"), "{length}: {answer}");
+        assert!(answer.contains("connection: close"), "{length}: {answer}");
+    }
+    assert_eq!(
+        server.request("GET", "/health/live", None, None).status,
+        200
+    );
+}
+
+fn patch(server: &TestServer, key: &str, id: &str, body: &str) -> common::HttpResponse {
+    server.request(
+        "PATCH",
+        &format!("/api/v1/apikeys/{id}"),
+        Some(key),
+        Some(body),
+    )
+}
+
+fn delete(server: &TestServer, key: &str, id: &str) -> common::HttpResponse {
+    server.request("DELETE", &format!("/api/v1/apikeys/{id}"), Some(key), None)
+}
+
+fn assert_last_admin(response: &common::HttpResponse) {
+    assert_eq!(response.status, 409, "{}", response.body);
+    assert_eq!(response.json()["error"]["code"], "failed_precondition");
+    assert!(
+        response.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("last active admin key"),
+        "{}",
+        response.body
+    );
+}
+
+#[test]
+fn the_last_active_admin_key_cannot_be_deleted_demoted_or_given_an_expiry() {
+    let server = TestServer::start();
+    let admin = server.admin_key.clone();
+    let list = server
+        .request("GET", "/api/v1/apikeys", Some(&admin), None)
+        .json();
+    let bootstrap = list["apikeys"][0]["id"].as_str().unwrap().to_string();
+    let (_, _operator) = server.create_key("ops", "operator");
+    let later = svc::clock::format_rfc3339(svc::clock::now_millis() + 86_400_000);
+
+    assert_last_admin(&delete(&server, &admin, &bootstrap));
+    assert_last_admin(&patch(
+        &server,
+        &admin,
+        &bootstrap,
+        r#"{"role":"operator"}"#,
+    ));
+    assert_last_admin(&patch(
+        &server,
+        &admin,
+        &bootstrap,
+        &format!(r#"{{"expires_at":"{later}"}}"#),
+    ));
+    // Renaming is fine, and the key still works.
+    assert_eq!(
+        patch(&server, &admin, &bootstrap, r#"{"name":"root"}"#).status,
+        200
+    );
+
+    // Through svcctl: exit 1 with the server's reason.
+    let cli = |args: &[&str]| {
+        run(server
+            .cli("svcctl")
+            .args(["--api-key", &admin, "apikey"])
+            .args(args))
+    };
+    for args in [
+        vec!["delete", bootstrap.as_str()],
+        vec!["update", bootstrap.as_str(), "--role", "readonly"],
+        vec!["update", bootstrap.as_str(), "--ttl", "30d"],
+        vec!["update", bootstrap.as_str(), "--expires-at", later.as_str()],
+    ] {
+        let refused = cli(&args);
+        assert_eq!(refused.code, 1, "{args:?}: {refused:?}");
+        assert!(
+            refused.stderr.contains("last active admin key"),
+            "{refused:?}"
+        );
+    }
+
+    // With a second admin, either may go, but not both.
+    let (second, second_key) = server.create_key("second", "admin");
+    let expiring = cli(&["update", &bootstrap, "--ttl", "30d"]);
+    assert_eq!(expiring.code, 0, "{expiring:?}");
+    assert_eq!(
+        patch(&server, &second_key, &bootstrap, r#"{"role":"operator"}"#).status,
+        200
+    );
+    assert_last_admin(&delete(&server, &second_key, &second));
+    assert_last_admin(&patch(
+        &server,
+        &second_key,
+        &second,
+        r#"{"role":"readonly"}"#,
+    ));
+    let still = server.request("GET", "/api/v1/apikeys", Some(&second_key), None);
+    assert_eq!(still.status, 200);
+
+    // Two admins demoting each other at once: one of them wins, never both.
+    let third = server.request(
+        "POST",
+        "/api/v1/apikeys",
+        Some(&second_key),
+        Some(r#"{"name":"third","role":"admin"}"#),
+    );
+    assert_eq!(third.status, 201, "{}", third.body);
+    let third_key = third.json()["key"].as_str().unwrap().to_string();
+    let third = third.json()["id"].as_str().unwrap().to_string();
+    let (a, b) = std::thread::scope(|scope| {
+        let a =
+            scope.spawn(|| patch(&server, &second_key, &third, r#"{"role":"operator"}"#).status);
+        let b =
+            scope.spawn(|| patch(&server, &third_key, &second, r#"{"role":"operator"}"#).status);
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    let mut statuses = [a, b];
+    statuses.sort();
+    // The loser may also be refused for having just lost its own role (403).
+    assert!(
+        statuses == [200, 409] || statuses == [200, 403],
+        "{statuses:?}"
+    );
+    let admins = server
+        .request(
+            "GET",
+            "/api/v1/apikeys",
+            Some(if a == 200 { &second_key } else { &third_key }),
+            None,
+        )
+        .json()["apikeys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|k| k["role"] == "admin")
+        .count();
+    assert_eq!(admins, 1);
+}
+
+#[test]
+fn recover_admin_refuses_a_running_server_then_mints_an_audited_admin_key() {
+    let mut server = TestServer::start();
+    let help = run(server.names.command("svc-server").arg("--help"));
+    assert!(help.stdout.contains("--recover-admin"), "{help:?}");
+    let recover = |server: &TestServer| {
+        run(server
+            .names
+            .command("svc-server")
+            .arg("--recover-admin")
+            .arg("--config")
+            .arg(&server.config_file))
+    };
+    let refused = recover(&server);
+    assert_eq!(refused.code, 1, "{refused:?}");
+    assert!(
+        refused
+            .stderr
+            .contains("a server is running on this data dir"),
+        "{refused:?}"
+    );
+
+    assert_eq!(server.stop_with(libc::SIGTERM), Some(0));
+    let recovered = recover(&server);
+    assert_eq!(recovered.code, 0, "{recovered:?}");
+    let key_file = std::path::PathBuf::from(recovered.stdout.trim());
+    assert!(key_file.starts_with(&server.data_dir), "{recovered:?}");
+    common::assert_private(&key_file);
+    let key = std::fs::read_to_string(&key_file)
+        .unwrap()
+        .trim()
+        .to_string();
+    assert!(svc::auth::looks_like_api_key(&key));
+    assert!(
+        !recovered.stdout.contains(&key) && !recovered.stderr.contains(&key),
+        "the key is not printed"
+    );
+
+    server.spawn(&[]);
+    let list = server.request("GET", "/api/v1/apikeys", Some(&key), None);
+    assert_eq!(list.status, 200, "{}", list.body);
+    let mine = list.json()["apikeys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["name"].as_str().unwrap().starts_with("recovered-admin-"))
+        .cloned()
+        .expect("the recovered key is listed");
+    assert_eq!(mine["role"], "admin");
+    let rows = common::audit_rows(&server, &[]);
+    let row = rows
+        .iter()
+        .find(|row| row["action"] == "apikey.recover")
+        .unwrap_or_else(|| panic!("no apikey.recover row in {rows:#?}"));
+    assert_eq!(row["user"], "server", "{row}");
+    assert_eq!(row["resource_id"], mine["id"], "{row}");
+    assert!(!server.data_dir.join("admin-recoveries.jsonl").exists());
+    // Audited once: a restart does not record it again.
+    assert_eq!(server.stop_with(libc::SIGTERM), Some(0));
+    server.spawn(&[]);
+    let rows = common::audit_rows(&server, &[]);
+    assert_eq!(
+        rows.iter()
+            .filter(|row| row["action"] == "apikey.recover")
+            .count(),
+        1
+    );
 }

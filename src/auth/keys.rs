@@ -10,7 +10,7 @@ use serde_json::json;
 use super::{Principal, Role};
 use crate::audit::Action;
 use crate::domain::Domain;
-use crate::store::{ApiKeyChange, ApiKeyRow, Store};
+use crate::store::{ApiKeyChange, ApiKeyRow, KeyWrite, Store};
 use crate::{clock, ids, Error, Result};
 
 pub const KEY_PREFIX: &str = "svc_";
@@ -54,7 +54,7 @@ pub struct NewKey {
     pub expires_at: Option<String>,
 }
 
-/// A request to change a key's name or role.
+/// A request to change a key's name, role or expiry.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KeyUpdate {
@@ -62,6 +62,9 @@ pub struct KeyUpdate {
     pub name: Option<String>,
     #[serde(default)]
     pub role: Option<String>,
+    /// A new expiry, RFC 3339 and in the future.
+    #[serde(default)]
+    pub expires_at: Option<String>,
 }
 
 /// Hex SHA-256 of a key: what the store keeps and looks up by.
@@ -84,7 +87,7 @@ fn validate_name(name: &str) -> Result<String> {
     if name.is_empty() {
         return Err(Error::Invalid("name must not be empty".into()));
     }
-    if name.len() > MAX_NAME_LENGTH || name.chars().any(char::is_control) {
+    if name.chars().count() > MAX_NAME_LENGTH || name.chars().any(char::is_control) {
         return Err(Error::Invalid(format!(
             "name must be at most {MAX_NAME_LENGTH} printable characters"
         )));
@@ -163,17 +166,30 @@ async fn create_key_checked(
     let role: Role = input.role.parse()?;
     let expires_at = match input.expires_at.as_deref() {
         None | Some("") => None,
-        Some(text) => {
-            let at = clock::parse_rfc3339(text).ok_or_else(|| {
-                Error::Invalid(format!("expires_at '{text}' is not an RFC 3339 timestamp"))
-            })?;
-            if at <= clock::now_millis() {
-                return Err(Error::Invalid("expires_at is in the past".into()));
-            }
-            Some(clock::format_rfc3339(at))
-        }
+        Some(text) => Some(validate_expiry(text)?),
     };
     insert_key(store, name, role, expires_at, generate_key()).await
+}
+
+/// An RFC 3339 time in the future, normalised as the store keeps it.
+fn validate_expiry(text: &str) -> Result<String> {
+    let at = clock::parse_rfc3339(text).ok_or_else(|| {
+        Error::Invalid(format!("expires_at '{text}' is not an RFC 3339 timestamp"))
+    })?;
+    if at <= clock::now_millis() {
+        return Err(Error::Invalid("expires_at is in the past".into()));
+    }
+    Ok(clock::format_rfc3339(at))
+}
+
+/// Why a change to key `id` was refused by the store: it would leave no active admin key
+/// (role admin, not expired), and then no one could manage keys again short of
+/// `svc-server --recover-admin` on the server's host.
+fn last_admin(id: &str, what: &str) -> Error {
+    Error::FailedPrecondition(format!(
+        "API key '{id}' is the last active admin key: {what} would leave no admin key; \
+         create another admin key first"
+    ))
 }
 
 async fn insert_key(
@@ -224,7 +240,7 @@ pub async fn update_key(
     update: KeyUpdate,
 ) -> Result<ApiKey> {
     let action = Action::new("apikey.update", "apikey", id)
-        .detail(json!({"name": update.name, "role": update.role}));
+        .detail(json!({"name": update.name, "role": update.role, "expires_at": update.expires_at}));
     let result = update_key_checked(domain.store.as_ref(), principal, id, update).await;
     domain.auditor.record(principal, action, &result).await;
     result
@@ -244,21 +260,37 @@ async fn update_key_checked(
             .as_deref()
             .map(|r| r.parse::<Role>().map(|r| r.as_str().to_string()))
             .transpose()?,
+        expires_at: match update.expires_at.as_deref() {
+            None => None,
+            Some(text) => Some(validate_expiry(text)?),
+        },
     };
-    store
-        .update_api_key(id, &change)
+    let what = match (&change.role, &change.expires_at) {
+        (Some(_), Some(_)) => "changing its role and giving it an expiry",
+        (Some(_), None) => "changing its role",
+        _ => "giving it an expiry",
+    };
+    match store
+        .update_api_key(id, &change, &clock::now_rfc3339())
         .await?
-        .map(ApiKey::from)
-        .ok_or_else(|| Error::NotFound(format!("API key '{id}' not found")))
+    {
+        KeyWrite::Done(row) => Ok(row.into()),
+        KeyWrite::NotFound => Err(Error::NotFound(format!("API key '{id}' not found"))),
+        KeyWrite::LastAdmin => Err(last_admin(id, what)),
+    }
 }
 
 pub async fn delete_key(domain: &Domain, principal: &Principal, id: &str) -> Result<()> {
     let result = async {
         principal.require(Role::Admin)?;
-        if domain.store.delete_api_key(id).await? {
-            Ok(())
-        } else {
-            Err(Error::NotFound(format!("API key '{id}' not found")))
+        match domain
+            .store
+            .delete_api_key(id, &clock::now_rfc3339())
+            .await?
+        {
+            KeyWrite::Done(()) => Ok(()),
+            KeyWrite::NotFound => Err(Error::NotFound(format!("API key '{id}' not found"))),
+            KeyWrite::LastAdmin => Err(last_admin(id, "deleting it")),
         }
     }
     .await;
@@ -306,6 +338,17 @@ pub async fn ensure_bootstrap_key(
     }
     let (record, _) = insert_key(store, BOOTSTRAP_KEY_NAME.into(), Role::Admin, None, key).await?;
     Ok(Some(record.id))
+}
+
+/// `svc-server --recover-admin`: a new admin key named `name`, its cleartext written to
+/// `key_file` (0600) before the row is stored. For the server's host only, with the data
+/// dir's lock held, when no admin key is left to make one through the API.
+pub async fn recover_admin_key(store: &dyn Store, key_file: &Path, name: &str) -> Result<ApiKey> {
+    let name = validate_name(name)?;
+    let key = generate_key();
+    write_private_file(key_file, format!("{key}\n").as_bytes())?;
+    let (record, _) = insert_key(store, name, Role::Admin, None, key).await?;
+    Ok(record)
 }
 
 /// Writes a file readable only by its owner (0600), replacing any old one.

@@ -16,10 +16,10 @@ use crate::{Error, Result};
 pub use access::{bus_permissions, Access};
 pub use keys::{
     authenticate, create_key, delete_key, ensure_bootstrap_key, get_key, hash_key, list_keys,
-    looks_like_api_key, update_key, write_private_file, ApiKey, KeyUpdate, NewKey,
-    BOOTSTRAP_KEY_NAME,
+    looks_like_api_key, recover_admin_key, update_key, write_private_file, ApiKey, KeyUpdate,
+    NewKey, BOOTSTRAP_KEY_NAME,
 };
-pub use rate_limit::RateLimiter;
+pub use rate_limit::{Admission, InFlight, KeyLimits, RateLimiter};
 
 /// The roles of contract §4, ordered by what they may do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

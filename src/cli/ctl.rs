@@ -170,7 +170,8 @@ struct ShowArgs {
 }
 
 #[derive(FromArgs)]
-/// Rename a key or change its role.
+/// Rename a key, change its role or give it an expiry (the last active admin key may not be
+/// demoted or given an expiry).
 #[argh(subcommand, name = "update", help_triggers("-h", "--help"))]
 struct UpdateArgs {
     /// key id
@@ -182,6 +183,12 @@ struct UpdateArgs {
     /// new role: admin, operator or readonly
     #[argh(option, from_str_fn(role))]
     role: Option<String>,
+    /// new expiry as RFC 3339 (2027-01-01T00:00:00Z)
+    #[argh(option, from_str_fn(rfc3339))]
+    expires_at: Option<String>,
+    /// new expiry as a duration from now (30d, 24h)
+    #[argh(option, from_str_fn(duration))]
+    ttl: Option<String>,
 }
 
 #[derive(FromArgs)]
@@ -204,21 +211,7 @@ fn apikey(program: &str, common: Common, args: &[String]) -> i32 {
 async fn apikey_command(common: Common, command: ApikeyCommand) -> Result<(), CliError> {
     match command {
         ApikeyCommand::Create(args) => {
-            let expires_at = match (args.expires_at, args.ttl) {
-                (Some(_), Some(_)) => {
-                    return Err(CliError::usage("give --expires-at or --ttl, not both"))
-                }
-                (Some(at), None) => Some(at),
-                (None, Some(ttl)) => {
-                    let ttl = crate::clock::parse_duration(&ttl).ok_or_else(|| {
-                        CliError::usage(format!("invalid --ttl '{ttl}' (e.g. 30d, 24h)"))
-                    })?;
-                    Some(crate::clock::format_rfc3339(
-                        crate::clock::now_millis() + ttl.as_millis() as i64,
-                    ))
-                }
-                (None, None) => None,
-            };
+            let expires_at = expiry(args.expires_at, args.ttl)?;
             let mut body = json!({"name": args.name, "role": args.role});
             if let Some(at) = expires_at {
                 body["expires_at"] = json!(at);
@@ -247,12 +240,16 @@ async fn apikey_command(common: Common, command: ApikeyCommand) -> Result<(), Cl
             show(&common, &key)?;
         }
         ApikeyCommand::Update(args) => {
-            if args.name.is_none() && args.role.is_none() {
+            let expires_at = expiry(args.expires_at, args.ttl)?;
+            if args.name.is_none() && args.role.is_none() && expires_at.is_none() {
                 return Err(CliError::usage(
-                    "nothing to change: give --name and/or --role",
+                    "nothing to change: give --name, --role, --expires-at or --ttl",
                 ));
             }
             let mut body = json!({});
+            if let Some(at) = expires_at {
+                body["expires_at"] = json!(at);
+            }
             if let Some(name) = args.name {
                 body["name"] = json!(name);
             }
@@ -271,6 +268,22 @@ async fn apikey_command(common: Common, command: ApikeyCommand) -> Result<(), Cl
         }
     }
     Ok(())
+}
+
+/// The expiry from `--expires-at` or `--ttl` (not both).
+fn expiry(expires_at: Option<String>, ttl: Option<String>) -> Result<Option<String>, CliError> {
+    match (expires_at, ttl) {
+        (Some(_), Some(_)) => Err(CliError::usage("give --expires-at or --ttl, not both")),
+        (Some(at), None) => Ok(Some(at)),
+        (None, Some(ttl)) => {
+            let ttl = crate::clock::parse_duration(&ttl)
+                .ok_or_else(|| CliError::usage(format!("invalid --ttl '{ttl}' (e.g. 30d, 24h)")))?;
+            Ok(Some(crate::clock::format_rfc3339(
+                crate::clock::now_millis() + ttl.as_millis() as i64,
+            )))
+        }
+        (None, None) => Ok(None),
+    }
 }
 
 fn key_path(id: &str) -> String {

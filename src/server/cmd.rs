@@ -32,11 +32,20 @@ struct Args {
     /// log level or filter (overrides log_level; SVC_LOG and RUST_LOG also work)
     #[argh(option, from_str_fn(crate::cli::values::log_filter))]
     log_level: Option<String>,
+    /// with the server stopped: mint a new admin API key into a 0600 file in the data dir
+    /// (its path is printed, the key is not) and exit; audited at the next start
+    #[argh(switch)]
+    recover_admin: bool,
 }
 
 const DEV_DATA_DIR: &str = ".svc-dev";
 const DEV_SECRETS_FILE: &str = "dev-secrets.yaml";
 const BOOTSTRAP_KEY_FILE: &str = "bootstrap-admin.key";
+/// The data dir's advisory lock (flock), held by a running server and by `--recover-admin`.
+const LOCK_FILE: &str = "server.lock";
+/// Admin keys minted by `--recover-admin` and not yet audited: one JSON object per line,
+/// turned into audit rows (principal "server") at the next start, then removed.
+const RECOVERIES_FILE: &str = "admin-recoveries.jsonl";
 
 pub fn main(program: &str, args: Vec<String>) -> i32 {
     let args = match crate::cli::parse_args::<Args>(program, &args) {
@@ -63,6 +72,9 @@ pub fn main(program: &str, args: Vec<String>) -> i32 {
         return report_config_errors(program, &ConfigErrors(problems));
     }
     init_logging(&server_config);
+    if args.recover_admin {
+        return recover_admin(program, &server_config);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -148,6 +160,15 @@ fn validate(config: &ServerConfig, dev: bool) -> Vec<String> {
     }
     if config.limits.max_connections == 0 {
         problems.push("limits.max_connections must be at least 1".into());
+    }
+    if config.rate_limit.max_in_flight == 0 {
+        problems.push("rate_limit.max_in_flight must be at least 1".into());
+    }
+    if config.limits.body_timeout.0.is_zero() {
+        problems.push("limits.body_timeout must be longer than 0s (default 30s)".into());
+    }
+    if config.limits.idle_timeout.0.is_zero() {
+        problems.push("limits.idle_timeout must be longer than 0s (default 10s)".into());
     }
     // Reads and parses the files: a missing, unreadable or mismatched file is a problem here
     // rather than a failure at the first handshake.
@@ -284,9 +305,159 @@ fn ensure_dev_secrets(program: &str, config: &mut ServerConfig) -> Result<()> {
     Ok(())
 }
 
+/// Takes the data dir's lock (an exclusive `flock` on `data_dir/server.lock`), held while the
+/// returned file stays open and released by the kernel when the process ends, however it ends.
+fn lock_data_dir(data_dir: &Path) -> Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = data_dir.join(LOCK_FILE);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|e| crate::Error::Internal(format!("cannot open {}: {e}", path.display())))?;
+    // SAFETY: flock on a file descriptor this function owns; no memory is involved.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let error = std::io::Error::last_os_error();
+        if error.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            return Err(crate::Error::Unavailable(format!(
+                "a server is running on this data dir ({} is locked by another process)",
+                path.display()
+            )));
+        }
+        return Err(crate::Error::Internal(format!(
+            "cannot lock {}: {error}",
+            path.display()
+        )));
+    }
+    Ok(file)
+}
+
+/// `svc-server --recover-admin`: for when no admin key is left. Needs the server stopped (its
+/// lock) and write access to the data dir; mints an admin key into a 0600 file there, prints
+/// the file's path, and leaves a line in `admin-recoveries.jsonl` for the next start to audit.
+fn recover_admin(program: &str, config: &ServerConfig) -> i32 {
+    let data_dir = &config.data_dir;
+    if !data_dir.join("svc.db").exists() && config.store.driver == config::StoreDriver::Sqlite {
+        eprintln!(
+            "{program}: no store in {}: start the server once (it creates the bootstrap admin key)",
+            data_dir.display()
+        );
+        return 1;
+    }
+    let _lock = match lock_data_dir(data_dir) {
+        Ok(lock) => lock,
+        Err(e) => {
+            eprintln!("{program}: {e}; stop it first");
+            return 1;
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("{program}: cannot start the async runtime: {e}");
+            return 1;
+        }
+    };
+    let now = crate::clock::now_rfc3339();
+    // 2026-05-01T12:30:00.000Z → 2026-05-01T12-30-00Z: a name and a file name.
+    let stamp = format!("{}Z", now[..19].replace(':', "-"));
+    let name = format!("recovered-admin-{stamp}");
+    let key_file = data_dir.join(format!("{name}.key"));
+    let result = runtime.block_on(async {
+        let store = crate::store::open(&config.store, data_dir)?;
+        let record = auth::recover_admin_key(store.as_ref(), &key_file, &name).await?;
+        let line = serde_json::json!({
+            "key_id": record.id, "name": record.name, "at": now,
+            "file": key_file.display().to_string(),
+            // SAFETY: getuid has no preconditions and cannot fail.
+            "uid": unsafe { libc::getuid() },
+        });
+        append_line(&data_dir.join(RECOVERIES_FILE), &line.to_string())?;
+        Ok::<_, crate::Error>(record)
+    });
+    match result {
+        Ok(record) => {
+            println!("{}", key_file.display());
+            eprintln!(
+                "{program}: new admin API key '{}' (id {}) written to {} (mode 0600); \
+                 the next server start records it in the audit log",
+                record.name,
+                record.id,
+                key_file.display()
+            );
+            0
+        }
+        Err(e) => {
+            eprintln!("{program}: cannot recover an admin key: {e}");
+            1
+        }
+    }
+}
+
+/// Appends one line to a 0600 file, synced.
+fn append_line(path: &Path, line: &str) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| crate::Error::Internal(format!("cannot write {}: {e}", path.display())))?;
+    file.write_all(format!("{line}\n").as_bytes())?;
+    file.sync_all()?;
+    Ok(())
+}
+
+/// Turns the keys `--recover-admin` minted while the server was stopped into audit rows
+/// (action `apikey.recover`, principal "server"), then removes the file. A row that cannot
+/// be written leaves the file for the next start.
+async fn audit_admin_recoveries(domain: &Domain, data_dir: &Path) {
+    let path = data_dir.join(RECOVERIES_FILE);
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return;
+    };
+    let principal = auth::Principal::server();
+    for line in text.lines().filter(|line| !line.trim().is_empty()) {
+        let detail: serde_json::Value = match serde_json::from_str(line) {
+            Ok(detail) => detail,
+            Err(e) => {
+                tracing::warn!(error = %e, file = %path.display(), "skipping an unreadable admin recovery line");
+                continue;
+            }
+        };
+        let id = detail["key_id"].as_str().unwrap_or_default().to_string();
+        let action = crate::audit::Action::new("apikey.recover", "apikey", id.clone())
+            .detail(detail.clone());
+        if let Err(e) = domain.auditor.append(&principal, action, "success").await {
+            tracing::error!(error = %e, "cannot audit an admin key recovery; kept for the next start");
+            return;
+        }
+        tracing::warn!(key_id = %id, "an admin API key was minted with --recover-admin while the server was stopped");
+        let payload = serde_json::json!({"id": id, "name": detail["name"], "role": "admin", "by": "svc-server --recover-admin"});
+        domain
+            .events
+            .emit_system("apikey_created", "server", payload)
+            .await;
+    }
+    if let Err(e) = std::fs::remove_file(&path) {
+        tracing::error!(error = %e, file = %path.display(), "cannot remove the audited admin recoveries");
+    }
+}
+
 async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     let mut signals = StopSignals::install()?;
     create_private_dir(&config.data_dir)?;
+    // Held until run returns (and by the kernel until the process ends): one server per data
+    // dir, and `--recover-admin` only while none runs.
+    let _lock = lock_data_dir(&config.data_dir)?;
     if dev {
         ensure_dev_secrets(program, &mut config)?;
     }
@@ -376,6 +547,7 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
         audit: audit_log.clone(),
     };
     let domain = Domain::start(&config, store, logs, bus.client.clone(), stop.clone()).await?;
+    audit_admin_recoveries(&domain, &data_dir).await;
     bus.report_health(domain.events.clone());
     let bus_monitor = super::bus_monitor::start(&config, &domain, &bus, stop.clone()).await?;
     let bound = BoundAddrs {

@@ -56,6 +56,18 @@ pub struct ApiKeyRow {
 pub struct ApiKeyChange {
     pub name: Option<String>,
     pub role: Option<String>,
+    /// A new expiry (RFC 3339 as `clock::format_rfc3339` writes it).
+    pub expires_at: Option<String>,
+}
+
+/// The outcome of a change to `api_keys` that must not delete, demote or set an expiry on
+/// the last active admin key (role admin, `expires_at` unset or after the given `now`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeyWrite<T> {
+    Done(T),
+    NotFound,
+    /// Refused, nothing changed: the key is the last active admin key.
+    LastAdmin,
 }
 
 /// One audit row as stored. `seq` orders the hash chain.
@@ -138,9 +150,18 @@ pub trait Store: Send + Sync + 'static {
     async fn list_api_keys(&self) -> Result<Vec<ApiKeyRow>>;
     async fn get_api_key(&self, id: &str) -> Result<Option<ApiKeyRow>>;
     async fn find_api_key_by_hash(&self, key_hash: &str) -> Result<Option<ApiKeyRow>>;
-    async fn update_api_key(&self, id: &str, change: &ApiKeyChange) -> Result<Option<ApiKeyRow>>;
-    /// Whether a row was deleted.
-    async fn delete_api_key(&self, id: &str) -> Result<bool>;
+    /// Applies `change`, unless it demotes or sets an expiry on the last active admin key at
+    /// `now`; the check and the change are one write transaction, so two admins demoting
+    /// each other at once cannot both succeed.
+    async fn update_api_key(
+        &self,
+        id: &str,
+        change: &ApiKeyChange,
+        now: &str,
+    ) -> Result<KeyWrite<ApiKeyRow>>;
+    /// Deletes a key, unless it is the last active admin key at `now` (one write
+    /// transaction, as `update_api_key`).
+    async fn delete_api_key(&self, id: &str, now: &str) -> Result<KeyWrite<()>>;
     async fn touch_api_key(&self, id: &str, used_at: &str) -> Result<()>;
 
     /// Appends an audit row at the end of the chain: sets `seq` and `prev_hash` (the last

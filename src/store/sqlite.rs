@@ -14,11 +14,11 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rusqlite::{params, Connection, OptionalExtension, Row};
+use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
 
 use super::{
     AgentRow, ApiKeyChange, ApiKeyRow, AuditFilter, AuditGroup, AuditRow, AuditSeal, CaRow,
-    JoinTokenRow, Store, MIGRATIONS,
+    JoinTokenRow, KeyWrite, Store, MIGRATIONS,
 };
 use crate::{Error, Result};
 
@@ -236,6 +236,18 @@ fn migrate(connection: &mut Connection) -> Result<()> {
         tracing::info!(version, name, "applied store migration");
     }
     Ok(())
+}
+
+/// Whether key `id` is an active admin key (role admin, not expired at `now`) and no other
+/// is. Expiries are all written by `clock::format_rfc3339` (fixed width, UTC), so text order
+/// is time order.
+fn is_last_active_admin(c: &Connection, id: &str, now: &str) -> rusqlite::Result<bool> {
+    c.query_row(
+        "SELECT COALESCE(SUM(id = ?1), 0) = 1 AND COUNT(*) = 1 FROM api_keys \
+         WHERE role = 'admin' AND (expires_at IS NULL OR expires_at > ?2)",
+        params![id, now],
+        |row| row.get(0),
+    )
 }
 
 const API_KEY_COLUMNS: &str = "id, name, role, key_hash, created_at, last_used_at, expires_at";
@@ -511,27 +523,51 @@ impl Store for SqliteStore {
         })
     }
 
-    async fn update_api_key(&self, id: &str, change: &ApiKeyChange) -> Result<Option<ApiKeyRow>> {
+    async fn update_api_key(
+        &self,
+        id: &str,
+        change: &ApiKeyChange,
+        now: &str,
+    ) -> Result<KeyWrite<ApiKeyRow>> {
         self.with(|c| {
-            let tx = c.transaction()?;
-            tx.execute(
-                "UPDATE api_keys SET name = COALESCE(?2, name), role = COALESCE(?3, role) WHERE id = ?1",
-                params![id, change.name, change.role],
+            // IMMEDIATE: the write lock is taken before the count, so the count still holds
+            // at commit. Returning early drops `tx`, which rolls back.
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let takes_admin = change.role.as_deref().is_some_and(|role| role != "admin")
+                || change.expires_at.is_some();
+            if takes_admin && is_last_active_admin(&tx, id, now)? {
+                return Ok(KeyWrite::LastAdmin);
+            }
+            let changed = tx.execute(
+                "UPDATE api_keys SET name = COALESCE(?2, name), role = COALESCE(?3, role), \
+                 expires_at = COALESCE(?4, expires_at) WHERE id = ?1",
+                params![id, change.name, change.role, change.expires_at],
             )?;
-            let row = tx
-                .query_row(
-                    &format!("SELECT {API_KEY_COLUMNS} FROM api_keys WHERE id = ?1"),
-                    [id],
-                    api_key_from_row,
-                )
-                .optional()?;
+            if changed == 0 {
+                return Ok(KeyWrite::NotFound);
+            }
+            let row = tx.query_row(
+                &format!("SELECT {API_KEY_COLUMNS} FROM api_keys WHERE id = ?1"),
+                [id],
+                api_key_from_row,
+            )?;
             tx.commit()?;
-            Ok(row)
+            Ok(KeyWrite::Done(row))
         })
     }
 
-    async fn delete_api_key(&self, id: &str) -> Result<bool> {
-        self.with(|c| Ok(c.execute("DELETE FROM api_keys WHERE id = ?1", [id])? > 0))
+    async fn delete_api_key(&self, id: &str, now: &str) -> Result<KeyWrite<()>> {
+        self.with(|c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            if is_last_active_admin(&tx, id, now)? {
+                return Ok(KeyWrite::LastAdmin);
+            }
+            if tx.execute("DELETE FROM api_keys WHERE id = ?1", [id])? == 0 {
+                return Ok(KeyWrite::NotFound);
+            }
+            tx.commit()?;
+            Ok(KeyWrite::Done(()))
+        })
     }
 
     async fn append_audit_batch(
@@ -818,18 +854,34 @@ mod tests {
             store.find_api_key_by_hash("h2").await.unwrap().unwrap().id,
             "b"
         );
+        let now = "2026-11-21T09:00:00.000Z";
         let change = ApiKeyChange {
-            name: None,
             role: Some("admin".into()),
+            ..ApiKeyChange::default()
         };
-        let updated = store.update_api_key("a", &change).await.unwrap().unwrap();
+        let KeyWrite::Done(updated) = store.update_api_key("a", &change, now).await.unwrap() else {
+            panic!("not updated");
+        };
         assert_eq!(
             (updated.name.as_str(), updated.role.as_str()),
             ("key a", "admin")
         );
-        assert!(store.update_api_key("zz", &change).await.unwrap().is_none());
-        assert!(store.delete_api_key("a").await.unwrap());
-        assert!(!store.delete_api_key("a").await.unwrap());
+        let missing = store.update_api_key("zz", &change, now).await.unwrap();
+        assert_eq!(missing, KeyWrite::NotFound);
+        // "a" is the only admin: it stays.
+        assert_eq!(
+            store.delete_api_key("a", now).await.unwrap(),
+            KeyWrite::LastAdmin
+        );
+        store.update_api_key("b", &change, now).await.unwrap();
+        assert_eq!(
+            store.delete_api_key("a", now).await.unwrap(),
+            KeyWrite::Done(())
+        );
+        assert_eq!(
+            store.delete_api_key("a", now).await.unwrap(),
+            KeyWrite::NotFound
+        );
         drop(store);
         let reopened = SqliteStore::open(&path).unwrap();
         assert_eq!(
@@ -837,6 +889,67 @@ mod tests {
             MIGRATIONS.last().map(|m| m.0).unwrap()
         );
         assert_eq!(reopened.list_api_keys().await.unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn the_last_active_admin_key_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(&dir.path().join("svc.db")).unwrap();
+        let now = "2026-11-21T09:00:00.000Z";
+        let admin = |id: &str, expires_at: Option<&str>| ApiKeyRow {
+            role: "admin".into(),
+            expires_at: expires_at.map(str::to_string),
+            ..row(id, id)
+        };
+        store.insert_api_key(&admin("live", None)).await.unwrap();
+        // Expired admins do not count; deleting one is fine.
+        store
+            .insert_api_key(&admin("old", Some("2026-11-21T08:59:59.999Z")))
+            .await
+            .unwrap();
+        let demote = ApiKeyChange {
+            role: Some("operator".into()),
+            ..ApiKeyChange::default()
+        };
+        let expire = ApiKeyChange {
+            expires_at: Some("2027-01-01T00:00:00.000Z".into()),
+            ..ApiKeyChange::default()
+        };
+        let rename = ApiKeyChange {
+            name: Some("root".into()),
+            ..ApiKeyChange::default()
+        };
+        for change in [&demote, &expire] {
+            let refused = store.update_api_key("live", change, now).await.unwrap();
+            assert_eq!(refused, KeyWrite::LastAdmin);
+        }
+        assert_eq!(
+            store.delete_api_key("live", now).await.unwrap(),
+            KeyWrite::LastAdmin
+        );
+        assert!(matches!(
+            store.update_api_key("live", &rename, now).await.unwrap(),
+            KeyWrite::Done(_)
+        ));
+        let kept = store.get_api_key("live").await.unwrap().unwrap();
+        assert_eq!((kept.role.as_str(), kept.expires_at), ("admin", None));
+        assert_eq!(
+            store.delete_api_key("old", now).await.unwrap(),
+            KeyWrite::Done(())
+        );
+        // A second admin with a future expiry is active: either may now be changed.
+        store
+            .insert_api_key(&admin("next", Some("2027-01-01T00:00:00.000Z")))
+            .await
+            .unwrap();
+        assert!(matches!(
+            store.update_api_key("live", &demote, now).await.unwrap(),
+            KeyWrite::Done(_)
+        ));
+        assert_eq!(
+            store.delete_api_key("next", now).await.unwrap(),
+            KeyWrite::LastAdmin
+        );
     }
 
     #[tokio::test]

@@ -107,6 +107,8 @@ fn code_name(code: tonic::Code) -> &'static str {
         tonic::Code::PermissionDenied => "permission_denied",
         tonic::Code::Unauthenticated => "unauthenticated",
         tonic::Code::ResourceExhausted => "resource_exhausted",
+        tonic::Code::FailedPrecondition => "failed_precondition",
+        tonic::Code::DeadlineExceeded => "deadline_exceeded",
         tonic::Code::Unimplemented => "unimplemented",
         tonic::Code::Unavailable => "unavailable",
         tonic::Code::Internal => "internal",

@@ -24,7 +24,7 @@ struct CreatedKey {
 pub async fn collection(context: &Context, request: Request<Incoming>) -> Result<Response<Body>> {
     let method = request.method().clone();
     only(&method, &[Method::GET, Method::POST])?;
-    let caller = principal(context, &request).await?;
+    let (caller, _admission) = principal(context, &request).await?;
     let domain = &context.domain;
     if method == Method::GET {
         let apikeys = auth::list_keys(domain, &caller).await?;
@@ -46,7 +46,7 @@ pub async fn item(
 ) -> Result<Response<Body>> {
     let method = request.method().clone();
     only(&method, &[Method::GET, Method::PATCH, Method::DELETE])?;
-    let caller = principal(context, &request).await?;
+    let (caller, _admission) = principal(context, &request).await?;
     let domain = &context.domain;
     match method {
         Method::GET => Ok(json_response(

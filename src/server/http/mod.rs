@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 use http::{header, Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Body as _;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
@@ -26,13 +27,14 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 
 use super::Context;
-use crate::auth::Principal;
+use crate::auth::{Admission, Principal};
 use crate::{Error, Result};
 
 pub type Body = Full<Bytes>;
 
-/// How long a client may take to send its request headers before the connection is dropped.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// A request body gets this long before `limits.min_body_rate` starts to count (the whole
+/// body is due by this grace plus one second per `min_body_rate` bytes received).
+pub const BODY_RATE_GRACE: Duration = Duration::from_secs(5);
 
 /// Accepts connections until `stop` flips, then lets in-flight requests finish. With `tls`,
 /// only connections that completed a TLS handshake (ALPN http/1.1) are served.
@@ -61,9 +63,13 @@ async fn serve_connections<S, IO>(
 {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut builder = hyper::server::conn::http1::Builder::new();
+    // hyper (1.x) starts its header-read timer when a connection begins to wait for a request:
+    // at accept, and again after each response on a keep-alive connection. So this one limit
+    // closes both a client that sends its header too slowly and an idle keep-alive connection
+    // (silently, as RFC 9112 §9.8 allows).
     builder
         .timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT);
+        .header_read_timeout(context.config.limits.idle_timeout.0);
     loop {
         tokio::select! {
             next = incoming.next() => {
@@ -181,64 +187,138 @@ async fn route(
     }
 }
 
-/// A 405 for methods a route does not serve.
+/// A 405 for methods a route does not serve; the response carries `Allow` (RFC 9110 §15.5.6).
 fn only(method: &Method, allowed: &[Method]) -> Result<()> {
     if allowed.contains(method) {
         return Ok(());
     }
     let names: Vec<&str> = allowed.iter().map(Method::as_str).collect();
-    Err(Error::MethodNotAllowed(format!(
-        "method {method} is not allowed here; use {}",
-        names.join(", ")
-    )))
+    let allow = names.join(", ");
+    Err(Error::MethodNotAllowed {
+        message: format!("method {method} is not allowed here; use {allow}"),
+        allow,
+    })
 }
 
-/// The caller's principal from the Authorization header (key → rate limit; roles are the
-/// domain's to check).
-async fn principal(context: &Context, request: &Request<Incoming>) -> Result<Principal> {
+/// The caller's principal from the Authorization header (key → rate limit → requests in
+/// flight; roles are the domain's to check). Keep the returned admission until the response
+/// is made: it is the key's slot among `rate_limit.max_in_flight`.
+async fn principal(
+    context: &Context,
+    request: &Request<Incoming>,
+) -> Result<(Principal, Admission)> {
     let header = request
         .headers()
         .get(header::AUTHORIZATION)
         .map(|value| value.to_str().unwrap_or(""));
-    context.domain.authenticate(header).await
+    context.domain.admit(header).await
 }
 
-/// Reads a JSON body of at most `limits.max_request_body` bytes: 413 beyond, 400 if malformed.
+/// Refuses (415) a body that is not sent as `application/json` (a `charset=utf-8` parameter
+/// is allowed: JSON is UTF-8, RFC 8259 §8.1).
+fn require_json_content_type(request: &Request<Incoming>) -> Result<()> {
+    let refuse = || {
+        Error::UnsupportedMediaType(
+            "the request body must be sent with Content-Type: application/json".into(),
+        )
+    };
+    let mut values = request.headers().get_all(header::CONTENT_TYPE).iter();
+    let (Some(value), None) = (values.next(), values.next()) else {
+        return Err(refuse());
+    };
+    let value = value.to_str().map_err(|_| refuse())?;
+    let mut parts = value.split(';');
+    let essence = parts.next().unwrap_or("").trim();
+    let parameters_ok = parts.all(|parameter| match parameter.split_once('=') {
+        Some((name, value)) => {
+            name.trim().eq_ignore_ascii_case("charset")
+                && value.trim().trim_matches('"').eq_ignore_ascii_case("utf-8")
+        }
+        None => parameter.trim().is_empty(),
+    });
+    if essence.eq_ignore_ascii_case("application/json") && parameters_ok {
+        Ok(())
+    } else {
+        Err(refuse())
+    }
+}
+
+/// Reads a JSON object body of at most `limits.max_request_body` bytes: 415 unless it is
+/// `application/json`, 413 beyond the size, 408 when it does not arrive in time
+/// (`limits.body_timeout`, `limits.min_body_rate`), 400 if it is not one JSON object.
 async fn json_body<T: DeserializeOwned>(
     context: &Context,
     request: Request<Incoming>,
 ) -> Result<T> {
-    let limit = context.config.limits.max_request_body as usize;
-    let too_large = || Error::TooLarge(format!("request body is larger than {limit} bytes"));
-    if let Some(length) = request.headers().get(header::CONTENT_LENGTH) {
-        let length: u64 = length
-            .to_str()
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| Error::Malformed("invalid Content-Length".into()))?;
-        if length > limit as u64 {
-            return Err(too_large());
+    require_json_content_type(&request)?;
+    let limit = context.config.limits.max_request_body;
+    // hyper has parsed and checked Content-Length (a malformed one never gets here); the
+    // body's exact size hint is that length.
+    if request.body().size_hint().lower() > limit {
+        return Err(too_large_body(limit));
+    }
+    let bytes = read_body(context, request.into_body(), limit).await?;
+    let start = bytes.iter().position(|b| !b" \t\r\n".contains(b));
+    match start.map(|at| bytes[at]) {
+        None => Err(Error::Malformed(
+            "request body is empty; expected a JSON object".into(),
+        )),
+        // serde would take an array as a struct's fields in order (`["name","role"]`); the
+        // API takes objects only. Anything after the first value is refused by serde_json.
+        Some(b'{') => serde_json::from_slice(&bytes)
+            .map_err(|e| Error::Malformed(format!("malformed JSON: {e}"))),
+        Some(_) => Err(Error::Malformed(
+            "the request body must be a JSON object".into(),
+        )),
+    }
+}
+
+fn too_large_body(limit: u64) -> Error {
+    Error::TooLarge(format!("request body is larger than {limit} bytes"))
+}
+
+/// Collects a body of at most `limit` bytes before its deadline: the whole body by
+/// `limits.body_timeout`, and by `BODY_RATE_GRACE` plus one second per `limits.min_body_rate`
+/// bytes received so far, so a client that trickles or stalls is answered 408.
+async fn read_body(context: &Context, mut body: Incoming, limit: u64) -> Result<Vec<u8>> {
+    let limits = &context.config.limits;
+    let started = tokio::time::Instant::now();
+    let hard = started + limits.body_timeout.0;
+    let mut bytes = Vec::new();
+    loop {
+        let deadline = match limits.min_body_rate {
+            0 => hard,
+            rate => {
+                let earned = Duration::from_secs_f64(bytes.len() as f64 / rate as f64);
+                hard.min(started + BODY_RATE_GRACE + earned)
+            }
+        };
+        let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
+            Ok(None) => return Ok(bytes),
+            Ok(Some(Ok(frame))) => frame,
+            Ok(Some(Err(e))) => {
+                return Err(Error::Malformed(format!("cannot read request body: {e}")))
+            }
+            Err(_) if deadline == hard => {
+                return Err(Error::Timeout(format!(
+                    "the request body did not arrive within {} (limits.body_timeout)",
+                    crate::clock::format_duration(limits.body_timeout.0)
+                )))
+            }
+            Err(_) => {
+                return Err(Error::Timeout(format!(
+                    "the request body arrived slower than {} bytes/s (limits.min_body_rate)",
+                    limits.min_body_rate
+                )))
+            }
+        };
+        if let Ok(data) = frame.into_data() {
+            if (bytes.len() + data.len()) as u64 > limit {
+                return Err(too_large_body(limit));
+            }
+            bytes.extend_from_slice(&data);
         }
     }
-    let bytes = Limited::new(request.into_body(), limit)
-        .collect()
-        .await
-        .map_err(|e| {
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some()
-            {
-                too_large()
-            } else {
-                Error::Malformed(format!("cannot read request body: {e}"))
-            }
-        })?
-        .to_bytes();
-    if bytes.is_empty() {
-        return Err(Error::Malformed(
-            "request body is empty; expected a JSON object".into(),
-        ));
-    }
-    serde_json::from_slice(&bytes).map_err(|e| Error::Malformed(format!("malformed JSON: {e}")))
 }
 
 pub fn json_response<T: Serialize>(status: StatusCode, value: &T) -> Response<Body> {
@@ -258,11 +338,28 @@ fn error_response(error: Error) -> Response<Body> {
         StatusCode::from_u16(error.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let body = serde_json::json!({"error": {"code": error.code(), "message": error.to_string()}});
     let mut response = json_response(status, &body);
-    if let Error::RateLimited { retry_after } = error {
-        let value = retry_after.as_secs().max(1).to_string();
-        if let Ok(value) = value.parse() {
-            response.headers_mut().insert(header::RETRY_AFTER, value);
+    let headers = response.headers_mut();
+    match error {
+        Error::RateLimited { retry_after } => {
+            let value = retry_after.as_secs().max(1).to_string();
+            if let Ok(value) = value.parse() {
+                headers.insert(header::RETRY_AFTER, value);
+            }
         }
+        Error::TooManyInFlight(_) => {
+            headers.insert(header::RETRY_AFTER, http::HeaderValue::from_static("1"));
+        }
+        Error::MethodNotAllowed { allow, .. } => {
+            if let Ok(value) = http::HeaderValue::from_str(&allow) {
+                headers.insert(header::ALLOW, value);
+            }
+        }
+        // The rest of a late body may still be on its way: hyper closes the connection after
+        // this response rather than read it.
+        Error::Timeout(_) => {
+            headers.insert(header::CONNECTION, http::HeaderValue::from_static("close"));
+        }
+        _ => {}
     }
     response
 }

@@ -12,13 +12,24 @@ fn error_response(description: &str) -> Value {
     json!({"description": description, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}})
 }
 
+/// A key's name as `auth::keys` accepts it: 1–128 characters after surrounding whitespace is
+/// trimmed, none of them a control character (Unicode Cc).
+const NAME_PATTERN: &str = "^[^\\u0000-\\u001F\\u007F-\\u009F]*[^\\s\\u0000-\\u001F\\u007F-\\u009F][^\\u0000-\\u001F\\u007F-\\u009F]*$";
+
 pub fn document() -> Response<Body> {
     let errors = json!({
-        "400": error_response("malformed request"),
+        "400": error_response("malformed request: not one JSON object, unknown or duplicate field, wrong type"),
         "401": error_response("missing, unknown, expired or deleted API key"),
         "403": error_response("the key's role may not do this"),
-        "429": error_response("rate limit exceeded; see Retry-After"),
+        "405": {"$ref": "#/components/responses/MethodNotAllowed"},
+        "429": error_response("rate limit exceeded (code rate_limited; see Retry-After), or the key already has rate_limit.max_in_flight requests in progress (code too_many_in_flight; Retry-After: 1)"),
     });
+    // What every operation with a request body adds.
+    let body_errors: &[(&str, &str)] = &[
+        ("408", "the body did not arrive within limits.body_timeout, or fell below limits.min_body_rate; the connection is closed"),
+        ("413", "body larger than limits.max_request_body"),
+        ("415", "the body is not sent as Content-Type: application/json (charset=utf-8 is the only parameter allowed)"),
+    ];
     let with_errors = |mut responses: Value, extra: &[(&str, &str)]| {
         for (code, value) in errors.as_object().expect("literal object") {
             responses[code] = value.clone();
@@ -28,14 +39,35 @@ pub fn document() -> Response<Body> {
         }
         responses
     };
+    let with_body_errors = |responses: Value, extra: &[(&str, &str)]| {
+        let extra: Vec<(&str, &str)> = body_errors.iter().chain(extra).copied().collect();
+        with_errors(responses, &extra)
+    };
+    let method_not_allowed = json!({"405": {"$ref": "#/components/responses/MethodNotAllowed"}});
+    let open = |responses: Value| {
+        let mut responses = responses;
+        responses["405"] = method_not_allowed["405"].clone();
+        responses
+    };
+    let name = json!({"type": "string", "minLength": 1, "maxLength": 128, "pattern": NAME_PATTERN,
+        "description": "1–128 characters, none a control character; surrounding whitespace is trimmed"});
+    let role = json!({"type": "string", "enum": ["admin", "operator", "readonly"]});
+    let future = json!({"type": "string", "format": "date-time",
+        "description": "RFC 3339; must be in the future (422 otherwise)"});
     let key_ref = json!({"application/json": {"schema": {"$ref": "#/components/schemas/ApiKey"}}});
     let id_parameter =
         json!([{"name": "id", "in": "path", "required": true, "schema": {"type": "string"}}]);
     let doc = json!({
         "openapi": "3.0.3",
-        "info": {"title": "svc REST API", "version": env!("CARGO_PKG_VERSION")},
+        "info": {"title": "svc REST API", "version": env!("CARGO_PKG_VERSION"),
+            "description": "Errors are {\"error\":{\"code\",\"message\"}}. Request bodies are one JSON object sent as application/json. A connection without a complete request header for limits.idle_timeout (also between keep-alive requests) is closed; a malformed Content-Length gets hyper's own 400 with an empty body. Limits: docs/reliability.md."},
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "responses": {
+                "MethodNotAllowed": {"description": "the path does not serve this method",
+                    "headers": {"Allow": {"description": "the methods the path serves, e.g. `GET, POST`", "required": true, "schema": {"type": "string"}}},
+                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}},
+            },
             "schemas": {
                 "Error": {"type": "object", "properties": {"error": {"type": "object", "properties": {
                     "code": {"type": "string"}, "message": {"type": "string"}}}}},
@@ -46,8 +78,7 @@ pub fn document() -> Response<Body> {
                     "last_used_at": {"type": "string", "format": "date-time", "nullable": true},
                     "expires_at": {"type": "string", "format": "date-time", "nullable": true}}},
                 "NewApiKey": {"type": "object", "required": ["name", "role"], "additionalProperties": false, "properties": {
-                    "name": {"type": "string"}, "role": {"type": "string", "enum": ["admin", "operator", "readonly"]},
-                    "expires_at": {"type": "string", "format": "date-time"}}},
+                    "name": name, "role": role, "expires_at": future}},
                 "Jwks": {"type": "object", "required": ["keys"], "properties": {"keys": {"type": "array", "items": {
                     "type": "object", "required": ["kty", "crv", "x", "y", "kid"], "properties": {
                         "kty": {"type": "string", "enum": ["EC"]}, "crv": {"type": "string", "enum": ["P-256"]},
@@ -59,38 +90,42 @@ pub fn document() -> Response<Body> {
                     "revoked": {"type": "array", "items": {"type": "object", "required": ["jti", "revoked_at", "expires_at"], "properties": {
                         "jti": {"type": "string"}, "revoked_at": {"type": "string", "format": "date-time"},
                         "expires_at": {"type": "string", "format": "date-time"}}}}}},
-                "ApiKeyUpdate": {"type": "object", "additionalProperties": false, "properties": {
-                    "name": {"type": "string"}, "role": {"type": "string", "enum": ["admin", "operator", "readonly"]}}},
+                "ApiKeyUpdate": {"type": "object", "additionalProperties": false,
+                    "description": "The last active admin key (role admin, not expired) may not be demoted or given an expiry (409)",
+                    "properties": {"name": name, "role": role, "expires_at": future}},
             }
         },
         "paths": {
-            "/health/live": {"get": {"summary": "Liveness", "responses": {"200": {"description": "alive"}}}},
-            "/health/ready": {"get": {"summary": "Readiness per component", "responses": {
-                "200": {"description": "ready"}, "503": {"description": "a component is not ok"}}}},
-            "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text exposition format"}}}},
-            "/api/v1/openapi.json": {"get": {"summary": "This document", "responses": {"200": {"description": "OpenAPI 3"}}}},
+            "/health/live": {"get": {"summary": "Liveness", "responses": open(json!({"200": {"description": "alive"}}))}},
+            "/health/ready": {"get": {"summary": "Readiness per component", "responses": open(json!({
+                "200": {"description": "ready"}, "503": {"description": "a component is not ok"}}))}},
+            "/metrics": {"get": {"summary": "Prometheus metrics", "responses": open(json!({"200": {"description": "text exposition format"}}))}},
+            "/api/v1/openapi.json": {"get": {"summary": "This document", "responses": open(json!({"200": {"description": "OpenAPI 3"}}))}},
             "/.well-known/jwks.json": {"get": {"summary": "JWT-SVID public keys (no key needed): the active signing CA's EC P-256 key, kid = its SHA-256 fingerprint, x5c = [signing CA, root]",
-                "responses": {"200": {"description": "JWKS", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Jwks"}}}}}}},
+                "responses": open(json!({"200": {"description": "JWKS", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Jwks"}}}}}))}},
             "/.well-known/jwt-revocations.json": {"get": {"summary": "Revoked JWT-SVIDs not yet expired, by jti (no key needed)",
-                "responses": {"200": {"description": "revocation list", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/JwtRevocations"}}}}}}},
+                "responses": open(json!({"200": {"description": "revocation list", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/JwtRevocations"}}}}}))}},
             "/api/v1/apikeys": {
                 "get": {"summary": "List API keys (admin)", "security": [{"bearer": []}],
                     "responses": with_errors(json!({"200": {"description": "keys", "content": {"application/json": {"schema": {
                         "type": "object", "properties": {"apikeys": {"type": "array", "items": {"$ref": "#/components/schemas/ApiKey"}}}}}}}}), &[])},
                 "post": {"summary": "Create an API key (admin); the key is in this response only", "security": [{"bearer": []}],
                     "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/NewApiKey"}}}},
-                    "responses": with_errors(json!({"201": {"description": "created; includes `key`", "content": key_ref}}),
-                        &[("413", "body too large"), ("422", "invalid name, role or expiry")])},
+                    "responses": with_body_errors(json!({"201": {"description": "created; includes `key`", "content": key_ref}}),
+                        &[("422", "invalid name, role or expiry")])},
             },
             "/api/v1/apikeys/{id}": {
                 "parameters": id_parameter,
                 "get": {"summary": "Show an API key (admin)", "security": [{"bearer": []}],
                     "responses": with_errors(json!({"200": {"description": "the key", "content": key_ref}}), &[("404", "no such key")])},
-                "patch": {"summary": "Rename or change the role of an API key (admin)", "security": [{"bearer": []}],
+                "patch": {"summary": "Rename an API key, change its role or give it an expiry (admin)", "security": [{"bearer": []}],
                     "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ApiKeyUpdate"}}}},
-                    "responses": with_errors(json!({"200": {"description": "the key", "content": key_ref}}), &[("404", "no such key"), ("422", "invalid name or role")])},
+                    "responses": with_body_errors(json!({"200": {"description": "the key", "content": key_ref}}), &[("404", "no such key"),
+                        ("409", "the key is the last active admin key: it may not be demoted or given an expiry (code failed_precondition)"),
+                        ("422", "invalid name, role or expiry")])},
                 "delete": {"summary": "Delete an API key (admin); its next request gets 401", "security": [{"bearer": []}],
-                    "responses": with_errors(json!({"204": {"description": "deleted"}}), &[("404", "no such key")])},
+                    "responses": with_errors(json!({"204": {"description": "deleted"}}), &[("404", "no such key"),
+                        ("409", "the key is the last active admin key (code failed_precondition)")])},
             }
         }
     });
