@@ -444,7 +444,7 @@ async fn audit_admin_recoveries(domain: &Domain, data_dir: &Path) {
         let payload = serde_json::json!({"id": id, "name": detail["name"], "role": "admin", "by": "svc-server --recover-admin"});
         domain
             .events
-            .emit_system("apikey_created", "server", payload)
+            .emit_system(crate::events::EventKind::ApikeyCreated, "server", payload)
             .await;
     }
     if let Err(e) = std::fs::remove_file(&path) {
