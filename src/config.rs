@@ -228,6 +228,10 @@ pub struct BusConfig {
     /// Monitoring (`listen.bus_monitor`) answers only requests with an admin API key as a
     /// bearer token.
     pub monitor_auth: bool,
+    /// Client connections the embedded broker holds at most (agents included); past it a
+    /// client gets `-ERR 'maximum connections exceeded'`. Fitted into the open-file limit
+    /// at start with the REST and gRPC caps (`server::fds`).
+    pub max_connections: usize,
 }
 
 impl Default for BusConfig {
@@ -243,6 +247,7 @@ impl Default for BusConfig {
             lame_duck_duration: ConfigDuration(Duration::from_secs(30)),
             lame_duck_grace_period: ConfigDuration(Duration::from_secs(10)),
             monitor_auth: false,
+            max_connections: 65536,
         }
     }
 }
@@ -315,6 +320,16 @@ pub struct LimitsConfig {
     /// How long a REST connection may go without a complete request header: from connecting,
     /// and between requests on a keep-alive connection. Past it the connection is closed.
     pub idle_timeout: ConfigDuration,
+    /// How long a new REST or gRPC connection has to send its first byte and finish its TLS
+    /// handshake (with `tls`); past it the connection is closed unanswered.
+    pub handshake_timeout: ConfigDuration,
+    /// Concurrent gRPC streams (calls) one connection may have open; more are refused by
+    /// HTTP/2 flow control (the client waits or fails with RESOURCE_EXHAUSTED).
+    pub max_grpc_streams: u32,
+    /// How often the server pings an idle gRPC connection, and how long it waits for the
+    /// answer before closing it.
+    pub grpc_keepalive: ConfigDuration,
+    pub grpc_keepalive_timeout: ConfigDuration,
 }
 
 impl Default for LimitsConfig {
@@ -325,6 +340,10 @@ impl Default for LimitsConfig {
             body_timeout: ConfigDuration(Duration::from_secs(30)),
             min_body_rate: 1024,
             idle_timeout: ConfigDuration(Duration::from_secs(10)),
+            handshake_timeout: ConfigDuration(Duration::from_secs(10)),
+            max_grpc_streams: 256,
+            grpc_keepalive: ConfigDuration(Duration::from_secs(60)),
+            grpc_keepalive_timeout: ConfigDuration(Duration::from_secs(20)),
         }
     }
 }

@@ -1381,3 +1381,105 @@ fn recover_admin_refuses_a_running_server_then_mints_an_audited_admin_key() {
         1
     );
 }
+
+/// A gRPC health check over a fresh connection: Some(true) when it answers SERVING.
+fn grpc_health(server: &TestServer) -> bool {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let check = async {
+            let channel =
+                tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc))
+                    .ok()?
+                    .connect()
+                    .await
+                    .ok()?;
+            let mut client = tonic_health::pb::health_client::HealthClient::new(channel);
+            let answer = client
+                .check(tonic_health::pb::HealthCheckRequest::default())
+                .await
+                .ok()?;
+            Some(answer.into_inner().status == 1)
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(2), check)
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or(false)
+    })
+}
+
+#[test]
+fn silent_floods_under_a_low_file_limit_leave_every_port_serving() {
+    use std::net::TcpStream;
+    use std::time::{Duration, Instant};
+    // 256 descriptors: the caps are fitted under it with a reserve, so a flood on one port
+    // meets that port's cap, not EMFILE. Silent connections go after the handshake timeout.
+    let server = TestServer::start_with(Options {
+        config_yaml: "limits: { handshake_timeout: 1s }\n".into(),
+        nofile: Some(256),
+        ..Options::default()
+    });
+    let log = server.log();
+    assert!(log.contains("open-file limit and connection caps"), "{log}");
+    let bus_ping = || {
+        let mut bus = TcpStream::connect(common::bus_socket(&server.bus)).ok()?;
+        bus.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        let mut reader = std::io::BufReader::new(bus.try_clone().ok()?);
+        let mut info = String::new();
+        std::io::BufRead::read_line(&mut reader, &mut info).ok()?;
+        let connect = serde_json::json!({"verbose": false, "auth_token": server.admin_key});
+        std::io::Write::write_all(
+            &mut bus,
+            format!("CONNECT {connect}\r\nPING\r\n").as_bytes(),
+        )
+        .ok()?;
+        Some(common::lines_until_pong(&mut reader).last().cloned() == Some("PONG".into()))
+    };
+    for (port, address) in [("grpc", server.grpc), ("http", server.http)] {
+        // 300 silent connections: more than the whole limit.
+        let flood: Vec<TcpStream> = (0..300)
+            .filter_map(|_| TcpStream::connect(address).ok())
+            .collect();
+        assert!(flood.len() > 200, "{port}: only {} connected", flood.len());
+        // The other ports answer at once; this one again once the silent ones are closed.
+        let started = Instant::now();
+        let ready = http_request(server.http, "GET", "/health/ready", &[], None);
+        if port == "grpc" {
+            assert_eq!(ready.map(|r| r.status).ok(), Some(200), "{port}");
+            assert!(started.elapsed() < Duration::from_secs(2), "{port}");
+        }
+        assert_eq!(bus_ping(), Some(true), "bus during the {port} flood");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let back = match port {
+                "grpc" => grpc_health(&server),
+                _ => http_request(server.http, "GET", "/health/live", &[], None)
+                    .map(|r| r.status == 200)
+                    .unwrap_or(false),
+            };
+            if back {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{port} never came back\n{}",
+                server.log()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        // The server closed the silent ones (EOF), the first within about the timeout.
+        let mut first = flood.into_iter().next().unwrap();
+        first
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let mut buffer = [0u8; 16];
+        assert!(matches!(
+            std::io::Read::read(&mut first, &mut buffer),
+            Ok(0) | Err(_)
+        ));
+    }
+    assert!(grpc_health(&server), "gRPC serves after both floods");
+}

@@ -158,8 +158,12 @@ fn validate(config: &ServerConfig, dev: bool) -> Vec<String> {
     if config.rate_limit.requests_per_second <= 0.0 || config.rate_limit.burst == 0 {
         problems.push("rate_limit: requests_per_second and burst must be positive".into());
     }
-    if config.limits.max_connections == 0 {
-        problems.push("limits.max_connections must be at least 1".into());
+    if config.limits.max_connections == 0 || config.bus.max_connections == 0 {
+        problems.push("limits.max_connections and bus.max_connections must be at least 1".into());
+    }
+    if config.limits.handshake_timeout.0.is_zero() || config.limits.max_grpc_streams == 0 {
+        problems
+            .push("limits.handshake_timeout and limits.max_grpc_streams must be positive".into());
     }
     if config.rate_limit.max_in_flight == 0 {
         problems.push("rate_limit.max_in_flight must be at least 1".into());
@@ -510,18 +514,37 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     let events_log = StreamLog::open(&jetstream.join("events"), stream_config.clone())?;
     let audit_log = StreamLog::open(&jetstream.join("audit"), stream_config)?;
 
-    let cap = config.limits.max_connections;
+    // Every listener's cap fits under the open-file limit, with a reserve (server::fds).
+    let (soft, hard) = super::fds::raise_nofile_limit();
+    let caps = super::fds::fit(&config, soft);
+    tracing::info!(
+        soft,
+        hard,
+        http = caps.http,
+        grpc = caps.grpc,
+        bus = caps.bus,
+        "open-file limit and connection caps"
+    );
+    if caps.http < config.limits.max_connections || caps.bus < config.bus.max_connections {
+        tracing::warn!(nofile = soft, reserve = super::fds::RESERVE, "the configured connection caps do not fit the open-file limit: scaled down (raise LimitNOFILE)");
+    }
+    config.bus.max_connections = caps.bus;
+    let handshake = config.limits.handshake_timeout.0;
+    // A REST connection that sends nothing is idle from the start.
+    let http_first_byte = handshake.min(config.limits.idle_timeout.0);
     let http_listener = super::tls::Listener::new(
         bind(&config.listen.http, "listen.http").await?,
         "listen.http",
-        cap,
+        caps.http,
         super::tls::HTTP_BUSY,
+        http_first_byte,
     );
     let grpc_listener = super::tls::Listener::new(
         bind(&config.listen.grpc, "listen.grpc").await?,
         "listen.grpc",
-        cap,
+        caps.grpc,
         b"",
+        handshake,
     );
     // With bus.tls, agents may log in by mutual TLS: client certificates are requested (not
     // required) and must chain to the embedded root CA.

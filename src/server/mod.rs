@@ -8,6 +8,7 @@ pub mod bus;
 mod bus_monitor;
 mod cmd;
 mod enrol;
+pub mod fds;
 mod fleet;
 pub mod grpc;
 mod health;

@@ -5,10 +5,12 @@
 //! a 503), so a flood can neither queue without bound nor run the process out of file
 //! descriptors that the other listeners need.
 //!
-//! Owns the accept loop when `tls` is configured: each accepted socket gets its own task for
-//! the handshake, bounded by `HANDSHAKE_TIMEOUT`, and only finished streams reach the HTTP
-//! server. So a client that connects and sends nothing (or handshakes slowly) holds one task
-//! and one socket for at most ten seconds, never the loop. A failed handshake is logged at
+//! Owns the accept loop: each accepted socket gets its own task that waits for the client's
+//! first byte (plain) or its whole TLS handshake (`tls`), bounded by `limits.handshake_timeout`,
+//! and only such connections reach the HTTP server. So a client that connects and sends
+//! nothing (or handshakes slowly) holds one task and one socket for at most that long (10 s by
+//! default), never the loop, and never beyond it: HTTP/2 (gRPC) has no deadline of its own for
+//! a client that never sends its preface. A failed handshake is logged at
 //! debug with the peer and the connection dropped. Certificates are loaded by `crate::tls`.
 
 use std::io;
@@ -26,9 +28,6 @@ use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_stream::wrappers::ReceiverStream;
-
-/// How long a client has to finish its TLS handshake after connecting.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Accepts on `listener` until `stop` flips or the returned stream is dropped, and yields each
 /// connection whose handshake succeeded. TCP_NODELAY is set on every accepted socket.
@@ -48,8 +47,9 @@ pub fn incoming(
                     let acceptor = acceptor.clone();
                     let sender = sender.clone();
                     let name = listener.name;
+                    let deadline = listener.handshake;
                     tokio::spawn(async move {
-                        if let Some(stream) = handshake(&acceptor, socket, peer, name).await {
+                        if let Some(stream) = handshake(&acceptor, socket, peer, name, deadline).await {
                             let _ = sender.send(Ok(Capped { io: stream, _slot: slot })).await;
                         }
                     });
@@ -71,6 +71,8 @@ pub struct Listener {
     slots: Arc<Semaphore>,
     /// Written to a connection refused over the cap before it is closed (REST: a 503).
     refusal: &'static [u8],
+    /// How long a new connection has for its first byte or TLS handshake.
+    handshake: Duration,
 }
 
 /// What a REST client over the cap reads before the connection closes.
@@ -84,12 +86,14 @@ impl Listener {
         name: &'static str,
         max_connections: usize,
         refusal: &'static [u8],
+        handshake: Duration,
     ) -> Self {
         Listener {
             listener,
             name,
             slots: Arc::new(Semaphore::new(max_connections)),
             refusal,
+            handshake,
         }
     }
 
@@ -129,12 +133,49 @@ impl Listener {
         });
     }
 
-    /// Accepted plain connections, each holding its slot.
-    pub fn plain(self) -> impl Stream<Item = io::Result<Capped<TcpStream>>> + Send + Unpin {
-        Box::pin(futures_util::stream::unfold(self, |listener| async move {
-            let (io, _, slot) = listener.accept().await;
-            Some((Ok(Capped { io, _slot: slot }), listener))
-        }))
+    /// Accepted plain connections that sent a first byte in time, each holding its slot,
+    /// until `stop` flips or the stream is dropped.
+    pub fn plain(
+        self,
+        mut stop: watch::Receiver<bool>,
+    ) -> impl Stream<Item = io::Result<Capped<TcpStream>>> + Send + Unpin + 'static {
+        let (sender, receiver) = mpsc::channel(32);
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    (socket, peer, slot) = self.accept() => {
+                        let sender = sender.clone();
+                        let (name, deadline) = (self.name, self.handshake);
+                        tokio::spawn(async move {
+                            if first_byte(&socket, peer, name, deadline).await {
+                                let _ = sender.send(Ok(Capped { io: socket, _slot: slot })).await;
+                            }
+                        });
+                    }
+                    _ = sender.closed() => break,
+                    _ = stop.changed() => break,
+                }
+            }
+        });
+        ReceiverStream::new(receiver)
+    }
+}
+
+/// Waits until the client has sent something (without reading it).
+async fn first_byte(
+    socket: &TcpStream,
+    peer: SocketAddr,
+    listener_name: &'static str,
+    deadline: Duration,
+) -> bool {
+    let mut byte = [0u8; 1];
+    match tokio::time::timeout(deadline, socket.peek(&mut byte)).await {
+        Ok(Ok(n)) if n > 0 => true,
+        Ok(_) => false,
+        Err(_) => {
+            tracing::debug!(listener = listener_name, %peer, timeout = ?deadline, "closed: nothing sent in time");
+            false
+        }
     }
 }
 
@@ -197,15 +238,16 @@ async fn handshake(
     socket: TcpStream,
     peer: SocketAddr,
     listener_name: &'static str,
+    deadline: Duration,
 ) -> Option<TlsStream<TcpStream>> {
-    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(socket)).await {
+    match tokio::time::timeout(deadline, acceptor.accept(socket)).await {
         Ok(Ok(stream)) => Some(stream),
         Ok(Err(error)) => {
             tracing::debug!(listener = listener_name, %peer, %error, "TLS handshake failed");
             None
         }
         Err(_) => {
-            tracing::debug!(listener = listener_name, %peer, timeout = ?HANDSHAKE_TIMEOUT, "TLS handshake timed out");
+            tracing::debug!(listener = listener_name, %peer, timeout = ?deadline, "TLS handshake timed out");
             None
         }
     }

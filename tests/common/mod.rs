@@ -91,6 +91,7 @@ pub struct TestServer {
     /// trusting `Options::ca_file`, used by `request` and the readiness probe.
     pub tls: Option<Arc<rustls::ClientConfig>>,
     ca_file: Option<PathBuf>,
+    nofile: Option<u64>,
     _temp: tempfile::TempDir,
     child: Option<Child>,
     log_file: PathBuf,
@@ -102,6 +103,8 @@ pub struct Options {
     pub config_yaml: String,
     /// The CA to trust when `config_yaml` turns TLS on.
     pub ca_file: Option<PathBuf>,
+    /// The server's open-file limit (soft and hard), set in the child before it runs.
+    pub nofile: Option<u64>,
 }
 
 pub fn random_master_key() -> String {
@@ -136,6 +139,7 @@ impl TestServer {
             admin_key: String::new(),
             tls: None,
             ca_file: options.ca_file.clone(),
+            nofile: options.nofile,
             log_file: temp.path().join("server.log"),
             _temp: temp,
             child: None,
@@ -164,6 +168,23 @@ impl TestServer {
             .stderr(log);
         for (key, value) in env {
             command.env(key, value);
+        }
+        if let Some(nofile) = self.nofile {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: only setrlimit, which is async-signal-safe, runs in the child.
+            unsafe {
+                command.pre_exec(move || {
+                    let limit = libc::rlimit {
+                        rlim_cur: nofile,
+                        rlim_max: nofile,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                });
+            }
         }
         self.child = Some(command.spawn().expect("svc-server starts"));
         let deadline = Instant::now() + Duration::from_secs(20);

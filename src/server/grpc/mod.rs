@@ -50,7 +50,13 @@ pub async fn serve(
         fleet_service_server::FleetServiceServer, identity_service_server::IdentityServiceServer,
         policy_service_server::PolicyServiceServer, secrets_service_server::SecretsServiceServer,
     };
+    // Keepalive pings find peers that went away; the stream cap bounds what one connection
+    // can make the server hold (limits.*, docs/reliability.md).
+    let limits = &context.config.limits;
     let router = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(limits.grpc_keepalive.0))
+        .http2_keepalive_timeout(Some(limits.grpc_keepalive_timeout.0))
+        .max_concurrent_streams(Some(limits.max_grpc_streams))
         .layer(auth_layer::AuthLayer::new(context.clone()))
         .add_service(health_service)
         .add_service(EventServiceServer::new(events::Events {
@@ -97,7 +103,7 @@ pub async fn serve(
                 .await
         }
         None => {
-            let incoming = listener.plain();
+            let incoming = listener.plain(stop_accepting);
             router
                 .serve_with_incoming_shutdown(incoming, shutdown)
                 .await

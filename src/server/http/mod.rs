@@ -49,7 +49,7 @@ pub async fn serve(
             let incoming = super::tls::incoming(listener, config, stop.clone());
             serve_connections(context, incoming, stop).await
         }
-        None => serve_connections(context, listener.plain(), stop).await,
+        None => serve_connections(context, listener.plain(stop.clone()), stop).await,
     }
 }
 
