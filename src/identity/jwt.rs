@@ -557,15 +557,28 @@ async fn audit_issue(
         )
         .await;
     if result.is_ok() {
-        // The event says who got a token for what; never the token.
-        let mut payload = detail;
-        payload["id"] = json!(id);
-        payload["by"] = json!(principal.name);
-        domain
-            .events
-            .emit_system(crate::events::EventKind::JwtIssued, "server", payload)
-            .await;
+        emit(
+            domain,
+            principal,
+            crate::events::EventKind::JwtIssued,
+            &id,
+            detail,
+        )
+        .await;
     }
+}
+
+/// The event of an issue or revoke: who did it and the token's id and claims, never the token.
+async fn emit(
+    domain: &Domain,
+    principal: &Principal,
+    kind: crate::events::EventKind,
+    id: &str,
+    mut payload: Value,
+) {
+    payload["id"] = json!(id);
+    payload["by"] = json!(principal.name);
+    domain.events.emit_system(kind, "server", payload).await;
 }
 
 /// `jwt issue` (admin): a token for `subject` (default the caller's own
@@ -695,13 +708,14 @@ pub async fn revoke_jwt(domain: &Domain, principal: &Principal, id: &str) -> Res
         )
         .await;
     if result.is_ok() {
-        let mut payload = detail;
-        payload["id"] = json!(id);
-        payload["by"] = json!(principal.name);
-        domain
-            .events
-            .emit_system(crate::events::EventKind::JwtRevoked, "server", payload)
-            .await;
+        emit(
+            domain,
+            principal,
+            crate::events::EventKind::JwtRevoked,
+            id,
+            detail,
+        )
+        .await;
     }
     result
 }
