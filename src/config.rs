@@ -228,6 +228,9 @@ pub struct BusConfig {
     /// Monitoring (`listen.bus_monitor`) answers only requests with an admin API key as a
     /// bearer token.
     pub monitor_auth: bool,
+    /// Bytes the embedded broker may hold queued for all clients together. Past it, the
+    /// clients with the most bytes queued (those not reading) are closed as slow consumers.
+    pub max_pending_total: u64,
 }
 
 impl Default for BusConfig {
@@ -243,6 +246,7 @@ impl Default for BusConfig {
             lame_duck_duration: ConfigDuration(Duration::from_secs(30)),
             lame_duck_grace_period: ConfigDuration(Duration::from_secs(10)),
             monitor_auth: false,
+            max_pending_total: 64 * 1024 * 1024,
         }
     }
 }

@@ -191,6 +191,7 @@ pub async fn start(
                 server_name: config.bus.server_name.clone(),
                 ping_interval: config.bus.ping_interval.0,
                 max_pings_out: config.bus.ping_max,
+                max_pending_total: config.bus.max_pending_total as usize,
                 tls: tls.as_ref().map(|tls| tls.server.clone()),
                 ..BrokerConfig::default()
             };
