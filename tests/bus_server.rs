@@ -591,7 +591,7 @@ async fn slow_consumers_share_one_pending_budget_and_memory_comes_back() {
         received,
         MESSAGES,
         "the normal subscriber lost messages; /varz: {}\n{}",
-        tokio::task::spawn_blocking(varz.clone()).await.unwrap(),
+        tokio::task::spawn_blocking(varz).await.unwrap(),
         server.log()
     );
 

@@ -271,7 +271,9 @@ impl Shared {
             .iter()
             .map(|(id, client)| (*id, client.outbound.clone()))
             .collect();
-        let mut sized: Vec<((usize, Option<Duration>), u64, Arc<Outbound>)> = outbounds
+        // ((pending bytes, blocked for), client id, buffer)
+        type Sized = ((usize, Option<Duration>), u64, Arc<Outbound>);
+        let mut sized: Vec<Sized> = outbounds
             .into_iter()
             .map(|(id, outbound)| (outbound.pending(), id, outbound))
             .filter(|((pending, _), _, _)| *pending > 0)

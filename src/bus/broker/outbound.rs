@@ -9,8 +9,9 @@
 //!
 //! Every buffer also draws on one [`PendingBudget`] shared by all connections
 //! (`max_pending_total`): one relaxed atomic add per append and one subtract per written
-//! batch. An append that would exceed it asks the budget's shedder (the broker) to cut the
-//! connections holding the most bytes as slow consumers, then retries once.
+//! batch. An append that would exceed it asks the budget's shedder (the broker's
+//! `Shared::shed`) to cut slow consumers, then retries once; still no room, the connection
+//! appended to is cut, so the limit holds.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -214,8 +215,8 @@ impl Outbound {
     fn push_counted(&self, pieces: &[&[u8]], payload_len: Option<usize>) -> Queued {
         match self.try_push(pieces, payload_len) {
             Err(needed) => {
-                // Over the shared budget: let the broker cut the biggest slow consumers
-                // (possibly this one), then try once more; still no room, this one goes.
+                // Over the shared budget: let the broker cut slow consumers (possibly this
+                // one), then try once more; still no room, this one goes.
                 self.budget.shed(needed);
                 match self.try_push(pieces, payload_len) {
                     Err(_) => {
