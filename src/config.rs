@@ -232,6 +232,9 @@ pub struct BusConfig {
     /// client gets `-ERR 'maximum connections exceeded'`. Fitted into the open-file limit
     /// at start with the REST and gRPC caps (`server::fds`).
     pub max_connections: usize,
+    /// Bytes the embedded broker may hold queued for all clients together. Past it, the
+    /// clients with the most bytes queued (those not reading) are closed as slow consumers.
+    pub max_pending_total: u64,
 }
 
 impl Default for BusConfig {
@@ -248,6 +251,7 @@ impl Default for BusConfig {
             lame_duck_grace_period: ConfigDuration(Duration::from_secs(10)),
             monitor_auth: false,
             max_connections: 65536,
+            max_pending_total: 64 * 1024 * 1024,
         }
     }
 }

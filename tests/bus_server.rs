@@ -449,3 +449,201 @@ async fn bus_monitoring_with_admin_keys_and_lame_duck_health() {
     assert_eq!(health.status, 503, "{}", health.body);
     assert_eq!(health.json()["status"], "error");
 }
+
+/// The server's resident set size, from /proc/<pid>/status, in bytes.
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| {
+            rest.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .map_or(0, |kib| kib * 1024)
+}
+
+/// Issue 23 (hostile clients): connections that subscribe to `>` and never read, while one
+/// client publishes a burst. `bus.max_pending_total` bounds all their buffers together: they
+/// are cut off as slow consumers, a normal subscriber gets every message, the server's RSS
+/// stays bounded during the burst, and comes back near its pre-burst figure afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_consumers_share_one_pending_budget_and_memory_comes_back() {
+    const SLOW: usize = 200;
+    const MESSAGES: usize = 50_000;
+    const BUDGET: u64 = 16 * 1024 * 1024;
+    let server = tokio::task::spawn_blocking(|| {
+        TestServer::start_with(Options {
+            config_yaml: format!("bus:\n  max_pending_total: {BUDGET}\n"),
+            ..Options::default()
+        })
+    })
+    .await
+    .unwrap();
+    let pid = server.pid();
+    let monitor = server.bus_monitor.expect("bus_monitor");
+    let varz = move || {
+        let response = common::http_request(monitor, "GET", "/varz", &[], None).unwrap();
+        assert_eq!(response.status, 200, "{}", response.body);
+        response.json()
+    };
+
+    let subscriber = async_nats::ConnectOptions::with_token(server.admin_key.clone())
+        .connect(server.bus.as_str())
+        .await
+        .unwrap();
+    let mut subscription = subscriber.subscribe("burst.x").await.unwrap();
+    subscriber.flush().await.unwrap();
+
+    // The hostile ones: `SUB > 1`, one PONG read to know the SUB is in, then never a read
+    // again; a 4 KiB receive buffer so the kernel does not soak up the burst for them.
+    let address = bus_socket(&server.bus);
+    let admin_key = server.admin_key.clone();
+    let slow = tokio::task::spawn_blocking(move || {
+        (0..SLOW)
+            .map(|_| {
+                let stream = TcpStream::connect(address).unwrap();
+                let size: libc::c_int = 4096;
+                unsafe {
+                    use std::os::fd::AsRawFd;
+                    libc::setsockopt(
+                        stream.as_raw_fd(),
+                        libc::SOL_SOCKET,
+                        libc::SO_RCVBUF,
+                        &size as *const libc::c_int as *const libc::c_void,
+                        std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                    );
+                }
+                stream
+                    .set_read_timeout(Some(Duration::from_secs(5)))
+                    .unwrap();
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut info = String::new();
+                reader.read_line(&mut info).unwrap();
+                let mut writer = stream.try_clone().unwrap();
+                write!(
+                    writer,
+                    "CONNECT {{\"verbose\":false,\"auth_token\":\"{admin_key}\"}}\r\nSUB > 1\r\nPING\r\n"
+                )
+                .unwrap();
+                assert_eq!(common::lines_until_pong(&mut reader), ["PONG"]);
+                stream
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let baseline = rss_bytes(pid);
+
+    // Sample RSS through the burst.
+    let sampling = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let sampler = {
+        let sampling = sampling.clone();
+        std::thread::spawn(move || {
+            let mut peak = 0;
+            while sampling.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(rss_bytes(pid));
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            peak
+        })
+    };
+    let started = std::time::Instant::now();
+    let publisher = async_nats::ConnectOptions::with_token(server.admin_key.clone())
+        .connect(server.bus.as_str())
+        .await
+        .unwrap();
+    let payload = bytes::Bytes::from(vec![b'x'; 64]);
+    let publish = tokio::spawn(async move {
+        for _ in 0..MESSAGES {
+            publisher.publish("burst.x", payload.clone()).await.unwrap();
+        }
+        publisher.flush().await.unwrap();
+        // Kept until the subscriber has everything: closing with the broker still reading
+        // could reset the connection and lose what it had not read yet.
+        publisher
+    });
+    let mut received = 0;
+    while received < MESSAGES {
+        match tokio::time::timeout(Duration::from_secs(20), subscription.next()).await {
+            Ok(Some(message)) => {
+                assert_eq!(message.payload.len(), 64);
+                received += 1;
+            }
+            _ => break,
+        }
+    }
+    let publisher = publish.await.unwrap();
+    let burst = started.elapsed();
+    sampling.store(false, std::sync::atomic::Ordering::Relaxed);
+    let peak = sampler.join().unwrap();
+    let mib = |bytes: u64| bytes as f64 / (1024.0 * 1024.0);
+    eprintln!(
+        "{SLOW} slow consumers, {MESSAGES} × 64 B in {burst:?}: RSS baseline {:.1} MiB, peak {:.1} MiB",
+        mib(baseline),
+        mib(peak)
+    );
+    assert_eq!(
+        received,
+        MESSAGES,
+        "the normal subscriber lost messages; /varz: {}\n{}",
+        tokio::task::spawn_blocking(varz).await.unwrap(),
+        server.log()
+    );
+
+    // Every hostile connection was cut off as a slow consumer.
+    let varz = tokio::task::spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(15);
+        loop {
+            let varz = varz();
+            if varz["slow_consumers"].as_u64().unwrap_or(0) >= SLOW as u64
+                || std::time::Instant::now() > deadline
+            {
+                return varz;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        varz["slow_consumers"].as_u64().unwrap() >= SLOW as u64,
+        "slow consumers: {}",
+        varz["slow_consumers"]
+    );
+    // The budget holds the buffers to 16 MiB; the rest is the writers' batches, the
+    // allocator's slack and the publisher's read buffers.
+    let bound = baseline + 3 * BUDGET;
+    assert!(
+        peak < bound,
+        "RSS peak {:.1} MiB over {:.1} MiB (baseline {:.1} MiB)",
+        mib(peak),
+        mib(bound),
+        mib(baseline)
+    );
+
+    // The memory is given back: within 2× of the baseline in at most 60 s.
+    let returned = std::time::Instant::now();
+    let mut now = rss_bytes(pid);
+    while now > 2 * baseline && returned.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        now = rss_bytes(pid);
+    }
+    eprintln!(
+        "RSS {:.1} MiB {:?} after the burst",
+        mib(now),
+        returned.elapsed()
+    );
+    assert!(
+        now <= 2 * baseline,
+        "RSS {:.1} MiB after 60 s, baseline {:.1} MiB, peak {:.1} MiB",
+        mib(now),
+        mib(baseline),
+        mib(peak)
+    );
+    drop((slow, publisher));
+}

@@ -274,7 +274,7 @@ fn bus_monitoring_and_keepalive_settings_are_checked() {
     std::fs::write(
         &file,
         format!(
-            "hmacsecret: abc\nmaster_key: {}\nlisten: {{ bus_monitor: nope }}\nbus: {{ ping_interval: 0s, ping_max: 0, lame_duck_duration: 5s, lame_duck_grace_period: 10s }}\n",
+            "hmacsecret: abc\nmaster_key: {}\nlisten: {{ bus_monitor: nope }}\nbus: {{ ping_interval: 0s, ping_max: 0, lame_duck_duration: 5s, lame_duck_grace_period: 10s, max_pending_total: 1000 }}\n",
             common::random_master_key()
         ),
     )
@@ -286,6 +286,7 @@ fn bus_monitoring_and_keepalive_settings_are_checked() {
         "bus.ping_interval",
         "bus.ping_max",
         "bus.lame_duck_grace_period",
+        "bus.max_pending_total",
     ] {
         assert!(bad.stderr.contains(key), "{key}: {bad:?}");
     }
@@ -297,6 +298,7 @@ fn bus_monitoring_and_keepalive_settings_are_checked() {
             ("SVC_BUS__PING_INTERVAL", "30s"),
             ("SVC_BUS__PING_MAX", "3"),
             ("SVC_BUS__LAME_DUCK_GRACE_PERIOD", "1s"),
+            ("SVC_BUS__MAX_PENDING_TOTAL", "16777216"),
         ],
     );
     assert_eq!(fixed.code, 0, "{fixed:?}");

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use futures_util::FutureExt as _;
 use rustls::pki_types::CertificateDer;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -22,7 +23,7 @@ use tokio::time::{timeout, Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::auth::{AuthRequest, Permissions};
-use super::outbound::{Batch, Close, Outbound, Queued};
+use super::outbound::{Batch, Close, Outbound, Queued, IDLE_CAPACITY};
 use super::protocol::{ClientOp, Parsed, Parser, Publish};
 use super::router::{Claim, Matches, Subscription};
 use super::{ClientMeta, ConnectMeta, Shared};
@@ -32,6 +33,10 @@ use crate::bus::subjects::{is_valid_literal, is_valid_pattern};
 pub(crate) const NATS_VERSION: &str = "2.9.10";
 /// Bytes read per syscall when no large payload is pending.
 const READ_SIZE: usize = 64 * 1024;
+/// Longest a publisher pauses at a time while the outbound buffers are under pressure.
+const MAX_PAUSE: Duration = Duration::from_millis(500);
+/// A written batch's buffer larger than this is replaced by a READ_SIZE one.
+const SHRINK_ABOVE: usize = READ_SIZE;
 /// Entries in the per-connection subject cache before it is dropped wholesale.
 const LOCAL_CACHE_LIMIT: usize = 256;
 /// When a new client gets its first PING (nats-server's `firstClientPingInterval`).
@@ -231,6 +236,7 @@ impl Session {
     ) -> Self {
         let outbound = Arc::new(Outbound::new(
             shared.config.max_pending_bytes,
+            shared.pending.clone(),
             shared.stats.clone(),
         ));
         Session {
@@ -378,6 +384,9 @@ impl Session {
                 Ok(Parsed::Op(op)) => {
                     if !self.handle(op).await {
                         return false;
+                    }
+                    if self.shared.pending.is_under_pressure() {
+                        self.ease_pressure().await;
                     }
                 }
                 Ok(Parsed::NeedMore { frame_len }) => {
@@ -749,6 +758,22 @@ impl Session {
         true
     }
 
+    /// The outbound buffers together are past three quarters of `max_pending_total`: wake
+    /// the writers queued for so far, then stop reading (this client's next ops wait in
+    /// its socket) while they drain, cutting clients that stopped reading, for at most
+    /// [`MAX_PAUSE`]. nats-server similarly stalls a fast producer when a subscriber's
+    /// buffer fills. Costs the publish path one relaxed load per op.
+    async fn ease_pressure(&mut self) {
+        self.flush_counters();
+        self.wake_all();
+        let budget = self.shared.pending.clone();
+        let started = Instant::now();
+        while budget.is_under_pressure() && started.elapsed() < MAX_PAUSE {
+            self.shared.shed(0, false);
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
     fn send_ok(&mut self) {
         if self.verbose {
             self.push_own(&[b"+OK\r\n"]);
@@ -819,7 +844,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     cancel: CancellationToken,
 ) {
     let deadline = shared.config.write_deadline;
-    let mut batch = Vec::with_capacity(READ_SIZE);
+    let mut batch = Vec::new();
     loop {
         match outbound.take(&mut batch) {
             Batch::Write => {
@@ -827,7 +852,21 @@ async fn write_loop<W: AsyncWrite + Unpin>(
                     writer.write_all(&batch).await?;
                     writer.flush().await
                 };
-                match timeout(deadline, write).await {
+                let mut write = std::pin::pin!(timeout(deadline, write));
+                let written = match (&mut write).now_or_never() {
+                    Some(written) => written,
+                    None => {
+                        // The socket is full: tell the shedder, which cuts such clients
+                        // first, and drop the batch as soon as it does rather than at the
+                        // write deadline.
+                        outbound.mark_blocked();
+                        tokio::select! {
+                            _ = outbound.killed() => break,
+                            written = write => written,
+                        }
+                    }
+                };
+                match written {
                     Ok(Ok(())) => {}
                     Ok(Err(_)) => {
                         outbound.close(Close::Now);
@@ -841,12 +880,18 @@ async fn write_loop<W: AsyncWrite + Unpin>(
                     }
                 }
                 batch.clear();
-                // One burst must not pin a huge buffer for the connection's whole life.
-                if batch.capacity() > 4 * 1024 * 1024 {
-                    batch = Vec::with_capacity(READ_SIZE);
+                // One burst must not pin a big buffer for the connection's whole life (it
+                // comes back through `take` as the publishers' next buffer).
+                if batch.capacity() > SHRINK_ABOVE {
+                    batch = Vec::new();
                 }
             }
-            Batch::Wait => outbound.wait().await,
+            Batch::Wait => {
+                if batch.capacity() > IDLE_CAPACITY {
+                    batch = Vec::new();
+                }
+                outbound.wait().await;
+            }
             Batch::Close(Close::AfterFlush) => {
                 let _ = timeout(Duration::from_secs(1), writer.shutdown()).await;
                 break;

@@ -36,7 +36,7 @@ pub use auth::{
 
 use connection::Info;
 pub(crate) use connection::NATS_VERSION;
-use outbound::{Close, Outbound};
+use outbound::{Close, Outbound, PendingBudget};
 use router::Router;
 
 /// Broker limits and identity. `Default` matches nats-server's defaults.
@@ -54,6 +54,10 @@ pub struct BrokerConfig {
     pub auth_timeout: Duration,
     /// Bytes queued for one client before it is dropped as a slow consumer.
     pub max_pending_bytes: usize,
+    /// Bytes queued for all clients together. An append that would exceed it first drops
+    /// the clients with the most bytes queued as slow consumers (svc's own limit; nats-server
+    /// has only the per-client one).
+    pub max_pending_total: usize,
     /// Longest a single socket write may take before the client is a slow consumer.
     pub write_deadline: Duration,
     /// Connections served at once; the next gets `-ERR 'maximum connections exceeded'`.
@@ -81,6 +85,7 @@ impl Default for BrokerConfig {
             max_pings_out: 2,
             auth_timeout: Duration::from_secs(2),
             max_pending_bytes: 64 * 1024 * 1024,
+            max_pending_total: 64 * 1024 * 1024,
             write_deadline: Duration::from_secs(10),
             max_connections: 64 * 1024,
             server_name: "svc".into(),
@@ -101,6 +106,7 @@ impl std::fmt::Debug for BrokerConfig {
             .field("max_pings_out", &self.max_pings_out)
             .field("auth_timeout", &self.auth_timeout)
             .field("max_pending_bytes", &self.max_pending_bytes)
+            .field("max_pending_total", &self.max_pending_total)
             .field("write_deadline", &self.write_deadline)
             .field("max_connections", &self.max_connections)
             .field("server_name", &self.server_name)
@@ -125,7 +131,8 @@ pub struct BrokerStats {
     pub messages_out: AtomicU64,
     pub bytes_in: AtomicU64,
     pub bytes_out: AtomicU64,
-    /// Clients dropped for exceeding `max_pending_bytes` or `write_deadline`.
+    /// Clients dropped for exceeding `max_pending_bytes`, `max_pending_total` or
+    /// `write_deadline`.
     pub slow_consumers: AtomicU64,
 }
 
@@ -145,6 +152,10 @@ pub(crate) struct Shared {
     /// Set while the accept loop runs; cleared by lame duck and shutdown.
     pub accepting: AtomicBool,
     pub lame_duck: AtomicBool,
+    /// Every outbound buffer together, against `config.max_pending_total`.
+    pub pending: Arc<PendingBudget>,
+    /// One shedder at a time: the others wait for it and then usually find room.
+    shedding: Mutex<()>,
     clients: Mutex<HashMap<u64, Client>>,
 }
 
@@ -230,6 +241,65 @@ impl Shared {
         self.clients().remove(&client_id);
     }
 
+    /// Frees room in the pending budget by cutting clients as slow consumers, until an
+    /// eighth of the budget is free below the pressure mark (so one scan of the clients
+    /// serves many appends, not one).
+    ///
+    /// First those whose socket has been full for [`MIN_BLOCKED`] (the client is not
+    /// reading what the kernel already holds for it), longest blocked first. A client that
+    /// reads, even one whose writer waits for a busy CPU, is never among them. Only when an
+    /// append of `needed` bytes would still exceed the limit itself (`hard`) are the others
+    /// cut too, blocked ones first and then the largest buffers: the bound holds whatever
+    /// the clients do. Which connection the append was for does not matter.
+    pub(crate) fn shed(&self, needed: usize, hard: bool) {
+        let _one = self
+            .shedding
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let budget = &self.pending;
+        let goal = budget.pressure() - budget.limit() / 8;
+        let fits = |limit: usize| budget.total() + needed <= limit;
+        if fits(if hard {
+            budget.limit()
+        } else {
+            budget.pressure()
+        }) {
+            return; // Another shedder made room meanwhile.
+        }
+        let outbounds: Vec<(u64, Arc<Outbound>)> = self
+            .clients()
+            .iter()
+            .map(|(id, client)| (*id, client.outbound.clone()))
+            .collect();
+        // ((pending bytes, blocked for), client id, buffer)
+        type Sized = ((usize, Option<Duration>), u64, Arc<Outbound>);
+        let mut sized: Vec<Sized> = outbounds
+            .into_iter()
+            .map(|(id, outbound)| (outbound.pending(), id, outbound))
+            .filter(|((pending, _), _, _)| *pending > 0)
+            .collect();
+        // Longest blocked first, then (never blocked) largest first.
+        sized.sort_unstable_by(|(a, _, _), (b, _, _)| b.1.cmp(&a.1).then(b.0.cmp(&a.0)));
+        for ((pending, blocked), client_id, outbound) in sized {
+            if fits(goal) {
+                break;
+            }
+            let is_stuck = blocked.is_some_and(|blocked| blocked >= MIN_BLOCKED);
+            if !is_stuck && (!hard || fits(budget.limit() - budget.limit() / 8)) {
+                break;
+            }
+            if outbound.cut_slow() {
+                tracing::info!(
+                    client_id,
+                    pending,
+                    ?blocked,
+                    total = budget.total(),
+                    "bus slow consumer: max_pending_total reached"
+                );
+            }
+        }
+    }
+
     /// An INFO line: the first one of a connection, or (`ldm`) the lame-duck notice, which
     /// nats-server sends with the same client fields and no nonce.
     pub(crate) fn info(
@@ -275,6 +345,8 @@ impl Broker {
         listener: TcpListener,
     ) -> std::io::Result<BrokerHandle> {
         let local_addr = listener.local_addr()?;
+        pin_mmap_threshold();
+        let pending = Arc::new(PendingBudget::new(config.max_pending_total));
         let shared = Arc::new(Shared {
             auth,
             router: Router::default(),
@@ -286,9 +358,18 @@ impl Broker {
             started_at: tokio::time::Instant::now(),
             accepting: AtomicBool::new(true),
             lame_duck: AtomicBool::new(false),
+            pending: pending.clone(),
+            shedding: Mutex::new(()),
             clients: Mutex::new(HashMap::new()),
             config,
         });
+        let weak = Arc::downgrade(&shared);
+        pending.set_shedder(Box::new(move |needed| {
+            if let Some(shared) = weak.upgrade() {
+                shared.shed(needed, true);
+            }
+        }));
+        tokio::spawn(give_back_memory(Arc::downgrade(&shared)));
         let stop = CancellationToken::new();
         let (done_sender, done) = mpsc::channel(1);
         let accept_task = tokio::spawn(accept_loop(
@@ -499,6 +580,80 @@ async fn accept_loop(
             drop(done);
         });
     }
+}
+
+/// How long a client's socket must have been full before the pending budget's shedder
+/// treats it as not reading.
+const MIN_BLOCKED: Duration = Duration::from_millis(100);
+
+/// How often the housekeeping task looks at the pending total.
+const HOUSEKEEPING: Duration = Duration::from_secs(1);
+/// A drop in pending bytes worth giving memory back for.
+const TRIM_AFTER_DROP: usize = 4 * 1024 * 1024;
+/// At most one trim in this long.
+const TRIM_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Gives freed outbound buffers back to the OS after a burst. Dropped buffers go back to
+/// the allocator, but glibc keeps freed memory in its arenas (one per thread that
+/// allocated; and after freeing one large mmap'ed block it raises its mmap threshold, so
+/// the next large buffers come from the arenas too). So once slow consumers have been cut,
+/// or the pending total has fallen by [`TRIM_AFTER_DROP`] from its high mark, this calls
+/// `malloc_trim(0)`, which returns every arena's free pages. Sampled once a second: no
+/// cost on the publish path. Ends with the broker.
+async fn give_back_memory(shared: std::sync::Weak<Shared>) {
+    let mut ticks = tokio::time::interval(HOUSEKEEPING);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut high = 0;
+    let mut slow_seen = 0;
+    let mut last_trim: Option<tokio::time::Instant> = None;
+    loop {
+        ticks.tick().await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let total = shared.pending.total();
+        let slow = shared.stats.slow_consumers.load(Ordering::Relaxed);
+        high = high.max(total);
+        let due = last_trim.is_none_or(|at| at.elapsed() >= TRIM_INTERVAL);
+        if due && (slow != slow_seen || high - total >= TRIM_AFTER_DROP) {
+            let took = trim_allocator();
+            tracing::info!(
+                ?took,
+                pending = total,
+                high,
+                "bus: freed buffers given back"
+            );
+            last_trim = Some(tokio::time::Instant::now());
+            high = total;
+            slow_seen = slow;
+        }
+    }
+}
+
+/// Keeps glibc's mmap threshold at its initial 128 KiB. By default glibc raises it to the
+/// size of any mmap'ed block freed (up to 32 MiB), so after one burst every outbound
+/// buffer up to that size comes from the arenas, where freed memory stays resident and
+/// fragments; pinned, buffers past 128 KiB are mapped and unmapped on their own (and grown
+/// by mremap, without a copy). Process-wide, set once; the broker is what allocates large
+/// short-lived buffers in svc.
+fn pin_mmap_threshold() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
+        });
+    }
+}
+
+/// `malloc_trim(0)` where the allocator is glibc's; returns how long it took.
+fn trim_allocator() -> Duration {
+    let started = std::time::Instant::now();
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    unsafe {
+        libc::malloc_trim(0);
+    }
+    started.elapsed()
 }
 
 /// Over the connection cap: INFO, the error nats-server sends, close.

@@ -385,7 +385,11 @@ mod tests {
     use crate::bus::broker::BrokerStats;
 
     fn subscription(sid: &str, subject: &str, queue: Option<&str>) -> Arc<Subscription> {
-        let outbound = Arc::new(Outbound::new(1024, Arc::new(BrokerStats::default())));
+        let outbound = Arc::new(Outbound::new(
+            1024,
+            crate::bus::broker::outbound::unlimited(),
+            Arc::new(BrokerStats::default()),
+        ));
         Arc::new(Subscription::new(
             1,
             outbound,
