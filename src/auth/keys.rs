@@ -165,7 +165,7 @@ async fn create_key_checked(
     let name = validate_name(&input.name)?;
     let role: Role = input.role.parse()?;
     let expires_at = match input.expires_at.as_deref() {
-        None | Some("") => None,
+        None => None,
         Some(text) => Some(validate_expiry(text)?),
     };
     insert_key(store, name, role, expires_at, generate_key()).await

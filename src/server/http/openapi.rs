@@ -52,8 +52,9 @@ pub fn document() -> Response<Body> {
     let name = json!({"type": "string", "minLength": 1, "maxLength": 128, "pattern": NAME_PATTERN,
         "description": "1–128 characters, none a control character; surrounding whitespace is trimmed"});
     let role = json!({"type": "string", "enum": ["admin", "operator", "readonly"]});
-    let future = json!({"type": "string", "format": "date-time",
-        "description": "RFC 3339; must be in the future (422 otherwise)"});
+    let future = json!({"type": "string", "format": "date-time", "nullable": true,
+        "description": "RFC 3339; must be in the future (422 otherwise). null or absent: no expiry \
+            when creating, unchanged when updating"});
     let key_ref = json!({"application/json": {"schema": {"$ref": "#/components/schemas/ApiKey"}}});
     let id_parameter =
         json!([{"name": "id", "in": "path", "required": true, "schema": {"type": "string"}}]);
