@@ -50,7 +50,13 @@ struct Monitor {
     cpu_sample: Mutex<(Duration, SystemTime)>,
 }
 
-/// Serves monitoring on `listener` until `stop` turns true.
+/// Connections the monitoring listener holds at once: enough for a few tools and scrapers; a
+/// flood past it is closed at once and takes nothing from the other listeners (it fits in the
+/// descriptors `server::fds` keeps in reserve).
+pub const MAX_CONNECTIONS: usize = 32;
+
+/// Serves monitoring on `listener` until `stop` turns true. A connection that sends no
+/// complete request header within 10 s is closed, like REST's.
 pub async fn serve(
     view: BrokerView,
     listener: TcpListener,
@@ -73,13 +79,18 @@ pub async fn serve(
     builder
         .timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(Duration::from_secs(10));
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             _ = stop.changed() => return,
         };
-        let Ok((stream, _)) = accepted else {
+        let Ok((stream, peer)) = accepted else {
             tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            tracing::debug!(%peer, "bus monitoring: connection refused, {MAX_CONNECTIONS} open");
             continue;
         };
         let monitor = monitor.clone();
@@ -90,6 +101,7 @@ pub async fn serve(
         let connection = builder.serve_connection(TokioIo::new(stream), service);
         tokio::spawn(async move {
             let _ = connection.await;
+            drop(slot);
         });
     }
 }
