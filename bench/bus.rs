@@ -7,17 +7,17 @@
 //! minutes. Prints one table with ratios ours / nats-server (higher is better for
 //! throughput, lower for latency).
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 
-const BROKER_ENV: &str = "SVC_BUS_BENCH_BROKER";
 /// Progress stalls longer than this end a scenario (messages dropped as slow consumers).
 const STALL: Duration = Duration::from_secs(3);
+
+mod brokers;
+use brokers::{run_broker_process, start_nats_server, start_ours, BROKER_ENV};
 
 fn main() {
     if std::env::var_os(BROKER_ENV).is_some() {
@@ -30,101 +30,6 @@ fn main() {
         .build()
         .expect("client runtime");
     runtime.block_on(run_benchmarks());
-}
-
-/// The child: serve on an ephemeral port, print it, exit when stdin closes.
-fn run_broker_process() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("broker runtime");
-    runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let handle = svc::bus::Broker::start(
-            svc::bus::BrokerConfig::default(),
-            Arc::new(svc::bus::NoAuth),
-            listener,
-        )
-        .await
-        .expect("broker starts");
-        println!("{}", handle.local_addr().port());
-        std::io::stdout().flush().expect("stdout");
-        tokio::task::spawn_blocking(|| {
-            let mut line = String::new();
-            while std::io::stdin()
-                .read_line(&mut line)
-                .map(|read| read > 0)
-                .unwrap_or(false)
-            {}
-        })
-        .await
-        .expect("stdin watcher");
-        drop(handle);
-    });
-}
-
-/// A server under test, killed on drop.
-struct Server {
-    name: &'static str,
-    child: Child,
-    url: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_ours() -> Server {
-    let mut child = Command::new(std::env::current_exe().expect("own path"))
-        .env(BROKER_ENV, "1")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn broker process");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout piped"))
-        .read_line(&mut line)
-        .expect("port line");
-    Server {
-        name: "ours",
-        url: format!("nats://127.0.0.1:{}", line.trim()),
-        child,
-    }
-}
-
-fn start_nats_server() -> Option<Server> {
-    let binary = ["/usr/sbin/nats-server", "/usr/bin/nats-server"]
-        .into_iter()
-        .find(|path| std::path::Path::new(path).is_file())?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .ok()?
-        .local_addr()
-        .ok()?
-        .port();
-    let child = Command::new(binary)
-        .args(["-a", "127.0.0.1", "-p", &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .ok()?;
-    let server = Server {
-        name: "nats-server",
-        url: format!("nats://127.0.0.1:{port}"),
-        child,
-    };
-    for _ in 0..100 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return Some(server);
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    None
 }
 
 async fn connect(url: &str) -> async_nats::Client {
@@ -301,7 +206,7 @@ async fn run_benchmarks() {
     // Alternate servers so background load on a shared machine hits both alike.
     for round in 0..2 {
         for server in [&reference, &ours] {
-            let rows = scenario_rows(&server.url).await;
+            let rows = scenario_rows(&server.url()).await;
             for (index, (name, unit, higher_is_better, value, note)) in rows.into_iter().enumerate()
             {
                 if table.len() <= index {

@@ -12,18 +12,19 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 
-const BROKER_ENV: &str = "SVC_BUS_SLOW_BROKER";
 const SLOW: usize = 500;
 const MESSAGES: usize = 50_000;
 const PAYLOAD: usize = 64;
 const AFTER: Duration = Duration::from_secs(60);
+
+mod brokers;
+use brokers::{run_broker_process, start_nats_server, start_ours, Server, BROKER_ENV};
 
 fn main() {
     if std::env::var_os(BROKER_ENV).is_some() {
@@ -61,100 +62,6 @@ fn main() {
             println!("{row}");
         }
     });
-}
-
-/// The child: serve on an ephemeral port, print it, exit when stdin closes.
-fn run_broker_process() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("broker runtime");
-    runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let handle = svc::bus::Broker::start(
-            svc::bus::BrokerConfig::default(),
-            Arc::new(svc::bus::NoAuth),
-            listener,
-        )
-        .await
-        .expect("broker starts");
-        println!("{}", handle.local_addr().port());
-        std::io::stdout().flush().expect("stdout");
-        tokio::task::spawn_blocking(|| {
-            let mut line = String::new();
-            while std::io::stdin()
-                .read_line(&mut line)
-                .map(|read| read > 0)
-                .unwrap_or(false)
-            {}
-        })
-        .await
-        .expect("stdin watcher");
-        drop(handle);
-    });
-}
-
-struct Server {
-    name: &'static str,
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_ours() -> Server {
-    let mut child = Command::new(std::env::current_exe().expect("own path"))
-        .env(BROKER_ENV, "1")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn broker process");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout piped"))
-        .read_line(&mut line)
-        .expect("port line");
-    Server {
-        name: "ours",
-        port: line.trim().parse().expect("port"),
-        child,
-    }
-}
-
-fn start_nats_server() -> Option<Server> {
-    let binary = ["/usr/sbin/nats-server", "/usr/bin/nats-server"]
-        .into_iter()
-        .find(|path| std::path::Path::new(path).is_file())?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .ok()?
-        .local_addr()
-        .ok()?
-        .port();
-    let child = Command::new(binary)
-        .args(["-a", "127.0.0.1", "-p", &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .ok()?;
-    let server = Server {
-        name: "nats-server",
-        port,
-        child,
-    };
-    for _ in 0..100 {
-        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return Some(server);
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    None
 }
 
 fn rss_mib(pid: u32) -> f64 {
@@ -241,7 +148,7 @@ async fn burst(url: &str) -> (f64, usize) {
 }
 
 async fn run(server: &Server) -> String {
-    let url = format!("nats://127.0.0.1:{}", server.port);
+    let url = server.url();
     let pid = server.child.id();
     let (quiet, quiet_received) = burst(&url).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
