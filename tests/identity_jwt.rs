@@ -134,9 +134,12 @@ fn issue_verify_revoke_and_rotate() {
     assert_eq!(wrong.code, 1, "{wrong:?}");
     assert!(wrong.stderr.contains("wrong audience"), "{wrong:?}");
     assert_eq!(verify(&server, &token, "web", &[]).code, 1);
-    let mut tampered = token.clone();
-    let last = tampered.pop().unwrap();
-    tampered.push(if last == 'A' { 'B' } else { 'A' });
+    // One character inside the signature changes; not the last one, whose low bits must be
+    // zero in canonical base64url (changing it can make the token undecodable instead).
+    let mut tampered: Vec<char> = token.chars().collect();
+    let at = tampered.len() - 10;
+    tampered[at] = if tampered[at] == 'A' { 'B' } else { 'A' };
+    let tampered: String = tampered.into_iter().collect();
     let bad = verify(&server, &tampered, "db", &["--ca-file", ca_file]);
     assert_eq!(bad.code, 1, "{bad:?}");
     assert!(bad.stderr.contains("bad signature"), "{bad:?}");
