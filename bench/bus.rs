@@ -17,19 +17,10 @@ use futures_util::StreamExt;
 const STALL: Duration = Duration::from_secs(3);
 
 mod brokers;
-use brokers::{run_broker_process, start_nats_server, start_ours, BROKER_ENV};
+use brokers::{start_nats_server, start_ours};
 
 fn main() {
-    if std::env::var_os(BROKER_ENV).is_some() {
-        run_broker_process();
-        return;
-    }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("client runtime");
-    runtime.block_on(run_benchmarks());
+    brokers::main(run_benchmarks());
 }
 
 async fn connect(url: &str) -> async_nats::Client {

@@ -24,19 +24,10 @@ const PAYLOAD: usize = 64;
 const AFTER: Duration = Duration::from_secs(60);
 
 mod brokers;
-use brokers::{run_broker_process, start_nats_server, start_ours, Server, BROKER_ENV};
+use brokers::{start_nats_server, start_ours, Server};
 
 fn main() {
-    if std::env::var_os(BROKER_ENV).is_some() {
-        run_broker_process();
-        return;
-    }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("client runtime");
-    runtime.block_on(async {
+    brokers::main(async {
         let mut rows = Vec::new();
         let ours = start_ours();
         rows.push(run(&ours).await);

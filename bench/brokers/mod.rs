@@ -9,8 +9,23 @@ use std::time::Duration;
 /// Set in the child process that runs our broker.
 pub const BROKER_ENV: &str = "SVC_BUS_BENCH_BROKER";
 
+/// A bus bench's `main`: in the child process (`BROKER_ENV` set) serve our broker; otherwise
+/// run `bench` on a two-thread runtime (the machine's two cores, shared with the brokers).
+pub fn main(bench: impl std::future::Future<Output = ()>) {
+    if std::env::var_os(BROKER_ENV).is_some() {
+        run_broker_process();
+        return;
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("client runtime")
+        .block_on(bench);
+}
+
 /// The child: serve on an ephemeral port, print it, exit when stdin closes.
-pub fn run_broker_process() {
+fn run_broker_process() {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
