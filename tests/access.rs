@@ -7,13 +7,11 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::TcpStream;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::agent::Agent;
-use common::{bus_socket, run, Run, TestServer};
+use common::{run, Run, TestServer};
 use futures_util::StreamExt;
 use prost::Message;
 use svc::auth::access::{self, Access};
@@ -241,22 +239,13 @@ fn every_rest_route_answers_each_role_as_the_table_says() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// Sends CONNECT (with `token`, if any), then `ops` and PING; returns the lines up to PONG.
+/// A raw bus session logged in with `token` (or anonymous): the lines up to the PONG.
 fn bus_session(server: &TestServer, token: Option<&str>, ops: &str) -> Vec<String> {
-    let stream = TcpStream::connect(bus_socket(&server.bus)).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    let mut reader = BufReader::new(stream.try_clone().unwrap());
-    let mut info = String::new();
-    reader.read_line(&mut info).unwrap();
     let mut connect = serde_json::json!({"verbose": false, "pedantic": false});
     if let Some(token) = token {
         connect["auth_token"] = token.into();
     }
-    let mut writer = stream;
-    write!(writer, "CONNECT {connect}\r\n{ops}PING\r\n").unwrap();
-    common::lines_until_pong(&mut reader)
+    common::bus_session(server, &connect.to_string(), ops)
 }
 
 #[test]

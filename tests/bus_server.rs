@@ -8,24 +8,8 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use common::{bus_socket, Options, TestServer};
+use common::{bus_session, bus_socket, Options, TestServer};
 use futures_util::StreamExt;
-
-/// A raw protocol session: sends `ops` after CONNECT with `connect_json`, then PING, and
-/// returns every line up to the PONG (or the close).
-fn session(server: &TestServer, connect_json: &str, ops: &str) -> Vec<String> {
-    let stream = TcpStream::connect(bus_socket(&server.bus)).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    let mut reader = BufReader::new(stream.try_clone().unwrap());
-    let mut info = String::new();
-    reader.read_line(&mut info).unwrap();
-    assert!(info.starts_with("INFO {"), "{info}");
-    let mut writer = stream;
-    write!(writer, "CONNECT {connect_json}\r\n{ops}PING\r\n").unwrap();
-    common::lines_until_pong(&mut reader)
-}
 
 #[test]
 fn api_keys_are_bus_credentials_with_role_permissions() {
@@ -35,7 +19,7 @@ fn api_keys_are_bus_credentials_with_role_permissions() {
     let quiet = |fields: &str| format!("{{\"verbose\":false,\"pedantic\":false,{fields}}}");
 
     // Admin: everything but enrolment, agents' subjects and publishing events (contract §7).
-    let admin = session(
+    let admin = bus_session(
         &server,
         &quiet(&format!("\"auth_token\":\"{}\"", server.admin_key)),
         "SUB jobs.> 1\r\nPUB jobs.x 2\r\nhi\r\nSUB svc.agent.web.cmd 2\r\nPUB svc.agent.web.cmd 2\r\nhi\r\nPUB svc.events.x 1\r\na\r\n",
@@ -53,7 +37,7 @@ fn api_keys_are_bus_credentials_with_role_permissions() {
     );
 
     // Readonly: subscribe to events only, publish nothing.
-    let ro = session(
+    let ro = bus_session(
         &server,
         &quiet(&format!("\"auth_token\":\"{readonly}\"")),
         "SUB svc.events.> 1\r\nSUB other 2\r\nPUB svc.events.x 1\r\na\r\n",
@@ -68,7 +52,7 @@ fn api_keys_are_bus_credentials_with_role_permissions() {
     );
 
     // Operator, with user = key id and pass = key: everything but enrolment and agents' subjects.
-    let op = session(
+    let op = bus_session(
         &server,
         &quiet(&format!(
             "\"user\":\"{operator_id}\",\"pass\":\"{operator}\""
@@ -86,13 +70,13 @@ fn api_keys_are_bus_credentials_with_role_permissions() {
 
     // Wrong or deleted keys are refused.
     let unknown = format!("svc_{}", "q".repeat(40));
-    let refused = session(
+    let refused = bus_session(
         &server,
         &quiet(&format!("\"auth_token\":\"{unknown}\"")),
         "",
     );
     assert_eq!(refused, ["-ERR 'Authorization Violation'"]);
-    let mismatched = session(
+    let mismatched = bus_session(
         &server,
         &quiet(&format!("\"user\":\"someone\",\"pass\":\"{operator}\"")),
         "",
@@ -103,7 +87,7 @@ fn api_keys_are_bus_credentials_with_role_permissions() {
 #[test]
 fn anonymous_clients_may_only_enrol() {
     let server = TestServer::start();
-    let lines = session(
+    let lines = bus_session(
         &server,
         "{\"verbose\":false,\"pedantic\":false}",
         "SUB _INBOX.> 1\r\nSUB _INBOX.abcdefghijklmnopqrst.* 2\r\nPUB svc.enroll 2\r\nhi\r\nPUB svc.events.x 1\r\na\r\n",

@@ -529,6 +529,22 @@ impl Drop for NatsServer {
     }
 }
 
+/// A raw protocol session: sends `ops` after CONNECT with `connect_json`, then PING, and
+/// returns every line up to the PONG (or the close).
+pub fn bus_session(server: &TestServer, connect_json: &str, ops: &str) -> Vec<String> {
+    let stream = std::net::TcpStream::connect(bus_socket(&server.bus)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+    let mut info = String::new();
+    std::io::BufRead::read_line(&mut reader, &mut info).unwrap();
+    assert!(info.starts_with("INFO {"), "{info}");
+    let mut writer = stream;
+    write!(writer, "CONNECT {connect_json}\r\n{ops}PING\r\n").unwrap();
+    lines_until_pong(&mut reader)
+}
+
 /// Reads NATS protocol lines up to and including the PONG (or until the socket closes).
 pub fn lines_until_pong(reader: &mut impl std::io::BufRead) -> Vec<String> {
     let mut lines = Vec::new();
