@@ -11,16 +11,7 @@ use std::time::Duration;
 use common::agent::Agent;
 use common::{agent_session, audit_rows, run, Run, TestServer};
 
-fn json(result: &Run) -> serde_json::Value {
-    serde_json::from_str(&result.stdout).unwrap_or_else(|e| panic!("{e}: {result:?}"))
-}
-
-fn identity(server: &TestServer, key: &str, args: &[&str]) -> Run {
-    run(server
-        .cli("svc-identity")
-        .args(["--api-key", key, "-o", "json"])
-        .args(args))
-}
+use common::{identity_json as identity, json_of as json};
 
 fn issue(server: &TestServer, args: &[&str]) -> serde_json::Value {
     let mut all = vec!["jwt", "issue"];

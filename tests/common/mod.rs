@@ -618,3 +618,16 @@ pub fn audit_rows(server: &TestServer, args: &[&str]) -> Vec<serde_json::Value> 
     let page: serde_json::Value = serde_json::from_str(&result.stdout).unwrap();
     page["items"].as_array().unwrap().clone()
 }
+
+/// A command's stdout parsed as JSON (panics with the run when it is not).
+pub fn json_of(result: &Run) -> serde_json::Value {
+    serde_json::from_str(&result.stdout).unwrap_or_else(|e| panic!("{e}: {result:?}"))
+}
+
+/// `svc-identity --api-key KEY -o json ARGS...` against `server`.
+pub fn identity_json(server: &TestServer, key: &str, args: &[&str]) -> Run {
+    run(server
+        .cli("svc-identity")
+        .args(["--api-key", key, "-o", "json"])
+        .args(args))
+}
