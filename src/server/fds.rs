@@ -99,6 +99,10 @@ mod tests {
     #[test]
     fn the_soft_limit_is_raised_to_the_hard_one() {
         let (soft, hard) = raise_nofile_limit();
-        assert_eq!(soft, hard);
+        // An unlimited hard limit may be refused as a soft one (fs.nr_open); then soft stays.
+        assert!(
+            soft == hard || hard == libc::RLIM_INFINITY,
+            "{soft} < {hard}"
+        );
     }
 }
