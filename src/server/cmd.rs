@@ -381,7 +381,7 @@ fn recover_admin(program: &str, config: &ServerConfig) -> i32 {
     let name = format!("recovered-admin-{stamp}");
     let key_file = data_dir.join(format!("{name}.key"));
     let result = runtime.block_on(async {
-        let store = crate::store::open(&config.store, data_dir)?;
+        let store = crate::store::open(&config.store, data_dir).await?;
         let record = auth::recover_admin_key(store.as_ref(), &key_file, &name).await?;
         let line = serde_json::json!({
             "key_id": record.id, "name": record.name, "at": now,
@@ -478,7 +478,7 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     let tls = crate::tls::server_tls(&config.tls).map_err(crate::Error::Invalid)?;
     let data_dir = config.data_dir.clone();
     let _ = std::fs::remove_file(data_dir.join(LISTEN_ADDRS_FILE));
-    let store = crate::store::open(&config.store, &data_dir)?;
+    let store = crate::store::open(&config.store, &data_dir).await?;
 
     let key_file = data_dir.join(BOOTSTRAP_KEY_FILE);
     let preset = std::env::var("SVC_BOOTSTRAP_API_KEY").ok();
