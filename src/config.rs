@@ -193,12 +193,37 @@ pub enum StoreDriver {
     Postgres,
 }
 
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreConfig {
     pub driver: StoreDriver,
-    /// postgres://user@host/db when the driver is postgres.
+    /// postgres://user:password@host:port/db when the driver is postgres. `sslmode` and
+    /// `sslrootcert` in its query string are read as the two settings below.
     pub url: Secret,
+    /// TLS to PostgreSQL: `disable`, `prefer` (TLS when the server offers it, no certificate
+    /// check), `require` (TLS, no certificate check), `verify-full` (TLS, the certificate
+    /// chains to `ca_file` or the system store and names the host). Empty: from the URL, else
+    /// `prefer`.
+    pub sslmode: String,
+    /// PEM CA bundle that signs the PostgreSQL server's certificate (`verify-full`).
+    pub ca_file: String,
+    /// Largest number of pooled connections to PostgreSQL this server holds.
+    pub max_connections: usize,
+    /// How long to wait for a PostgreSQL connection (new or from the pool) before failing.
+    pub connect_timeout: ConfigDuration,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            driver: StoreDriver::Sqlite,
+            url: Secret::default(),
+            sslmode: String::new(),
+            ca_file: String::new(),
+            max_connections: 16,
+            connect_timeout: ConfigDuration(Duration::from_secs(10)),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -133,9 +133,19 @@ impl From<Error> for tonic::Status {
     }
 }
 
+/// A duplicate key is `Conflict` on every store driver (PostgreSQL's mapping is in
+/// store/postgres.rs); anything else the database says is internal.
 impl From<rusqlite::Error> for Error {
     fn from(error: rusqlite::Error) -> Self {
-        Error::Internal(format!("sqlite: {error}"))
+        match &error {
+            rusqlite::Error::SqliteFailure(e, _)
+                if e.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE
+                    || e.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY =>
+            {
+                Error::Conflict(format!("sqlite: {error}"))
+            }
+            _ => Error::Internal(format!("sqlite: {error}")),
+        }
     }
 }
 

@@ -202,6 +202,17 @@ fn bus_client_builder(
 /// and knows the certificate it serves. The handshake signature is still verified against
 /// that certificate's key, so only a peer holding the configured private key passes.
 pub fn pinned_client_config(leaf: CertificateDer<'static>) -> rustls::ClientConfig {
+    pinned_or_any(Some(leaf))
+}
+
+/// A client configuration that encrypts but accepts any server certificate (the handshake
+/// signature is still checked against it): libpq's `sslmode=require`, for PostgreSQL servers
+/// with self-signed certificates. It protects against passive eavesdropping only.
+pub fn unverified_client_config() -> rustls::ClientConfig {
+    pinned_or_any(None)
+}
+
+fn pinned_or_any(leaf: Option<CertificateDer<'static>>) -> rustls::ClientConfig {
     let provider = provider();
     let verifier = PinnedCertificate {
         leaf,
@@ -220,7 +231,8 @@ pub fn pinned_client_config(leaf: CertificateDer<'static>) -> rustls::ClientConf
 /// itself, which it has just loaded; an expired one fails for other clients, not for it.
 #[derive(Debug)]
 struct PinnedCertificate {
-    leaf: CertificateDer<'static>,
+    /// None: any certificate (see `unverified_client_config`).
+    leaf: Option<CertificateDer<'static>>,
     algorithms: rustls::crypto::WebPkiSupportedAlgorithms,
 }
 
@@ -233,7 +245,11 @@ impl rustls::client::danger::ServerCertVerifier for PinnedCertificate {
         _ocsp_response: &[u8],
         _now: rustls::pki_types::UnixTime,
     ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        if end_entity.as_ref() == self.leaf.as_ref() {
+        if self
+            .leaf
+            .as_ref()
+            .is_none_or(|leaf| end_entity.as_ref() == leaf.as_ref())
+        {
             Ok(rustls::client::danger::ServerCertVerified::assertion())
         } else {
             Err(rustls::Error::InvalidCertificate(
@@ -434,7 +450,7 @@ mod tests {
         let pinned = CertificateDer::from_pem_slice(certified().0.as_bytes()).unwrap();
         let other = CertificateDer::from_pem_slice(certified().0.as_bytes()).unwrap();
         let verifier = PinnedCertificate {
-            leaf: pinned.clone(),
+            leaf: Some(pinned.clone()),
             algorithms: provider().signature_verification_algorithms,
         };
         let name = rustls::pki_types::ServerName::try_from("0.0.0.0").unwrap();

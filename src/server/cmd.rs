@@ -165,6 +165,11 @@ fn validate(config: &ServerConfig, dev: bool) -> Vec<String> {
         problems
             .push("limits.handshake_timeout and limits.max_grpc_streams must be positive".into());
     }
+    if config.store.driver == crate::config::StoreDriver::Postgres {
+        if let Err(e) = crate::store::postgres::Target::from_config(&config.store) {
+            problems.push(e.to_string());
+        }
+    }
     if config.rate_limit.max_in_flight == 0 {
         problems.push("rate_limit.max_in_flight must be at least 1".into());
     }
@@ -381,7 +386,7 @@ fn recover_admin(program: &str, config: &ServerConfig) -> i32 {
     let name = format!("recovered-admin-{stamp}");
     let key_file = data_dir.join(format!("{name}.key"));
     let result = runtime.block_on(async {
-        let store = crate::store::open(&config.store, data_dir)?;
+        let store = crate::store::open(&config.store, data_dir).await?;
         let record = auth::recover_admin_key(store.as_ref(), &key_file, &name).await?;
         let line = serde_json::json!({
             "key_id": record.id, "name": record.name, "at": now,
@@ -478,7 +483,7 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     let tls = crate::tls::server_tls(&config.tls).map_err(crate::Error::Invalid)?;
     let data_dir = config.data_dir.clone();
     let _ = std::fs::remove_file(data_dir.join(LISTEN_ADDRS_FILE));
-    let store = crate::store::open(&config.store, &data_dir)?;
+    let store = crate::store::open(&config.store, &data_dir).await?;
 
     let key_file = data_dir.join(BOOTSTRAP_KEY_FILE);
     let preset = std::env::var("SVC_BOOTSTRAP_API_KEY").ok();

@@ -1,11 +1,14 @@
 //! The state store: the `Store` trait every domain module talks to, and its drivers.
 //!
-//! SQLite (default) lives in `sqlite.rs`; PostgreSQL follows behind the same trait. The SQL is
-//! kept portable (TEXT timestamps in RFC 3339, no driver-specific types), and the migrations in
-//! `migrations/` are embedded in the binary and applied in order at start.
+//! SQLite (default) lives in `sqlite.rs`, PostgreSQL in `postgres.rs`, behind the same traits.
+//! Both hold one schema: the same tables, columns and meanings (TEXT timestamps in RFC 3339,
+//! INTEGER/BIGINT numbers and 0/1 flags), so rows copy between them unchanged (svc-migrate).
+//! The migrations in `migrations/` (SQLite) and `migrations/postgres/` (the same versions in
+//! PostgreSQL's dialect) are embedded in the binary and applied in order at start.
 
 mod fleet;
 mod jwt;
+pub mod postgres;
 mod secrets;
 mod sqlite;
 
@@ -19,6 +22,7 @@ use crate::Result;
 
 pub use fleet::{AgentStateRow, FleetStore};
 pub use jwt::{JwtStore, JwtSvidRow};
+pub use postgres::PostgresStore;
 pub use secrets::{
     LeaseRow, Rewrap, SecretRow, SecretStore, SecretVersionRow, TransitKeyRow, TransitVersionRow,
     Wrapped,
@@ -271,11 +275,105 @@ pub struct AgentRow {
 }
 
 /// Opens the configured store and applies pending migrations.
-pub fn open(config: &StoreConfig, data_dir: &Path) -> Result<Arc<dyn Store>> {
+pub async fn open(config: &StoreConfig, data_dir: &Path) -> Result<Arc<dyn Store>> {
     match config.driver {
         StoreDriver::Sqlite => Ok(Arc::new(SqliteStore::open(&data_dir.join("svc.db"))?)),
-        StoreDriver::Postgres => Err(crate::Error::Unimplemented(
-            "store driver 'postgres'".into(),
-        )),
+        StoreDriver::Postgres => {
+            let target = postgres::Target::from_config(config)?;
+            Ok(Arc::new(PostgresStore::open(&target).await?))
+        }
     }
+}
+
+/// A value bound to a driver's statement.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum SqlValue {
+    Text(String),
+    Int(i64),
+}
+
+/// The WHERE clause of an audit query and its values, with the driver's placeholder for the
+/// n-th value (`?n` on SQLite, `$n` on PostgreSQL). Empty when nothing filters.
+pub(crate) fn audit_where(
+    filter: &AuditFilter,
+    with_cursor: bool,
+    placeholder: fn(usize) -> String,
+) -> (String, Vec<SqlValue>) {
+    let mut clauses = Vec::new();
+    let mut values = Vec::new();
+    let mut push = |clause: &str, value: SqlValue| {
+        values.push(value);
+        clauses.push(clause.replace('?', &placeholder(values.len())));
+    };
+    let text = |v: &String| SqlValue::Text(v.clone());
+    if let Some(v) = &filter.since {
+        push("timestamp >= ?", text(v));
+    }
+    if let Some(v) = &filter.until {
+        push("timestamp < ?", text(v));
+    }
+    if let Some(v) = &filter.user {
+        push("user_id = ?", text(v));
+    }
+    if let Some(v) = &filter.action {
+        push("action LIKE ? ESCAPE '\\'", SqlValue::Text(glob_to_like(v)));
+    }
+    if let Some(v) = &filter.resource_type {
+        push("resource_type = ?", text(v));
+    }
+    if let Some(v) = &filter.policy_id {
+        push("policy_id = ?", text(v));
+    }
+    if let Some(v) = &filter.outcome {
+        push("outcome = ?", text(v));
+    }
+    if let Some(v) = &filter.decision {
+        push("decision = ?", text(v));
+    }
+    if let Some(v) = filter.before_seq.filter(|_| with_cursor) {
+        push("seq < ?", SqlValue::Int(v));
+    }
+    if !filter.severities.is_empty() {
+        let mut placeholders = Vec::new();
+        for severity in &filter.severities {
+            values.push(SqlValue::Text(severity.clone()));
+            placeholders.push(placeholder(values.len()));
+        }
+        clauses.push(format!("severity IN ({})", placeholders.join(", ")));
+    }
+    let filter_sql = if clauses.is_empty() {
+        String::new()
+    } else {
+        format!("WHERE {}", clauses.join(" AND "))
+    };
+    (filter_sql, values)
+}
+
+/// A glob with `*` as a LIKE pattern, escaping LIKE's own wildcards.
+fn glob_to_like(glob: &str) -> String {
+    let mut like = String::with_capacity(glob.len());
+    for c in glob.chars() {
+        match c {
+            '*' => like.push('%'),
+            '%' | '_' | '\\' => {
+                like.push('\\');
+                like.push(c);
+            }
+            c => like.push(c),
+        }
+    }
+    like
+}
+
+/// A prefix as a LIKE pattern (with `ESCAPE '\'`) that matches it literally.
+pub(crate) fn prefix_like(prefix: &str) -> String {
+    let mut like = String::with_capacity(prefix.len() + 1);
+    for c in prefix.chars() {
+        if matches!(c, '%' | '_' | '\\') {
+            like.push('\\');
+        }
+        like.push(c);
+    }
+    like.push('%');
+    like
 }

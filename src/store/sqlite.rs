@@ -18,7 +18,7 @@ use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
 
 use super::{
     AgentRow, ApiKeyChange, ApiKeyRow, AuditFilter, AuditGroup, AuditRow, AuditSeal, CaRow,
-    JoinTokenRow, KeyWrite, Store, MIGRATIONS,
+    JoinTokenRow, KeyWrite, SqlValue, Store, MIGRATIONS,
 };
 use crate::{Error, Result};
 
@@ -106,6 +106,9 @@ fn connect(path: &Path) -> Result<Connection> {
     connection.pragma_update(None, "journal_mode", "WAL")?;
     connection.pragma_update(None, "synchronous", "NORMAL")?;
     connection.pragma_update(None, "foreign_keys", "ON")?;
+    // LIKE (secret and lease prefixes, audit action globs) compares case-sensitively, as
+    // paths are and as PostgreSQL's LIKE does; SQLite's default folds ASCII case.
+    connection.pragma_update(None, "case_sensitive_like", "ON")?;
     Ok(connection)
 }
 
@@ -372,70 +375,18 @@ fn join_token_from_row(row: &Row<'_>) -> rusqlite::Result<JoinTokenRow> {
     })
 }
 
-/// A glob with `*` as a LIKE pattern, escaping LIKE's own wildcards.
-fn glob_to_like(glob: &str) -> String {
-    let mut like = String::with_capacity(glob.len());
-    for c in glob.chars() {
-        match c {
-            '*' => like.push('%'),
-            '%' | '_' | '\\' => {
-                like.push('\\');
-                like.push(c);
-            }
-            c => like.push(c),
-        }
-    }
-    like
-}
-
 /// The WHERE clause of an audit query and its bound values.
 fn audit_where(filter: &AuditFilter, with_cursor: bool) -> (String, Vec<Box<dyn rusqlite::ToSql>>) {
-    let mut clauses = Vec::new();
-    let mut values: Vec<Box<dyn rusqlite::ToSql>> = Vec::new();
-    let mut push = |clause: &str, value: Box<dyn rusqlite::ToSql>| {
-        values.push(value);
-        clauses.push(clause.replace('?', &format!("?{}", values.len())));
-    };
-    if let Some(v) = &filter.since {
-        push("timestamp >= ?", Box::new(v.clone()));
-    }
-    if let Some(v) = &filter.until {
-        push("timestamp < ?", Box::new(v.clone()));
-    }
-    if let Some(v) = &filter.user {
-        push("user_id = ?", Box::new(v.clone()));
-    }
-    if let Some(v) = &filter.action {
-        push("action LIKE ? ESCAPE '\\'", Box::new(glob_to_like(v)));
-    }
-    if let Some(v) = &filter.resource_type {
-        push("resource_type = ?", Box::new(v.clone()));
-    }
-    if let Some(v) = &filter.policy_id {
-        push("policy_id = ?", Box::new(v.clone()));
-    }
-    if let Some(v) = &filter.outcome {
-        push("outcome = ?", Box::new(v.clone()));
-    }
-    if let Some(v) = &filter.decision {
-        push("decision = ?", Box::new(v.clone()));
-    }
-    if let Some(v) = filter.before_seq.filter(|_| with_cursor) {
-        push("seq < ?", Box::new(v));
-    }
-    if !filter.severities.is_empty() {
-        let mut placeholders = Vec::new();
-        for severity in &filter.severities {
-            values.push(Box::new(severity.clone()));
-            placeholders.push(format!("?{}", values.len()));
-        }
-        clauses.push(format!("severity IN ({})", placeholders.join(", ")));
-    }
-    let filter_sql = if clauses.is_empty() {
-        String::new()
-    } else {
-        format!("WHERE {}", clauses.join(" AND "))
-    };
+    let (filter_sql, values) = super::audit_where(filter, with_cursor, |n| format!("?{n}"));
+    let values = values
+        .into_iter()
+        .map(|value| -> Box<dyn rusqlite::ToSql> {
+            match value {
+                SqlValue::Text(text) => Box::new(text),
+                SqlValue::Int(int) => Box::new(int),
+            }
+        })
+        .collect();
     (filter_sql, values)
 }
 

@@ -6,6 +6,7 @@ use async_trait::async_trait;
 use rusqlite::{params, OptionalExtension, Row, TransactionBehavior};
 
 use super::SqliteStore;
+use crate::store::prefix_like;
 use crate::store::secrets::{
     LeaseRow, Rewrap, SecretRow, SecretStore, SecretVersionRow, TransitKeyRow, TransitVersionRow,
     Wrapped,
@@ -77,19 +78,6 @@ fn lease_from_row(row: &Row<'_>) -> rusqlite::Result<LeaseRow> {
         revoked_at: row.get(8)?,
         last_error: row.get(9)?,
     })
-}
-
-/// A prefix as a LIKE pattern that matches it literally.
-fn prefix_like(prefix: &str) -> String {
-    let mut like = String::with_capacity(prefix.len() + 1);
-    for c in prefix.chars() {
-        if matches!(c, '%' | '_' | '\\') {
-            like.push('\\');
-        }
-        like.push(c);
-    }
-    like.push('%');
-    like
 }
 
 fn is_unique_violation(error: &rusqlite::Error) -> bool {
