@@ -43,6 +43,7 @@ impl Db {
     /// Another store on the same database.
     async fn open(&self) -> Arc<dyn Store> {
         svc::store::open(&self.config(), self.dir.path())
+            .await
             .unwrap_or_else(|e| panic!("open the {:?} store: {e}", self.driver))
     }
 
@@ -58,9 +59,10 @@ impl Db {
                     .map_err(|e| e.to_string())
             }
             StoreDriver::Postgres => {
-                let (client, connection) = tokio_postgres::connect(&self.url, tokio_postgres::NoTls)
-                    .await
-                    .unwrap();
+                let (client, connection) =
+                    tokio_postgres::connect(&self.url, tokio_postgres::NoTls)
+                        .await
+                        .unwrap();
                 tokio::spawn(connection);
                 client.execute(sql, &[]).await.map_err(|e| e.to_string())
             }
@@ -235,18 +237,27 @@ async fn schema_and_reopen(store: Arc<dyn Store>, db: Db) {
     store.ping().await.unwrap();
     let latest = MIGRATIONS.last().unwrap().0;
     assert_eq!(store.schema_version().await.unwrap(), latest);
-    store.insert_api_key(&key("a", "admin", None)).await.unwrap();
+    store
+        .insert_api_key(&key("a", "admin", None))
+        .await
+        .unwrap();
     drop(store);
     // Opening again applies nothing twice and keeps the data.
     let reopened = db.open().await;
     assert_eq!(reopened.schema_version().await.unwrap(), latest);
-    assert_eq!(reopened.list_api_keys().await.unwrap(), [key("a", "admin", None)]);
+    assert_eq!(
+        reopened.list_api_keys().await.unwrap(),
+        [key("a", "admin", None)]
+    );
 }
 
 async fn api_keys_round_trip(store: Arc<dyn Store>, _db: Db) {
     // Inserted out of order, listed by id (byte order: "B" before "a").
     for id in ["b", "a", "B"] {
-        store.insert_api_key(&key(id, "readonly", None)).await.unwrap();
+        store
+            .insert_api_key(&key(id, "readonly", None))
+            .await
+            .unwrap();
     }
     let listed: Vec<String> = store
         .list_api_keys()
@@ -262,7 +273,11 @@ async fn api_keys_round_trip(store: Arc<dyn Store>, _db: Db) {
     );
     assert_eq!(store.get_api_key("zz").await.unwrap(), None);
     assert_eq!(
-        store.find_api_key_by_hash("hash-b").await.unwrap().map(|k| k.id),
+        store
+            .find_api_key_by_hash("hash-b")
+            .await
+            .unwrap()
+            .map(|k| k.id),
         Some("b".into())
     );
     assert_eq!(store.find_api_key_by_hash("nope").await.unwrap(), None);
@@ -301,7 +316,11 @@ async fn api_keys_round_trip(store: Arc<dyn Store>, _db: Db) {
         panic!("change refused");
     };
     assert_eq!(
-        (changed.name.as_str(), changed.role.as_str(), changed.expires_at.clone()),
+        (
+            changed.name.as_str(),
+            changed.role.as_str(),
+            changed.expires_at.clone()
+        ),
         ("renamed", "operator", Some(at(LATER)))
     );
     assert_eq!(store.get_api_key("a").await.unwrap(), Some(changed));
@@ -324,7 +343,10 @@ async fn api_keys_round_trip(store: Arc<dyn Store>, _db: Db) {
 
 async fn the_last_active_admin_key_is_kept(store: Arc<dyn Store>, _db: Db) {
     let now = at(NOW);
-    store.insert_api_key(&key("live", "admin", None)).await.unwrap();
+    store
+        .insert_api_key(&key("live", "admin", None))
+        .await
+        .unwrap();
     // Expired admins do not count, and an expiry at `now` is already past.
     store
         .insert_api_key(&key("old", "admin", Some(NOW - 1)))
@@ -334,7 +356,10 @@ async fn the_last_active_admin_key_is_kept(store: Arc<dyn Store>, _db: Db) {
         .insert_api_key(&key("ending", "admin", Some(NOW)))
         .await
         .unwrap();
-    store.insert_api_key(&key("viewer", "readonly", None)).await.unwrap();
+    store
+        .insert_api_key(&key("viewer", "readonly", None))
+        .await
+        .unwrap();
     let demote = ApiKeyChange {
         role: Some("operator".into()),
         ..ApiKeyChange::default()
@@ -418,8 +443,13 @@ async fn concurrent_admin_changes_keep_one_admin(store: Arc<dyn Store>, db: Db) 
         // Each takes admin away from one of the last two, at once: one must be refused.
         let barrier = Arc::new(tokio::sync::Barrier::new(2));
         let demoting = {
-            let (store, barrier, a, demote, now) =
-                (store.clone(), barrier.clone(), a.clone(), demote.clone(), now.clone());
+            let (store, barrier, a, demote, now) = (
+                store.clone(),
+                barrier.clone(),
+                a.clone(),
+                demote.clone(),
+                now.clone(),
+            );
             tokio::spawn(async move {
                 barrier.wait().await;
                 matches!(
@@ -456,10 +486,16 @@ async fn concurrent_admin_changes_keep_one_admin(store: Arc<dyn Store>, db: Db) 
 // ---- Store: audit ----
 
 async fn audit_appends_link_one_chain(store: Arc<dyn Store>, _db: Db) {
-    let first = store.append_audit(audit("a"), GENESIS, &seal).await.unwrap();
+    let first = store
+        .append_audit(audit("a"), GENESIS, &seal)
+        .await
+        .unwrap();
     assert_eq!((first.seq, first.prev_hash.as_str()), (1, GENESIS));
     assert_eq!(first.hash, seal(&first));
-    let second = store.append_audit(audit("b"), GENESIS, &seal).await.unwrap();
+    let second = store
+        .append_audit(audit("b"), GENESIS, &seal)
+        .await
+        .unwrap();
     assert_eq!((second.seq, &second.prev_hash), (2, &first.hash));
     assert!(store
         .append_audit_batch(Vec::new(), GENESIS, &seal)
@@ -496,7 +532,10 @@ async fn audit_appends_link_one_chain(store: Arc<dyn Store>, _db: Db) {
 
     // audit_chain pages strictly after a seq, in chain order.
     assert_eq!(ids(&store.audit_chain(0, 2).await.unwrap()), ["a", "b"]);
-    assert_eq!(ids(&store.audit_chain(2, 100).await.unwrap()), ["c", "d", "e"]);
+    assert_eq!(
+        ids(&store.audit_chain(2, 100).await.unwrap()),
+        ["c", "d", "e"]
+    );
     assert!(store.audit_chain(5, 10).await.unwrap().is_empty());
 
     let verification = svc::audit::verify(store.as_ref(), &svc::auth::Principal::server())
@@ -518,8 +557,7 @@ async fn audit_dataset(store: &dyn Store) {
         ("q6", "2026-01-03T00:00:00.000Z", "alice", "quota.100%", "quota", "success", Some("p2"), Some("allow"), "medium"),
         ("q7", "2026-01-03T00:00:00.000Z", "carol", "apikey.delete", "apikey", "success", None, None, "low"),
     ];
-    for (id, timestamp, user, action, resource_type, outcome, policy, decision, severity) in rows
-    {
+    for (id, timestamp, user, action, resource_type, outcome, policy, decision, severity) in rows {
         let row = AuditRow {
             timestamp: timestamp.into(),
             user: user.into(),
@@ -589,7 +627,10 @@ async fn audit_query_pages_with_before_seq(store: Arc<dyn Store>, _db: Db) {
             ..audit(&format!("r{i:02}"))
         })
         .collect();
-    store.append_audit_batch(rows, GENESIS, &seal).await.unwrap();
+    store
+        .append_audit_batch(rows, GENESIS, &seal)
+        .await
+        .unwrap();
     // Walks pages as `svc-audit log` does: the next cursor is the last row's seq.
     let walk = |filter: AuditFilter, page: usize| {
         let store = store.clone();
@@ -700,7 +741,10 @@ async fn audit_rows_are_append_only_in_the_database(store: Arc<dyn Store>, db: D
     }
     assert_eq!(whole_chain(store.as_ref()).await, before);
     // Appending still works, at the end of the same chain.
-    store.append_audit(audit("d"), GENESIS, &seal).await.unwrap();
+    store
+        .append_audit(audit("d"), GENESIS, &seal)
+        .await
+        .unwrap();
     assert_one_chain(&whole_chain(store.as_ref()).await);
 }
 
@@ -722,13 +766,20 @@ async fn concurrent_appends_from_several_stores_keep_one_chain(store: Arc<dyn St
                 let id = |i: usize| format!("s{s}-t{t}-{i:02}");
                 if t % 2 == 0 {
                     for i in 0..APPENDS {
-                        store.append_audit(audit(&id(i)), GENESIS, &seal).await.unwrap();
+                        store
+                            .append_audit(audit(&id(i)), GENESIS, &seal)
+                            .await
+                            .unwrap();
                     }
                 } else {
                     // Half the tasks append in batches, as the audit committer does.
                     for chunk in (0..APPENDS).collect::<Vec<_>>().chunks(5) {
                         let rows = chunk.iter().map(|&i| audit(&id(i))).collect();
-                        for result in store.append_audit_batch(rows, GENESIS, &seal).await.unwrap() {
+                        for result in store
+                            .append_audit_batch(rows, GENESIS, &seal)
+                            .await
+                            .unwrap()
+                        {
                             result.unwrap();
                         }
                     }
@@ -831,7 +882,10 @@ async fn join_tokens(store: Arc<dyn Store>, _db: Db) {
     };
     store.insert_join_token(&token("t3", 2, NOW)).await.unwrap();
     store.insert_join_token(&bound).await.unwrap();
-    store.insert_join_token(&token("t1", 1, LATER)).await.unwrap();
+    store
+        .insert_join_token(&token("t1", 1, LATER))
+        .await
+        .unwrap();
     let listed = store.list_join_tokens().await.unwrap();
     assert_eq!(
         listed,
@@ -847,7 +901,11 @@ async fn join_tokens(store: Arc<dyn Store>, _db: Db) {
     assert!(store.use_join_token("t1", &at(5), "web-02").await.unwrap());
     assert!(!store.use_join_token("t1", &at(6), "web-03").await.unwrap());
     assert!(!store.use_join_token("zz", &at(6), "web-03").await.unwrap());
-    let used = store.find_join_token_by_hash("hash-t1").await.unwrap().unwrap();
+    let used = store
+        .find_join_token_by_hash("hash-t1")
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
         (used.used_at, used.used_by),
         (Some(at(5)), Some("web-02".into()))
@@ -871,7 +929,10 @@ async fn join_tokens(store: Arc<dyn Store>, _db: Db) {
     );
 
     // Revoked and expired (expires_at <= now) go; the used but unexpired one stays.
-    assert_eq!(store.delete_finished_join_tokens(&at(NOW)).await.unwrap(), 2);
+    assert_eq!(
+        store.delete_finished_join_tokens(&at(NOW)).await.unwrap(),
+        2
+    );
     let left: Vec<String> = store
         .list_join_tokens()
         .await
@@ -880,7 +941,10 @@ async fn join_tokens(store: Arc<dyn Store>, _db: Db) {
         .map(|t| t.id)
         .collect();
     assert_eq!(left, ["t1"]);
-    assert_eq!(store.delete_finished_join_tokens(&at(NOW)).await.unwrap(), 0);
+    assert_eq!(
+        store.delete_finished_join_tokens(&at(NOW)).await.unwrap(),
+        0
+    );
 }
 
 async fn a_join_token_is_used_once_under_races(store: Arc<dyn Store>, db: Db) {
@@ -895,7 +959,11 @@ async fn a_join_token_is_used_once_under_races(store: Arc<dyn Store>, db: Db) {
         let barrier = Arc::new(tokio::sync::Barrier::new(CONTENDERS));
         let mut tasks = Vec::new();
         for c in 0..CONTENDERS {
-            let store = if c % 2 == 0 { store.clone() } else { other.clone() };
+            let store = if c % 2 == 0 {
+                store.clone()
+            } else {
+                other.clone()
+            };
             let (barrier, id) = (barrier.clone(), id.clone());
             tasks.push(tokio::spawn(async move {
                 barrier.wait().await;
@@ -966,7 +1034,10 @@ async fn agents_and_fleet(store: Arc<dyn Store>, _db: Db) {
         (true, Some("investigating"), Some(at(5)))
     );
     assert_eq!(
-        fleet.set_quarantine("zz", true, None, &at(5)).await.unwrap(),
+        fleet
+            .set_quarantine("zz", true, None, &at(5))
+            .await
+            .unwrap(),
         None
     );
     fleet
@@ -993,7 +1064,10 @@ async fn agents_and_fleet(store: Arc<dyn Store>, _db: Db) {
         last_heartbeat_at: Some(at(6)),
         ..again
     };
-    assert_eq!(store.get_agent("web-01").await.unwrap(), Some(expected.clone()));
+    assert_eq!(
+        store.get_agent("web-01").await.unwrap(),
+        Some(expected.clone())
+    );
     assert_eq!(store.get_agent("ghost").await.unwrap(), None);
 
     // Release clears reason and time whatever the caller passes.
@@ -1030,7 +1104,14 @@ async fn agents_and_fleet(store: Arc<dyn Store>, _db: Db) {
         ..agent("web-03", "{}")
     };
     store.upsert_agent(&held).await.unwrap();
-    assert!(store.get_agent("web-03").await.unwrap().unwrap().is_quarantined);
+    assert!(
+        store
+            .get_agent("web-03")
+            .await
+            .unwrap()
+            .unwrap()
+            .is_quarantined
+    );
 
     // Applied states: one per agent, replaced by the next.
     let state = AgentStateRow {
@@ -1041,7 +1122,10 @@ async fn agents_and_fleet(store: Arc<dyn Store>, _db: Db) {
         applied_at: at(10),
     };
     fleet.put_agent_state(&state).await.unwrap();
-    assert_eq!(fleet.get_agent_state("web-01").await.unwrap(), Some(state.clone()));
+    assert_eq!(
+        fleet.get_agent_state("web-01").await.unwrap(),
+        Some(state.clone())
+    );
     let next = AgentStateRow {
         plan: "[]".into(),
         job_id: "j2".into(),
@@ -1062,7 +1146,8 @@ async fn concurrent_heartbeats_do_not_fail(store: Arc<dyn Store>, db: Db) {
         store.upsert_agent(&agent(id, "{}")).await.unwrap();
     }
     for round in 0..20 {
-        let forward: Vec<(String, String)> = ids.iter().map(|id| (id.clone(), at(round * 2))).collect();
+        let forward: Vec<(String, String)> =
+            ids.iter().map(|id| (id.clone(), at(round * 2))).collect();
         let backward: Vec<(String, String)> = ids
             .iter()
             .rev()
@@ -1112,7 +1197,10 @@ async fn jwt_svids(store: Arc<dyn Store>, _db: Db) {
     jwts.insert_jwt_svid(&jwt("j1", 1, LATER)).await.unwrap();
     jwts.insert_jwt_svid(&jwt("j2", 2, NOW)).await.unwrap();
     jwts.insert_jwt_svid(&jwt("j0", 3, LATER)).await.unwrap();
-    assert_eq!(jwts.get_jwt_svid("j1").await.unwrap(), Some(jwt("j1", 1, LATER)));
+    assert_eq!(
+        jwts.get_jwt_svid("j1").await.unwrap(),
+        Some(jwt("j1", 1, LATER))
+    );
     assert_eq!(jwts.get_jwt_svid("zz").await.unwrap(), None);
     // Unexpired: expires_at after now (j2 expires at now), by issued_at then id.
     let unexpired: Vec<String> = jwts
@@ -1136,7 +1224,10 @@ async fn jwt_svids(store: Arc<dyn Store>, _db: Db) {
         Some(expected),
         "the first revocation stays"
     );
-    assert_eq!(jwts.revoke_jwt_svid("zz", &at(7), "admin").await.unwrap(), None);
+    assert_eq!(
+        jwts.revoke_jwt_svid("zz", &at(7), "admin").await.unwrap(),
+        None
+    );
     jwts.revoke_jwt_svid("j1", &at(5), "admin").await.unwrap();
     jwts.revoke_jwt_svid("j2", &at(5), "admin").await.unwrap();
     // Revoked and not yet expired, by revocation time then id.
@@ -1173,7 +1264,10 @@ async fn master_check(store: Arc<dyn Store>, db: Db) {
     assert_eq!(a, b);
     assert!(a == "check-a" || a == "check-b", "{a}");
     assert_eq!(secrets.master_check().await.unwrap(), Some(a.clone()));
-    assert_eq!(secrets.init_master_check("check-c", &at(2)).await.unwrap(), a);
+    assert_eq!(
+        secrets.init_master_check("check-c", &at(2)).await.unwrap(),
+        a
+    );
 }
 
 fn secret(path: &str, version: i64, at_: u32) -> (SecretRow, SecretVersionRow) {
@@ -1250,10 +1344,22 @@ async fn secret_versions(store: Arc<dyn Store>, _db: Db) {
             .unwrap(),
         0
     );
-    let v1 = secrets.get_secret_version("app/db", 1).await.unwrap().unwrap();
-    assert_eq!((v1.deleted_at, v1.ciphertext), (Some(at(6)), "ct-app/db-1".into()));
+    let v1 = secrets
+        .get_secret_version("app/db", 1)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
-        secrets.get_secret("app/db").await.unwrap().unwrap().updated_at,
+        (v1.deleted_at, v1.ciphertext),
+        (Some(at(6)), "ct-app/db-1".into())
+    );
+    assert_eq!(
+        secrets
+            .get_secret("app/db")
+            .await
+            .unwrap()
+            .unwrap()
+            .updated_at,
         at(7)
     );
     // Destroy erases the ciphertext, keeps a deletion time already set, and counts each once.
@@ -1329,7 +1435,10 @@ async fn secret_versions(store: Arc<dyn Store>, _db: Db) {
             live("axb/y"),
         ]
     );
-    assert_eq!(list("app/").await, [("app/db".into(), Some(at(6))), live("app/web")]);
+    assert_eq!(
+        list("app/").await,
+        [("app/db".into(), Some(at(6))), live("app/web")]
+    );
     assert_eq!(list("a_b").await, [live("a_b/x")]);
     assert_eq!(list("a%").await, [live("a%c/z")]);
     assert!(list("zz").await.is_empty());
@@ -1350,13 +1459,20 @@ async fn concurrent_secret_writes_conflict(store: Arc<dyn Store>, db: Db) {
         let barrier = Arc::new(tokio::sync::Barrier::new(WRITERS));
         let mut tasks = Vec::new();
         for w in 0..WRITERS {
-            let store = if w % 2 == 0 { store.clone() } else { other.clone() };
+            let store = if w % 2 == 0 {
+                store.clone()
+            } else {
+                other.clone()
+            };
             let barrier = barrier.clone();
             tasks.push(tokio::spawn(async move {
                 barrier.wait().await;
                 let (row, mut version_row) = secret("race/x", version, 5);
                 version_row.ciphertext = format!("writer-{w}");
-                store.secrets().write_secret_version(&row, &version_row).await
+                store
+                    .secrets()
+                    .write_secret_version(&row, &version_row)
+                    .await
             }));
         }
         let mut won = Vec::new();
@@ -1376,7 +1492,13 @@ async fn concurrent_secret_writes_conflict(store: Arc<dyn Store>, db: Db) {
             .unwrap();
         assert_eq!(stored.ciphertext, format!("writer-{}", won[0]));
         assert_eq!(
-            store.secrets().get_secret("race/x").await.unwrap().unwrap().current_version,
+            store
+                .secrets()
+                .get_secret("race/x")
+                .await
+                .unwrap()
+                .unwrap()
+                .current_version,
             version
         );
     }
@@ -1447,7 +1569,13 @@ async fn rotate_master_is_all_or_nothing(store: Arc<dyn Store>, _db: Db) {
     assert_eq!(secrets.rotate_master(&rewrap, &at(5)).await.unwrap(), 5);
     assert_eq!(
         seen.into_inner().unwrap().into_iter().collect::<Vec<_>>(),
-        ["check", "secret a/one", "secret b/two", "transit k v1", "transit k v2"]
+        [
+            "check",
+            "secret a/one",
+            "secret b/two",
+            "transit k v1",
+            "transit k v2"
+        ]
     );
     let (check, one, two, material) = before;
     assert_eq!(
@@ -1504,7 +1632,7 @@ async fn transit_keys(store: Arc<dyn Store>, db: Db) {
     assert!(is_conflict(&refused), "{refused:?}");
     assert_eq!(
         secrets.transit_key_versions("orders").await.unwrap(),
-        [first.clone()]
+        std::slice::from_ref(&first)
     );
     let (signing, signing_first) = transit("Release", 1);
     let signing = TransitKeyRow {
@@ -1588,7 +1716,10 @@ async fn transit_keys(store: Arc<dyn Store>, db: Db) {
         "{results:?}"
     );
     assert!(results.iter().any(is_conflict), "{results:?}");
-    assert_eq!(secrets.transit_key_versions("orders").await.unwrap().len(), 3);
+    assert_eq!(
+        secrets.transit_key_versions("orders").await.unwrap().len(),
+        3
+    );
 }
 
 fn lease(id: &str, expires: u32) -> LeaseRow {
@@ -1612,11 +1743,23 @@ async fn leases(store: Arc<dyn Store>, _db: Db) {
         is_renewable: false,
         ..lease("other/x", 40)
     };
-    secrets.insert_lease(&lease("postgres/creds/b", 30)).await.unwrap();
-    secrets.insert_lease(&lease("postgres/creds/a", 50)).await.unwrap();
+    secrets
+        .insert_lease(&lease("postgres/creds/b", 30))
+        .await
+        .unwrap();
+    secrets
+        .insert_lease(&lease("postgres/creds/a", 50))
+        .await
+        .unwrap();
     secrets.insert_lease(&fixed).await.unwrap();
-    secrets.insert_lease(&lease("postgres_creds", 60)).await.unwrap();
-    assert_eq!(secrets.get_lease("other/x").await.unwrap(), Some(fixed.clone()));
+    secrets
+        .insert_lease(&lease("postgres_creds", 60))
+        .await
+        .unwrap();
+    assert_eq!(
+        secrets.get_lease("other/x").await.unwrap(),
+        Some(fixed.clone())
+    );
     assert_eq!(secrets.get_lease("zz").await.unwrap(), None);
     let list = |prefix: &'static str| {
         let store = store.clone();
@@ -1631,13 +1774,26 @@ async fn leases(store: Arc<dyn Store>, _db: Db) {
                 .collect::<Vec<_>>()
         }
     };
-    assert_eq!(list("postgres/").await, ["postgres/creds/a", "postgres/creds/b"]);
-    assert_eq!(list("postgres_").await, ["postgres_creds"], "prefix is literal");
+    assert_eq!(
+        list("postgres/").await,
+        ["postgres/creds/a", "postgres/creds/b"]
+    );
+    assert_eq!(
+        list("postgres_").await,
+        ["postgres_creds"],
+        "prefix is literal"
+    );
     assert_eq!(list("").await.len(), 4);
 
-    assert!(secrets.set_lease_expiry("postgres/creds/a", &at(20)).await.unwrap());
+    assert!(secrets
+        .set_lease_expiry("postgres/creds/a", &at(20))
+        .await
+        .unwrap());
     assert!(!secrets.set_lease_expiry("zz", &at(20)).await.unwrap());
-    secrets.set_lease_error("postgres/creds/b", "connection refused").await.unwrap();
+    secrets
+        .set_lease_error("postgres/creds/b", "connection refused")
+        .await
+        .unwrap();
     assert_eq!(
         secrets
             .get_lease("postgres/creds/b")
@@ -1670,10 +1826,20 @@ async fn leases(store: Arc<dyn Store>, _db: Db) {
     assert!(expired(10, 10).await.is_empty());
 
     // Revocation clears the error, happens once, and takes the lease out of lists.
-    assert!(secrets.mark_lease_revoked("postgres/creds/b", &at(41)).await.unwrap());
-    assert!(!secrets.mark_lease_revoked("postgres/creds/b", &at(42)).await.unwrap());
+    assert!(secrets
+        .mark_lease_revoked("postgres/creds/b", &at(41))
+        .await
+        .unwrap());
+    assert!(!secrets
+        .mark_lease_revoked("postgres/creds/b", &at(42))
+        .await
+        .unwrap());
     assert!(!secrets.mark_lease_revoked("zz", &at(42)).await.unwrap());
-    let revoked = secrets.get_lease("postgres/creds/b").await.unwrap().unwrap();
+    let revoked = secrets
+        .get_lease("postgres/creds/b")
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
         revoked,
         LeaseRow {
@@ -1695,7 +1861,10 @@ async fn leases(store: Arc<dyn Store>, _db: Db) {
 async fn unique_violations_are_conflicts(store: Arc<dyn Store>, _db: Db) {
     // Every duplicate primary key or unique column is `Conflict`, on either driver, and
     // leaves the store usable (no connection stuck in a failed transaction).
-    store.insert_api_key(&key("a", "admin", None)).await.unwrap();
+    store
+        .insert_api_key(&key("a", "admin", None))
+        .await
+        .unwrap();
     let same_id = ApiKeyRow {
         key_hash: "other".into(),
         ..key("a", "admin", None)
@@ -1709,7 +1878,10 @@ async fn unique_violations_are_conflicts(store: Arc<dyn Store>, _db: Db) {
         assert!(is_conflict(&result), "api key {row:?}: {result:?}");
     }
 
-    store.insert_join_token(&token("t1", 1, LATER)).await.unwrap();
+    store
+        .insert_join_token(&token("t1", 1, LATER))
+        .await
+        .unwrap();
     let same_hash = JoinTokenRow {
         id: "t2".into(),
         ..token("t1", 1, LATER)
@@ -1723,7 +1895,11 @@ async fn unique_violations_are_conflicts(store: Arc<dyn Store>, _db: Db) {
     let result = store.insert_ca(&ca("c1", "root", 2)).await;
     assert!(is_conflict(&result), "ca: {result:?}");
 
-    store.jwts().insert_jwt_svid(&jwt("j1", 1, LATER)).await.unwrap();
+    store
+        .jwts()
+        .insert_jwt_svid(&jwt("j1", 1, LATER))
+        .await
+        .unwrap();
     let result = store.jwts().insert_jwt_svid(&jwt("j1", 2, LATER)).await;
     assert!(is_conflict(&result), "jwt: {result:?}");
 
@@ -1732,11 +1908,18 @@ async fn unique_violations_are_conflicts(store: Arc<dyn Store>, _db: Db) {
     assert!(is_conflict(&result), "lease: {result:?}");
 
     let (key_row, first) = transit("k", 1);
-    store.secrets().insert_transit_key(&key_row, &first).await.unwrap();
+    store
+        .secrets()
+        .insert_transit_key(&key_row, &first)
+        .await
+        .unwrap();
     let result = store.secrets().insert_transit_key(&key_row, &first).await;
     assert!(is_conflict(&result), "transit: {result:?}");
 
-    store.append_audit(audit("e1"), GENESIS, &seal).await.unwrap();
+    store
+        .append_audit(audit("e1"), GENESIS, &seal)
+        .await
+        .unwrap();
     let results = store
         .append_audit_batch(vec![audit("e1"), audit("e2")], GENESIS, &seal)
         .await
