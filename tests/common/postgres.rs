@@ -12,7 +12,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 /// An admin URL (a role that may CREATE DATABASE and CREATE ROLE) of an existing server to
-/// use instead of starting a cluster.
+/// use instead of starting a cluster. The tests' databases (`svc_test_<pid>_...`) and lease
+/// roles are left on it for inspection; drop them when done.
 pub const URL_VAR: &str = "SVC_TEST_PG_URL";
 
 const PASSWORD: &str = "admin-pw";
