@@ -139,11 +139,7 @@ async fn fill_audit(data: &std::path::Path, store_config: &str) {
             })
             .collect();
         store
-            .append_audit_batch(
-                rows,
-                svc::audit::chain::GENESIS,
-                &svc::audit::chain::seal,
-            )
+            .append_audit_batch(rows, svc::audit::chain::GENESIS, &svc::audit::chain::seal)
             .await
             .unwrap();
     }
@@ -152,8 +148,7 @@ async fn fill_audit(data: &std::path::Path, store_config: &str) {
 /// 16 keep-alive clients creating keys for a fixed time; every create is authenticated,
 /// checked, stored and audited before the 201.
 async fn create_keys(http: SocketAddr, key: &str) -> (f64, Duration, Duration) {
-    let client: Client<_, Full<bytes::Bytes>> =
-        Client::builder(TokioExecutor::new()).build_http();
+    let client: Client<_, Full<bytes::Bytes>> = Client::builder(TokioExecutor::new()).build_http();
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();
     for c in 0..CLIENTS {

@@ -131,6 +131,7 @@ conformance!(
     audit_rows_are_append_only_in_the_database,
     concurrent_appends_from_several_stores_keep_one_chain,
     ca_insert_retires_the_active_one,
+    first_ca_is_inserted_once_under_races,
     join_tokens,
     a_join_token_is_used_once_under_races,
     agents_and_fleet,
@@ -861,6 +862,40 @@ async fn ca_insert_retires_the_active_one(store: Arc<dyn Store>, _db: Db) {
         store.active_ca().await.unwrap(),
         [ca("root", "root", 1), s2]
     );
+}
+
+/// First starts of several servers on one database: each offers its own root, exactly one
+/// is inserted and every other gets that one back.
+async fn first_ca_is_inserted_once_under_races(_store: Arc<dyn Store>, db: Db) {
+    let mut contenders = Vec::new();
+    for i in 0..6 {
+        let store = db.open().await;
+        contenders.push(tokio::spawn(async move {
+            let mine = ca(&format!("root-{i}"), "root", 1);
+            (mine.clone(), store.insert_first_ca(&mine).await.unwrap())
+        }));
+    }
+    let mut inserted = Vec::new();
+    let mut found = BTreeSet::new();
+    for contender in contenders {
+        match contender.await.unwrap() {
+            (mine, None) => inserted.push(mine),
+            (_, Some(theirs)) => {
+                found.insert(theirs.id);
+            }
+        }
+    }
+    assert_eq!(inserted.len(), 1, "exactly one root is inserted");
+    let active = db.open().await.active_ca().await.unwrap();
+    assert_eq!(active, inserted);
+    assert!(found.iter().all(|id| *id == inserted[0].id), "{found:?}");
+    // Only a missing kind is inserted: a signing CA still goes in beside the root.
+    let store = db.open().await;
+    assert_eq!(
+        store.insert_first_ca(&ca("s", "signing", 2)).await.unwrap(),
+        None
+    );
+    assert_eq!(store.active_ca().await.unwrap().len(), 2);
 }
 
 fn token(id: &str, created: u32, expires: u32) -> JoinTokenRow {
@@ -1935,4 +1970,194 @@ async fn unique_violations_are_conflicts(store: Arc<dyn Store>, _db: Db) {
             .unwrap();
     }
     assert_eq!(store.list_api_keys().await.unwrap().len(), 41);
+}
+
+// ---- PostgreSQL only: connecting ----
+
+/// Servers starting together on an empty database: each applies the migrations it finds
+/// missing under the advisory lock, so every migration is applied exactly once.
+#[test]
+fn postgres_first_starts_together_migrate_once() {
+    let Some(postgres) = common::postgres::shared() else {
+        return;
+    };
+    let url = postgres.fresh_database();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut starts = Vec::new();
+        for _ in 0..6 {
+            let target = svc::store::postgres::Target::from_url(&url).unwrap();
+            starts.push(tokio::spawn(async move {
+                svc::store::PostgresStore::open(&target).await.map(|_| ())
+            }));
+        }
+        for start in starts {
+            start.await.unwrap().expect("every start succeeds");
+        }
+        let target = svc::store::postgres::Target::from_url(&url).unwrap();
+        let client = target.connect().await.unwrap();
+        let rows: i64 = client
+            .query_one("SELECT COUNT(*) FROM schema_version", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(rows as usize, MIGRATIONS.len());
+    });
+}
+
+/// TLS to PostgreSQL: `verify-full` checks the chain and the host name, `require` encrypts
+/// without checking, `disable` does not encrypt; the server's own view (pg_stat_ssl) says
+/// which. The login binds to the TLS session (channel_binding=require).
+#[test]
+fn postgres_tls_modes() {
+    let Some(postgres) = common::postgres::Postgres::start() else {
+        return;
+    };
+    let pki = common::pki::Pki::new();
+    postgres.enable_tls(&pki.path("server.pem"), &pki.path("server.key"));
+    let url = postgres.fresh_database();
+    let ca = pki.path("ca.pem").display().to_string();
+    let other = common::pki::Pki::new();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let encrypted = |sslmode: &'static str, ca: String, url: String| async move {
+            let target = svc::store::postgres::Target::new(
+                &url,
+                sslmode,
+                &ca,
+                4,
+                std::time::Duration::from_secs(10),
+            )?;
+            let client = target.connect().await?;
+            let row = client
+                .query_one(
+                    "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+                    &[],
+                )
+                .await
+                .map_err(svc::Error::from)?;
+            Ok::<bool, svc::Error>(row.get(0))
+        };
+        let bound = format!("{url}?channel_binding=require");
+        assert!(encrypted("verify-full", ca.clone(), bound.clone())
+            .await
+            .unwrap());
+        assert!(encrypted("require", String::new(), bound.clone())
+            .await
+            .unwrap());
+        assert!(encrypted("prefer", String::new(), url.clone())
+            .await
+            .unwrap());
+        assert!(!encrypted("disable", String::new(), url.clone())
+            .await
+            .unwrap());
+        // The CA file may come in the URL, as libpq's sslrootcert.
+        let in_url = format!("{url}?sslmode=verify-full&sslrootcert={ca}");
+        assert!(encrypted("", String::new(), in_url).await.unwrap());
+        // Another CA's certificate, or a name the certificate does not carry: refused, and
+        // the message names the server but never the password.
+        let wrong_ca = other.path("ca.pem").display().to_string();
+        let error = encrypted("verify-full", wrong_ca, url.clone())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("cannot connect to PostgreSQL at 127.0.0.1:"),
+            "{error}"
+        );
+        assert!(!error.contains("admin-pw"), "{error}");
+        let wrong_name = url.replace("@127.0.0.1:", "@127.0.0.2:");
+        assert!(encrypted("verify-full", ca.clone(), wrong_name)
+            .await
+            .is_err());
+
+        // The whole store over verify-full.
+        let config = StoreConfig {
+            driver: StoreDriver::Postgres,
+            url: Secret(url.clone()),
+            sslmode: "verify-full".into(),
+            ca_file: ca.clone(),
+            ..StoreConfig::default()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let store = svc::store::open(&config, dir.path()).await.unwrap();
+        store.ping().await.unwrap();
+        assert_eq!(
+            store.schema_version().await.unwrap(),
+            MIGRATIONS.last().unwrap().0
+        );
+    });
+}
+
+/// Bad settings are refused before any connection, naming the setting.
+#[test]
+fn postgres_settings_are_checked() {
+    for (url, sslmode, ca_file, problem) in [
+        ("", "", "", "store.url is empty"),
+        ("http://x/y", "", "", "must start with postgres://"),
+        (
+            "postgres://u@h/d",
+            "verify-ca",
+            "",
+            "store.sslmode: 'verify-ca'",
+        ),
+        (
+            "postgres://u@h/d",
+            "verify-full",
+            "/no/such/ca.pem",
+            "store.ca_file",
+        ),
+        ("postgres://u@h:notaport/d", "", "", "not a PostgreSQL URL"),
+    ] {
+        let error = svc::store::postgres::Target::new(
+            url,
+            sslmode,
+            ca_file,
+            4,
+            std::time::Duration::from_secs(1),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(error.contains(problem), "{url} {sslmode}: {error}");
+    }
+}
+
+/// An unreachable server fails the open within the connect timeout, with a clear message.
+#[test]
+fn postgres_unreachable_fails_clearly() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let config = StoreConfig {
+        driver: StoreDriver::Postgres,
+        url: Secret(format!("postgres://svc:hunter2@127.0.0.1:{port}/svc")),
+        ..StoreConfig::default()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let error = match runtime.block_on(svc::store::open(&config, dir.path())) {
+        Ok(_) => panic!("opened a store on a closed port"),
+        Err(e) => e,
+    };
+    assert!(matches!(error, Error::Unavailable(_)), "{error:?}");
+    let message = error.to_string();
+    assert!(
+        message.contains(&format!(
+            "cannot connect to PostgreSQL at 127.0.0.1:{port}/svc"
+        )),
+        "{message}"
+    );
+    assert!(!message.contains("hunter2"), "{message}");
 }

@@ -274,6 +274,57 @@ impl Postgres {
         })
     }
 
+    /// Turns TLS on with this certificate and key (PEM files; copied into the cluster's
+    /// directory, owned by its user, key mode 0600 as postgres demands) and reloads. Only on a
+    /// cluster this process started.
+    pub fn enable_tls(&self, cert: &Path, key: &Path) {
+        let cluster = self
+            .cluster
+            .as_ref()
+            .expect("enable_tls needs our own cluster");
+        let as_nobody = unsafe { libc::geteuid() } == 0;
+        for (from, name) in [(cert, "tls.pem"), (key, "tls.key")] {
+            let to = cluster.dir.join(name);
+            std::fs::copy(from, &to).unwrap();
+            std::fs::set_permissions(&to, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+                .unwrap();
+            if as_nobody {
+                let status = Command::new("chown")
+                    .arg("nobody")
+                    .arg(&to)
+                    .status()
+                    .unwrap();
+                assert!(status.success());
+            }
+        }
+        let dir = cluster.dir.display().to_string();
+        self.with_admin(move |client| async move {
+            for sql in [
+                format!("ALTER SYSTEM SET ssl_cert_file = '{dir}/tls.pem'"),
+                format!("ALTER SYSTEM SET ssl_key_file = '{dir}/tls.key'"),
+                "ALTER SYSTEM SET ssl = on".to_string(),
+                "SELECT pg_reload_conf()".to_string(),
+            ] {
+                client
+                    .batch_execute(&sql)
+                    .await
+                    .unwrap_or_else(|e| panic!("{sql}: {e}"));
+            }
+        });
+        // The reload is asynchronous: wait until a new backend sees it.
+        for _ in 0..100 {
+            let on = self.with_admin(|client| async move {
+                let row = client.query_one("SHOW ssl", &[]).await.unwrap();
+                row.get::<_, String>(0) == "on"
+            });
+            if on {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        panic!("ssl did not turn on: {}", self.log());
+    }
+
     /// The server's log file, when this process started the cluster.
     pub fn log(&self) -> String {
         self.cluster
