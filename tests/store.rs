@@ -2161,3 +2161,39 @@ fn postgres_unreachable_fails_clearly() {
     );
     assert!(!message.contains("hunter2"), "{message}");
 }
+
+/// PostgreSQL going away under a running server: readiness says so within its bound (not after
+/// the pool's connect timeout), and requests get 503 `unavailable`, not a hang or a 500.
+#[test]
+fn postgres_going_away_makes_the_server_unready() {
+    let Some(postgres) = common::postgres::Postgres::start() else {
+        return;
+    };
+    let url = postgres.fresh_database();
+    let server = common::TestServer::start_with(common::Options {
+        config_yaml: format!(
+            "store: {{ driver: postgres, url: \"{url}\", connect_timeout: 20s }}\n"
+        ),
+        ..common::Options::default()
+    });
+    let (_, key) = server.create_key("before", "readonly");
+    assert_eq!(
+        server.request("GET", "/health/ready", None, None).status,
+        200
+    );
+    drop(postgres);
+
+    let started = std::time::Instant::now();
+    let ready = server.request("GET", "/health/ready", None, None);
+    assert_eq!(ready.status, 503, "{}", ready.body);
+    assert!(ready.body.contains("postgres store"), "{}", ready.body);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(10),
+        "readiness took {:?}",
+        started.elapsed()
+    );
+    let listed = server.request("GET", "/api/v1/apikeys", Some(&key), None);
+    assert_eq!(listed.status, 503, "{}", listed.body);
+    assert!(listed.body.contains("unavailable"), "{}", listed.body);
+    assert!(!listed.body.contains("admin-pw"), "{}", listed.body);
+}
