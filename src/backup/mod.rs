@@ -3,3 +3,4 @@
 
 pub mod s3;
 pub mod snapshot;
+pub mod take;

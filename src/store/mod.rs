@@ -232,6 +232,12 @@ pub trait Store: Send + Sync + 'static {
     /// quarantine flag.
     async fn upsert_agent(&self, row: &AgentRow) -> Result<()>;
     async fn get_agent(&self, id: &str) -> Result<Option<AgentRow>>;
+
+    /// Writes a consistent copy of the whole store to a new SQLite file at `path` (which
+    /// must not exist), for snapshots: SQLite copies itself with `VACUUM INTO`; PostgreSQL
+    /// reads every catalogue table in one REPEATABLE READ transaction into a file made by
+    /// `SqliteStore::open`. The server keeps serving meanwhile.
+    async fn export_sqlite(&self, path: &Path) -> Result<()>;
 }
 
 /// A CA certificate and its encrypted key (identity).

@@ -9,9 +9,11 @@
 
 mod fleet;
 mod jwt;
+mod export;
 mod secrets;
 mod tls;
 
+use std::path::Path;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -731,6 +733,10 @@ impl Store for PostgresStore {
     async fn ping(&self) -> Result<()> {
         self.rows("SELECT 1", &[], |_| Ok(())).await?;
         Ok(())
+    }
+
+    async fn export_sqlite(&self, path: &Path) -> Result<()> {
+        self.export_into_sqlite(path).await
     }
 
     async fn schema_version(&self) -> Result<i64> {

@@ -433,6 +433,23 @@ impl Store for SqliteStore {
         })
     }
 
+    async fn export_sqlite(&self, path: &Path) -> Result<()> {
+        let target = path
+            .to_str()
+            .ok_or_else(|| Error::Invalid(format!("{} is not UTF-8", path.display())))?
+            .to_string();
+        // VACUUM INTO reads the database inside one read transaction (WAL: writers go on) and
+        // writes a compact copy, so the copy is one consistent state of the store. It runs on
+        // a connection of its own: the pool's are for short requests.
+        let connection = self.connect()?;
+        tokio::task::spawn_blocking(move || -> Result<()> {
+            connection.execute("VACUUM INTO ?1", [target])?;
+            Ok(())
+        })
+        .await
+        .map_err(Error::internal)?
+    }
+
     async fn schema_version(&self) -> Result<i64> {
         self.with(|c| {
             Ok(c.query_row(
