@@ -6,12 +6,12 @@
 //! Health and reflection stay open, as /health does on REST.
 
 mod auth_layer;
+mod cluster;
 mod events;
 mod fleet;
 mod identity;
 mod policy;
 mod secrets;
-mod stubs;
 
 use std::sync::Arc;
 
@@ -71,7 +71,9 @@ pub async fn serve(
         .add_service(SecretsServiceServer::new(secrets::Secrets {
             context: context.clone(),
         }))
-        .add_service(ClusterServiceServer::new(stubs::Cluster))
+        .add_service(ClusterServiceServer::new(cluster::Cluster {
+            context: context.clone(),
+        }))
         .add_service(FleetServiceServer::new(fleet::Fleet {
             context: context.clone(),
         }));
