@@ -30,6 +30,8 @@ fn table() -> Vec<(&'static str, Entry)> {
         ("svc-identity", cli::identity::main),
         ("svc-agent", crate::agent::main),
         ("svc-secrets", cli::secrets::main),
+        ("svc-cluster", cli::cluster::main),
+        ("svc-cluster-backup", cli::cluster::backup_main),
     ];
     for tool in planned::TOOLS {
         match built.iter().find(|(name, _)| *name == tool.name) {

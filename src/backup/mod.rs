@@ -3,6 +3,7 @@
 
 pub mod s3;
 pub mod snapshot;
+pub mod local;
 pub mod take;
 
 use crate::audit::Action;

@@ -8,6 +8,7 @@
 
 pub mod audit;
 pub mod client;
+pub mod cluster;
 pub mod ctl;
 pub mod events;
 pub mod fleet;

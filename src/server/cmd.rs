@@ -351,6 +351,16 @@ fn lock_data_dir(data_dir: &Path) -> Result<std::fs::File> {
     Ok(file)
 }
 
+/// The data dir's lock when no server holds it (None when one does), for offline tools that
+/// change the data dir (`svc-cluster-backup restore`); held until the file is dropped.
+pub fn try_lock_data_dir(data_dir: &Path) -> Result<Option<std::fs::File>> {
+    match lock_data_dir(data_dir) {
+        Ok(file) => Ok(Some(file)),
+        Err(crate::Error::Unavailable(_)) => Ok(None),
+        Err(error) => Err(error),
+    }
+}
+
 /// `svc-server --recover-admin`: for when no admin key is left. Needs the server stopped (its
 /// lock) and write access to the data dir; mints an admin key into a 0600 file there, prints
 /// the file's path, and leaves a line in `admin-recoveries.jsonl` for the next start to audit.
