@@ -31,6 +31,7 @@ const NON_CONFIG_VARIABLES: &[&str] = &[
     "SVC_PRINCIPAL_ID",
     "SVC_PRINCIPAL_ROLE",
     "SVC_CONFIG",
+    "SVC_BACKUP_PASSPHRASE",
 ];
 
 /// Parses YAML text into any deserializable type. The only caller of the YAML crate.

@@ -17,12 +17,35 @@ use crate::proto::cluster_service_client::ClusterServiceClient;
 
 /// `svc-cluster`: backup is built; restore points at the offline restore.
 pub fn main(program: &str, args: Vec<String>) -> i32 {
-    super::run_partly_built(program, args, run_cluster)
+    super::run_partly_built(program, output_is_a_file(args), run_cluster)
 }
 
 /// `svc-cluster-backup`.
 pub fn backup_main(program: &str, args: Vec<String>) -> i32 {
-    super::run_partly_built(program, args, run_cluster_backup)
+    super::run_partly_built(program, output_is_a_file(args), run_cluster_backup)
+}
+
+/// The seed names the snapshot file `--output FILE`, which every other CLI uses for the
+/// format (`-o, --output table|json`). Here the long form is the file (rewritten to
+/// `--output-file` before the common flags are taken) and the format is `-o` only.
+fn output_is_a_file(args: Vec<String>) -> Vec<String> {
+    let mut rewritten = Vec::with_capacity(args.len());
+    let mut rest = args.into_iter();
+    while let Some(arg) = rest.next() {
+        if arg == "--" {
+            rewritten.push(arg);
+            rewritten.extend(rest.by_ref());
+            break;
+        }
+        match arg.strip_prefix("--output") {
+            Some("") => rewritten.push("--output-file".into()),
+            Some(value) if value.starts_with('=') => {
+                rewritten.push(format!("--output-file{value}"))
+            }
+            _ => rewritten.push(arg),
+        }
+    }
+    rewritten
 }
 
 fn run_cluster(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
@@ -46,12 +69,14 @@ fn run_cluster_backup(program: &str, command: &str, common: Common, args: &[Stri
 #[derive(FromArgs)]
 /// Take a snapshot of the server (admin): the store, the event and audit streams, the policy
 /// files and a manifest, streamed into FILE (written as FILE.partial, renamed when complete).
-/// Scheduled snapshots are deferred (not built).
+/// Scheduled snapshots are deferred (not built). Here --output FILE names the file (as
+/// --output-file does); the output format is -o table|json.
 #[argh(help_triggers("-h", "--help"))]
 struct BackupArgs {
-    /// the file to write (default ./svc-snapshot-<time>.tar.gz, or .svcsnap encrypted)
+    /// the file to write, also --output FILE (default ./svc-snapshot-<time>.tar.gz, or
+    /// .svcsnap when encrypted)
     #[argh(option)]
-    output: Option<PathBuf>,
+    output_file: Option<PathBuf>,
     /// encrypt the file (argon2id + AES-256-GCM) with the passphrase from --passphrase-file
     /// or env SVC_BACKUP_PASSPHRASE
     #[argh(switch)]
@@ -343,7 +368,7 @@ async fn backup(common: Common, args: BackupArgs) -> Result<(), CliError> {
         None
     };
     let output = args
-        .output
+        .output_file
         .unwrap_or_else(|| default_name(passphrase.is_some()));
     let bytes = download(&common, &output, passphrase.as_deref()).await?;
     if common.output == Output::Json {
