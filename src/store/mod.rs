@@ -11,6 +11,7 @@ mod jwt;
 pub mod postgres;
 mod secrets;
 mod sqlite;
+pub mod tables;
 
 use std::path::Path;
 use std::sync::Arc;
