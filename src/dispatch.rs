@@ -21,6 +21,8 @@ fn table() -> Vec<(&'static str, Entry)> {
     let mut names: Vec<(&'static str, Entry)> = vec![
         ("svc-server", Entry::Run(crate::server::main)),
         ("svcctl", Entry::Run(cli::ctl::main)),
+        // Fully built CLIs with no planned row.
+        ("svc-migrate", Entry::Run(cli::migrate::main)),
     ];
     // CLIs with some commands built have their own entry; the rest come from the table.
     let built: &[(&str, Main)] = &[

@@ -12,9 +12,11 @@ pub mod ctl;
 pub mod events;
 pub mod fleet;
 pub mod identity;
+pub mod migrate;
 pub mod output;
 pub mod planned;
 pub mod policy;
+pub mod progress;
 pub mod secrets;
 pub mod values;
 
