@@ -419,19 +419,24 @@ async fn read_record(client: &tokio_postgres::Client) -> Result<Option<Record>> 
 /// at the moment is not seen), but it catches the usual mistake of migrating into a live
 /// database.
 async fn refuse_if_served(client: &tokio_postgres::Client, target: &Target) -> Result<()> {
+    // client_addr is NULL for a Unix socket, and for other roles' sessions unless we may read
+    // all statistics; application_name is visible either way.
     let sessions = client
         .query(
-            "SELECT COALESCE(host(client_addr), 'local socket') FROM pg_stat_activity \
+            "SELECT host(client_addr) FROM pg_stat_activity \
              WHERE datname = current_database() AND pid <> pg_backend_pid() \
              AND application_name = $1",
             &[&SERVER_APPLICATION],
         )
         .await?;
     if let Some(first) = sessions.first() {
-        let from: String = first.try_get(0)?;
+        let from = match first.try_get::<_, Option<String>>(0)? {
+            Some(address) => format!(", from {address}"),
+            None => String::new(),
+        };
         return Err(Error::Conflict(format!(
-            "{} has {} session(s) of an svc server (application_name '{SERVER_APPLICATION}', \
-             from {from}): stop the servers that use it first",
+            "{} has {} session(s) of an svc server (application_name '{SERVER_APPLICATION}'{from}): \
+             stop the servers that use it first",
             target.shown(),
             sessions.len()
         )));
@@ -571,7 +576,7 @@ pub async fn run(
             // ACCESS EXCLUSIVE lock keeps every other session out until COMMIT), so no one
             // ever sees the table unguarded.
             let names: Vec<&str> = TABLES.iter().map(|table| table.name).collect();
-            client
+            let emptied = client
                 .batch_execute(&format!(
                     "BEGIN; SET LOCAL lock_timeout = '10s'; \
                      ALTER TABLE audit_events DISABLE TRIGGER audit_events_no_truncate; \
@@ -579,14 +584,15 @@ pub async fn run(
                      ALTER TABLE audit_events ENABLE TRIGGER audit_events_no_truncate;",
                     names.join(", ")
                 ))
-                .await
-                .map_err(|e| {
-                    Error::Internal(format!(
-                        "cannot empty the target {}: {}",
-                        target.shown(),
-                        message_of(&Error::from(e))
-                    ))
-                })?;
+                .await;
+            if let Err(e) = emptied {
+                let _ = client.batch_execute("ROLLBACK").await;
+                return Err(Error::Internal(format!(
+                    "cannot empty the target {} (the tables' owner can): {}",
+                    target.shown(),
+                    message_of(&Error::from(e))
+                )));
+            }
             let recorded = client
                 .execute(
                     record_sql,
@@ -604,6 +610,11 @@ pub async fn run(
         Plan::Resume => {}
     }
 
+    // Batches commit without waiting for their WAL to reach the disk: a commit then costs no
+    // fsync. A PostgreSQL crash may lose the last batches, but recovery always ends on a
+    // prefix of the commits, which the resume logic handles like an interruption; and the
+    // final "done" commit is synchronous, which makes every batch before it durable first.
+    client.batch_execute("SET synchronous_commit = off").await?;
     let mut summaries = Vec::new();
     let mut start_keys = Vec::new();
     let mut present = Vec::new();
@@ -669,6 +680,7 @@ pub async fn run(
             fingerprint.audit_head
         )));
     }
+    client.batch_execute("SET synchronous_commit = on").await?;
     client
         .execute(
             "UPDATE svc_migrate SET state = 'done', finished_at = $1 WHERE id = 1",
