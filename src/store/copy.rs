@@ -64,7 +64,7 @@ const CHUNK_BYTES: usize = 1 << 20;
 /// A SQLite store opened read-only, inside one read transaction so that everything read from
 /// it (fingerprint, counts, rows) comes from the same snapshot.
 pub struct Source {
-    /// The file as given, made absolute (what the target records).
+    /// The file's canonical path (what the target records).
     pub path: PathBuf,
     connection: Connection,
     /// A shared `flock` on the data dir's `server.lock`, held for the copy, so a server
@@ -92,6 +92,9 @@ impl Source {
                 path.display()
             )));
         }
+        // Through symlinks: the lock to check is beside the real file, and one file reached
+        // by two paths is one source to the ownership record.
+        let path = std::fs::canonicalize(&path)?;
         let lock = lock_source(&path)?;
         let server_running = matches!(lock, Lock::ServerRunning(_));
         if let (Lock::ServerRunning(message), true) = (&lock, require_stopped) {
