@@ -423,15 +423,23 @@ async fn read_record(client: &tokio_postgres::Client) -> Result<Option<Record>> 
 /// database.
 async fn refuse_if_served(client: &tokio_postgres::Client, target: &Target) -> Result<()> {
     // client_addr is NULL for a Unix socket, and for other roles' sessions unless we may read
-    // all statistics; application_name is visible either way.
-    let sessions = client
-        .query(
-            "SELECT host(client_addr) FROM pg_stat_activity \
-             WHERE datname = current_database() AND pid <> pg_backend_pid() \
-             AND application_name = $1",
-            &[&SERVER_APPLICATION],
-        )
-        .await?;
+    // all statistics; application_name is visible either way. A server stopped a moment ago
+    // may leave sessions for as long as their backends take to notice: wait a few seconds.
+    let deadline = Instant::now() + std::time::Duration::from_secs(5);
+    let sessions = loop {
+        let sessions = client
+            .query(
+                "SELECT host(client_addr) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND pid <> pg_backend_pid() \
+                 AND application_name = $1",
+                &[&SERVER_APPLICATION],
+            )
+            .await?;
+        if sessions.is_empty() || Instant::now() >= deadline {
+            break sessions;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
     if let Some(first) = sessions.first() {
         let from = match first.try_get::<_, Option<String>>(0)? {
             Some(address) => format!(", from {address}"),
@@ -532,11 +540,7 @@ pub async fn run(
     let fingerprint = source.fingerprint()?;
     let source_name = source.path.display().to_string();
     let client = target.connect().await?;
-    let locked: bool = client
-        .query_one("SELECT pg_try_advisory_lock($1)", &[&COPY_LOCK])
-        .await?
-        .try_get(0)?;
-    if !locked {
+    if !take_copy_lock(&client).await? {
         return Err(Error::Conflict(format!(
             "another svc-migrate is copying into {} right now",
             target.shown()
@@ -703,6 +707,22 @@ pub async fn run(
         seconds,
         rows_per_second: rate(rows, seconds),
     })
+}
+
+/// Takes the copy's advisory lock, waiting a few seconds for it: the session of a run that just
+/// ended (killed, or finished a moment ago) holds it until its backend notices.
+async fn take_copy_lock(client: &tokio_postgres::Client) -> Result<bool> {
+    let deadline = Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let locked: bool = client
+            .query_one("SELECT pg_try_advisory_lock($1)", &[&COPY_LOCK])
+            .await?
+            .try_get(0)?;
+        if locked || Instant::now() >= deadline {
+            return Ok(locked);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 }
 
 /// Fresh, resume, empty first, or refuse, from the target's rows and its `svc_migrate` record.
