@@ -66,6 +66,17 @@ impl Db {
     }
 }
 
+/// The svc schema in the database at `url`, as a server makes it at start. The connection is
+/// named so that it is not taken for a server's (svc-migrate refuses a database an `svc`
+/// session uses, and a closed connection's session may linger a moment).
+fn apply_migrations(db: &Db, url: &str) {
+    let named = format!("{url}?application_name=svc-test");
+    db.runtime.block_on(async {
+        let target = svc::store::postgres::Target::from_url(&named).unwrap();
+        drop(svc::store::PostgresStore::open(&target).await.unwrap());
+    });
+}
+
 fn migrate(names: &Names, args: &[&str]) -> Run {
     run(names.command("svc-migrate").args(args))
 }
@@ -216,10 +227,7 @@ fn catalogue_matches_the_postgres_schema() {
     };
     let url = pg.fresh_database();
     let db = Db::connect(&url);
-    db.runtime.block_on(async {
-        let target = svc::store::postgres::Target::from_url(&url).unwrap();
-        drop(svc::store::PostgresStore::open(&target).await.unwrap());
-    });
+    apply_migrations(&db, &url);
     let columns = db.rows(
         "SELECT table_name::text, column_name::text, data_type::text, collation_name::text \
          FROM information_schema.columns WHERE table_schema = current_schema() \
@@ -591,10 +599,7 @@ fn other_rows_in_the_target_are_refused_unless_forced() {
     // Someone else's rows: a server's store.
     let url = pg.fresh_database();
     let db = Db::connect(&url);
-    db.runtime.block_on(async {
-        let target = svc::store::postgres::Target::from_url(&url).unwrap();
-        drop(svc::store::PostgresStore::open(&target).await.unwrap());
-    });
+    apply_migrations(&db, &url);
     db.execute(
         "INSERT INTO api_keys VALUES ('theirs', 'n', 'admin', 'h', 't', NULL, NULL);
          INSERT INTO audit_events VALUES (1, 'a1', 't', 'u', 'x', 'r', 'i', 'success', NULL, NULL, 'info', '{}', 'p', 'h')",
