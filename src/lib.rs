@@ -6,6 +6,7 @@
 pub mod agent;
 pub mod audit;
 pub mod auth;
+pub mod backup;
 pub mod bus;
 pub mod cli;
 pub mod clock;

@@ -139,7 +139,9 @@ fn mutations_are_audited_redacted_and_queryable() {
 
 #[test]
 fn verify_detects_tampering_in_the_database_file() {
-    let server = TestServer::start();
+    // SQLite whatever SVC_TEST_STORE says: the attacker edits svc.db (tests/store.rs checks
+    // that PostgreSQL refuses raw UPDATE and DELETE of audit rows too).
+    let server = TestServer::start_sqlite();
     for name in ["a", "b", "c", "d"] {
         server.create_key(name, "readonly");
     }

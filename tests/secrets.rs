@@ -1,12 +1,11 @@
 //! Secrets end to end through svc-secrets against the real server: KV versions and deletes,
 //! roles, audit rows, encryption at rest (no cleartext on disk or in the log, tampering
 //! detected, wrong master key refused, master rotation), transit rotation, and PostgreSQL
-//! leases against a real PostgreSQL started for the test.
+//! leases against the test process's PostgreSQL (`common::postgres`).
 
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
@@ -280,7 +279,9 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 
 #[test]
 fn values_never_rest_in_cleartext() {
-    let mut server = TestServer::start();
+    // SQLite whatever SVC_TEST_STORE says: this reads every file the store wrote, and only
+    // SQLite writes them under data_dir.
+    let mut server = TestServer::start_sqlite();
     let (_, operator) = server.create_key("app", "operator");
     let unique = format!("cleartext-canary-{}", std::process::id());
     ok(
@@ -458,7 +459,8 @@ fn wrong_master_key_is_refused_and_rotation_needs_no_restart() {
 
 #[test]
 fn tampered_or_moved_ciphertext_is_detected_not_returned() {
-    let server = TestServer::start();
+    // SQLite whatever SVC_TEST_STORE says: the tampering goes through svc.db.
+    let server = TestServer::start_sqlite();
     let admin = server.admin_key.clone();
     ok(&server, &admin, &["put", "a/one", "password=first-value"]);
     ok(&server, &admin, &["put", "a/two", "password=second-value"]);
@@ -653,207 +655,6 @@ fn transit_rotation_keeps_old_ciphertexts_until_retired() {
 
 // ---- PostgreSQL ----
 
-/// A throwaway PostgreSQL cluster on 127.0.0.1, run as `nobody` when the test runs as root
-/// (postgres refuses root). Stopped on drop.
-struct Postgres {
-    bin: PathBuf,
-    dir: tempfile::TempDir,
-    port: u16,
-    as_nobody: bool,
-}
-
-const PG_PASSWORD: &str = "admin-pw";
-
-impl Postgres {
-    /// None (after printing why) when PostgreSQL is not installed and CI is not set.
-    fn start() -> Option<Postgres> {
-        let Some(bin) = find_postgres() else {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "PostgreSQL binaries (initdb, pg_ctl) not found; .ci/run installs them"
-            );
-            eprintln!("skipped: PostgreSQL binaries (initdb, pg_ctl) not found");
-            return None;
-        };
-        let dir = tempfile::tempdir().unwrap();
-        let as_nobody = unsafe { libc::geteuid() } == 0;
-        if as_nobody {
-            let status = Command::new("chown")
-                .arg("-R")
-                .arg("nobody")
-                .arg(dir.path())
-                .status()
-                .unwrap();
-            assert!(status.success());
-        }
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let postgres = Postgres {
-            bin,
-            dir,
-            port,
-            as_nobody,
-        };
-        let pwfile = postgres.dir.path().join("pw");
-        std::fs::write(&pwfile, PG_PASSWORD).unwrap();
-        if as_nobody {
-            Command::new("chown")
-                .arg("nobody")
-                .arg(&pwfile)
-                .status()
-                .unwrap();
-        }
-        let data = postgres.dir.path().join("data");
-        postgres.run_tool(
-            "initdb",
-            &[
-                "-D",
-                data.to_str().unwrap(),
-                "-U",
-                "postgres",
-                "--auth=scram-sha-256",
-                &format!("--pwfile={}", pwfile.display()),
-                "--no-sync",
-                "-E",
-                "UTF8",
-            ],
-        );
-        let options = format!(
-            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
-            postgres.dir.path().display()
-        );
-        postgres.run_tool(
-            "pg_ctl",
-            &[
-                "-D",
-                data.to_str().unwrap(),
-                "-l",
-                postgres.dir.path().join("log").to_str().unwrap(),
-                "-o",
-                &options,
-                "-w",
-                "-t",
-                "60",
-                "start",
-            ],
-        );
-        Some(postgres)
-    }
-
-    fn run_tool(&self, tool: &str, args: &[&str]) {
-        let program = self.bin.join(tool);
-        let mut command = if self.as_nobody {
-            let mut c = Command::new("runuser");
-            c.args(["-u", "nobody", "--"]).arg(&program);
-            c
-        } else {
-            Command::new(&program)
-        };
-        let output = command
-            .args(args)
-            .current_dir(self.dir.path())
-            .output()
-            .unwrap();
-        assert!(
-            output.status.success(),
-            "{tool} failed: {}\n{}\n{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr),
-            std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default()
-        );
-    }
-
-    fn admin_url(&self) -> String {
-        format!(
-            "postgres://postgres:{PG_PASSWORD}@127.0.0.1:{}/postgres",
-            self.port
-        )
-    }
-
-    fn url_for(&self, user: &str, password: &str) -> String {
-        format!(
-            "postgres://{user}:{password}@127.0.0.1:{}/postgres",
-            self.port
-        )
-    }
-
-    /// Runs a query as admin and returns the first column of the first row, if any.
-    fn role_exists(&self, role: &str) -> bool {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
-            let (client, connection) =
-                tokio_postgres::connect(&self.admin_url(), tokio_postgres::NoTls)
-                    .await
-                    .unwrap();
-            tokio::spawn(connection);
-            client
-                .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[&role])
-                .await
-                .unwrap()
-                .is_some()
-        })
-    }
-
-    /// Whether `user` can log in with `password` and run a query.
-    fn can_login(&self, user: &str, password: &str) -> bool {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
-            match tokio_postgres::connect(&self.url_for(user, password), tokio_postgres::NoTls)
-                .await
-            {
-                Ok((client, connection)) => {
-                    tokio::spawn(connection);
-                    client
-                        .query_one("SELECT current_user::text", &[])
-                        .await
-                        .is_ok()
-                }
-                Err(_) => false,
-            }
-        })
-    }
-}
-
-impl Drop for Postgres {
-    fn drop(&mut self) {
-        let data = self.dir.path().join("data");
-        let program = self.bin.join("pg_ctl");
-        let mut command = if self.as_nobody {
-            let mut c = Command::new("runuser");
-            c.args(["-u", "nobody", "--"]).arg(&program);
-            c
-        } else {
-            Command::new(&program)
-        };
-        let _ = command
-            .args(["-D", data.to_str().unwrap(), "-m", "immediate", "stop"])
-            .current_dir(self.dir.path())
-            .output();
-    }
-}
-
-fn find_postgres() -> Option<PathBuf> {
-    let mut candidates: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .map(|dirs| dirs.flatten().map(|d| d.path().join("bin")).collect())
-        .unwrap_or_default();
-    candidates.sort();
-    candidates.reverse();
-    candidates.push(PathBuf::from("/usr/local/bin"));
-    candidates.push(PathBuf::from("/usr/bin"));
-    candidates
-        .into_iter()
-        .find(|dir| dir.join("initdb").is_file() && dir.join("pg_ctl").is_file())
-}
-
 fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;
     while !done() {
@@ -864,7 +665,7 @@ fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
 
 #[test]
 fn postgres_leases_create_renew_revoke_and_expire() {
-    let Some(postgres) = Postgres::start() else {
+    let Some(postgres) = common::postgres::shared() else {
         return;
     };
     let mut server = TestServer::start_with(Options {

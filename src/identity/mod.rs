@@ -183,27 +183,40 @@ pub async fn authenticate_agent(
 
 /// At start: makes the root and signing CA on first run, and checks master_key opens them.
 pub async fn ensure_ca(store: &dyn Store, keys: &Keys) -> Result<()> {
+    // insert_first_ca, not insert_ca: servers sharing one database may start together, and
+    // the one that loses the race must use the winner's CA rather than retire it.
     let rows = store.active_ca().await?;
     let root = match rows.iter().find(|row| row.kind == ROOT) {
         Some(row) => unseal(keys, row)?,
         None => {
             let root = ca::make_root()?;
-            store.insert_ca(&sealed_row(keys, ROOT, &root)?).await?;
-            tracing::info!("created the root CA");
-            root
+            match store
+                .insert_first_ca(&sealed_row(keys, ROOT, &root)?)
+                .await?
+            {
+                Some(theirs) => unseal(keys, &theirs)?,
+                None => {
+                    tracing::info!("created the root CA");
+                    root
+                }
+            }
         }
     };
-    match rows.iter().find(|row| row.kind == SIGNING) {
-        Some(row) => {
-            unseal(keys, row)?;
-        }
+    let signing = match rows.iter().find(|row| row.kind == SIGNING) {
+        Some(row) => Some(row.clone()),
         None => {
             let signing = ca::make_signing(&root)?;
-            store
-                .insert_ca(&sealed_row(keys, SIGNING, &signing)?)
+            let theirs = store
+                .insert_first_ca(&sealed_row(keys, SIGNING, &signing)?)
                 .await?;
-            tracing::info!("created the signing CA");
+            if theirs.is_none() {
+                tracing::info!("created the signing CA");
+            }
+            theirs
         }
+    };
+    if let Some(row) = signing {
+        unseal(keys, &row)?;
     }
     Ok(())
 }

@@ -165,6 +165,11 @@ fn validate(config: &ServerConfig, dev: bool) -> Vec<String> {
         problems
             .push("limits.handshake_timeout and limits.max_grpc_streams must be positive".into());
     }
+    if config.store.driver == crate::config::StoreDriver::Postgres {
+        if let Err(e) = crate::store::postgres::Target::from_config(&config.store) {
+            problems.push(e.to_string());
+        }
+    }
     if config.rate_limit.max_in_flight == 0 {
         problems.push("rate_limit.max_in_flight must be at least 1".into());
     }

@@ -36,16 +36,28 @@ pub struct Readiness {
     pub components: std::collections::BTreeMap<&'static str, Component>,
 }
 
+/// How long readiness waits for the store's round trip.
+const STORE_PING_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Checks every component now (no caching: readiness is polled rarely and must be true).
 pub async fn readiness(context: &Context) -> Readiness {
     let mut components = std::collections::BTreeMap::new();
     components.insert(
         "store",
-        match context.domain.store.ping().await {
-            Ok(()) => Component::ok(),
-            Err(e) => Component::failing(
+        // Bounded: a PostgreSQL that stopped answering would otherwise hold the probe for the
+        // pool's whole connect timeout, and load balancers give up on probes much sooner.
+        match tokio::time::timeout(STORE_PING_LIMIT, context.domain.store.ping()).await {
+            Ok(Ok(())) => Component::ok(),
+            Ok(Err(e)) => Component::failing(
                 "unavailable",
                 format!("{} store: {e}", context.domain.store.driver()),
+            ),
+            Err(_) => Component::failing(
+                "unavailable",
+                format!(
+                    "{} store: no answer within {STORE_PING_LIMIT:?}",
+                    context.domain.store.driver()
+                ),
             ),
         },
     );

@@ -214,9 +214,13 @@ pub trait Store: Send + Sync + 'static {
     async fn active_ca(&self) -> Result<Vec<CaRow>>;
     /// Replaces a CA row's sealed key (master-key rotation).
     async fn update_ca_key(&self, id: &str, key_encrypted: &str) -> Result<()>;
-    /// Inserts `row`; when it is a signing CA, retires the active one at `row.created_at`
-    /// in the same transaction, so there is never more or less than one.
+    /// Inserts `row` and retires the active CA of its kind at `row.created_at` in the same
+    /// transaction, so there is never more or less than one (signing-CA rotation).
     async fn insert_ca(&self, row: &CaRow) -> Result<()>;
+    /// Inserts `row` only when no CA of its kind is active, in one transaction; returns the
+    /// active row that was found instead (None: `row` was inserted). First starts of several
+    /// servers on one database then agree on one CA.
+    async fn insert_first_ca(&self, row: &CaRow) -> Result<Option<CaRow>>;
     async fn insert_join_token(&self, row: &JoinTokenRow) -> Result<()>;
     async fn list_join_tokens(&self) -> Result<Vec<JoinTokenRow>>;
     async fn find_join_token_by_hash(&self, token_hash: &str) -> Result<Option<JoinTokenRow>>;

@@ -536,6 +536,25 @@ fn ca(row: &Row) -> std::result::Result<CaRow, tokio_postgres::Error> {
     })
 }
 
+async fn insert_ca_row(tx: &deadpool_postgres::Transaction<'_>, row: &CaRow) -> Result<()> {
+    tx.execute(
+        &format!("INSERT INTO ca ({CA_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"),
+        &[
+            &row.id,
+            &row.kind,
+            &row.cert_pem,
+            &row.key_encrypted,
+            &row.fingerprint,
+            &row.not_before,
+            &row.not_after,
+            &row.created_at,
+            &row.retired_at,
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
 const JOIN_TOKEN_COLUMNS: &str =
     "id, token_hash, agent_id, created_by, created_at, expires_at, used_at, used_by, revoked_at";
 
@@ -936,23 +955,33 @@ impl Store for PostgresStore {
             &[&row.kind, &row.created_at],
         )
         .await?;
-        tx.execute(
-            &format!("INSERT INTO ca ({CA_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"),
-            &[
-                &row.id,
-                &row.kind,
-                &row.cert_pem,
-                &row.key_encrypted,
-                &row.fingerprint,
-                &row.not_before,
-                &row.not_after,
-                &row.created_at,
-                &row.retired_at,
-            ],
-        )
-        .await?;
+        insert_ca_row(&tx, row).await?;
         tx.commit().await?;
         Ok(())
+    }
+
+    async fn insert_first_ca(&self, row: &CaRow) -> Result<Option<CaRow>> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        // The same lock as rotation: a second first start waits here, then finds this one's.
+        tx.batch_execute("LOCK TABLE ca IN SHARE ROW EXCLUSIVE MODE")
+            .await?;
+        let active = rows_on(
+            &tx,
+            &format!(
+                "SELECT {CA_COLUMNS} FROM ca WHERE kind = $1 AND retired_at IS NULL \
+                 ORDER BY created_at LIMIT 1"
+            ),
+            &[&row.kind],
+            ca,
+        )
+        .await?;
+        if let Some(active) = active.into_iter().next() {
+            return Ok(Some(active));
+        }
+        insert_ca_row(&tx, row).await?;
+        tx.commit().await?;
+        Ok(None)
     }
 
     async fn insert_join_token(&self, row: &JoinTokenRow) -> Result<()> {

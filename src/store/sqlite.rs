@@ -358,6 +358,23 @@ fn ca_from_row(row: &Row<'_>) -> rusqlite::Result<CaRow> {
     })
 }
 
+fn insert_ca_row(c: &Connection, row: &CaRow) -> rusqlite::Result<usize> {
+    c.execute(
+        &format!("INSERT INTO ca ({CA_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"),
+        params![
+            row.id,
+            row.kind,
+            row.cert_pem,
+            row.key_encrypted,
+            row.fingerprint,
+            row.not_before,
+            row.not_after,
+            row.created_at,
+            row.retired_at
+        ],
+    )
+}
+
 const JOIN_TOKEN_COLUMNS: &str =
     "id, token_hash, agent_id, created_by, created_at, expires_at, used_at, used_by, revoked_at";
 
@@ -628,24 +645,31 @@ impl Store for SqliteStore {
                 "UPDATE ca SET retired_at = ?2 WHERE kind = ?1 AND retired_at IS NULL",
                 params![row.kind, row.created_at],
             )?;
-            tx.execute(
-                &format!(
-                    "INSERT INTO ca ({CA_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
-                ),
-                params![
-                    row.id,
-                    row.kind,
-                    row.cert_pem,
-                    row.key_encrypted,
-                    row.fingerprint,
-                    row.not_before,
-                    row.not_after,
-                    row.created_at,
-                    row.retired_at
-                ],
-            )?;
+            insert_ca_row(&tx, row)?;
             tx.commit()?;
             Ok(())
+        })
+    }
+
+    async fn insert_first_ca(&self, row: &CaRow) -> Result<Option<CaRow>> {
+        self.with(|c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let active = tx
+                .query_row(
+                    &format!(
+                        "SELECT {CA_COLUMNS} FROM ca WHERE kind = ?1 AND retired_at IS NULL \
+                         ORDER BY created_at LIMIT 1"
+                    ),
+                    [&row.kind],
+                    ca_from_row,
+                )
+                .optional()?;
+            if active.is_some() {
+                return Ok(active);
+            }
+            insert_ca_row(&tx, row)?;
+            tx.commit()?;
+            Ok(None)
         })
     }
 

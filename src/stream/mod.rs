@@ -30,7 +30,7 @@ mod frame;
 mod segment;
 mod writer;
 
-use std::fs::{self, OpenOptions};
+use std::fs::{self, File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -74,6 +74,50 @@ pub struct Record {
     pub seq: u64,
     pub timestamp_ms: i64,
     pub payload: Vec<u8>,
+}
+
+/// One segment file as a snapshot takes it (see `StreamLog::snapshot`).
+#[derive(Debug, Clone)]
+pub struct SegmentCopy {
+    /// The file name inside the stream's directory.
+    pub name: String,
+    pub file: Arc<File>,
+    /// Bytes to copy: the durable, verified prefix.
+    pub len: u64,
+}
+
+impl SegmentCopy {
+    /// A reader of exactly the copied prefix (positioned reads: the handle is shared).
+    pub fn reader(&self) -> impl std::io::Read + '_ {
+        SegmentReader {
+            copy: self,
+            offset: 0,
+        }
+    }
+}
+
+struct SegmentReader<'a> {
+    copy: &'a SegmentCopy,
+    offset: u64,
+}
+
+impl std::io::Read for SegmentReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let left = self.copy.len.saturating_sub(self.offset);
+        let want = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+        if want == 0 {
+            return Ok(0);
+        }
+        let read = self.copy.file.read_at(&mut buf[..want], self.offset)?;
+        if read == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "stream segment shorter than its durable length",
+            ));
+        }
+        self.offset += read as u64;
+        Ok(read)
+    }
 }
 
 /// Bytes found bad when the log opened, which readers skip.
@@ -328,6 +372,25 @@ impl StreamLog {
     /// The last durable sequence; 0 before the first append.
     pub fn last_seq(&self) -> u64 {
         *self.shared.durable.borrow()
+    }
+
+    /// A consistent copy of the log as it stands, for snapshots: every kept segment's file
+    /// name, a read handle and its durable length, taken under one lock, and the last sequence
+    /// they hold. Segments are append-only and retention only unlinks whole files (the handles
+    /// stay readable), so reading each handle up to its length later, while appends go on,
+    /// still gives exactly this state.
+    pub fn snapshot(&self) -> (u64, Vec<SegmentCopy>) {
+        let segments = self.shared.segments();
+        let copies = segments
+            .iter()
+            .map(|segment| SegmentCopy {
+                name: segment::file_name(segment.base_seq),
+                file: Arc::clone(&segment.file),
+                len: segment.len,
+            })
+            .collect();
+        let last = segments.last().map_or(0, |segment| segment.last_seq);
+        (last, copies)
     }
 
     /// Bytes on disk in kept segments (headers included), what `max_bytes` is compared to.

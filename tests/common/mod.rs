@@ -4,6 +4,7 @@
 
 pub mod agent;
 pub mod pki;
+pub mod postgres;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -105,6 +106,42 @@ pub struct Options {
     pub ca_file: Option<PathBuf>,
     /// The server's open-file limit (soft and hard), set in the child before it runs.
     pub nofile: Option<u64>,
+    /// The test opens, breaks or reads `data_dir/svc.db` itself: the server keeps SQLite
+    /// whatever `SVC_TEST_STORE` says.
+    pub sqlite_only: bool,
+}
+
+/// The store driver test servers use: `SVC_TEST_STORE` (`sqlite`, the default, or
+/// `postgres`: a fresh database on the test process's PostgreSQL for every server).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TestStore {
+    Sqlite,
+    Postgres,
+}
+
+pub fn test_store() -> TestStore {
+    match std::env::var("SVC_TEST_STORE").as_deref() {
+        Err(std::env::VarError::NotPresent) | Ok("") | Ok("sqlite") => TestStore::Sqlite,
+        Ok("postgres") => TestStore::Postgres,
+        // A typo must not quietly run the suite on SQLite again.
+        other => panic!("SVC_TEST_STORE={other:?}: expected sqlite or postgres"),
+    }
+}
+
+/// The `store:` section that puts a server on `SVC_TEST_STORE`'s driver (empty for SQLite).
+pub fn store_yaml() -> String {
+    match test_store() {
+        TestStore::Sqlite => String::new(),
+        TestStore::Postgres => {
+            let postgres = postgres::shared().expect(
+                "SVC_TEST_STORE=postgres needs PostgreSQL (initdb, pg_ctl) or SVC_TEST_PG_URL",
+            );
+            format!(
+                "store:\n  driver: postgres\n  url: \"{}\"\n",
+                postgres.fresh_database()
+            )
+        }
+    }
 }
 
 pub fn random_master_key() -> String {
@@ -117,12 +154,31 @@ impl TestServer {
         Self::start_with(Options::default())
     }
 
+    /// A server on SQLite whatever `SVC_TEST_STORE` says, for a test that works on `svc.db`.
+    pub fn start_sqlite() -> Self {
+        Self::start_with(Options {
+            sqlite_only: true,
+            ..Options::default()
+        })
+    }
+
     pub fn start_with(options: Options) -> Self {
         let temp = tempfile::tempdir().unwrap();
         let data_dir = temp.path().join("data");
         let config_file = temp.path().join("server.yaml");
+        // A test that configures its own store, or works on svc.db, keeps what it chose.
+        let own_store = options.sqlite_only
+            || options
+                .config_yaml
+                .lines()
+                .any(|line| line.starts_with("store:"));
+        let store = if own_store {
+            String::new()
+        } else {
+            store_yaml()
+        };
         let config = format!(
-            "data_dir: {}\nlisten:\n  http: 127.0.0.1:0\n  grpc: 127.0.0.1:0\n  bus: 127.0.0.1:0\n  bus_monitor: 127.0.0.1:0\nhmacsecret: test-hmac-secret\nmaster_key: {}\n{}",
+            "data_dir: {}\nlisten:\n  http: 127.0.0.1:0\n  grpc: 127.0.0.1:0\n  bus: 127.0.0.1:0\n  bus_monitor: 127.0.0.1:0\nhmacsecret: test-hmac-secret\nmaster_key: {}\n{store}{}",
             data_dir.display(),
             random_master_key(),
             options.config_yaml

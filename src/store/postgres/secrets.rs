@@ -427,8 +427,8 @@ impl SecretStore for PostgresStore {
         // racing rotations one changes nothing and gets `Conflict`.
         let changed = tx
             .execute(
-                "UPDATE transit_keys SET latest_version = $2, updated_at = $3 \
-                 WHERE name = $1 AND latest_version = $2 - 1",
+                "UPDATE transit_keys SET latest_version = $2::BIGINT, updated_at = $3 \
+                 WHERE name = $1 AND latest_version = $2::BIGINT - 1",
                 &[&version.name, &version.version, &at],
             )
             .await?;
