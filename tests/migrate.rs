@@ -8,16 +8,12 @@
 //! CI is not set; `SVC_TEST_PG_URL` points them at an existing server instead.
 
 mod common;
-// Until tests/common/postgres.rs (branch conf) is merged; then: `use common::postgres;`.
-#[allow(dead_code)]
-#[path = "migrate_support/postgres.rs"]
-mod postgres;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{json_of, run, Names, Run, TestServer};
+use common::{json_of, postgres, run, Names, Run, TestServer};
 use svc::store::tables::{ColumnType, TABLES};
 use svc::store::AuditRow;
 
@@ -303,9 +299,8 @@ fn a_real_store_copied_to_postgres_serves_the_same_data() {
     let Some(pg) = postgres::shared() else {
         return;
     };
-    // FIXME(conf): TestServer::start_sqlite() once tests/common picks the store from
-    // SVC_TEST_STORE; this test needs the server on SQLite first.
-    let mut server = TestServer::start();
+    // On SQLite first, whatever SVC_TEST_STORE says: the store to move is its svc.db.
+    let mut server = TestServer::start_sqlite();
     let admin = server.admin_key.clone();
     let (_, operator) = server.create_key("ops", "operator");
     let (_, readonly) = server.create_key("viewer", "readonly");
@@ -467,7 +462,7 @@ fn a_real_store_copied_to_postgres_serves_the_same_data() {
 #[test]
 fn a_running_server_locks_its_store() {
     let names = Names::new();
-    let server = TestServer::start();
+    let server = TestServer::start_sqlite();
     // Checked before PostgreSQL is contacted: no database is needed to see it.
     let refused = migrate(
         &names,
