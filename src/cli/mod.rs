@@ -8,10 +8,13 @@
 
 pub mod audit;
 pub mod client;
+pub mod completion;
 pub mod ctl;
 pub mod events;
 pub mod fleet;
+pub mod helptext;
 pub mod identity;
+pub mod manpage;
 pub mod migrate;
 pub mod output;
 pub mod planned;
