@@ -18,6 +18,7 @@ const HELP: &str = "\
 Usage: svc-migrate <command> [<args>]
 
 Copy the svc store from SQLite to PostgreSQL, check the copy, and show schema versions.
+
 Stop the server first; afterwards point it at PostgreSQL (store: { driver: postgres, url: ... })
 with the same master_key and hmacsecret.
 
@@ -116,22 +117,22 @@ fn take_output(args: &mut Vec<String>) -> Result<Output, CliError> {
 /// audit hash chain are copied byte for byte. The target's migrations are applied first.
 #[argh(
     help_triggers("-h", "--help"),
-    note = "Refuses (exit 1), changing nothing:
-  - when a server runs on the source's data dir (its server.lock is held); while the copy
-    runs, a server started there fails to take that lock;
-  - when the source's schema version is not this binary's (the message says which is newer);
-  - when the target's schema version is newer than this binary's;
-  - when an svc server is connected to the target database (application_name 'svc');
-  - when the target holds rows that are not this tool's unfinished copy of this source:
-    another store, a finished copy, or a copy from another file.
-An interrupted run (killed, connection lost) leaves whole batches behind; run the same
-command again and each table resumes after the last row the target has. That is allowed only
-while the source still has the row counts and audit head it had when the copy began.
---force first empties the target in one transaction: every row of every svc table, its audit
-log included (the append-only trigger on audit_events is disabled for that transaction only).
-Take a pg_dump first if those rows matter. The target keeps a one-row table svc_migrate that
-records the source and the state (copying, done); dropping it afterwards is harmless.
-Exit codes: 0 copied, 1 refused or failed, 2 usage, 3 PostgreSQL unreachable, 5 no source."
+    note = "refuses     exit 1, changing nothing, when: a server runs on the source's data dir (its
+            server.lock is held; while the copy runs, a server started there fails to take
+            that lock); the source's schema version is not this binary's (the message says
+            which is newer); the target's is newer than this binary's; an svc server is
+            connected to the target database (application_name 'svc'); the target holds rows
+            that are not this tool's unfinished copy of this source (another store, a finished
+            copy, a copy from another file, or one whose source has changed since)
+resume      an interrupted run (killed, connection lost) leaves whole batches behind: run the
+            same command again and each table continues after the last row the target has
+--force     empties the target first, in one transaction: every row of every svc table, the
+            audit log included (its append-only trigger is disabled inside that transaction
+            only). Take a pg_dump first if those rows matter. An unfinished copy of the same,
+            unchanged source resumes instead
+svc_migrate a one-row table the target keeps: the source, its fingerprint and the state
+            (copying, done); dropping it after the move is harmless
+exit codes  0 copied, 1 refused or failed, 2 usage, 3 PostgreSQL unreachable, 5 no source"
 )]
 struct RunArgs {
     /// the SQLite store: sqlite:PATH, the server's data_dir/svc.db (or the data dir)
@@ -153,10 +154,10 @@ struct RunArgs {
 /// head (last seq and hash) and the schema versions. Changes nothing on either side.
 #[argh(
     help_triggers("-h", "--help"),
-    note = "Exit 0 when everything matches; 1 with a table of what differs (-o json: the same
-document with \"match\": false). A table missing from the target counts as a difference.
-When the target holds an unfinished copy, it says so: run the copy again to finish it.
-Exit codes: 0 match, 1 differ, 2 usage, 3 PostgreSQL unreachable, 5 no source."
+    note = "differences a table with other counts, or missing from the target, the audit head, the
+            schema versions; printed as a table (-o json: the same document, \"match\": false)
+unfinished  said so when the target holds an interrupted copy: run the copy again to finish it
+exit codes  0 match, 1 differ, 2 usage, 3 PostgreSQL unreachable, 5 no source"
 )]
 struct ValidateArgs {
     /// the SQLite store: sqlite:PATH
@@ -172,8 +173,9 @@ struct ValidateArgs {
 /// version of that store, with a note when they differ. Reads only; migrates nothing.
 #[argh(
     help_triggers("-h", "--help"),
-    note = "A store older than the binary is brought up to date by svc-server at its next start;
-a newer one needs a newer svc. A PostgreSQL database without svc tables is version 0."
+    note = "older       svc-server brings the store up to date at its next start
+newer       the store needs a newer svc
+empty       a PostgreSQL database without svc tables is version 0"
 )]
 struct VersionArgs {
     /// a store: sqlite:PATH or postgres://user:password@host:port/database
