@@ -63,6 +63,8 @@ fn stamp_rustc_version() {
 fn stamp_version() {
     println!("cargo:rerun-if-changed=.git/HEAD");
     println!("cargo:rerun-if-changed=.git/refs/heads");
+    // scripts/dist sets it to the last commit's time: the date must follow it, not the cache.
+    println!("cargo:rerun-if-env-changed=SOURCE_DATE_EPOCH");
     let commit = Command::new("git")
         .args(["rev-parse", "--short=7", "HEAD"])
         .output()

@@ -37,6 +37,12 @@ while [ $# -gt 0 ]; do
 done
 
 bindir="$prefix/bin"
+here=$(cd "$(dirname "$0")" && pwd)
+# What the release tarball ships beside install.sh (scripts/dist): completions and man pages.
+bash_completion="$prefix/share/bash-completion/completions/svc"
+zsh_completion="$prefix/share/zsh/site-functions/_svc"
+fish_completion="$prefix/share/fish/vendor_completions.d/svc.fish"
+mandir="$prefix/share/man"
 # The names, should the binary not be there to ask (uninstall of a broken install).
 fallback_names="svc-server svcctl svc-agent svc-audit svc-events svc-identity svc-secrets
 svc-policy svc-cluster svc-cluster-backup svc-files svc-backup svc-blueprint svc-bootstrap
@@ -54,13 +60,18 @@ if [ "$uninstall" -eq 1 ]; then
             rm -f "$bindir/$name"
         fi
     done
+    for name in $names; do
+        link="$(dirname "$bash_completion")/$name"
+        if [ -L "$link" ] && [ "$(readlink "$link")" = "svc" ]; then rm -f "$link"; fi
+    done
     rm -f "$bindir/svc"
+    rm -f "$bash_completion" "$zsh_completion" "$fish_completion" "$mandir"/man1/svc.1 \
+        "$mandir"/man1/svcctl.1 "$mandir"/man1/svc-*.1 "$mandir"/man8/svc-*.8
     echo "removed svc from $bindir"
     exit 0
 fi
 
 if [ -z "$binary" ]; then
-    here=$(cd "$(dirname "$0")" && pwd)
     for candidate in "$here/svc" "$here/target/release/svc" "$here/target/debug/svc"; do
         if [ -f "$candidate" ] && [ -x "$candidate" ]; then binary=$candidate; break; fi
     done
@@ -78,4 +89,21 @@ mv -f "$bindir/.svc.new.$$" "$bindir/svc"
 for name in $(names_of "$bindir/svc"); do
     ln -sf svc "$bindir/$name"
 done
+if [ -d "$here/completions" ]; then
+    for pair in "svc.bash:$bash_completion" "_svc:$zsh_completion" "svc.fish:$fish_completion"; do
+        mkdir -p "$(dirname "${pair#*:}")"
+        cp "$here/completions/${pair%%:*}" "${pair#*:}"
+    done
+    # bash-completion loads completions/NAME when NAME is first completed: one link per name.
+    for name in $(names_of "$bindir/svc"); do
+        ln -sf svc "$(dirname "$bash_completion")/$name"
+    done
+fi
+if [ -d "$here/man" ]; then
+    for page in "$here"/man/*.[18]; do
+        section=${page##*.}
+        mkdir -p "$mandir/man$section"
+        cp "$page" "$mandir/man$section/"
+    done
+fi
 echo "installed $bindir/svc and $(names_of "$bindir/svc" | wc -w | tr -d ' ') names"

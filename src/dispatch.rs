@@ -21,6 +21,8 @@ fn table() -> Vec<(&'static str, Entry)> {
     let mut names: Vec<(&'static str, Entry)> = vec![
         ("svc-server", Entry::Run(crate::server::main)),
         ("svcctl", Entry::Run(cli::ctl::main)),
+        // Fully built CLIs with no planned row.
+        ("svc-migrate", Entry::Run(cli::migrate::main)),
     ];
     // CLIs with some commands built have their own entry; the rest come from the table.
     let built: &[(&str, Main)] = &[
@@ -152,7 +154,13 @@ svc: a runtime operations control plane for Linux fleets, in one executable.
   svc agent ...    the host daemon (svc-agent)
   svc ctl ...      the operator CLI (svcctl)
   svc NAME ...     any svc-NAME CLI: audit, events, identity, secrets, policy, cluster, ...
-  svc --list       every name this binary answers to
+  svc completion SHELL  print the completion script for bash, zsh or fish
+  svc man DIR      write the man pages (roff) into DIR
+
+Options:
+  --list           every name this binary answers to
+  -h, --help       show help
+  -v, --version    show the version
 ";
 
 /// `svc NAME ...`: the same as `svc-NAME ...`; `svc ctl` is `svcctl`.
@@ -170,6 +178,8 @@ fn multicall(args: Vec<String>) -> i32 {
             println!("{}", cli::version_line("svc"));
             exit::OK
         }
+        "completion" => cli::completion::main("svc", &args[1..]),
+        "man" => cli::manpage::main("svc", &args[1..]),
         "--list" => {
             for name in names() {
                 println!("{name}");

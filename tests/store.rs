@@ -2197,3 +2197,32 @@ fn postgres_going_away_makes_the_server_unready() {
     assert!(listed.body.contains("unavailable"), "{}", listed.body);
     assert!(!listed.body.contains("admin-pw"), "{}", listed.body);
 }
+
+/// A wrong password is `Unauthenticated` (the operator's to fix; svc-migrate exits 4), with
+/// neither password in the message.
+#[test]
+fn postgres_wrong_password_is_unauthenticated() {
+    let Some(postgres) = common::postgres::shared() else {
+        return;
+    };
+    let url = postgres.fresh_database();
+    let Some((scheme_user, rest)) = url.split_once(':').and_then(|(scheme, rest)| {
+        let rest = rest.strip_prefix("//")?;
+        let (user, after) = rest.split_once(':')?;
+        let (_, host) = after.split_once('@')?;
+        Some((format!("{scheme}://{user}"), host.to_string()))
+    }) else {
+        panic!("unexpected URL shape");
+    };
+    let wrong = format!("{scheme_user}:not-the-password@{rest}");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let target = svc::store::postgres::Target::from_url(&wrong).unwrap();
+    let error = runtime.block_on(target.connect()).map(|_| ()).unwrap_err();
+    assert!(matches!(error, Error::Unauthenticated(_)), "{error:?}");
+    let message = error.to_string();
+    assert!(message.contains("refused the login"), "{message}");
+    assert!(!message.contains("not-the-password"), "{message}");
+}

@@ -17,13 +17,14 @@ Usage: svcctl <command> [<args>]
 Operator CLI for svc-server.
 
 Commands:
-  agent      inspect registered agents; label, quarantine and unquarantine them
-  exec       run a command on agents
-  state      declarative state: compile, check, apply, drift
-  apikey     manage API keys: create, list, show, update, delete
-  version    print the version
-  NAME       run svc-NAME (audit, events, identity, secrets, policy, cluster, ...)
-             or an executable svc-NAME found on PATH (plugins)
+  agent       inspect registered agents; label, quarantine and unquarantine them
+  exec        run a command on agents
+  state       declarative state: compile, check, apply, drift
+  apikey      manage API keys: create, list, show, update, delete
+  version     print the version
+  completion  print the shell completion script: bash, zsh or fish
+  NAME        run svc-NAME (audit, events, identity, secrets, policy, cluster, ...)
+              or an executable svc-NAME found on PATH (plugins)
 ";
 
 pub fn main(program: &str, mut args: Vec<String>) -> i32 {
@@ -49,6 +50,7 @@ pub fn main(program: &str, mut args: Vec<String>) -> i32 {
             exit::OK
         }
         "apikey" => apikey(program, common, &rest),
+        "completion" => super::completion::main(program, &rest),
         "agent" => super::fleet::agent(program, common, &rest),
         "exec" => super::fleet::exec(program, common, &rest),
         "state" => super::fleet::state(program, common, &rest),

@@ -9,13 +9,18 @@
 pub mod audit;
 pub mod client;
 pub mod cluster;
+pub mod completion;
 pub mod ctl;
 pub mod events;
 pub mod fleet;
+pub mod helptext;
 pub mod identity;
+pub mod manpage;
+pub mod migrate;
 pub mod output;
 pub mod planned;
 pub mod policy;
+pub mod progress;
 pub mod secrets;
 pub mod values;
 

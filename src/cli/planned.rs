@@ -214,18 +214,6 @@ pub const TOOLS: &[Planned] = &[
         built: &[],
     },
     Planned {
-        name: "svc-migrate",
-        about: "Copy the store from SQLite to PostgreSQL.",
-        commands: &[
-            ("run", "--from sqlite:PATH --to postgres://..."),
-            ("validate", "compare row counts table by table; exit 1 on a mismatch"),
-            ("version", "print the schema version of each store"),
-        ],
-        default: None,
-        is_client: false,
-        built: &[],
-    },
-    Planned {
         name: "svc-module",
         about: "Modules (ZIP, module.lock, Starlark): build, sign, publish, run.",
         commands: &[

@@ -6,11 +6,13 @@
 //! The migrations in `migrations/` (SQLite) and `migrations/postgres/` (the same versions in
 //! PostgreSQL's dialect) are embedded in the binary and applied in order at start.
 
+pub mod copy;
 mod fleet;
 mod jwt;
 pub mod postgres;
 mod secrets;
 mod sqlite;
+pub mod tables;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -234,6 +234,18 @@ impl Target {
     }
 
     fn unreachable(&self, error: tokio_postgres::Error) -> Error {
+        // A refused login is the operator's to fix, not a server to wait for.
+        if let Some(code) = error.code() {
+            if *code == SqlState::INVALID_PASSWORD
+                || *code == SqlState::INVALID_AUTHORIZATION_SPECIFICATION
+            {
+                return Error::Unauthenticated(format!(
+                    "PostgreSQL at {} refused the login: {}",
+                    self.shown,
+                    describe(&error)
+                ));
+            }
+        }
         Error::Unavailable(format!(
             "cannot connect to PostgreSQL at {}: {}",
             self.shown,

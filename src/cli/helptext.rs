@@ -1,0 +1,422 @@
+//! The help text every name prints, read back as data: the one source of the shell completions
+//! (`completion.rs`) and the man pages (`manpage.rs`), so neither can drift from `--help`.
+//!
+//! The CLIs parse with argh structs, hand-written tables (`planned.rs`) and a few hand-written
+//! usage strings; argh cannot describe itself, but every one of them prints its help in the same
+//! shape (a `Usage:` line, paragraphs, `Title:` sections of two-space-indented entries). So the
+//! tree is read by running this same executable under each name with `--help`, one level of
+//! subcommands at a time: what a user sees is exactly what the completions and man pages say.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+/// One `--help` text, split into its parts.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Help {
+    /// The `Usage:` line without the word `Usage:`.
+    pub usage: String,
+    /// Free-text paragraphs (the description, trailing notes), each joined into one line.
+    pub paragraphs: Vec<String>,
+    pub sections: Vec<Section>,
+}
+
+/// A `Title:` block (`Commands`, `Options`, `Common options`, `Positional Arguments`), or an
+/// indented block without a title (title empty).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Section {
+    pub title: String,
+    pub entries: Vec<Entry>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Entry {
+    /// What the entry names: `agent`, `--server HOST:PORT`, `-h, --help`.
+    pub term: String,
+    /// Its description, continuation lines joined.
+    pub about: String,
+    /// The flags the entry defines (`-o`, `--output`); empty for commands.
+    pub flags: Vec<String>,
+    /// Whether those flags take a value (a placeholder follows them, or the usage line shows
+    /// `--flag <value>`).
+    pub takes_value: bool,
+}
+
+impl Section {
+    pub fn is_commands(&self) -> bool {
+        self.title.to_ascii_lowercase().contains("command")
+    }
+    pub fn is_options(&self) -> bool {
+        self.title.to_ascii_lowercase().contains("option")
+    }
+}
+
+impl Help {
+    /// The subcommand names in the `Commands:` sections (placeholders such as `NAME` left out).
+    pub fn commands(&self) -> Vec<&Entry> {
+        self.sections
+            .iter()
+            .filter(|section| section.is_commands())
+            .flat_map(|section| &section.entries)
+            .filter(|entry| is_command_word(&entry.term))
+            .collect()
+    }
+
+    /// Every flag entry of the option sections.
+    pub fn options(&self) -> Vec<&Entry> {
+        self.sections
+            .iter()
+            .filter(|section| section.is_options())
+            .flat_map(|section| &section.entries)
+            .filter(|entry| !entry.flags.is_empty())
+            .collect()
+    }
+
+    /// The first paragraph: the one-line summary a man page's NAME section wants.
+    pub fn summary(&self) -> &str {
+        self.paragraphs.first().map(String::as_str).unwrap_or("")
+    }
+}
+
+/// A subcommand word: lower case letters, digits and dashes (not `NAME`, not `<args>`).
+fn is_command_word(word: &str) -> bool {
+    !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !word.starts_with('-')
+}
+
+fn indent_of(line: &str) -> usize {
+    line.len() - line.trim_start_matches(' ').len()
+}
+
+/// A flag token: `-o`, `--output`, `--min-severity` (a trailing comma allowed).
+fn flag_token(token: &str) -> Option<&str> {
+    let token = token.trim_end_matches(',');
+    let name = token
+        .strip_prefix("--")
+        .or_else(|| token.strip_prefix('-'))?;
+    let valid = !name.is_empty()
+        && name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    valid.then_some(token)
+}
+
+/// A value placeholder after a flag: `HOST:PORT`, `<path>`, `FORMAT`.
+fn is_placeholder(token: &str) -> bool {
+    (token.starts_with('<') && token.ends_with('>'))
+        || (token.chars().any(|c| c.is_ascii_uppercase())
+            && !token.chars().any(|c| c.is_ascii_lowercase()))
+}
+
+/// Splits `text` at runs of two or more spaces.
+fn segments(text: &str) -> Vec<&str> {
+    text.split("  ")
+        .map(str::trim)
+        .filter(|segment| !segment.is_empty())
+        .collect()
+}
+
+/// Parses one entry line of an option section into its term, flags and the rest.
+fn option_entry(line: &str) -> Entry {
+    let text = line.trim();
+    let mut flags = Vec::new();
+    let mut takes_value = false;
+    // The term is the leading run of flag tokens and their placeholders: argh puts a single
+    // space after a term too long for its column, so two spaces cannot be relied on.
+    let tokens: Vec<&str> = text.split(' ').collect();
+    let mut used = 0;
+    for token in &tokens {
+        if let Some(flag) = flag_token(token) {
+            flags.push(flag.to_string());
+        } else if !flags.is_empty() && is_placeholder(token) {
+            takes_value = true;
+        } else {
+            break;
+        }
+        used += 1;
+    }
+    let term = tokens[..used].join(" ");
+    let about = tokens[used..].join(" ").trim().to_string();
+    // A second flag pair on the same line (`-h, --help  show help;  -v, --version  ...`).
+    for segment in segments(&about) {
+        if segment.starts_with('-') {
+            for token in segment.split(' ') {
+                match flag_token(token) {
+                    Some(flag) => flags.push(flag.to_string()),
+                    None => break,
+                }
+            }
+        }
+    }
+    Entry {
+        term,
+        about,
+        flags,
+        takes_value,
+    }
+}
+
+/// Parses one entry line of any other section: the term runs to the first two spaces (or is
+/// the first word, for argh's overflowing terms).
+fn plain_entry(line: &str) -> Entry {
+    let text = line.trim();
+    let (term, about) = match text.split_once("  ") {
+        Some((term, about)) => (term.trim(), about.trim()),
+        None => text.split_once(' ').unwrap_or((text, "")),
+    };
+    Entry {
+        term: term.to_string(),
+        about: about.to_string(),
+        ..Entry::default()
+    }
+}
+
+/// Parses a help text (see the module comment for its shape).
+pub fn parse(text: &str) -> Help {
+    let mut help = Help::default();
+    let blocks = text.split("\n\n").map(|block| block.trim_end_matches('\n'));
+    for block in blocks {
+        let lines: Vec<&str> = block.lines().collect();
+        let Some(first) = lines.first() else {
+            continue;
+        };
+        if first.trim().is_empty() {
+            continue;
+        }
+        if let Some(usage) = first.strip_prefix("Usage:") {
+            help.usage = usage.trim().to_string();
+            continue;
+        }
+        let titled = indent_of(first) == 0
+            && first.ends_with(':')
+            && lines[1..].iter().all(|line| indent_of(line) >= 2);
+        let body = if titled {
+            &lines[1..]
+        } else if indent_of(first) >= 2 {
+            &lines[..]
+        } else {
+            help.paragraphs.push(lines.join(" "));
+            continue;
+        };
+        let mut section = Section {
+            title: if titled {
+                first.trim_end_matches(':').to_string()
+            } else {
+                String::new()
+            },
+            entries: Vec::new(),
+        };
+        let entry_indent = body.iter().map(|line| indent_of(line)).min().unwrap_or(2);
+        for line in body {
+            if indent_of(line) > entry_indent {
+                if let Some(entry) = section.entries.last_mut() {
+                    entry.about = format!("{} {}", entry.about, line.trim());
+                    entry.about = entry.about.trim().to_string();
+                }
+                continue;
+            }
+            let entry = if section.is_options() {
+                option_entry(line)
+            } else {
+                plain_entry(line)
+            };
+            section.entries.push(entry);
+        }
+        help.sections.push(section);
+    }
+    // argh's usage line says which flags take a value: `[--config <config>]`.
+    let usage_tokens: Vec<&str> = help.usage.split_whitespace().collect();
+    for section in &mut help.sections {
+        for entry in &mut section.entries {
+            let shown_with_value = usage_tokens.windows(2).any(|pair| {
+                let flag = pair[0].trim_start_matches('[');
+                entry.flags.iter().any(|known| known == flag) && pair[1].starts_with('<')
+            });
+            entry.takes_value |= shown_with_value;
+        }
+    }
+    help
+}
+
+/// A name or subcommand with its help and its subcommands.
+#[derive(Clone, Debug)]
+pub struct Node {
+    /// `["svcctl", "apikey", "create"]`.
+    pub path: Vec<String>,
+    /// The summary its parent's `Commands:` list gives it.
+    pub about: String,
+    /// Its own help; None when it prints its parent's (a planned command).
+    pub help: Option<Help>,
+    pub children: Vec<Node>,
+}
+
+impl Node {
+    pub fn name(&self) -> String {
+        self.path.join(" ")
+    }
+}
+
+/// Runs `exe` as `path[0]` with the rest of `path` and `--help`; returns what it printed.
+pub fn help_text(exe: &Path, path: &[String]) -> Result<String, String> {
+    use std::os::unix::process::CommandExt;
+    let output = Command::new(exe)
+        .arg0(&path[0])
+        .args(&path[1..])
+        .arg("--help")
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
+    if !output.status.success() {
+        return Err(format!(
+            "'{} --help' exited with {}",
+            path.join(" "),
+            output.status
+        ));
+    }
+    String::from_utf8(output.stdout).map_err(|_| format!("'{}' help is not UTF-8", path[0]))
+}
+
+/// The tree under `name` (a top-level name such as `svcctl`), read from `exe`.
+pub fn tree(exe: &Path, name: &str) -> Result<Node, String> {
+    let text = help_text(exe, &[name.to_string()])?;
+    let help = parse(&text);
+    let mut node = Node {
+        path: vec![name.to_string()],
+        about: help.summary().to_string(),
+        help: Some(help),
+        children: Vec::new(),
+    };
+    fill(exe, &mut node, &text, 0)?;
+    Ok(node)
+}
+
+/// Reads the subcommands of `node` (whose help is `text`), depth first.
+fn fill(exe: &Path, node: &mut Node, text: &str, depth: usize) -> Result<(), String> {
+    // argh nests two levels at most (`svc-secrets transit encrypt`); the bound only guards
+    // against a CLI that answered every word with a new help text forever.
+    const MAX_DEPTH: usize = 4;
+    let Some(help) = &node.help else {
+        return Ok(());
+    };
+    let commands: Vec<(String, String)> = help
+        .commands()
+        .iter()
+        .map(|entry| (entry.term.clone(), entry.about.clone()))
+        .collect();
+    for (word, about) in commands {
+        let mut path = node.path.clone();
+        path.push(word);
+        let mut child = Node {
+            path,
+            about,
+            help: None,
+            children: Vec::new(),
+        };
+        if depth < MAX_DEPTH {
+            // A command that is only planned prints its CLI's help again: no help of its own.
+            let child_text = help_text(exe, &child.path)?;
+            if child_text != text {
+                child.help = Some(parse(&child_text));
+                fill(exe, &mut child, &child_text, depth + 1)?;
+            }
+        }
+        node.children.push(child);
+    }
+    Ok(())
+}
+
+/// Every top-level name's tree, in `svc --list` order.
+pub fn forest(exe: &Path) -> Result<Vec<Node>, String> {
+    crate::dispatch::names()
+        .into_iter()
+        .map(|name| tree(exe, name))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ARGH: &str = "\
+Usage: svcctl apikey create --name <name> [--ttl <ttl>] [--dry]
+
+Create an API key and print it
+(the only time it is shown).
+
+Options:
+  --name            a label for the key
+  --non-interactive never prompt; fail on missing values
+  --ttl             expiry as a duration from now (30d, 24h), not
+                    --since
+  --dry             only say what would happen
+  -h, --help        display usage information
+
+Commands:
+  create            Create an API key.
+  list-keys         List keys.
+";
+
+    #[test]
+    fn argh_help_gives_flags_values_and_commands() {
+        let help = parse(ARGH);
+        assert_eq!(
+            help.usage,
+            "svcctl apikey create --name <name> [--ttl <ttl>] [--dry]"
+        );
+        assert_eq!(
+            help.paragraphs,
+            ["Create an API key and print it (the only time it is shown)."]
+        );
+        let options: Vec<(Vec<String>, bool)> = help
+            .options()
+            .iter()
+            .map(|entry| (entry.flags.clone(), entry.takes_value))
+            .collect();
+        let flags = |names: &[&str], value| (names.iter().map(|s| s.to_string()).collect(), value);
+        assert_eq!(
+            options,
+            [
+                flags(&["--name"], true),
+                flags(&["--non-interactive"], false),
+                flags(&["--ttl"], true),
+                flags(&["--dry"], false),
+                flags(&["-h", "--help"], false),
+            ]
+        );
+        assert_eq!(
+            help.options()[2].about,
+            "expiry as a duration from now (30d, 24h), not --since"
+        );
+        let commands: Vec<&str> = help.commands().iter().map(|e| e.term.as_str()).collect();
+        assert_eq!(commands, ["create", "list-keys"]);
+    }
+
+    #[test]
+    fn hand_written_help_gives_placeholders_and_second_flag_pairs() {
+        let help = parse(&format!(
+            "Usage: svcctl <command> [<args>]\n\nOperator CLI.\n\nCommands:\n  agent      agents\n  NAME       run svc-NAME\n             or a plugin\n\n{}\n",
+            crate::cli::COMMON_HELP
+        ));
+        let commands: Vec<&str> = help.commands().iter().map(|e| e.term.as_str()).collect();
+        assert_eq!(commands, ["agent"]);
+        let server = help.options()[0];
+        assert_eq!(server.term, "--server HOST:PORT");
+        assert!(server.takes_value);
+        let last = help.options().last().unwrap().flags.clone();
+        assert_eq!(last, ["-h", "--help", "-v", "--version"]);
+        let output = help
+            .options()
+            .into_iter()
+            .find(|e| e.flags.contains(&"-o".to_string()))
+            .unwrap();
+        assert_eq!(output.flags, ["-o", "--output"]);
+        assert!(output.takes_value);
+    }
+}
