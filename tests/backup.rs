@@ -23,7 +23,8 @@ fn offline(server: &TestServer, args: &[&str]) -> Run {
     run(server.names.command("svc-cluster-backup").args(args))
 }
 
-/// The server's config file with `data_dir` and `policy_dir` moved to `dir`.
+/// The server's config file with `data_dir` and `policy_dir` moved to `dir` (and, on
+/// PostgreSQL, the store to a fresh database).
 fn config_for(server: &TestServer, dir: &Path) -> std::path::PathBuf {
     let text = std::fs::read_to_string(&server.config_file).unwrap();
     let moved: Vec<String> = text
@@ -31,6 +32,9 @@ fn config_for(server: &TestServer, dir: &Path) -> std::path::PathBuf {
         .map(|line| {
             if line.starts_with("data_dir:") {
                 format!("data_dir: {}", dir.join("data").display())
+            } else if line.starts_with("  url:") {
+                let postgres = common::postgres::shared().unwrap();
+                format!("  url: \"{}\"", postgres.fresh_database())
             } else if line.starts_with("policy_dir:") {
                 format!("policy_dir: {}", dir.join("policies").display())
             } else {

@@ -520,10 +520,19 @@ fn sync_dir(dir: &Path) {
     }
 }
 
-async fn copy_into_postgres(_config: &ServerConfig, _store_file: &Path) -> Result<()> {
-    Err(Error::Unavailable(
-        "restoring into PostgreSQL is not built yet".into(),
-    ))
+/// The staged SQLite store into the configured PostgreSQL database, through svc-migrate's
+/// engine in its --force mode (it empties the target first, and refuses while a server's
+/// session is on it).
+async fn copy_into_postgres(config: &ServerConfig, store_file: &Path) -> Result<()> {
+    use crate::store::copy;
+    let source = copy::Source::open(store_file, false)?;
+    let target = copy::target_from_url(config.store.url.expose())?;
+    let options = copy::CopyOptions {
+        force: true,
+        batch_rows: copy::DEFAULT_BATCH_ROWS,
+    };
+    copy::run(source, &target, &options, &mut |_| {}).await?;
+    Ok(())
 }
 
 /// Opens the restored store as the server will and walks its audit chain again.
