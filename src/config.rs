@@ -32,6 +32,7 @@ const NON_CONFIG_VARIABLES: &[&str] = &[
     "SVC_PRINCIPAL_ROLE",
     "SVC_CONFIG",
     "SVC_BACKUP_PASSPHRASE",
+    "SVC_BACKUP_BUCKET",
 ];
 
 /// Parses YAML text into any deserializable type. The only caller of the YAML crate.

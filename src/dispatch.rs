@@ -34,6 +34,7 @@ fn table() -> Vec<(&'static str, Entry)> {
         ("svc-secrets", cli::secrets::main),
         ("svc-cluster", cli::cluster::main),
         ("svc-cluster-backup", cli::cluster::backup_main),
+        ("svc-backup", cli::backup::main),
     ];
     for tool in planned::TOOLS {
         match built.iter().find(|(name, _)| *name == tool.name) {

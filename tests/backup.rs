@@ -132,7 +132,10 @@ fn restore_drill_keys_secrets_agents_events_and_audit_survive() {
     assert!(verified["streams"]["events"].as_u64().unwrap() >= 3);
     let no_passphrase = offline(&server, &["verify", "--input", sealed.to_str().unwrap()]);
     assert_eq!(no_passphrase.code, 1, "{no_passphrase:?}");
-    assert!(no_passphrase.stderr.contains("encrypted"), "{no_passphrase:?}");
+    assert!(
+        no_passphrase.stderr.contains("encrypted"),
+        "{no_passphrase:?}"
+    );
     let wrong = run(server
         .names
         .command("svc-cluster-backup")
@@ -201,7 +204,10 @@ fn restore_drill_keys_secrets_agents_events_and_audit_survive() {
         .arg("--config")
         .arg(&config));
     assert_eq!(restored.code, 0, "{restored:?}");
-    assert!(restored.stdout.contains("audit rows verified"), "{restored:?}");
+    assert!(
+        restored.stdout.contains("audit rows verified"),
+        "{restored:?}"
+    );
     assert_eq!(
         std::fs::read_to_string(target.join("policies/watch.yaml")).unwrap(),
         POLICY
@@ -227,9 +233,10 @@ fn restore_drill_keys_secrets_agents_events_and_audit_survive() {
     ]));
     assert_eq!(secret.code, 0, "{secret:?}");
     assert_eq!(secret.stdout, "hunter2\n");
-    let agents = run(server
-        .cli("svcctl")
-        .args(["--api-key", &admin, "-o", "json", "agent", "list"]));
+    let agents =
+        run(server
+            .cli("svcctl")
+            .args(["--api-key", &admin, "-o", "json", "agent", "list"]));
     assert!(agents.stdout.contains("web-1"), "{agents:?}");
     let events = run(server.cli("svc-events").args([
         "--api-key",
@@ -351,4 +358,103 @@ fn bad_snapshots_are_refused() {
         assert!(other_key.stderr.contains("master_key"), "{other_key:?}");
     }
     assert!(!target.path().join("data/svc.db").exists());
+}
+
+/// svc-backup against moto: create (twice, pruned to one), list, verify, restore into a fresh
+/// data dir; no credentials exit 4, a missing bucket exit 5.
+#[test]
+fn svc_backup_round_trips_through_s3() {
+    let Some(moto) = common::moto::Moto::start() else {
+        return;
+    };
+    let mut server = TestServer::start();
+    let endpoint = moto.endpoint();
+    let s3 = |server: &TestServer, command: &str, extra: &[&str]| -> Run {
+        run(server
+            .cli("svc-backup")
+            .env("AWS_ACCESS_KEY_ID", "test-access")
+            .env("AWS_SECRET_ACCESS_KEY", "test-secret")
+            .env("AWS_ENDPOINT_URL", &endpoint)
+            .args([command, "--s3-ssl", "false", "--bucket", "drill"])
+            .args(extra))
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let client = svc::backup::s3::S3Client::new(
+        svc::backup::s3::S3Config::from_lookup_and_flags(
+            |name| match name {
+                "AWS_ACCESS_KEY_ID" => Some("test-access".into()),
+                "AWS_SECRET_ACCESS_KEY" => Some("test-secret".into()),
+                _ => None,
+            },
+            svc::backup::s3::S3Flags {
+                endpoint: Some(moto.endpoint()),
+                ssl: Some(false),
+                ..Default::default()
+            },
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    runtime.block_on(client.create_bucket("drill")).unwrap();
+
+    let admin = server.admin_key.clone();
+    let first = s3(&server, "create", &["--api-key", &admin, "-o", "json"]);
+    assert_eq!(first.code, 0, "{first:?}");
+    std::thread::sleep(std::time::Duration::from_millis(1100)); // a new name (seconds)
+    let second = s3(
+        &server,
+        "create",
+        &["--api-key", &admin, "--keep", "1", "-o", "json"],
+    );
+    assert_eq!(second.code, 0, "{second:?}");
+    let second = json_of(&second);
+    assert_eq!(second["pruned"].as_array().unwrap().len(), 1, "{second}");
+    assert!(!second.to_string().contains("test-secret"));
+    let listed = s3(&server, "list", &["-o", "json"]);
+    assert_eq!(listed.code, 0, "{listed:?}");
+    let listed = json_of(&listed);
+    assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
+    let key = listed[0]["key"].as_str().unwrap().to_string();
+    assert_eq!(key, second["key"].as_str().unwrap());
+    let verified = s3(&server, "verify", &["--key", &key]);
+    assert_eq!(verified.code, 0, "{verified:?}");
+
+    server.stop_with(libc::SIGTERM);
+    let target = tempfile::tempdir().unwrap();
+    let config = config_for(&server, target.path());
+    let restored = s3(
+        &server,
+        "restore",
+        &["--key", &key, "--config", config.to_str().unwrap()],
+    );
+    assert_eq!(restored.code, 0, "{restored:?}");
+    server.data_dir = target.path().join("data");
+    server.config_file = config;
+    server.spawn(&[]);
+    assert_eq!(
+        server
+            .request("GET", "/api/v1/apikeys", Some(&admin), None)
+            .status,
+        200
+    );
+
+    let missing_bucket = run(server
+        .cli("svc-backup")
+        .env("AWS_ACCESS_KEY_ID", "test-access")
+        .env("AWS_SECRET_ACCESS_KEY", "test-secret")
+        .env("AWS_ENDPOINT_URL", moto.endpoint())
+        .args(["list", "--s3-ssl", "false", "--bucket", "no-such-bucket"]));
+    assert_eq!(missing_bucket.code, 5, "{missing_bucket:?}");
+    let no_credentials = run(server
+        .cli("svc-backup")
+        .env_remove("AWS_ACCESS_KEY_ID")
+        .env_remove("AWS_SECRET_ACCESS_KEY")
+        .args([
+            "list",
+            "--bucket",
+            "drill",
+            "--s3-endpoint",
+            &moto.endpoint(),
+        ]));
+    assert_eq!(no_credentials.code, 4, "{no_credentials:?}");
 }

@@ -2,86 +2,34 @@
 //! ephemeral port, killed on drop. Without moto the tests say "skipped: no moto_server" and
 //! pass, unless `CI` is set: then a missing moto fails them.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::pin::Pin;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::moto::Moto;
 use svc::backup::s3::{Addressing, S3Client, S3Config, MIN_PART_SIZE};
 use svc::config::Secret;
 use svc::Error;
 use tokio::io::{AsyncRead, ReadBuf};
 
-/// A moto server on 127.0.0.1 and an ephemeral port.
-struct Moto {
-    child: Child,
-    port: u16,
+/// The client settings for a moto server (helpers local to these tests).
+trait MotoClient {
+    fn config(&self) -> S3Config;
+    fn client(&self) -> S3Client;
 }
 
-impl Moto {
-    /// `None` (after saying so) when moto is not installed and `CI` is unset.
-    fn start() -> Option<Moto> {
-        let candidates: [(&str, &[&str]); 2] = [
-            ("moto_server", &["-p", "0"]),
-            ("python3", &["-m", "moto.server", "-p", "0"]),
-        ];
-        for (program, args) in candidates {
-            let Ok(mut child) = Command::new(program)
-                .args(args)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn()
-            else {
-                continue;
-            };
-            // moto logs every request on stderr: keep reading it so the pipe never fills.
-            let stderr = child.stderr.take().unwrap();
-            let (sender, receiver) = std::sync::mpsc::channel();
-            std::thread::spawn(move || {
-                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                    if let Some(address) = line.split("Running on http://").nth(1) {
-                        let port = address.trim().rsplit(':').next().unwrap().parse::<u16>();
-                        let _ = sender.send(port.ok());
-                    }
-                }
-                let _ = sender.send(None);
-            });
-            match receiver.recv_timeout(Duration::from_secs(60)) {
-                Ok(Some(port)) => return Some(Moto { child, port }),
-                _ => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                }
-            }
-        }
-        if std::env::var_os("CI").is_some() {
-            panic!("moto_server is missing (pip install 'moto[server]'), and CI is set");
-        }
-        eprintln!("skipped: no moto_server");
-        None
-    }
-
-    fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
+impl MotoClient for Moto {
     fn config(&self) -> S3Config {
         config(&self.endpoint(), "test-access", "test-secret")
     }
 
     fn client(&self) -> S3Client {
         S3Client::new(self.config()).unwrap()
-    }
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

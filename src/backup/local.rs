@@ -168,10 +168,7 @@ pub fn list(dir: &Path, passphrase: Option<&str>) -> Result<Vec<Listed>> {
         .filter(|path| path.is_file() && is_snapshot_name(path))
         .collect();
     names.sort();
-    Ok(names
-        .iter()
-        .map(|path| listed(path, passphrase))
-        .collect())
+    Ok(names.iter().map(|path| listed(path, passphrase)).collect())
 }
 
 /// Snapshot file names: `*.tar.gz` plain, `*.svcsnap` encrypted (or either).
@@ -255,14 +252,20 @@ impl ServiceControl for Systemd {
         if self.systemctl("stop")? {
             Ok(())
         } else {
-            Err(Error::Unavailable(format!("systemctl stop {} failed", self.unit)))
+            Err(Error::Unavailable(format!(
+                "systemctl stop {} failed",
+                self.unit
+            )))
         }
     }
     fn start(&self) -> Result<()> {
         if self.systemctl("start")? {
             Ok(())
         } else {
-            Err(Error::Unavailable(format!("systemctl start {} failed", self.unit)))
+            Err(Error::Unavailable(format!(
+                "systemctl start {} failed",
+                self.unit
+            )))
         }
     }
 }
@@ -305,9 +308,8 @@ pub async fn restore(
     service: &dyn ServiceControl,
 ) -> Result<Restored> {
     let data_dir = config.data_dir.clone();
-    std::fs::create_dir_all(&data_dir).map_err(|e| {
-        Error::Unavailable(format!("cannot create {}: {e}", data_dir.display()))
-    })?;
+    std::fs::create_dir_all(&data_dir)
+        .map_err(|e| Error::Unavailable(format!("cannot create {}: {e}", data_dir.display())))?;
     if !options.force {
         if let Some(what) = populated(config).await? {
             return Err(Error::Conflict(format!(
@@ -439,15 +441,23 @@ async fn stage(options: &RestoreOptions<'_>, staging: &Path) -> Result<Manifest>
                     Some((name, file)) if !file.contains('/') => {
                         staging.join("jetstream").join(name).join(file)
                     }
-                    _ => return Err(Error::Invalid(format!("snapshot: unexpected entry {entry}"))),
+                    _ => {
+                        return Err(Error::Invalid(format!(
+                            "snapshot: unexpected entry {entry}"
+                        )))
+                    }
                 }
             } else if let Some(file) = entry.strip_prefix("policies/") {
                 if file.contains('/') {
-                    return Err(Error::Invalid(format!("snapshot: unexpected entry {entry}")));
+                    return Err(Error::Invalid(format!(
+                        "snapshot: unexpected entry {entry}"
+                    )));
                 }
                 staging.join("policies").join(file)
             } else {
-                return Err(Error::Invalid(format!("snapshot: unexpected entry {entry}")));
+                return Err(Error::Invalid(format!(
+                    "snapshot: unexpected entry {entry}"
+                )));
             };
             copy_to(data, &target)
         })

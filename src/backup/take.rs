@@ -212,7 +212,11 @@ impl Prepared {
             }
         }
         for (name, data) in &policies {
-            writer.add(&format!("policies/{name}"), data.len() as u64, data.as_slice())?;
+            writer.add(
+                &format!("policies/{name}"),
+                data.len() as u64,
+                data.as_slice(),
+            )?;
         }
         writer.finish(manifest)
     }
@@ -315,10 +319,13 @@ mod tests {
                 )
                 .await;
         }
-        let events = StreamLog::open(&dir.path().join("jetstream/events"), Default::default())
-            .unwrap();
+        let events =
+            StreamLog::open(&dir.path().join("jetstream/events"), Default::default()).unwrap();
         for _ in 0..5 {
-            events.append(crate::clock::now_millis(), b"event".to_vec()).await.unwrap();
+            events
+                .append(crate::clock::now_millis(), b"event".to_vec())
+                .await
+                .unwrap();
         }
         std::fs::create_dir_all(dir.path().join("policies")).unwrap();
         std::fs::write(dir.path().join("policies/p.yaml"), b"id: p\n").unwrap();

@@ -52,7 +52,9 @@ fn run_cluster(program: &str, command: &str, common: Common, args: &[String]) ->
     let name = format!("{program} {command}");
     match command {
         "backup" => super::run_command::<BackupArgs, _>(program, &name, args, common, backup),
-        _ => super::run_command::<OnlineRestoreArgs, _>(program, &name, args, common, online_restore),
+        _ => {
+            super::run_command::<OnlineRestoreArgs, _>(program, &name, args, common, online_restore)
+        }
     }
 }
 
@@ -200,15 +202,18 @@ pub async fn download(
             bytes: 0,
         };
         let mut sink: Sink = match passphrase {
-            Some(passphrase) => Sink::Encrypted(snapshot::Encrypt::new(counting, passphrase)?),
+            Some(passphrase) => {
+                Sink::Encrypted(Box::new(snapshot::Encrypt::new(counting, passphrase)?))
+            }
             None => Sink::Plain(counting),
         };
         let mut bar = Progress::stderr("snapshot");
         let mut received = 0u64;
         while let Some(chunk) = stream.message().await? {
             received += chunk.data.len() as u64;
-            sink.write_all(&chunk.data)
-                .map_err(|e| CliError::failed(format!("cannot write {}: {e}", partial.display())))?;
+            sink.write_all(&chunk.data).map_err(|e| {
+                CliError::failed(format!("cannot write {}: {e}", partial.display()))
+            })?;
             bar.set(received);
         }
         bar.finish();
@@ -296,7 +301,7 @@ impl Progress {
 
 enum Sink {
     Plain(Counting),
-    Encrypted(snapshot::Encrypt<Counting>),
+    Encrypted(Box<snapshot::Encrypt<Counting>>),
 }
 
 impl Write for Sink {
@@ -394,9 +399,8 @@ async fn online_restore(_common: Common, args: OnlineRestoreArgs) -> Result<(), 
 
 async fn restore(common: Common, args: RestoreArgs) -> Result<(), CliError> {
     let passphrase = passphrase(&args.passphrase_file)?;
-    let loaded =
-        crate::config::load_server(args.config.as_deref(), &crate::config::process_env())
-            .map_err(|e| CliError::failed(format!("configuration: {e}")))?;
+    let loaded = crate::config::load_server(args.config.as_deref(), &crate::config::process_env())
+        .map_err(|e| CliError::failed(format!("configuration: {e}")))?;
     let options = local::RestoreOptions {
         input: &args.input,
         passphrase: passphrase.as_deref(),
@@ -456,7 +460,10 @@ async fn list(common: Common, args: ListArgs) -> Result<(), CliError> {
             ]
         })
         .collect();
-    print_table(&["NAME", "CREATED_AT", "SIZE", "SVC_VERSION", "VALID"], &rows);
+    print_table(
+        &["NAME", "CREATED_AT", "SIZE", "SVC_VERSION", "VALID"],
+        &rows,
+    );
     Ok(())
 }
 

@@ -7,6 +7,7 @@
 //! declaring them again.
 
 pub mod audit;
+pub mod backup;
 pub mod client;
 pub mod cluster;
 pub mod completion;

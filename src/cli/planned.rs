@@ -178,11 +178,16 @@ pub const TOOLS: &[Planned] = &[
     },
     Planned {
         name: "svc-backup",
-        about: "Backups to local files or S3-compatible object stores.",
-        commands: &[("create", "create a backup"), ("list", "list backups"), ("restore", "restore a backup"), ("verify", "verify a backup")],
+        about: "Snapshots in S3-compatible object stores (the svc-cluster-backup format).\nS3 flags on every command: --bucket B (env SVC_BACKUP_BUCKET) --prefix P --s3-access-key --s3-secret-key --s3-endpoint --s3-region --s3-ssl (default true; env AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, AWS_REGION).\nScheduled backups are deferred (not built): run create from cron or a systemd timer.",
+        commands: &[
+            ("create", "snapshot through the server, upload, prune: [--keep N] [--encrypt]"),
+            ("list", "the snapshots under the prefix"),
+            ("restore", "download and restore offline: --key K [--force] [--config F]"),
+            ("verify", "download and check completely: --key K"),
+        ],
         default: None,
-        is_client: false,
-        built: &[],
+        is_client: true,
+        built: &["create", "list", "restore", "verify"],
     },
     Planned {
         name: "svc-blueprint",

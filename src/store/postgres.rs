@@ -7,9 +7,9 @@
 //! under row locks. Migrations run at start under a session advisory lock, so two servers
 //! starting together apply each migration once.
 
+mod export;
 mod fleet;
 mod jwt;
-mod export;
 mod secrets;
 mod tls;
 

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod agent;
+pub mod moto;
 pub mod pki;
 pub mod postgres;
 

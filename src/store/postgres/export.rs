@@ -48,7 +48,10 @@ impl PostgresStore {
                 table.primary_key.join(", ")
             );
             let rows = client
-                .query_raw(sql.as_str(), std::iter::empty::<&(dyn tokio_postgres::types::ToSql + Sync)>())
+                .query_raw(
+                    sql.as_str(),
+                    std::iter::empty::<&(dyn tokio_postgres::types::ToSql + Sync)>(),
+                )
                 .await?;
             futures_util::pin_mut!(rows);
             let mut batch = Vec::with_capacity(BATCH_ROWS);
@@ -97,7 +100,8 @@ fn write_rows(path: &Path, receiver: mpsc::Receiver<(usize, Vec<Vec<Value>>)>) -
     let transaction = connection.transaction()?;
     while let Ok((index, rows)) = receiver.recv() {
         let table = &TABLES[index];
-        let placeholders: Vec<String> = (1..=table.columns.len()).map(|n| format!("?{n}")).collect();
+        let placeholders: Vec<String> =
+            (1..=table.columns.len()).map(|n| format!("?{n}")).collect();
         let sql = format!(
             "INSERT INTO {} ({}) VALUES ({})",
             table.name,
