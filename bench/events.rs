@@ -18,7 +18,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use svc::proto::event_service_client::EventServiceClient;
-use svc::proto::policy_service_client::PolicyServiceClient;
 
 mod common;
 use common::{authorized, server_binary, Server};
@@ -94,7 +93,11 @@ fn main() {
         lines as f64 / elapsed.as_secs_f64()
     );
 
-    let (p50, p99) = runtime.block_on(audit_query(&grpc, &key));
+    let (p50, p99) = runtime.block_on(common::audit_log_latency(
+        &format!("http://{grpc}"),
+        &key,
+        50,
+    ));
     println!("audit log, --action 'secret.*' --user user-3, limit 50, over {AUDIT_ROWS} rows (gRPC): p50 {p50:.2?}, p99 {p99:.2?} (goal p50 20 ms)");
     let mut cli_times = Vec::new();
     for _ in 0..10 {
@@ -327,35 +330,4 @@ async fn health_ceiling(grpc: &str) -> f64 {
             .elapsed()
             .as_secs_f64()
             .max(EMIT_PHASE.as_secs_f64())
-}
-
-async fn audit_query(grpc: &str, key: &str) -> (Duration, Duration) {
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{grpc}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut client = PolicyServiceClient::new(channel);
-    let mut times = Vec::new();
-    for _ in 0..50 {
-        let request = svc::proto::AuditLogRequest {
-            action: "secret.*".into(),
-            user: "user-3".into(),
-            page: Some(svc::proto::PageRequest {
-                limit: 50,
-                cursor: String::new(),
-            }),
-            ..Default::default()
-        };
-        let started = Instant::now();
-        let page = client
-            .audit_log(authorized(key, request))
-            .await
-            .unwrap()
-            .into_inner();
-        times.push(started.elapsed());
-        assert_eq!(page.items.len(), 50);
-    }
-    times.sort();
-    (times[times.len() / 2], times[times.len() * 99 / 100])
 }

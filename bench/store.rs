@@ -17,10 +17,9 @@ use std::time::{Duration, Instant};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use svc::proto::policy_service_client::PolicyServiceClient;
 
 mod common;
-use common::{authorized, Server};
+use common::Server;
 
 #[path = "../tests/common/postgres.rs"]
 #[allow(dead_code)]
@@ -83,7 +82,11 @@ fn measure(runtime: &tokio::runtime::Runtime, driver: &str, store_config: &str) 
         "[{driver}] API-key create (audited) over REST, {CLIENTS} clients, {CREATE_PHASE:?}: \
          {creates_per_second:.0}/s, p50 {create_p50:.2?}, p99 {create_p99:.2?}"
     );
-    let (log_p50, log_p99) = runtime.block_on(audit_query(&server.grpc, &server.key));
+    let (log_p50, log_p99) = runtime.block_on(common::audit_log_latency(
+        &server.grpc,
+        &server.key,
+        QUERIES,
+    ));
     println!(
         "[{driver}] audit log --action 'secret.*' --user user-3, limit 50, over {AUDIT_ROWS} rows \
          (gRPC): p50 {log_p50:.2?}, p99 {log_p99:.2?}"
@@ -183,35 +186,4 @@ async fn create_keys(http: SocketAddr, key: &str) -> (f64, Duration, Duration) {
     times.sort();
     let rate = times.len() as f64 / CREATE_PHASE.as_secs_f64();
     (rate, times[times.len() / 2], times[times.len() * 99 / 100])
-}
-
-async fn audit_query(grpc: &str, key: &str) -> (Duration, Duration) {
-    let channel = tonic::transport::Endpoint::from_shared(grpc.to_string())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut client = PolicyServiceClient::new(channel);
-    let mut times = Vec::new();
-    for _ in 0..QUERIES {
-        let request = svc::proto::AuditLogRequest {
-            action: "secret.*".into(),
-            user: "user-3".into(),
-            page: Some(svc::proto::PageRequest {
-                limit: 50,
-                cursor: String::new(),
-            }),
-            ..Default::default()
-        };
-        let started = Instant::now();
-        let page = client
-            .audit_log(authorized(key, request))
-            .await
-            .unwrap()
-            .into_inner();
-        times.push(started.elapsed());
-        assert_eq!(page.items.len(), 50);
-    }
-    times.sort();
-    (times[times.len() / 2], times[times.len() * 99 / 100])
 }

@@ -142,3 +142,37 @@ pub fn authorized<T>(key: &str, message: T) -> tonic::Request<T> {
         .insert("authorization", format!("Bearer {key}").parse().unwrap());
     request
 }
+
+/// `svc-audit log --action 'secret.*' --user user-3` (limit 50) over gRPC, `queries` times on
+/// one channel: (p50, p99). The store must hold at least 50 matching rows.
+#[allow(dead_code)]
+pub async fn audit_log_latency(grpc_url: &str, key: &str, queries: usize) -> (Duration, Duration) {
+    let channel = tonic::transport::Endpoint::from_shared(grpc_url.to_string())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = svc::proto::policy_service_client::PolicyServiceClient::new(channel);
+    let mut times = Vec::new();
+    for _ in 0..queries {
+        let request = svc::proto::AuditLogRequest {
+            action: "secret.*".into(),
+            user: "user-3".into(),
+            page: Some(svc::proto::PageRequest {
+                limit: 50,
+                cursor: String::new(),
+            }),
+            ..Default::default()
+        };
+        let started = Instant::now();
+        let page = client
+            .audit_log(authorized(key, request))
+            .await
+            .unwrap()
+            .into_inner();
+        times.push(started.elapsed());
+        assert_eq!(page.items.len(), 50);
+    }
+    times.sort();
+    (times[times.len() / 2], times[times.len() * 99 / 100])
+}
