@@ -42,7 +42,18 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let Some(cluster) = postgres::shared() else {
+    // PostgreSQL with its durability defaults, as SQLite here syncs its commits (the tests'
+    // shared cluster turns fsync and synchronous commit off for speed). SVC_TEST_PG_URL still
+    // names an existing server instead.
+    let own;
+    let cluster = match std::env::var(postgres::URL_VAR) {
+        Ok(url) if !url.is_empty() => postgres::shared(),
+        _ => {
+            own = postgres::Postgres::start_durable();
+            own.as_ref()
+        }
+    };
+    let Some(cluster) = cluster else {
         eprintln!("skipped: no PostgreSQL (initdb) on this machine");
         return;
     };
@@ -145,6 +156,13 @@ async fn fill_audit(data: &std::path::Path, store_config: &str) {
             .append_audit_batch(rows, svc::audit::chain::GENESIS, &svc::audit::chain::seal)
             .await
             .unwrap();
+    }
+    // A long-running database has planner statistics for a table this size (autovacuum keeps
+    // them); a minute-old one may not yet, and then PostgreSQL plans the audit query blind.
+    if config.driver == svc::config::StoreDriver::Postgres {
+        let target = svc::store::postgres::Target::from_config(&config).unwrap();
+        let client = target.connect().await.unwrap();
+        client.batch_execute("ANALYZE").await.unwrap();
     }
 }
 

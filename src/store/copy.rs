@@ -694,6 +694,9 @@ pub async fn run(
             &[&crate::clock::now_rfc3339()],
         )
         .await?;
+    // Planner statistics now, not when autovacuum gets round to it: without them PostgreSQL
+    // planned the audit log query over 200,000 fresh rows at 11 ms instead of 3.5 ms.
+    client.batch_execute("ANALYZE").await?;
     let rows = summaries.iter().map(|s| s.rows).sum();
     let seconds = started.elapsed().as_secs_f64();
     Ok(CopySummary {

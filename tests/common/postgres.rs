@@ -56,6 +56,16 @@ impl Postgres {
     /// Starts a private cluster, stopped on drop (or when the process exits). None (after
     /// printing why) when PostgreSQL is not installed and CI is not set.
     pub fn start() -> Option<Postgres> {
+        Self::start_with("-c fsync=off -c synchronous_commit=off -c full_page_writes=off")
+    }
+
+    /// A private cluster with PostgreSQL's own durability defaults (fsync, synchronous commit,
+    /// full-page writes), for benchmarks that compare it with a store that syncs its commits.
+    pub fn start_durable() -> Option<Postgres> {
+        Self::start_with("")
+    }
+
+    fn start_with(durability: &str) -> Option<Postgres> {
         let Some(bin) = find_postgres() else {
             assert!(
                 std::env::var_os("CI").is_none(),
@@ -136,11 +146,10 @@ impl Postgres {
             .arg(format!("--pwfile={}", pwfile.display()))
             .args(["-E", "UTF8"]);
         run(initdb, "initdb");
-        // fsync off: a test cluster never needs to survive a crash. max_connections above
+        // fsync off (`start`): a test cluster never needs to survive a crash. max_connections above
         // the default 100: parallel tests each run servers with their own pools.
         let options = format!(
-            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off \
-             -c synchronous_commit=off -c full_page_writes=off -c max_connections=300",
+            "-p {port} -k {} -c listen_addresses=127.0.0.1 {durability} -c max_connections=300",
             dir.display()
         );
         let mut pg_ctl = tool("pg_ctl");
