@@ -457,4 +457,43 @@ fn svc_backup_round_trips_through_s3() {
             &moto.endpoint(),
         ]));
     assert_eq!(no_credentials.code, 4, "{no_credentials:?}");
+
+    // Credentials that are present but wrong: moto checks signatures once its auth is on
+    // (POST /moto-api/reset-auth; the body is how many unchecked requests remain).
+    let moto_addr: std::net::SocketAddr = moto
+        .endpoint()
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    let auth_on = common::http_request(
+        moto_addr,
+        "POST",
+        "/moto-api/reset-auth",
+        &[("Content-Type", "text/plain")],
+        Some(b"0"),
+    )
+    .unwrap();
+    assert_eq!(auth_on.status, 200, "{}", auth_on.body);
+    let wrong = run(server.cli("svc-backup").args([
+        "list",
+        "--bucket",
+        "drill",
+        "--s3-endpoint",
+        &moto.endpoint(),
+        "--s3-ssl",
+        "false",
+        "--s3-access-key",
+        "AKIAWRONGWRONGWRONG1",
+        "--s3-secret-key",
+        "wrong-secret-never-printed",
+    ]));
+    assert_eq!(wrong.code, 4, "{wrong:?}");
+    assert!(
+        !wrong.stderr.contains("wrong-secret-never-printed"),
+        "{wrong:?}"
+    );
+    assert!(
+        !wrong.stdout.contains("wrong-secret-never-printed"),
+        "{wrong:?}"
+    );
 }
