@@ -885,24 +885,26 @@ impl Store for PostgresStore {
         // Fast path: lock, read the tail, link and seal in memory, insert every row in one
         // statement, commit. The advisory lock serializes appenders on every server sharing
         // the database, so the chain cannot fork; it is released by the commit.
+        let batch = rows.len();
         let attempt = async {
             let mut client = self.client().await?;
             let tx = client.transaction().await?;
             let last = Self::audit_tail(&tx, genesis).await?;
-            let linked = link(rows.clone(), last, seal);
+            let linked = link(rows, last, seal);
             match insert_audit_arrays(&tx, &linked).await {
                 Ok(_) => {
                     tx.commit().await?;
-                    Ok(Some(linked))
+                    Ok(Ok(linked))
                 }
-                // A row the database refused (a duplicate id): find which, below.
-                Err(e) if e.as_db_error().is_some() && rows.len() > 1 => Ok(None),
+                // A row the database refused (a duplicate id): find which, below. The rows
+                // come back as they are; the slow path links them again.
+                Err(e) if e.as_db_error().is_some() && batch > 1 => Ok(Err(linked)),
                 Err(e) => Err(Error::from(e)),
             }
         };
         match attempt.await? {
-            Some(linked) => Ok(linked.into_iter().map(Ok).collect()),
-            None => self.append_audit_one_by_one(rows, genesis, seal).await,
+            Ok(linked) => Ok(linked.into_iter().map(Ok).collect()),
+            Err(rows) => self.append_audit_one_by_one(rows, genesis, seal).await,
         }
     }
 
