@@ -497,3 +497,85 @@ fn svc_backup_round_trips_through_s3() {
         "{wrong:?}"
     );
 }
+
+/// Stands in for systemctl: the "unit" is a TestServer process, stopped with SIGTERM and
+/// spawned again on its (restored) data dir.
+struct Unit<'a>(
+    std::sync::Mutex<&'a mut TestServer>,
+    std::sync::Mutex<Vec<&'static str>>,
+);
+
+impl svc::backup::local::ServiceControl for Unit<'_> {
+    fn is_active(&self) -> bool {
+        self.1.lock().unwrap().push("is-active");
+        true
+    }
+    fn stop(&self) -> svc::Result<()> {
+        self.1.lock().unwrap().push("stop");
+        self.0.lock().unwrap().stop_with(libc::SIGTERM);
+        Ok(())
+    }
+    fn start(&self) -> svc::Result<()> {
+        self.1.lock().unwrap().push("start");
+        self.0.lock().unwrap().spawn(&[]);
+        Ok(())
+    }
+}
+
+/// Restoring the data dir of a server that runs under its unit: the restore stops it through
+/// the service control, restores, and starts it again; the restarted server serves the
+/// snapshot's keys.
+#[test]
+fn restore_stops_and_starts_a_server_running_under_its_unit() {
+    let mut server = TestServer::start();
+    let (_, key) = server.create_key("from-snapshot", "readonly");
+    let scratch = tempfile::tempdir().unwrap();
+    let file = scratch.path().join("snapshot.tar.gz");
+    let taken = cluster_backup(
+        &server,
+        &server.admin_key.clone(),
+        &["backup", "--output", file.to_str().unwrap()],
+    );
+    assert_eq!(taken.code, 0, "{taken:?}");
+    // The same server (same master_key and hmacsecret) moved to an empty data dir: the unit
+    // whose data the restore replaces.
+    server.stop_with(libc::SIGTERM);
+    let target = tempfile::tempdir().unwrap();
+    let config = config_for(&server, target.path());
+    server.data_dir = target.path().join("data");
+    server.config_file = config.clone();
+    server.spawn(&[]);
+    assert_eq!(
+        server
+            .request("GET", "/api/v1/apikeys", Some(&key), None)
+            .status,
+        401,
+        "the new data dir does not know the key yet"
+    );
+
+    let loaded = svc::config::load_server(Some(&config), &[]).unwrap();
+    let unit = Unit(std::sync::Mutex::new(&mut server), Default::default());
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let restored = runtime
+        .block_on(svc::backup::local::restore(
+            &loaded.config,
+            &svc::backup::local::RestoreOptions {
+                input: &file,
+                passphrase: None,
+                force: true,
+            },
+            &unit,
+        ))
+        .unwrap();
+    assert!(restored.restarted_server);
+    let calls = unit.1.lock().unwrap().clone();
+    assert_eq!(calls, ["is-active", "stop", "start"]);
+    drop(unit);
+    assert_eq!(
+        server
+            .request("GET", "/api/v1/apikeys", Some(&key), None)
+            .status,
+        403,
+        "the restored readonly key authenticates (and is refused the admin list)"
+    );
+}
