@@ -176,3 +176,100 @@ pub async fn audit_log_latency(grpc_url: &str, key: &str, queries: usize) -> (Du
     times.sort();
     (times[times.len() / 2], times[times.len() * 99 / 100])
 }
+
+#[allow(dead_code)]
+const ACTIONS: &[&str] = &[
+    "apikey.create",
+    "apikey.delete",
+    "secret.read",
+    "secret.write",
+    "exec.run",
+    "agent.quarantine",
+    "event.emit",
+    "transit.encrypt",
+];
+
+/// Writes `events` events (one hour back, 300 a millisecond apart) straight into the events
+/// stream log of `data`, in batches of 1,000: the set-up of a bench, not a figure.
+#[allow(dead_code)]
+pub async fn fill_events(data: &Path, events: u64) {
+    let log = svc::stream::StreamLog::open(
+        &data.join("jetstream/events"),
+        svc::stream::StreamConfig::default(),
+    )
+    .unwrap();
+    let start = svc::clock::now_millis() - 3_600_000;
+    let mut n = 0u64;
+    while n < events {
+        let batch: Vec<(i64, Vec<u8>)> = (0..1000u64)
+            .map(|i| {
+                let millis = start + ((n + i) as i64) / 300;
+                let event = serde_json::json!({
+                    "id": svc::ids::ulid(), "type": "command_completed", "category": "job",
+                    "severity": "info", "source": format!("agent-{}", (n + i) % 100),
+                    "timestamp": svc::clock::format_rfc3339(millis), "payload": {"exit_code": 0, "n": n + i},
+                });
+                (millis, serde_json::to_vec(&event).unwrap())
+            })
+            .collect();
+        log.append_batch(batch).await.unwrap();
+        n += 1000;
+    }
+}
+
+/// Writes `rows` hash-chained audit rows straight into `data/svc.db` (created with the
+/// store's schema), in one transaction: a valid chain that `svc-audit verify` accepts.
+#[allow(dead_code)]
+pub fn fill_audit(data: &Path, rows: i64) {
+    let store = svc::store::SqliteStore::open(&data.join("svc.db")).unwrap();
+    drop(store);
+    let mut db = rusqlite::Connection::open(data.join("svc.db")).unwrap();
+    let tx = db.transaction().unwrap();
+    let mut prev = svc::audit::chain::GENESIS.to_string();
+    let start = svc::clock::now_millis() - 86_400_000;
+    {
+        let mut insert = tx
+            .prepare("INSERT INTO audit_events (seq, id, timestamp, user_id, action, resource_type, resource_id, outcome, policy_id, decision, severity, detail, prev_hash, hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)")
+            .unwrap();
+        for seq in 1..=rows {
+            let action = ACTIONS[(seq as usize) % ACTIONS.len()];
+            let mut row = svc::store::AuditRow {
+                seq,
+                id: svc::ids::ulid(),
+                timestamp: svc::clock::format_rfc3339(start + seq * 80),
+                user: format!("user-{}", seq % 10),
+                action: action.into(),
+                resource_type: action.split('.').next().unwrap().into(),
+                resource_id: format!("r{}", seq % 1000),
+                outcome: "success".into(),
+                policy_id: None,
+                decision: None,
+                severity: "medium".into(),
+                detail: "{}".into(),
+                prev_hash: prev.clone(),
+                hash: String::new(),
+            };
+            row.hash = svc::audit::chain::seal(&row);
+            prev = row.hash.clone();
+            insert
+                .execute(rusqlite::params![
+                    row.seq,
+                    row.id,
+                    row.timestamp,
+                    row.user,
+                    row.action,
+                    row.resource_type,
+                    row.resource_id,
+                    row.outcome,
+                    row.policy_id,
+                    row.decision,
+                    row.severity,
+                    row.detail,
+                    row.prev_hash,
+                    row.hash
+                ])
+                .unwrap();
+        }
+    }
+    tx.commit().unwrap();
+}
