@@ -6,6 +6,7 @@
 //! The migrations in `migrations/` (SQLite) and `migrations/postgres/` (the same versions in
 //! PostgreSQL's dialect) are embedded in the binary and applied in order at start.
 
+mod columns;
 pub mod copy;
 mod fleet;
 mod jwt;

@@ -13,6 +13,7 @@ mod jwt;
 mod secrets;
 mod tls;
 
+use crate::store::columns::*;
 use std::path::Path;
 use std::time::Duration;
 
@@ -497,8 +498,6 @@ async fn apply_migrations(client: &tokio_postgres::Client) -> Result<()> {
     Ok(())
 }
 
-const API_KEY_COLUMNS: &str = "id, name, role, key_hash, created_at, last_used_at, expires_at";
-
 fn api_key(row: &Row) -> std::result::Result<ApiKeyRow, tokio_postgres::Error> {
     Ok(ApiKeyRow {
         id: row.try_get(0)?,
@@ -510,9 +509,6 @@ fn api_key(row: &Row) -> std::result::Result<ApiKeyRow, tokio_postgres::Error> {
         expires_at: row.try_get(6)?,
     })
 }
-
-const AUDIT_COLUMNS: &str = "seq, id, timestamp, user_id, action, resource_type, resource_id, \
-     outcome, policy_id, decision, severity, detail, prev_hash, hash";
 
 fn audit(row: &Row) -> std::result::Result<AuditRow, tokio_postgres::Error> {
     Ok(AuditRow {
@@ -532,9 +528,6 @@ fn audit(row: &Row) -> std::result::Result<AuditRow, tokio_postgres::Error> {
         hash: row.try_get(13)?,
     })
 }
-
-const CA_COLUMNS: &str =
-    "id, kind, cert_pem, key_encrypted, fingerprint, not_before, not_after, created_at, retired_at";
 
 fn ca(row: &Row) -> std::result::Result<CaRow, tokio_postgres::Error> {
     Ok(CaRow {
@@ -568,9 +561,6 @@ async fn insert_ca_row(tx: &deadpool_postgres::Transaction<'_>, row: &CaRow) -> 
     .await?;
     Ok(())
 }
-
-const JOIN_TOKEN_COLUMNS: &str =
-    "id, token_hash, agent_id, created_by, created_at, expires_at, used_at, used_by, revoked_at";
 
 fn join_token(row: &Row) -> std::result::Result<JoinTokenRow, tokio_postgres::Error> {
     Ok(JoinTokenRow {
@@ -1099,7 +1089,7 @@ impl Store for PostgresStore {
 
     async fn get_agent(&self, id: &str) -> Result<Option<AgentRow>> {
         self.first(
-            &format!("SELECT {} FROM agents WHERE id = $1", fleet::AGENT_COLUMNS),
+            &format!("SELECT {} FROM agents WHERE id = $1", AGENT_COLUMNS),
             &[&id],
             fleet::agent,
         )

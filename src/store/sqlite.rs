@@ -8,6 +8,7 @@ mod fleet;
 mod jwt;
 mod secrets;
 
+use crate::store::columns::*;
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
@@ -253,8 +254,6 @@ fn is_last_active_admin(c: &Connection, id: &str, now: &str) -> rusqlite::Result
     )
 }
 
-const API_KEY_COLUMNS: &str = "id, name, role, key_hash, created_at, last_used_at, expires_at";
-
 fn api_key_from_row(row: &Row<'_>) -> rusqlite::Result<ApiKeyRow> {
     Ok(ApiKeyRow {
         id: row.get(0)?,
@@ -266,9 +265,6 @@ fn api_key_from_row(row: &Row<'_>) -> rusqlite::Result<ApiKeyRow> {
         expires_at: row.get(6)?,
     })
 }
-
-const AUDIT_COLUMNS: &str = "seq, id, timestamp, user_id, action, resource_type, resource_id, \
-     outcome, policy_id, decision, severity, detail, prev_hash, hash";
 
 fn audit_from_row(row: &Row<'_>) -> rusqlite::Result<AuditRow> {
     Ok(AuditRow {
@@ -341,9 +337,6 @@ fn insert_audit_rows(
     Ok(results)
 }
 
-const CA_COLUMNS: &str =
-    "id, kind, cert_pem, key_encrypted, fingerprint, not_before, not_after, created_at, retired_at";
-
 fn ca_from_row(row: &Row<'_>) -> rusqlite::Result<CaRow> {
     Ok(CaRow {
         id: row.get(0)?,
@@ -374,9 +367,6 @@ fn insert_ca_row(c: &Connection, row: &CaRow) -> rusqlite::Result<usize> {
         ],
     )
 }
-
-const JOIN_TOKEN_COLUMNS: &str =
-    "id, token_hash, agent_id, created_by, created_at, expires_at, used_at, used_by, revoked_at";
 
 fn join_token_from_row(row: &Row<'_>) -> rusqlite::Result<JoinTokenRow> {
     Ok(JoinTokenRow {
@@ -800,7 +790,7 @@ impl Store for SqliteStore {
         self.with(|c| {
             Ok(c.prepare_cached(&format!(
                 "SELECT {} FROM agents WHERE id = ?1",
-                fleet::AGENT_COLUMNS
+                AGENT_COLUMNS
             ))?
             .query_row([id], fleet::agent_from_row)
             .optional()?)

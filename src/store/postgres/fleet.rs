@@ -1,14 +1,12 @@
 //! PostgreSQL implementation of the fleet tables (see `store::fleet`).
 
+use crate::store::columns::*;
 use async_trait::async_trait;
 use tokio_postgres::Row;
 
 use super::PostgresStore;
 use crate::store::{AgentRow, AgentStateRow, FleetStore};
 use crate::Result;
-
-pub(super) const AGENT_COLUMNS: &str = "id, labels, fingerprint, enrolled_at, quarantined, \
-     quarantine_reason, quarantined_at, last_heartbeat_at";
 
 pub(super) fn agent(row: &Row) -> Result<AgentRow, tokio_postgres::Error> {
     Ok(AgentRow {

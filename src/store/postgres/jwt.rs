@@ -1,14 +1,12 @@
 //! PostgreSQL implementation of the identity-token table (see `store::jwt`).
 
+use crate::store::columns::*;
 use async_trait::async_trait;
 use tokio_postgres::Row;
 
 use super::PostgresStore;
 use crate::store::{JwtStore, JwtSvidRow};
 use crate::Result;
-
-const COLUMNS: &str =
-    "id, subject, audience, kid, issued_by, issued_at, expires_at, revoked_at, revoked_by";
 
 fn svid(row: &Row) -> Result<JwtSvidRow, tokio_postgres::Error> {
     Ok(JwtSvidRow {
@@ -29,7 +27,7 @@ impl JwtStore for PostgresStore {
     async fn insert_jwt_svid(&self, row: &JwtSvidRow) -> Result<()> {
         self.execute(
             &format!(
-                "INSERT INTO jwt_svids ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+                "INSERT INTO jwt_svids ({JWT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
             ),
             &[
                 &row.id,
@@ -49,7 +47,7 @@ impl JwtStore for PostgresStore {
 
     async fn get_jwt_svid(&self, id: &str) -> Result<Option<JwtSvidRow>> {
         self.first(
-            &format!("SELECT {COLUMNS} FROM jwt_svids WHERE id = $1"),
+            &format!("SELECT {JWT_COLUMNS} FROM jwt_svids WHERE id = $1"),
             &[&id],
             svid,
         )
@@ -59,7 +57,7 @@ impl JwtStore for PostgresStore {
     async fn list_unexpired_jwt_svids(&self, now: &str) -> Result<Vec<JwtSvidRow>> {
         self.rows(
             &format!(
-                "SELECT {COLUMNS} FROM jwt_svids WHERE expires_at > $1 ORDER BY issued_at, id"
+                "SELECT {JWT_COLUMNS} FROM jwt_svids WHERE expires_at > $1 ORDER BY issued_at, id"
             ),
             &[&now],
             svid,
@@ -70,7 +68,7 @@ impl JwtStore for PostgresStore {
     async fn list_revoked_jwt_svids(&self, now: &str) -> Result<Vec<JwtSvidRow>> {
         self.rows(
             &format!(
-                "SELECT {COLUMNS} FROM jwt_svids WHERE revoked_at IS NOT NULL AND expires_at > $1 \
+                "SELECT {JWT_COLUMNS} FROM jwt_svids WHERE revoked_at IS NOT NULL AND expires_at > $1 \
                  ORDER BY revoked_at, id"
             ),
             &[&now],

@@ -3,6 +3,7 @@
 //! sharing the database see as well, so a racing writer gets `Conflict` or waits, never a
 //! half-applied change.
 
+use crate::store::columns::*;
 use async_trait::async_trait;
 use tokio_postgres::Row;
 
@@ -13,16 +14,6 @@ use crate::store::secrets::{
     Wrapped,
 };
 use crate::{Error, Result};
-
-const MASTER_CHECK_ID: &str = "master";
-
-const SECRET_COLUMNS: &str = "path, wrapped_key, current_version, created_at, updated_at";
-const VERSION_COLUMNS: &str = "path, version, ciphertext, created_at, deleted_at, destroyed";
-const TRANSIT_COLUMNS: &str =
-    "name, key_type, latest_version, min_decryption_version, created_at, updated_at";
-const TRANSIT_VERSION_COLUMNS: &str = "name, version, material, public_key, created_at";
-const LEASE_COLUMNS: &str = "id, path, backend, backend_data, created_at, expires_at, \
-     max_expires_at, renewable, revoked_at, last_error";
 
 type Mapped<T> = std::result::Result<T, tokio_postgres::Error>;
 

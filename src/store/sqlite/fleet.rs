@@ -1,14 +1,12 @@
 //! SQLite implementation of the fleet tables.
 
+use crate::store::columns::*;
 use async_trait::async_trait;
 use rusqlite::{params, OptionalExtension, Row, TransactionBehavior};
 
 use super::SqliteStore;
 use crate::store::{AgentRow, AgentStateRow, FleetStore};
 use crate::Result;
-
-pub(super) const AGENT_COLUMNS: &str = "id, labels, fingerprint, enrolled_at, quarantined, \
-     quarantine_reason, quarantined_at, last_heartbeat_at";
 
 pub(super) fn agent_from_row(row: &Row<'_>) -> rusqlite::Result<AgentRow> {
     Ok(AgentRow {

@@ -1,14 +1,12 @@
 //! SQLite implementation of the identity-token table.
 
+use crate::store::columns::*;
 use async_trait::async_trait;
 use rusqlite::{params, OptionalExtension, Row};
 
 use super::SqliteStore;
 use crate::store::{JwtStore, JwtSvidRow};
 use crate::Result;
-
-const COLUMNS: &str =
-    "id, subject, audience, kid, issued_by, issued_at, expires_at, revoked_at, revoked_by";
 
 fn from_row(row: &Row<'_>) -> rusqlite::Result<JwtSvidRow> {
     Ok(JwtSvidRow {
@@ -29,7 +27,7 @@ impl JwtStore for SqliteStore {
     async fn insert_jwt_svid(&self, row: &JwtSvidRow) -> Result<()> {
         self.with(|c| {
             c.prepare_cached(&format!(
-                "INSERT INTO jwt_svids ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+                "INSERT INTO jwt_svids ({JWT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
             ))?
             .execute(params![
                 row.id,
@@ -48,18 +46,18 @@ impl JwtStore for SqliteStore {
 
     async fn get_jwt_svid(&self, id: &str) -> Result<Option<JwtSvidRow>> {
         self.with(|c| {
-            Ok(
-                c.prepare_cached(&format!("SELECT {COLUMNS} FROM jwt_svids WHERE id = ?1"))?
-                    .query_row([id], from_row)
-                    .optional()?,
-            )
+            Ok(c.prepare_cached(&format!(
+                "SELECT {JWT_COLUMNS} FROM jwt_svids WHERE id = ?1"
+            ))?
+            .query_row([id], from_row)
+            .optional()?)
         })
     }
 
     async fn list_unexpired_jwt_svids(&self, now: &str) -> Result<Vec<JwtSvidRow>> {
         self.with(|c| {
             let mut statement = c.prepare_cached(&format!(
-                "SELECT {COLUMNS} FROM jwt_svids WHERE expires_at > ?1 ORDER BY issued_at, id"
+                "SELECT {JWT_COLUMNS} FROM jwt_svids WHERE expires_at > ?1 ORDER BY issued_at, id"
             ))?;
             let rows = statement.query_map([now], from_row)?;
             Ok(rows.collect::<rusqlite::Result<_>>()?)
@@ -69,7 +67,7 @@ impl JwtStore for SqliteStore {
     async fn list_revoked_jwt_svids(&self, now: &str) -> Result<Vec<JwtSvidRow>> {
         self.with(|c| {
             let mut statement = c.prepare_cached(&format!(
-                "SELECT {COLUMNS} FROM jwt_svids WHERE revoked_at IS NOT NULL AND expires_at > ?1 \
+                "SELECT {JWT_COLUMNS} FROM jwt_svids WHERE revoked_at IS NOT NULL AND expires_at > ?1 \
                  ORDER BY revoked_at, id"
             ))?;
             let rows = statement.query_map([now], from_row)?;
@@ -89,11 +87,11 @@ impl JwtStore for SqliteStore {
                  WHERE id = ?1 AND revoked_at IS NULL",
             )?
             .execute(params![id, revoked_at, revoked_by])?;
-            Ok(
-                c.prepare_cached(&format!("SELECT {COLUMNS} FROM jwt_svids WHERE id = ?1"))?
-                    .query_row([id], from_row)
-                    .optional()?,
-            )
+            Ok(c.prepare_cached(&format!(
+                "SELECT {JWT_COLUMNS} FROM jwt_svids WHERE id = ?1"
+            ))?
+            .query_row([id], from_row)
+            .optional()?)
         })
     }
 }

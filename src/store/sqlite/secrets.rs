@@ -2,6 +2,7 @@
 //! secret's counters, a master-key rotation) run in one IMMEDIATE transaction, so a racing
 //! writer sees `Conflict` instead of a half-applied change.
 
+use crate::store::columns::*;
 use async_trait::async_trait;
 use rusqlite::{params, OptionalExtension, Row, TransactionBehavior};
 
@@ -12,16 +13,6 @@ use crate::store::secrets::{
     Wrapped,
 };
 use crate::{Error, Result};
-
-const MASTER_CHECK_ID: &str = "master";
-
-const SECRET_COLUMNS: &str = "path, wrapped_key, current_version, created_at, updated_at";
-const VERSION_COLUMNS: &str = "path, version, ciphertext, created_at, deleted_at, destroyed";
-const TRANSIT_COLUMNS: &str =
-    "name, key_type, latest_version, min_decryption_version, created_at, updated_at";
-const TRANSIT_VERSION_COLUMNS: &str = "name, version, material, public_key, created_at";
-const LEASE_COLUMNS: &str = "id, path, backend, backend_data, created_at, expires_at, \
-     max_expires_at, renewable, revoked_at, last_error";
 
 fn secret_from_row(row: &Row<'_>) -> rusqlite::Result<SecretRow> {
     Ok(SecretRow {

@@ -1,0 +1,26 @@
+//! The column lists both drivers select and insert, in one place: the schema is one (see
+//! `store/mod.rs`), so the lists are too.
+
+pub(crate) const API_KEY_COLUMNS: &str =
+    "id, name, role, key_hash, created_at, last_used_at, expires_at";
+pub(crate) const AUDIT_COLUMNS: &str =
+    "seq, id, timestamp, user_id, action, resource_type, resource_id, \
+     outcome, policy_id, decision, severity, detail, prev_hash, hash";
+pub(crate) const CA_COLUMNS: &str =
+    "id, kind, cert_pem, key_encrypted, fingerprint, not_before, not_after, created_at, retired_at";
+pub(crate) const JOIN_TOKEN_COLUMNS: &str =
+    "id, token_hash, agent_id, created_by, created_at, expires_at, used_at, used_by, revoked_at";
+pub(crate) const AGENT_COLUMNS: &str = "id, labels, fingerprint, enrolled_at, quarantined, \
+     quarantine_reason, quarantined_at, last_heartbeat_at";
+pub(crate) const JWT_COLUMNS: &str =
+    "id, subject, audience, kid, issued_by, issued_at, expires_at, revoked_at, revoked_by";
+pub(crate) const MASTER_CHECK_ID: &str = "master";
+pub(crate) const SECRET_COLUMNS: &str =
+    "path, wrapped_key, current_version, created_at, updated_at";
+pub(crate) const VERSION_COLUMNS: &str =
+    "path, version, ciphertext, created_at, deleted_at, destroyed";
+pub(crate) const TRANSIT_COLUMNS: &str =
+    "name, key_type, latest_version, min_decryption_version, created_at, updated_at";
+pub(crate) const TRANSIT_VERSION_COLUMNS: &str = "name, version, material, public_key, created_at";
+pub(crate) const LEASE_COLUMNS: &str = "id, path, backend, backend_data, created_at, expires_at, \
+     max_expires_at, renewable, revoked_at, last_error";
