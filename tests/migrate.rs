@@ -92,13 +92,7 @@ fn synthetic_store(dir: &Path, audit_rows: i64, secrets: i64) -> PathBuf {
     let mut db = rusqlite::Connection::open(&path).unwrap();
     let tx = db.transaction().unwrap();
     {
-        let mut insert = tx
-            .prepare(
-                "INSERT INTO audit_events (seq, id, timestamp, user_id, action, resource_type, \
-                 resource_id, outcome, policy_id, decision, severity, detail, prev_hash, hash) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
-            )
-            .unwrap();
+        let mut insert = tx.prepare(svc::store::INSERT_AUDIT_SQL).unwrap();
         let mut prev = svc::audit::chain::GENESIS.to_string();
         for seq in 1..=audit_rows {
             let mut row = AuditRow {
@@ -118,24 +112,7 @@ fn synthetic_store(dir: &Path, audit_rows: i64, secrets: i64) -> PathBuf {
                 hash: String::new(),
             };
             row.hash = svc::audit::chain::seal(&row);
-            insert
-                .execute(rusqlite::params![
-                    row.seq,
-                    row.id,
-                    row.timestamp,
-                    row.user,
-                    row.action,
-                    row.resource_type,
-                    row.resource_id,
-                    row.outcome,
-                    row.policy_id,
-                    row.decision,
-                    row.severity,
-                    row.detail,
-                    row.prev_hash,
-                    row.hash
-                ])
-                .unwrap();
+            svc::store::insert_audit_row(&mut insert, &row).unwrap();
             prev = row.hash;
         }
         for i in 0..secrets {

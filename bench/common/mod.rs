@@ -228,9 +228,7 @@ pub fn fill_audit(data: &Path, rows: i64) {
     let mut prev = svc::audit::chain::GENESIS.to_string();
     let start = svc::clock::now_millis() - 86_400_000;
     {
-        let mut insert = tx
-            .prepare("INSERT INTO audit_events (seq, id, timestamp, user_id, action, resource_type, resource_id, outcome, policy_id, decision, severity, detail, prev_hash, hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)")
-            .unwrap();
+        let mut insert = tx.prepare(svc::store::INSERT_AUDIT_SQL).unwrap();
         for seq in 1..=rows {
             let action = ACTIONS[(seq as usize) % ACTIONS.len()];
             let mut row = svc::store::AuditRow {
@@ -251,24 +249,7 @@ pub fn fill_audit(data: &Path, rows: i64) {
             };
             row.hash = svc::audit::chain::seal(&row);
             prev = row.hash.clone();
-            insert
-                .execute(rusqlite::params![
-                    row.seq,
-                    row.id,
-                    row.timestamp,
-                    row.user,
-                    row.action,
-                    row.resource_type,
-                    row.resource_id,
-                    row.outcome,
-                    row.policy_id,
-                    row.decision,
-                    row.severity,
-                    row.detail,
-                    row.prev_hash,
-                    row.hash
-                ])
-                .unwrap();
+            svc::store::insert_audit_row(&mut insert, &row).unwrap();
         }
     }
     tx.commit().unwrap();

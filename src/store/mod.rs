@@ -30,7 +30,7 @@ pub use secrets::{
     LeaseRow, Rewrap, SecretRow, SecretStore, SecretVersionRow, TransitKeyRow, TransitVersionRow,
     Wrapped,
 };
-pub use sqlite::SqliteStore;
+pub use sqlite::{insert_audit_row, SqliteStore, INSERT_AUDIT_SQL};
 
 /// Every migration, in order. A migration is never edited once released: add a new one.
 pub const MIGRATIONS: &[(i64, &str, &str)] = &[

@@ -285,6 +285,37 @@ fn audit_from_row(row: &Row<'_>) -> rusqlite::Result<AuditRow> {
     })
 }
 
+/// The statement `insert_audit_row` runs (prepare it once per transaction).
+pub const INSERT_AUDIT_SQL: &str =
+    "INSERT INTO audit_events (seq, id, timestamp, user_id, action, \
+     resource_type, resource_id, outcome, policy_id, decision, severity, detail, prev_hash, hash) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)";
+
+/// Inserts one audit row exactly as given (already linked and sealed) through a statement
+/// prepared from [`INSERT_AUDIT_SQL`]: the store's own appends use it after linking, and
+/// benchmarks and tests use it to fill a database fast with a chain they built themselves.
+pub fn insert_audit_row(
+    insert: &mut rusqlite::Statement<'_>,
+    row: &AuditRow,
+) -> rusqlite::Result<usize> {
+    insert.execute(params![
+        row.seq,
+        row.id,
+        row.timestamp,
+        row.user,
+        row.action,
+        row.resource_type,
+        row.resource_id,
+        row.outcome,
+        row.policy_id,
+        row.decision,
+        row.severity,
+        row.detail,
+        row.prev_hash,
+        row.hash
+    ])
+}
+
 /// Links and inserts `rows` after the chain's last row, inside the caller's transaction.
 fn insert_audit_rows(
     c: &Connection,
@@ -297,30 +328,13 @@ fn insert_audit_rows(
         .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?;
     let (mut last_seq, mut prev_hash) = last.unwrap_or((0, genesis.to_string()));
-    let mut insert = c.prepare_cached(&format!(
-        "INSERT INTO audit_events ({AUDIT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"
-    ))?;
+    let mut insert = c.prepare_cached(INSERT_AUDIT_SQL)?;
     let mut results = Vec::with_capacity(rows.len());
     for mut row in rows {
         row.seq = last_seq + 1;
         row.prev_hash = prev_hash.clone();
         row.hash = seal(&row);
-        let inserted = insert.execute(params![
-            row.seq,
-            row.id,
-            row.timestamp,
-            row.user,
-            row.action,
-            row.resource_type,
-            row.resource_id,
-            row.outcome,
-            row.policy_id,
-            row.decision,
-            row.severity,
-            row.detail,
-            row.prev_hash,
-            row.hash
-        ]);
+        let inserted = insert_audit_row(&mut insert, &row);
         match inserted {
             Ok(_) => {
                 last_seq = row.seq;
