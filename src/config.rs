@@ -122,6 +122,42 @@ pub struct ServerConfig {
     /// Retention of the durable streams (events, audit mirror) under data_dir/jetstream/.
     pub streams: StreamsConfig,
     pub secrets: SecretsConfig,
+    /// Several servers sharing PostgreSQL and a NATS cluster (docs/cluster.md).
+    pub cluster: ClusterConfig,
+}
+
+/// Cluster mode: this server is one member of several sharing `store.driver: postgres` and
+/// `bus.external_urls`; membership and the leader's lease live in PostgreSQL, the streams in
+/// JetStream on the NATS cluster.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    pub enabled: bool,
+    /// This member's name, unique in the cluster (default: the host name).
+    pub member_id: String,
+    /// host:port other members and operators reach this member's gRPC on (default:
+    /// listen.grpc, which is only right when that is not a wildcard address).
+    pub advertise: String,
+    /// How often a member writes its heartbeat and the leader renews its lease.
+    pub heartbeat_interval: ConfigDuration,
+    /// A member whose heartbeat is older than this is down: its agents go to the others.
+    pub member_timeout: ConfigDuration,
+    /// How long a leader's lease lasts without renewal: after a leader dies, another takes
+    /// over within about this long. The leader steps down on its own before it runs out.
+    pub lease_ttl: ConfigDuration,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            enabled: false,
+            member_id: String::new(),
+            advertise: String::new(),
+            heartbeat_interval: ConfigDuration(Duration::from_secs(1)),
+            member_timeout: ConfigDuration(Duration::from_secs(5)),
+            lease_ttl: ConfigDuration(Duration::from_secs(5)),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -160,6 +196,7 @@ impl Default for ServerConfig {
             limits: LimitsConfig::default(),
             streams: StreamsConfig::default(),
             secrets: SecretsConfig::default(),
+            cluster: ClusterConfig::default(),
         }
     }
 }

@@ -33,6 +33,9 @@ pub struct Domain {
     pub secrets: crate::secrets::Secrets,
     /// Agents' liveness, jobs waiting for answers, and the bus client commands go out on.
     pub fleet: crate::fleet::Fleet,
+    /// This server's place in the cluster: membership, leadership, agent ownership (the one
+    /// member, leader and owner of everything outside cluster mode).
+    pub cluster: Arc<crate::cluster::Cluster>,
     /// The server secrets identity needs (hmacsecret; the master key follows `secrets`).
     keys: Keys,
     /// Per-key token buckets, applied to every authenticated request on every transport,
@@ -57,11 +60,12 @@ impl Domain {
         store: Arc<dyn Store>,
         logs: Logs,
         bus: async_nats::Client,
+        cluster: Arc<crate::cluster::Cluster>,
         stopping: watch::Receiver<bool>,
     ) -> Result<Arc<Domain>> {
         let keys = Keys::from_config(config)?;
         let events = Arc::new(Events::new(logs.events, stopping, Some(bus.clone())));
-        let domain = Domain::assemble(
+        let mut domain = Domain::assemble(
             store,
             config.policy_dir.clone(),
             events,
@@ -76,6 +80,7 @@ impl Domain {
                 in_flight: InFlight::new(config.rate_limit.max_in_flight),
             },
         );
+        domain.cluster = cluster;
         // A wrong master_key is refused (with what to do) before anything sealed is opened.
         crate::secrets::start(&domain, domain.keys.master_key(), &config.secrets).await?;
         crate::identity::ensure_ca(domain.store.as_ref(), &domain.identity_keys()).await?;
@@ -102,6 +107,8 @@ impl Domain {
             events,
             secrets: Default::default(),
             fleet,
+            // The one server; `start` puts the real membership in before sharing the domain.
+            cluster: crate::cluster::Cluster::single("local", ""),
             keys,
             limits,
         }

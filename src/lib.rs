@@ -10,6 +10,7 @@ pub mod backup;
 pub mod bus;
 pub mod cli;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod dispatch;
 pub mod domain;

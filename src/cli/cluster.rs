@@ -1,4 +1,5 @@
-//! `svc-cluster backup|restore` and `svc-cluster-backup backup|restore|list|verify`: snapshot
+//! `svc-cluster backup|restore` (the membership commands are in `membership.rs`) and
+//! `svc-cluster-backup backup|restore|list|verify`: snapshot
 //! files (docs/backup.md). `backup` streams `ClusterService/Backup` into a file (through
 //! `.partial`, renamed when complete); the other commands are local (`backup::local`) and need
 //! no server: `restore` works offline on the data dir of `--config`.
@@ -15,7 +16,8 @@ use crate::backup::{local, snapshot};
 use crate::proto;
 use crate::proto::cluster_service_client::ClusterServiceClient;
 
-/// `svc-cluster`: backup is built; restore points at the offline restore.
+/// `svc-cluster`: membership (`membership.rs`) and backup; restore points at the offline
+/// restore.
 pub fn main(program: &str, args: Vec<String>) -> i32 {
     super::run_partly_built(program, output_is_a_file(args), run_cluster)
 }
@@ -49,6 +51,9 @@ fn output_is_a_file(args: Vec<String>) -> Vec<String> {
 }
 
 fn run_cluster(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
+    if let Some(code) = super::membership::run(program, command, common.clone(), args) {
+        return code;
+    }
     let name = format!("{program} {command}");
     match command {
         "backup" => super::run_command::<BackupArgs, _>(program, &name, args, common, backup),

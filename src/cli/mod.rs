@@ -17,6 +17,7 @@ pub mod fleet;
 pub mod helptext;
 pub mod identity;
 pub mod manpage;
+pub mod membership;
 pub mod migrate;
 pub mod output;
 pub mod planned;

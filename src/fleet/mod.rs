@@ -146,9 +146,11 @@ pub async fn load(domain: &Domain) -> Result<usize> {
 
 /// Reads one agent's row again (after this server enrolled it), so labels and certificate
 /// changes are seen at once.
+/// An agent deleted from the store (by another cluster member) is dropped.
 pub async fn refresh(domain: &Domain, id: &str) -> Result<()> {
-    if let Some(row) = domain.store.get_agent(id).await? {
-        domain.fleet.registry.update(row);
+    match domain.store.get_agent(id).await? {
+        Some(row) => domain.fleet.registry.update(row),
+        None => domain.fleet.registry.forget(id),
     }
     Ok(())
 }
@@ -348,6 +350,8 @@ pub async fn heartbeat(
 ) {
     let registry = &domain.fleet.registry;
     let mut verdict = registry.heartbeat(id, &beat.hostname, &beat.version);
+    // Every cluster member keeps every agent's liveness; only its owner announces it.
+    let owner = domain.cluster.owns(id);
     if verdict == Verdict::Unknown {
         // Enrolled since the registry was loaded (or by another server): read it once.
         match domain.store.get_agent(id).await {
@@ -362,18 +366,18 @@ pub async fn heartbeat(
     match verdict {
         Verdict::Accepted {
             newly_connected: true,
-        } => {
+        } if owner => {
             tracing::info!(agent_id = id, "agent connected");
             let payload = serde_json::json!({
                 "agent_id": id, "hostname": beat.hostname, "version": beat.version,
             });
             sink.emit(EventKind::AgentConnected, id, payload);
         }
-        Verdict::Accepted { .. } => {}
-        Verdict::Rejected => {
+        Verdict::Rejected if owner => {
             let payload = serde_json::json!({"agent_id": id, "reason": "quarantined"});
             sink.emit(EventKind::AgentHeartbeatRejected, id, payload);
         }
+        Verdict::Accepted { .. } | Verdict::Rejected => {}
         Verdict::Unknown => {
             tracing::warn!(
                 agent_id = id,
@@ -386,6 +390,9 @@ pub async fn heartbeat(
 /// Reports agents silent for longer than the timeout: run every second or so by the server.
 pub fn sweep(domain: &Domain, sink: &jobs::EventSink) {
     for (id, last) in domain.fleet.registry.sweep() {
+        if !domain.cluster.owns(&id) {
+            continue;
+        }
         let last_heartbeat_at = last.map(clock::format_rfc3339);
         tracing::info!(agent_id = %id, ?last_heartbeat_at, "agent disconnected (heartbeat timeout)");
         let payload = serde_json::json!({
@@ -398,7 +405,9 @@ pub fn sweep(domain: &Domain, sink: &jobs::EventSink) {
 
 /// Writes heartbeat times the store does not have yet, in one transaction.
 pub async fn save_heartbeats(domain: &Domain) {
-    let unsaved = domain.fleet.registry.take_unsaved();
+    let mut unsaved = domain.fleet.registry.take_unsaved();
+    // Each agent's times are written by its owner only (one writer per row in a cluster).
+    unsaved.retain(|(id, _)| domain.cluster.owns(id));
     if let Err(e) = domain.store.fleet().record_heartbeats(&unsaved).await {
         tracing::warn!(error = %e, agents = unsaved.len(), "heartbeat times not saved");
     }

@@ -183,6 +183,11 @@ impl Registry {
         }
     }
 
+    /// Drops an agent deleted from the store (by another cluster member).
+    pub fn forget(&self, id: &str) {
+        self.lock().remove(id);
+    }
+
     pub fn contains(&self, id: &str) -> bool {
         self.lock().contains_key(id)
     }

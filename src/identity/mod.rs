@@ -28,8 +28,8 @@ use crate::{clock, ids, Error, Result};
 
 pub use ca::CertificateInfo;
 pub use tokens::{
-    cleanup_tokens, create_token, list_tokens, revoke_token, token_state, CreatedToken, NewToken,
-    TokenFilter, TokenView,
+    cleanup_tokens, create_token, list_tokens, revoke_token, spawn_token_cleanup, token_state,
+    CreatedToken, NewToken, TokenFilter, TokenView,
 };
 
 /// The server secrets identity needs. `Debug` never shows them. Built once at start and held

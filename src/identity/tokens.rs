@@ -205,6 +205,43 @@ pub async fn cleanup_tokens(domain: &Domain, principal: &Principal) -> Result<u6
     result
 }
 
+/// How often the leader removes expired and revoked join tokens by itself.
+const TOKEN_CLEANUP_EVERY: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// Removes finished join tokens once an hour on the leader (the admin's `token cleanup` does
+/// the same at once); audited only when something was removed.
+pub fn spawn_token_cleanup(domain: std::sync::Arc<Domain>) {
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(TOKEN_CLEANUP_EVERY);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticks.tick().await;
+        loop {
+            ticks.tick().await;
+            if !domain.cluster.is_leader() {
+                continue;
+            }
+            let result = domain
+                .store
+                .delete_finished_join_tokens(&clock::now_rfc3339())
+                .await;
+            match &result {
+                Ok(0) => continue,
+                Ok(removed) => tracing::info!(removed, "finished join tokens removed"),
+                Err(error) => tracing::warn!(%error, "join token cleanup failed"),
+            }
+            let detail = serde_json::json!({"removed": result.as_ref().ok(), "scheduled": true});
+            domain
+                .auditor
+                .record(
+                    &Principal::server(),
+                    Action::new("token.cleanup", "join_token", "*").detail(detail),
+                    &result,
+                )
+                .await;
+        }
+    });
+}
+
 /// The token row for an enrolment, if it may be used by `agent_id` now; otherwise the clear
 /// refusal the agent is shown.
 pub(super) async fn check_for_enrolment(

@@ -352,7 +352,10 @@ pub fn spawn_reaper(domain: Arc<Domain>) {
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticks.tick().await;
-            reap(&domain, &mut retry).await;
+            // Leader-only work in a cluster: one member revokes, not all at once.
+            if domain.cluster.is_leader() {
+                reap(&domain, &mut retry).await;
+            }
         }
     });
 }

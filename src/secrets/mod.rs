@@ -222,6 +222,21 @@ async fn rotate_master_inner(domain: &Domain, principal: &Principal, new_key: &s
     Ok(count)
 }
 
+/// Drops cached transit keys (all when `name` is None): another cluster member changed them.
+pub fn forget_transit_keys(domain: &Domain, name: Option<&str>) {
+    let mut cache = domain
+        .secrets
+        .transit_cache
+        .lock()
+        .expect("cache lock poisoned");
+    match name {
+        Some(name) => {
+            cache.remove(name);
+        }
+        None => cache.clear(),
+    }
+}
+
 /// Records `result` of a secrets operation as one audit row and returns it.
 async fn audited<T>(
     domain: &Domain,

@@ -225,6 +225,7 @@ fn validate(config: &ServerConfig, dev: bool) -> Vec<String> {
     if config.store.driver == config::StoreDriver::Postgres && config.store.url.is_empty() {
         problems.push("store.url is required when store.driver is postgres".into());
     }
+    problems.extend(crate::cluster::config_problems(config));
     problems
 }
 
@@ -590,7 +591,21 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
         events: events_log.clone(),
         audit: audit_log.clone(),
     };
-    let domain = Domain::start(&config, store, logs, bus.client.clone(), stop.clone()).await?;
+    let cluster = if config.cluster.enabled {
+        crate::cluster::Cluster::join(&config, bus.client.clone(), grpc_listener.local_addr()?)
+            .await?
+    } else {
+        crate::cluster::Cluster::single(&config.bus.server_name, &config.listen.grpc)
+    };
+    let domain = Domain::start(
+        &config,
+        store,
+        logs,
+        bus.client.clone(),
+        cluster,
+        stop.clone(),
+    )
+    .await?;
     audit_admin_recoveries(&domain, &data_dir).await;
     bus.report_health(domain.events.clone());
     let bus_monitor = super::bus_monitor::start(&config, &domain, &bus, stop.clone()).await?;
@@ -607,6 +622,8 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     tokio::spawn(super::enrol::serve(context.clone()));
     super::fleet::start(context.clone()).await?;
     crate::secrets::leases::spawn_reaper(context.domain.clone());
+    crate::identity::spawn_token_cleanup(context.domain.clone());
+    crate::cluster::spawn(context.domain.clone());
 
     let http_task = tokio::spawn(super::http::serve(
         context.clone(),
@@ -647,6 +664,8 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     // Heartbeat times are saved in batches; keep the last ones for the next start.
     crate::fleet::save_heartbeats(&context.domain).await;
     let _ = stop_sender.send(true);
+    // The lease and the member row go now, so the next leader need not wait the lease out.
+    context.domain.cluster.leave().await;
     // Both servers drain on their own; the grace bounds them together.
     let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
         let _ = http_task.await;
@@ -699,6 +718,10 @@ impl StopSignals {
         loop {
             tokio::select! {
                 _ = self.term.recv() => return,
+                _ = context.domain.cluster.until_evicted() => {
+                    tracing::error!("removed from the cluster (svc-cluster remove): stopping");
+                    return;
+                }
                 _ = self.int.recv() => return,
                 _ = self.hup.recv() => {
                     let count = context.domain.auditor.reload_policies();

@@ -2,8 +2,10 @@
 //! its own client and runs the liveness sweep.
 //!
 //! Thin: the agent id comes from the subject (the broker lets an agent publish only under its
-//! own `svc.agent.<id>.`), the JSON body is parsed here, and `fleet::` does the rest. Queue
-//! groups make one server handle each message when several share an external NATS cluster.
+//! own `svc.agent.<id>.`), the JSON body is parsed here, and `fleet::` does the rest. No queue
+//! group: in a cluster every member receives every heartbeat (each answers for every agent;
+//! the agent's owner acts on it, `cluster`), and every result (only the member that sent the
+//! job has someone waiting for it).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +15,6 @@ use futures_util::StreamExt;
 use super::Context;
 use crate::fleet::{self, protocol};
 
-const QUEUE_GROUP: &str = "svc-server";
 /// Heartbeat times reach the store at most this often (batched).
 const SAVE_EVERY: Duration = Duration::from_secs(5);
 
@@ -21,7 +22,7 @@ const SAVE_EVERY: Duration = Duration::from_secs(5);
 /// goes away.
 pub async fn start(context: Arc<Context>) -> crate::Result<()> {
     let client = &context.bus.client;
-    let subscribe = |subject: &'static str| client.queue_subscribe(subject, QUEUE_GROUP.into());
+    let subscribe = |subject: &'static str| client.subscribe(subject);
     let unavailable = |e: async_nats::SubscribeError| {
         crate::Error::Unavailable(format!("bus: cannot subscribe for the fleet: {e}"))
     };

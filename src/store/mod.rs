@@ -44,6 +44,7 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "jwt_svids",
         include_str!("migrations/0006_jwt_svids.sql"),
     ),
+    (7, "cluster", include_str!("migrations/0007_cluster.sql")),
 ];
 
 /// A stored API key (never the key itself: only its hash).

@@ -7,6 +7,7 @@
 //! under row locks. Migrations run at start under a session advisory lock, so two servers
 //! starting together apply each migration once.
 
+pub mod cluster;
 mod export;
 mod fleet;
 mod jwt;
@@ -63,6 +64,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         6,
         "jwt_svids",
         include_str!("migrations/postgres/0006_jwt_svids.sql"),
+    ),
+    (
+        7,
+        "cluster",
+        include_str!("migrations/postgres/0007_cluster.sql"),
     ),
 ];
 
@@ -232,6 +238,41 @@ impl Target {
             }
         });
         Ok(client)
+    }
+
+    /// One connection outside any pool whose notifications (LISTEN) come out of the returned
+    /// receiver; it ends when the connection does, which is how a listener learns to
+    /// reconnect.
+    pub async fn connect_listening(
+        &self,
+    ) -> Result<(
+        tokio_postgres::Client,
+        tokio::sync::mpsc::UnboundedReceiver<tokio_postgres::Notification>,
+    )> {
+        let (client, mut connection) = self
+            .config
+            .connect(self.tls.clone())
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            loop {
+                match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                    Some(Ok(tokio_postgres::AsyncMessage::Notification(note))) => {
+                        if sender.send(note).is_err() {
+                            return;
+                        }
+                    }
+                    Some(Ok(_)) => {}
+                    Some(Err(error)) => {
+                        tracing::debug!(%error, "postgres listening connection closed");
+                        return;
+                    }
+                    None => return,
+                }
+            }
+        });
+        Ok((client, receiver))
     }
 
     fn unreachable(&self, error: tokio_postgres::Error) -> Error {

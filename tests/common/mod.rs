@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod agent;
+pub mod cluster;
 pub mod moto;
 pub mod pki;
 pub mod postgres;
@@ -110,6 +111,8 @@ pub struct Options {
     /// The test opens, breaks or reads `data_dir/svc.db` itself: the server keeps SQLite
     /// whatever `SVC_TEST_STORE` says.
     pub sqlite_only: bool,
+    /// The master key (default: a random one); servers sharing a store need the same.
+    pub master_key: Option<String>,
 }
 
 /// The store driver test servers use: `SVC_TEST_STORE` (`sqlite`, the default, or
@@ -181,7 +184,7 @@ impl TestServer {
         let config = format!(
             "data_dir: {}\nlisten:\n  http: 127.0.0.1:0\n  grpc: 127.0.0.1:0\n  bus: 127.0.0.1:0\n  bus_monitor: 127.0.0.1:0\nhmacsecret: test-hmac-secret\nmaster_key: {}\n{store}{}",
             data_dir.display(),
-            random_master_key(),
+            options.master_key.clone().unwrap_or_else(random_master_key),
             options.config_yaml
         );
         std::fs::write(&config_file, config).unwrap();

@@ -1,0 +1,2 @@
+-- Cluster mode (docs/cluster.md) needs PostgreSQL: membership and the leader's lease live
+-- only in the PostgreSQL edition of this migration. SQLite keeps the version in step.

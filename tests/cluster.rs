@@ -1,0 +1,441 @@
+//! Cluster mode (docs/cluster.md): several real svc-server members on one PostgreSQL and a
+//! NATS cluster with JetStream, driven through svc-cluster, REST and the bus. Skipped with a
+//! message where PostgreSQL or nats-server is missing (required under CI).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::cluster::{self, Members, Setup, FAST};
+use common::{run, TestServer};
+
+/// A NATS node with JetStream for the members (one node: the stream tests use three).
+struct Nats {
+    child: std::process::Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Nats {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn nats_with_jetstream() -> Option<Nats> {
+    let binary = ["/usr/sbin/nats-server", "/usr/bin/nats-server"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists());
+    let Some(binary) = binary else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "nats-server is required under CI"
+        );
+        eprintln!("skipped: nats-server not installed (apt-get install nats-server)");
+        return None;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = std::process::Command::new(binary)
+        .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+        .arg(dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "nats-server did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Some(Nats {
+        child,
+        url: format!("nats://127.0.0.1:{port}"),
+        _dir: dir,
+    })
+}
+
+fn three_members(nats: &Nats, timing: &str) -> Option<Members> {
+    cluster::start(Setup {
+        nats_urls: vec![vec![nats.url.clone()]; 3],
+        cluster_yaml: timing,
+        extra_yaml: "",
+    })
+}
+
+fn ids(members: &serde_json::Value) -> Vec<String> {
+    members
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn members_agree_on_one_leader_and_report_quorum() {
+    let Some(nats) = nats_with_jetstream() else {
+        return;
+    };
+    let Some(members) = three_members(&nats, FAST) else {
+        return;
+    };
+    let leader = members.wait_for_leader(0, "", Duration::from_secs(10));
+    for i in 0..3 {
+        let status = members.cluster_json(i, &["status"]);
+        assert_eq!(status["leader"], leader.as_str(), "member {i}: {status}");
+        assert_eq!(status["clustered"], true);
+        assert_eq!(status["quorum"], true, "{status}");
+        assert_eq!(status["postgres"], true);
+        assert_eq!(status["nats"], true);
+        assert_eq!(status["health"], "healthy", "{status}");
+        assert!(status["term"].as_i64().unwrap() >= 1);
+        assert_eq!(ids(&status["members"]), ["m1", "m2", "m3"]);
+        let roles: Vec<&str> = status["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["role"].as_str().unwrap())
+            .collect();
+        assert_eq!(roles.iter().filter(|r| **r == "leader").count(), 1);
+        for member in status["members"].as_array().unwrap() {
+            let address = member["address"].as_str().unwrap();
+            assert!(
+                address.starts_with("127.0.0.1:") && !address.ends_with(":0"),
+                "{member}"
+            );
+        }
+    }
+    let shown = members.cluster_json(1, &["leader"]);
+    assert_eq!(shown["id"], leader.as_str());
+    let one = members.cluster_json(2, &["members", "m2"]);
+    assert_eq!(ids(&one), ["m2"]);
+    let missing = members.cluster_cli(0, &["members", "m9"]);
+    assert_eq!(missing.code, 5, "{}", missing.stderr);
+    let add = members.cluster_cli(0, &["add", "m4", "--address", "127.0.0.1:1"]);
+    assert_eq!(add.code, 1);
+    assert!(add.stderr.contains("Unimplemented"), "{}", add.stderr);
+
+    // Readonly reads; changing membership is admin.
+    let (_, readonly) = members.servers[0].create_key("viewer", "readonly");
+    let server = &members.servers[1];
+    let status = run(server
+        .cli("svc-cluster")
+        .args(["--api-key", &readonly, "status"]));
+    assert_eq!(status.code, 0, "{}", status.stderr);
+    assert!(status.stdout.contains("quorum:   yes"), "{}", status.stdout);
+    for args in [&["remove", "m3"][..], &["rebalance"], &["transfer-leader"]] {
+        let refused = run(server
+            .cli("svc-cluster")
+            .args(["--api-key", &readonly])
+            .args(args));
+        assert_eq!(refused.code, 4, "{args:?}: {}", refused.stderr);
+    }
+    let none = run(server.cli("svc-cluster").arg("status"));
+    assert_ne!(none.code, 0);
+}
+
+#[test]
+fn transfer_leader_moves_the_lease_and_is_audited() {
+    let Some(nats) = nats_with_jetstream() else {
+        return;
+    };
+    let Some(members) = three_members(&nats, FAST) else {
+        return;
+    };
+    let first = members.wait_for_leader(0, "", Duration::from_secs(10));
+    let term = members.cluster_json(0, &["status"])["term"]
+        .as_i64()
+        .unwrap();
+    let target = if first == "m3" { "m2" } else { "m3" };
+    let moved = members.cluster_json(0, &["transfer-leader", "--to", target]);
+    assert_eq!(moved["id"], target);
+    for i in 0..3 {
+        // Views refresh every heartbeat interval.
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while members.leader_seen_by(i) != target && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let status = members.cluster_json(i, &["status"]);
+        assert_eq!(status["leader"], target, "member {i}");
+        assert!(status["term"].as_i64().unwrap() > term);
+    }
+    // Without a target: any other live member.
+    let next = members.cluster_json(1, &["transfer-leader"]);
+    assert_ne!(next["id"], target);
+    // A member that is not there is refused.
+    let refused = members.cluster_cli(0, &["transfer-leader", "m9"]);
+    assert_eq!(refused.code, 1, "{}", refused.stderr);
+    assert!(refused.stderr.contains("not live"), "{}", refused.stderr);
+    let rows = common::audit_rows(
+        &members.servers[2],
+        &["--action", "cluster.transfer_leader"],
+    );
+    assert!(rows.len() >= 3, "{rows:?}");
+}
+
+#[test]
+fn a_removed_member_stops_serving_and_leaves_the_table() {
+    let Some(nats) = nats_with_jetstream() else {
+        return;
+    };
+    let Some(mut members) = three_members(&nats, FAST) else {
+        return;
+    };
+    members.wait_for_leader(0, "", Duration::from_secs(10));
+    let removed = members.cluster_json(0, &["remove", "m2"]);
+    assert_eq!(removed["removed"], "m2");
+    // m2 finds its row gone at its next heartbeat and stops by itself.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let pid = members.servers[1].pid() as i32;
+    loop {
+        let mut status = 0;
+        let done = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid;
+        if done {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "m2 still runs:\n{}",
+            members.servers[1].log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(members.servers[1]
+        .log()
+        .contains("removed from the cluster"));
+    let listed = members.cluster_json(0, &["members"]);
+    assert_eq!(ids(&listed), ["m1", "m3"]);
+    let again = members.cluster_cli(2, &["remove", "m2"]);
+    assert_eq!(again.code, 5, "{}", again.stderr);
+    let rows = common::audit_rows(&members.servers[0], &["--action", "cluster.remove"]);
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    members.servers.remove(1);
+}
+
+#[test]
+fn killing_the_leader_elects_another_within_the_lease() {
+    let Some(nats) = nats_with_jetstream() else {
+        return;
+    };
+    // The default timing (1s heartbeats, 5s lease): the figure the docs give.
+    let Some(mut members) = three_members(&nats, "") else {
+        return;
+    };
+    let leader = members.wait_for_leader(0, "", Duration::from_secs(15));
+    let dead = Members::index_of(&leader);
+    let witness = (dead + 1) % 3;
+    let killed = Instant::now();
+    members.servers[dead].stop_with(libc::SIGKILL);
+    let next = members.wait_for_leader(witness, &leader, Duration::from_secs(10));
+    let took = killed.elapsed();
+    eprintln!("leader {leader} killed: {next} leads after {took:?}");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    let status = members.cluster_json(witness, &["status"]);
+    assert_eq!(status["health"], "degraded", "{status}");
+    let dead_row = status["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["id"] == leader.as_str())
+        .unwrap()
+        .clone();
+    assert_eq!(dead_row["health"], "unreachable", "{status}");
+}
+
+#[test]
+fn a_key_deleted_on_one_member_fails_at_once_on_another() {
+    let Some(nats) = nats_with_jetstream() else {
+        return;
+    };
+    let Some(members) = three_members(&nats, FAST) else {
+        return;
+    };
+    let (a, b) = (&members.servers[0], &members.servers[2]);
+    let (id, key) = a.create_key("short-lived", "operator");
+    assert_eq!(
+        b.request("GET", "/api/v1/apikeys", Some(&key), None).status,
+        403
+    );
+    assert_eq!(
+        b.request("GET", "/health/ready", Some(&key), None).status,
+        200
+    );
+    let listed = run(b
+        .cli("svc-events")
+        .args(["--api-key", &key, "list", "--limit", "1"]));
+    assert_eq!(listed.code, 0, "{}", listed.stderr);
+    let deleted = a.request(
+        "DELETE",
+        &format!("/api/v1/apikeys/{id}"),
+        Some(&members.admin_key),
+        None,
+    );
+    assert!(
+        deleted.status == 200 || deleted.status == 204,
+        "{}",
+        deleted.status
+    );
+    let refused = run(b
+        .cli("svc-events")
+        .args(["--api-key", &key, "list", "--limit", "1"]));
+    assert_eq!(refused.code, 4, "{}", refused.stderr);
+}
+
+/// (member, agents it owns) for the healthy members, as member `i` reports them.
+fn owned(members: &Members, i: usize) -> Vec<(String, u64)> {
+    members
+        .cluster_json(i, &["members"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["health"] == "healthy")
+        .map(|m| {
+            (
+                m["id"].as_str().unwrap().to_string(),
+                m["agents"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn agents_are_owned_by_one_live_member_and_move_when_it_dies() {
+    let Some(nats) = nats_with_jetstream() else {
+        return;
+    };
+    let Some(mut members) = three_members(&nats, FAST) else {
+        return;
+    };
+    members.wait_for_leader(0, "", Duration::from_secs(10));
+    let agents: Vec<_> = (0..6)
+        .map(|i| {
+            common::agent::Agent::start(&members.servers[i % 3], &format!("host-{i}"), "role=web")
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while owned(&members, 0).iter().map(|(_, n)| n).sum::<u64>() != 6 {
+        assert!(Instant::now() < deadline, "{:?}", owned(&members, 0));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Every member answers for every agent: all six are connected everywhere.
+    for i in 0..3 {
+        let list = run(members.servers[i].cli("svcctl").args([
+            "--api-key",
+            &members.admin_key,
+            "-o",
+            "json",
+            "agent",
+            "list",
+        ]));
+        let list: serde_json::Value = serde_json::from_str(&list.stdout).unwrap();
+        let connected = list
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|a| a["state"] == "connected")
+            .count();
+        assert_eq!(connected, 6, "member {i}: {list}");
+    }
+    let rebalanced = members.cluster_json(1, &["rebalance"]);
+    assert_eq!(rebalanced["rebalanced"], true);
+    // Kill a member that owns agents; the others take them within the member timeout.
+    let before = owned(&members, 0);
+    let (victim, _) = before
+        .iter()
+        .find(|(id, n)| *n > 0 && id != "m1")
+        .unwrap()
+        .clone();
+    let index = Members::index_of(&victim);
+    members.servers[index].stop_with(libc::SIGKILL);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let now = owned(&members, 0);
+        let total: u64 = now.iter().map(|(_, n)| n).sum();
+        if now.len() == 2 && total == 6 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{now:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // One agent_connected per agent, however many members received its heartbeats.
+    let events = run(members.servers[0].cli("svc-events").args([
+        "--api-key",
+        &members.admin_key,
+        "-o",
+        "json",
+        "list",
+        "--type",
+        "agent_connected",
+        "--limit",
+        "100",
+    ]));
+    assert_eq!(events.code, 0, "{}", events.stderr);
+    drop(agents);
+}
+
+#[test]
+fn a_single_server_is_its_own_cluster() {
+    let server = TestServer::start();
+    let status = run(server.cli("svc-cluster").args([
+        "--api-key",
+        &server.admin_key,
+        "-o",
+        "json",
+        "status",
+    ]));
+    assert_eq!(status.code, 0, "{}", status.stderr);
+    let status: serde_json::Value = serde_json::from_str(&status.stdout).unwrap();
+    assert_eq!(status["clustered"], false);
+    assert_eq!(status["health"], "healthy");
+    assert_eq!(status["members"].as_array().unwrap().len(), 1);
+    assert_eq!(status["leader"], status["members"][0]["id"]);
+    let transfer =
+        run(server
+            .cli("svc-cluster")
+            .args(["--api-key", &server.admin_key, "transfer-leader"]));
+    assert_eq!(transfer.code, 1);
+    assert!(
+        transfer.stderr.contains("cluster mode is off"),
+        "{}",
+        transfer.stderr
+    );
+    let remove =
+        run(server
+            .cli("svc-cluster")
+            .args(["--api-key", &server.admin_key, "remove", "x"]));
+    assert_eq!(remove.code, 1, "{}", remove.stderr);
+}
+
+#[test]
+fn cluster_settings_are_checked() {
+    let temp = tempfile::tempdir().unwrap();
+    let config = temp.path().join("server.yaml");
+    std::fs::write(
+        &config,
+        "data_dir: /tmp/x\nhmacsecret: h\nmaster_key: AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=\nlisten:\n  grpc: 0.0.0.0:5397\ncluster:\n  enabled: true\n  member_id: \"a b\"\n  lease_ttl: 1s\n",
+    )
+    .unwrap();
+    let names = common::Names::new();
+    let checked = run(names.command("svc-server").args([
+        "--config",
+        config.to_str().unwrap(),
+        "--check-config",
+    ]));
+    assert_ne!(checked.code, 0);
+    let text = format!("{}{}", checked.stdout, checked.stderr);
+    for needle in [
+        "store.driver: postgres",
+        "bus.external_urls",
+        "cluster.member_id 'a b'",
+        "cluster.advertise is required",
+        "cluster.lease_ttl must be at least three times",
+    ] {
+        assert!(text.contains(needle), "{needle}: {text}");
+    }
+}
