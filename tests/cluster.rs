@@ -439,3 +439,117 @@ fn cluster_settings_are_checked() {
         assert!(text.contains(needle), "{needle}: {text}");
     }
 }
+
+fn svcctl(members: &Members, i: usize, args: &[&str]) -> common::Run {
+    run(members.servers[i]
+        .cli("svcctl")
+        .args(["--api-key", &members.admin_key])
+        .args(args))
+}
+
+/// Each exec result line of `svcctl -o json exec`, by agent.
+fn exec_results(run: &common::Run) -> std::collections::BTreeMap<String, serde_json::Value> {
+    run.stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| Some((v["agent_id"].as_str()?.to_string(), v)))
+        .collect()
+}
+
+#[test]
+fn exec_through_any_member_reaches_agents_and_a_quarantine_is_seen_everywhere() {
+    let Some(nats) = nats_with_jetstream() else {
+        return;
+    };
+    let Some(members) = three_members(&nats, FAST) else {
+        return;
+    };
+    let _a = common::agent::Agent::start(&members.servers[0], "web-1", "role=web");
+    let _b = common::agent::Agent::start(&members.servers[2], "web-2", "role=web");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let sent = svcctl(
+            &members,
+            1,
+            &[
+                "-o", "json", "exec", "--target", "role=web", "--", "echo", "hi",
+            ],
+        );
+        let results = exec_results(&sent);
+        if sent.code == 0 && results.len() == 2 {
+            for result in results.values() {
+                assert_eq!(result["stdout"], "hi\n", "{result}");
+            }
+            break;
+        }
+        assert!(Instant::now() < deadline, "{sent:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Quarantined through m1: m2 and m3 know at once (NOTIFY), not at their next reload.
+    let quarantined = svcctl(
+        &members,
+        0,
+        &["agent", "quarantine", "web-2", "--reason", "test"],
+    );
+    assert_eq!(quarantined.code, 0, "{quarantined:?}");
+    for i in [1, 2] {
+        let sent = svcctl(
+            &members,
+            i,
+            &[
+                "-o", "json", "exec", "--target", "role=web", "--", "echo", "hi",
+            ],
+        );
+        let results = exec_results(&sent);
+        assert_eq!(results["web-1"]["status"], "ok", "member {i}: {sent:?}");
+        assert_eq!(
+            results["web-2"]["status"], "skipped",
+            "member {i}: {sent:?}"
+        );
+    }
+}
+
+#[test]
+fn the_audit_chain_stays_one_chain_with_every_member_writing() {
+    let Some(nats) = nats_with_jetstream() else {
+        return;
+    };
+    let Some(members) = three_members(&nats, FAST) else {
+        return;
+    };
+    let members = std::sync::Arc::new(members);
+    let writers: Vec<_> = (0..6)
+        .map(|w| {
+            let members = members.clone();
+            std::thread::spawn(move || {
+                let server = &members.servers[w % 3];
+                for n in 0..10 {
+                    let body = format!(r#"{{"name":"w{w}-{n}","role":"readonly"}}"#);
+                    let created = server.request(
+                        "POST",
+                        "/api/v1/apikeys",
+                        Some(&members.admin_key),
+                        Some(&body),
+                    );
+                    assert_eq!(created.status, 201, "{}", created.body);
+                }
+            })
+        })
+        .collect();
+    for writer in writers {
+        writer.join().unwrap();
+    }
+    for i in 0..3 {
+        let verified = run(members.servers[i].cli("svc-audit").args([
+            "--api-key",
+            &members.admin_key,
+            "-o",
+            "json",
+            "verify",
+        ]));
+        assert_eq!(verified.code, 0, "member {i}: {verified:?}");
+        let verified: serde_json::Value = serde_json::from_str(&verified.stdout).unwrap();
+        assert_eq!(verified["ok"], true, "{verified}");
+        assert!(verified["rows"].as_u64().unwrap() >= 60, "{verified}");
+    }
+}

@@ -101,7 +101,10 @@ async fn svc_services_require_a_valid_key_then_answer_unimplemented() {
         .await
         .unwrap_err();
     assert_eq!(status.code(), Code::Unimplemented, "{status:?}");
-    assert!(status.message().ends_with("not implemented yet"), "{status:?}");
+    assert!(
+        status.message().ends_with("not implemented yet"),
+        "{status:?}"
+    );
 
     // A deleted key fails its next gRPC call too.
     let (id, key) = server.create_key("grpc", "readonly");
