@@ -553,3 +553,42 @@ fn the_audit_chain_stays_one_chain_with_every_member_writing() {
         assert!(verified["rows"].as_u64().unwrap() >= 60, "{verified}");
     }
 }
+
+#[test]
+fn a_paused_leader_steps_down_and_never_leads_beside_the_new_one() {
+    let Some(nats) = nats_with_jetstream() else {
+        return;
+    };
+    let Some(members) = three_members(&nats, FAST) else {
+        return;
+    };
+    let leader = members.wait_for_leader(0, "", Duration::from_secs(10));
+    let paused = Members::index_of(&leader);
+    let witness = (paused + 1) % 3;
+    let pid = members.servers[paused].pid() as i32;
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let next = members.wait_for_leader(witness, &leader, Duration::from_secs(10));
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    // Back, the old leader finds its lease ran out and follows; the new one keeps leading.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !members.servers[paused].log().contains("stepped down") {
+        assert!(
+            Instant::now() < deadline,
+            "{}",
+            members.servers[paused].log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(600));
+    for i in 0..3 {
+        let status = members.cluster_json(i, &["status"]);
+        assert_eq!(status["leader"], next.as_str(), "member {i}: {status}");
+        let leaders = status["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["role"] == "leader")
+            .count();
+        assert_eq!(leaders, 1, "{status}");
+    }
+}

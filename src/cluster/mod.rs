@@ -428,6 +428,15 @@ impl Cluster {
         // Counted from before the request: the database's expiry is at least this late.
         let started = Instant::now();
         let valid_until = started + ttl - self.timing.heartbeat_interval;
+        let held = *self
+            .leadership
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some((until, token)) = held.filter(|(until, _)| started >= *until) {
+            // Paused or cut off for longer than the lease: another member may lead now.
+            self.set_leadership(None);
+            tracing::warn!(member = %self.id, term = token, late = ?started - until, "the leader lease ran out before it could be renewed: stepped down");
+        }
         match self.leadership_now() {
             Some(token) => match db.renew(&self.id, token, ttl).await? {
                 Renewal::Renewed => self.set_leadership(Some((valid_until, token))),
