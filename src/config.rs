@@ -122,6 +122,8 @@ pub struct ServerConfig {
     /// Retention of the durable streams (events, audit mirror) under data_dir/jetstream/.
     pub streams: StreamsConfig,
     pub secrets: SecretsConfig,
+    /// The file service (`svc-files`, docs/files.md).
+    pub files: FilesConfig,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -160,6 +162,7 @@ impl Default for ServerConfig {
             limits: LimitsConfig::default(),
             streams: StreamsConfig::default(),
             secrets: SecretsConfig::default(),
+            files: FilesConfig::default(),
         }
     }
 }
@@ -453,6 +456,57 @@ impl Default for PostgresSecretsConfig {
     }
 }
 
+/// The file service's limits (docs/files.md); objects live under `data_dir/files/<cluster>/`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FilesConfig {
+    /// Largest object, in bytes (default 5 GiB).
+    pub max_object_size: u64,
+    /// Bytes per chunk on the bus and on disk (default 256 KiB); must leave room for headers
+    /// under `bus.max_payload`.
+    pub chunk_size: u64,
+    /// Bytes of committed objects one cluster may hold; 0: no quota.
+    pub cluster_quota: u64,
+    /// Which clusters a key may use, by key id or name (`{ci-reader: [staging]}`); a key not
+    /// listed may use every cluster.
+    pub key_clusters: std::collections::BTreeMap<String, Vec<String>>,
+}
+
+/// Bytes a file-service message needs beside its chunk (headers, subject).
+pub const FILES_HEADER_ROOM: u64 = 4096;
+
+impl Default for FilesConfig {
+    fn default() -> Self {
+        FilesConfig {
+            max_object_size: 5 * 1024 * 1024 * 1024,
+            chunk_size: 256 * 1024,
+            cluster_quota: 0,
+            key_clusters: Default::default(),
+        }
+    }
+}
+
+impl FilesConfig {
+    /// What is wrong with these limits, each problem naming its key.
+    pub fn problems(&self, bus_max_payload: u64) -> Vec<String> {
+        let mut problems = Vec::new();
+        if self.chunk_size < 1024 {
+            problems.push("files.chunk_size must be at least 1024 bytes (default 262144)".into());
+        }
+        if self.chunk_size + FILES_HEADER_ROOM > bus_max_payload {
+            problems.push(format!(
+                "files.chunk_size ({}) plus {FILES_HEADER_ROOM} bytes of headers must fit in \
+                 bus.max_payload ({bus_max_payload})",
+                self.chunk_size
+            ));
+        }
+        if self.max_object_size == 0 {
+            problems.push("files.max_object_size must be positive (default 5 GiB)".into());
+        }
+        problems
+    }
+}
+
 /// Which keys of a config kind hold free-form maps (any key allowed below them), and which
 /// top-level keys belong to the other daemon (their variables are skipped, not rejected).
 struct Schema {
@@ -461,7 +515,7 @@ struct Schema {
 }
 
 const SERVER_SCHEMA: Schema = Schema {
-    free_form: &[],
+    free_form: &["files.key_clusters"],
     foreign_roots: &["agent", "nats"],
 };
 const AGENT_SCHEMA: Schema = Schema {

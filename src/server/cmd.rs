@@ -606,6 +606,7 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     tokio::spawn(enforce_retention(vec![events_log, audit_log]));
     tokio::spawn(super::enrol::serve(context.clone()));
     super::fleet::start(context.clone()).await?;
+    super::files::start(context.clone()).await?;
     crate::secrets::leases::spawn_reaper(context.domain.clone());
 
     let http_task = tokio::spawn(super::http::serve(
