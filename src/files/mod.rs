@@ -27,6 +27,21 @@ use crate::config::FilesConfig;
 use crate::domain::Domain;
 use crate::{Error, Result};
 
+/// The message headers of the bus protocol (docs/files.md), shared by the server's handlers
+/// and the CLI.
+pub mod wire {
+    /// The client's declared principal id, recorded in metadata and audit.
+    pub const PRINCIPAL_ID_HEADER: &str = "Svc-Principal-Id";
+    /// The client's declared role; refused when above the API key's.
+    pub const PRINCIPAL_ROLE_HEADER: &str = "Svc-Principal-Role";
+    /// The manifest of a put/commit request, or the object of a get reply, as JSON.
+    pub const MANIFEST_HEADER: &str = "Svc-Manifest";
+    /// The SHA-256 (hex) of the chunk a `read` asks for or a `chunk` carries.
+    pub const CHUNK_HEADER: &str = "Svc-Chunk";
+    /// On an error reply: the error code (`not_found`, `permission_denied`, ...).
+    pub const ERROR_HEADER: &str = "Svc-Error";
+}
+
 /// Largest `kv://` value.
 pub const MAX_KV_SIZE: u64 = 1024 * 1024;
 /// Longest remote path or key, in bytes.

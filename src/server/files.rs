@@ -23,17 +23,14 @@ use serde::Deserialize;
 use super::Context;
 use crate::auth::Role;
 use crate::bus::{subjects, SENDER_HEADER};
+use crate::files::wire::{
+    CHUNK_HEADER, ERROR_HEADER, MANIFEST_HEADER, PRINCIPAL_ID_HEADER, PRINCIPAL_ROLE_HEADER,
+};
 use crate::files::{local::LocalStore, Caller, Files, Manifest};
 use crate::{Error, Result};
 
 const QUEUE_GROUP: &str = "svc-server";
-pub const PRINCIPAL_ID_HEADER: &str = "Svc-Principal-Id";
-pub const PRINCIPAL_ROLE_HEADER: &str = "Svc-Principal-Role";
-/// The manifest of a put/commit request, or the object of a get reply, as JSON.
-pub const MANIFEST_HEADER: &str = "Svc-Manifest";
-/// The SHA-256 of the chunk a `read` asks for or a `chunk` carries.
-pub const CHUNK_HEADER: &str = "Svc-Chunk";
-pub const ERROR_HEADER: &str = "Svc-Error";
+
 
 /// Starts the file service on the server's bus client; it runs until the client goes away.
 /// The local backend lives under `data_dir/files`; cluster mode's JetStream backend would be
