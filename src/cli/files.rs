@@ -39,7 +39,62 @@ const WINDOW: usize = 16;
 const DEFAULT_TIMEOUT: &str = "1m0s";
 
 pub fn main(program: &str, args: Vec<String>) -> i32 {
-    super::run_partly_built(program, args, run)
+    super::run_partly_built(program, arrange(args), run)
+}
+
+/// The flags that take a value, which may also come before the command.
+const VALUE_FLAGS: &[&str] = &[
+    "--nats-url",
+    "--cluster",
+    "--principal-id",
+    "--principal-role",
+    "--timeout",
+    "--log-level",
+    "--api-key",
+    "-o",
+    "--output",
+];
+
+/// argh reads a bare `-` as an unknown flag, so it travels as `STDIO` until the command
+/// body sees it.
+const STDIO: &str = "\u{1}stdio";
+
+/// Moves the flags given before the command (`svc-files --cluster a put ...`) after it, where
+/// the command's parser finds them, and protects `-`.
+fn arrange(args: Vec<String>) -> Vec<String> {
+    let mut leading = Vec::new();
+    let mut iter = args.into_iter();
+    let mut rest = Vec::new();
+    while let Some(arg) = iter.next() {
+        let flag = arg.split_once('=').map_or(arg.as_str(), |(flag, _)| flag);
+        if VALUE_FLAGS.contains(&flag) {
+            let has_inline = arg.contains('=');
+            leading.push(arg);
+            if !has_inline {
+                leading.extend(iter.next());
+            }
+        } else {
+            rest.push(arg);
+            rest.extend(iter.by_ref());
+        }
+    }
+    // Help and version stay first so the planned table still answers them.
+    let command = rest.first().cloned();
+    let mut arranged = Vec::new();
+    if let Some(command) = command {
+        arranged.push(command);
+        arranged.extend(
+            rest.into_iter()
+                .skip(1)
+                .map(|arg| if arg == "-" { STDIO.to_string() } else { arg }),
+        );
+    }
+    arranged.extend(leading);
+    arranged
+}
+
+fn is_stdio(arg: &str) -> bool {
+    arg == STDIO || arg == "-"
 }
 
 fn run(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
@@ -384,6 +439,7 @@ fn spool_stdin() -> Result<File, CliError> {
         .map_err(|e| io_failed("cannot create", &path.display().to_string(), e))?;
     let _ = std::fs::remove_file(&path);
     std::io::copy(&mut std::io::stdin().lock(), &mut file)
+        .and_then(|_| std::io::Seek::rewind(&mut file))
         .map_err(|e| io_failed("cannot read", "stdin", e))?;
     Ok(file)
 }
@@ -420,7 +476,7 @@ fn hash_file(file: &File, chunk_size: u64) -> Result<(u64, String, Vec<[u8; 32]>
 }
 
 async fn put(common: Common, flags: Flags, local: String, remote: String) -> Result<(), CliError> {
-    let file = if local == "-" {
+    let file = if is_stdio(&local) {
         spool_stdin()?
     } else {
         File::open(&local).map_err(|e| io_failed("cannot open", &local, e))?
@@ -523,7 +579,7 @@ enum Sink {
 
 impl Sink {
     fn open(local: &str) -> Result<Sink, CliError> {
-        if local == "-" {
+        if is_stdio(local) {
             return Ok(Sink::Stdout(std::io::stdout()));
         }
         let target = Path::new(local);
@@ -726,6 +782,23 @@ mod tests {
         for (text, expected) in cases {
             let parsed = timeout_value(text).ok().map(|d| d.as_millis() as u64);
             assert_eq!(parsed, expected, "{text}");
+        }
+    }
+
+    #[test]
+    fn flags_before_the_command_move_after_it() {
+        let strings = |args: &[&str]| args.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+        let cases: &[(&[&str], &[&str])] = &[
+            (
+                &["--cluster", "a", "put", "-", "x"],
+                &["put", STDIO, "x", "--cluster", "a"],
+            ),
+            (&["--timeout=5s", "list"], &["list", "--timeout=5s"]),
+            (&["get", "r", "-", "-o", "json"], &["get", "r", STDIO, "-o", "json"]),
+            (&["--help"], &["--help"]),
+        ];
+        for (input, expected) in cases {
+            assert_eq!(arrange(strings(input)), strings(expected), "{input:?}");
         }
     }
 
