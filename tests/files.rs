@@ -59,7 +59,15 @@ fn round_trips_list_stat_delete_and_the_audit_rows() {
     let put = files(
         &server,
         key,
-        &["put", s(&local), "data/big.bin", "-o", "json", "--principal-id", "alice"],
+        &[
+            "put",
+            s(&local),
+            "data/big.bin",
+            "-o",
+            "json",
+            "--principal-id",
+            "alice",
+        ],
     );
     assert_eq!(put.code, 0, "{put:?}");
     let summary = json_of(&put);
@@ -136,7 +144,10 @@ fn round_trips_list_stat_delete_and_the_audit_rows() {
     assert_eq!(meta["chunk_size"], CHUNK as u64);
     assert_eq!(meta["writer"]["principal_id"], "alice");
     assert_eq!(meta["writer"]["key_name"], "uploader");
-    assert!(meta["created_at"].as_str().unwrap().ends_with('Z'), "{meta}");
+    assert!(
+        meta["created_at"].as_str().unwrap().ends_with('Z'),
+        "{meta}"
+    );
 
     // delete, then the path is gone (exit 5) and a get leaves no file behind.
     let deleted = files(&server, key, &["delete", "data/big.bin"]);
@@ -176,7 +187,11 @@ fn clusters_roles_and_credentials() {
         &["--cluster", "a", "put", s(&local), "shared/f"],
     );
     assert_eq!(put_a.code, 0, "{put_a:?}");
-    let list_b = files(&server, Some(&operator), &["list", "--cluster", "b", "-o", "json"]);
+    let list_b = files(
+        &server,
+        Some(&operator),
+        &["list", "--cluster", "b", "-o", "json"],
+    );
     assert_eq!(list_b.code, 0, "{list_b:?}");
     assert_eq!(json_of(&list_b), serde_json::json!([]));
     let mut in_b = server.cli("svc-files");
@@ -188,10 +203,19 @@ fn clusters_roles_and_credentials() {
 
     // readonly: get, list, stat; not put or delete (exit 4).
     let back = dir.path().join("back");
-    let get = files(&server, Some(&readonly), &["get", "--cluster", "a", "shared/f", s(&back)]);
+    let get = files(
+        &server,
+        Some(&readonly),
+        &["get", "--cluster", "a", "shared/f", s(&back)],
+    );
     assert_eq!(get.code, 0, "{get:?}");
     assert_eq!(
-        files(&server, Some(&readonly), &["stat", "--cluster", "a", "shared/f"]).code,
+        files(
+            &server,
+            Some(&readonly),
+            &["stat", "--cluster", "a", "shared/f"]
+        )
+        .code,
         0
     );
     for args in [
@@ -208,7 +232,10 @@ fn clusters_roles_and_credentials() {
         &["list", "--principal-role", "admin", "--cluster", "a"],
     );
     assert_eq!(escalate.code, 4, "{escalate:?}");
-    assert!(escalate.stderr.contains("higher than the API key's"), "{escalate:?}");
+    assert!(
+        escalate.stderr.contains("higher than the API key's"),
+        "{escalate:?}"
+    );
     let lowered = files(
         &server,
         Some(&operator),
@@ -216,7 +243,10 @@ fn clusters_roles_and_credentials() {
     );
     assert_eq!(lowered.code, 4, "{lowered:?}");
     let denied = audit_rows(&server, &["--action", "file.put"]);
-    assert!(denied.iter().any(|r| r["outcome"] == "denied"), "{denied:?}");
+    assert!(
+        denied.iter().any(|r| r["outcome"] == "denied"),
+        "{denied:?}"
+    );
 
     // No credentials, a wrong key, a deleted key, an unreachable bus.
     let none = files(&server, None, &["list"]);
@@ -241,7 +271,10 @@ fn a_corrupted_chunk_is_caught_on_get_and_leaves_no_file() {
     let dir = tempfile::tempdir().unwrap();
     let bytes = content(3 * CHUNK, 5);
     let local = write(dir.path(), "f", &bytes);
-    assert_eq!(files(&server, Some(&operator), &["put", s(&local), "f"]).code, 0);
+    assert_eq!(
+        files(&server, Some(&operator), &["put", s(&local), "f"]).code,
+        0
+    );
 
     // Flip one byte of the second chunk on disk.
     let second = hex::encode(Sha256::digest(&bytes[CHUNK..2 * CHUNK]));
@@ -313,13 +346,23 @@ fn an_interrupted_put_resumes_with_only_the_missing_chunks() {
 
     let listed = files(&server, Some(&operator), &["list", "-o", "json"]);
     assert_eq!(json_of(&listed), serde_json::json!([]), "nothing listed");
-    let put = files(&server, Some(&operator), &["put", s(&local), "resumed", "-o", "json"]);
+    let put = files(
+        &server,
+        Some(&operator),
+        &["put", s(&local), "resumed", "-o", "json"],
+    );
     assert_eq!(put.code, 0, "{put:?}");
     let summary = json_of(&put);
     assert_eq!(summary["chunks"], 5, "{summary}");
-    assert_eq!(summary["chunks_sent"], 3, "only the missing chunks: {summary}");
+    assert_eq!(
+        summary["chunks_sent"], 3,
+        "only the missing chunks: {summary}"
+    );
     let back = dir.path().join("back");
-    assert_eq!(files(&server, Some(&operator), &["get", "resumed", s(&back)]).code, 0);
+    assert_eq!(
+        files(&server, Some(&operator), &["get", "resumed", s(&back)]).code,
+        0
+    );
     assert!(std::fs::read(&back).unwrap() == bytes);
 }
 
@@ -342,11 +385,18 @@ fn nats_py_readonly_key_cannot_read_another_cluster() {
     let secret = b"cluster b's secret contents".repeat(100);
     let local = write(dir.path(), "f", &secret);
     for cluster in ["a", "b"] {
-        let put = files(&server, Some(&operator), &["put", "--cluster", cluster, s(&local), "f"]);
+        let put = files(
+            &server,
+            Some(&operator),
+            &["put", "--cluster", cluster, s(&local), "f"],
+        );
         assert_eq!(put.code, 0, "{put:?}");
     }
     // The CLI: cluster a yes, cluster b no.
-    assert_eq!(files(&server, Some(&reader), &["stat", "--cluster", "a", "f"]).code, 0);
+    assert_eq!(
+        files(&server, Some(&reader), &["stat", "--cluster", "a", "f"]).code,
+        0
+    );
     let refused = files(&server, Some(&reader), &["stat", "--cluster", "b", "f"]);
     assert_eq!(refused.code, 4, "{refused:?}");
 
@@ -400,7 +450,11 @@ asyncio.run(main(sys.argv[1], sys.argv[2]))
         head.push_str(&line);
     }
     let back = dir.path().join("back");
-    let get = files(&server, Some(&operator), &["get", "--cluster", "b", "f", s(&back)]);
+    let get = files(
+        &server,
+        Some(&operator),
+        &["get", "--cluster", "b", "f", s(&back)],
+    );
     assert_eq!(get.code, 0, "{get:?}");
     let mut tail = String::new();
     std::io::Read::read_to_string(&mut reader_out, &mut tail).unwrap();

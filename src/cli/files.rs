@@ -28,10 +28,10 @@ use super::progress::Bar;
 use super::values::{log_filter, role};
 use super::{exit, CliError, Common, Output};
 use crate::bus::subjects;
-use crate::files::{Limits, ObjectMeta};
 use crate::files::wire::{
     CHUNK_HEADER, ERROR_HEADER, MANIFEST_HEADER, PRINCIPAL_ID_HEADER, PRINCIPAL_ROLE_HEADER,
 };
+use crate::files::{Limits, ObjectMeta};
 
 /// Chunk requests in flight at once, per transfer: enough to keep a loopback or LAN link
 /// busy while the server writes, small enough to bound memory (WINDOW × chunk size).
@@ -83,11 +83,13 @@ fn arrange(args: Vec<String>) -> Vec<String> {
     let mut arranged = Vec::new();
     if let Some(command) = command {
         arranged.push(command);
-        arranged.extend(
-            rest.into_iter()
-                .skip(1)
-                .map(|arg| if arg == "-" { STDIO.to_string() } else { arg }),
-        );
+        arranged.extend(rest.into_iter().skip(1).map(|arg| {
+            if arg == "-" {
+                STDIO.to_string()
+            } else {
+                arg
+            }
+        }));
     }
     arranged.extend(leading);
     arranged
@@ -332,9 +334,15 @@ async fn connect(common: &Common, flags: Flags) -> Result<Session, CliError> {
         use async_nats::ConnectErrorKind;
         match e.kind() {
             ConnectErrorKind::AuthorizationViolation | ConnectErrorKind::Authentication => {
-                CliError::new(exit::DENIED, format!("the bus at {url} refused the API key"))
+                CliError::new(
+                    exit::DENIED,
+                    format!("the bus at {url} refused the API key"),
+                )
             }
-            _ => CliError::new(exit::UNREACHABLE, format!("cannot reach the bus at {url}: {e}")),
+            _ => CliError::new(
+                exit::UNREACHABLE,
+                format!("cannot reach the bus at {url}: {e}"),
+            ),
         }
     })?;
     Ok(Session {
@@ -417,7 +425,11 @@ impl Session {
         body: serde_json::Value,
     ) -> Result<T, CliError> {
         let message = self
-            .request(operation, &[], serde_json::to_vec(&body).expect("JSON").into())
+            .request(
+                operation,
+                &[],
+                serde_json::to_vec(&body).expect("JSON").into(),
+            )
             .await?;
         serde_json::from_slice(&message.payload)
             .map_err(|e| CliError::failed(format!("malformed answer to {operation}: {e}")))
@@ -482,7 +494,9 @@ async fn put(common: Common, flags: Flags, local: String, remote: String) -> Res
         File::open(&local).map_err(|e| io_failed("cannot open", &local, e))?
     };
     let session = connect(&common, flags).await?;
-    let limits: Limits = session.json_request("limits", serde_json::json!({})).await?;
+    let limits: Limits = session
+        .json_request("limits", serde_json::json!({}))
+        .await?;
     let (size, sha256, chunks) = hash_file(&file, limits.chunk_size)?;
     let manifest = serde_json::json!({
         "path": remote,
@@ -656,7 +670,9 @@ async fn get(common: Common, flags: Flags, remote: String, local: String) -> Res
         .and_then(|value| serde_json::from_str(value.as_str()).ok())
         .ok_or_else(|| CliError::failed("the answer to get has no manifest"))?;
     if opened.payload.len() % 32 != 0 {
-        return Err(CliError::failed("the answer to get has a damaged chunk list"));
+        return Err(CliError::failed(
+            "the answer to get has a damaged chunk list",
+        ));
     }
     let hashes: Vec<String> = opened.payload.chunks(32).map(hex::encode).collect();
     let mut sink = Sink::open(&local)?;
@@ -794,7 +810,10 @@ mod tests {
                 &["put", STDIO, "x", "--cluster", "a"],
             ),
             (&["--timeout=5s", "list"], &["list", "--timeout=5s"]),
-            (&["get", "r", "-", "-o", "json"], &["get", "r", STDIO, "-o", "json"]),
+            (
+                &["get", "r", "-", "-o", "json"],
+                &["get", "r", STDIO, "-o", "json"],
+            ),
             (&["--help"], &["--help"]),
         ];
         for (input, expected) in cases {

@@ -112,7 +112,9 @@ fn read_dir_or_empty(dir: &Path) -> Result<Vec<PathBuf>> {
 /// Writes `bytes` to `target` through `tmp_dir`: write, fsync, rename, fsync the directory.
 fn write_atomically(tmp_dir: &Path, target: &Path, bytes: &[u8]) -> Result<()> {
     fs::create_dir_all(tmp_dir).map_err(|e| io_error("cannot create", tmp_dir, e))?;
-    let parent = target.parent().expect("targets are inside a cluster directory");
+    let parent = target
+        .parent()
+        .expect("targets are inside a cluster directory");
     fs::create_dir_all(parent).map_err(|e| io_error("cannot create", parent, e))?;
     let temp = tmp_dir.join(format!("{}.tmp", crate::ids::random_base62(20)));
     let written = fs::File::create(&temp)
@@ -159,7 +161,9 @@ fn read_records(cluster_dir: &Path) -> Result<Vec<ObjectMeta>> {
     Ok(records)
 }
 
-async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
     tokio::task::spawn_blocking(work)
         .await
         .map_err(|e| Error::Internal(format!("file task failed: {e}")))?
@@ -280,12 +284,22 @@ mod tests {
         let sha = super::super::sha256_hex(&chunk);
         let remote = Remote::parse("a/b").unwrap();
         assert_eq!(
-            store.missing_chunks("c", &[sha.clone()]).await.unwrap(),
+            store
+                .missing_chunks("c", std::slice::from_ref(&sha))
+                .await
+                .unwrap(),
             [0]
         );
         store.write_chunk("c", &sha, chunk.clone()).await.unwrap();
-        assert!(store.missing_chunks("c", &[sha.clone()]).await.unwrap().is_empty());
-        assert!(store.list("c", "").await.unwrap().is_empty(), "not yet committed");
+        assert!(store
+            .missing_chunks("c", std::slice::from_ref(&sha))
+            .await
+            .unwrap()
+            .is_empty());
+        assert!(
+            store.list("c", "").await.unwrap().is_empty(),
+            "not yet committed"
+        );
         store
             .commit("c", &remote, &meta("a/b", vec![sha.clone()]))
             .await

@@ -477,10 +477,7 @@ impl Files {
         self.check_put(caller, cluster, path, manifest).await?;
         let principal = caller.principal()?;
         let remote = Remote::parse(path)?;
-        let missing = self
-            .store
-            .missing_chunks(cluster, &manifest.chunks)
-            .await?;
+        let missing = self.store.missing_chunks(cluster, &manifest.chunks).await?;
         if !missing.is_empty() {
             return Err(Error::Conflict(format!(
                 "{} of {} chunks have not arrived; send them and commit again",
@@ -547,7 +544,11 @@ pub async fn key_principal(store: &dyn crate::store::Store, key_id: &str) -> Res
         return Err(refused());
     }
     let row = store.get_api_key(key_id).await?.ok_or_else(refused)?;
-    if let Some(expiry) = row.expires_at.as_deref().and_then(crate::clock::parse_rfc3339) {
+    if let Some(expiry) = row
+        .expires_at
+        .as_deref()
+        .and_then(crate::clock::parse_rfc3339)
+    {
         if expiry <= crate::clock::now_millis() {
             return Err(Error::Unauthenticated("API key expired".into()));
         }

@@ -31,12 +31,14 @@ use crate::{Error, Result};
 
 const QUEUE_GROUP: &str = "svc-server";
 
-
 /// Starts the file service on the server's bus client; it runs until the client goes away.
 /// The local backend lives under `data_dir/files`; cluster mode's JetStream backend would be
 /// chosen here (`Files::new` takes any `ObjectStore`).
 pub async fn start(context: Arc<Context>) -> Result<()> {
-    let problems = context.config.files.problems(context.config.bus.max_payload);
+    let problems = context
+        .config
+        .files
+        .problems(context.config.bus.max_payload);
     if !problems.is_empty() {
         return Err(Error::Invalid(problems.join("; ")));
     }
@@ -110,7 +112,9 @@ async fn answer(
 ) -> Result<(HeaderMap, Bytes)> {
     let mut tokens = message.subject.split('.').skip(2);
     let (Some(cluster), Some(operation)) = (tokens.next(), tokens.next()) else {
-        return Err(Error::Invalid("subject is not svc.files.<cluster>.<op>".into()));
+        return Err(Error::Invalid(
+            "subject is not svc.files.<cluster>.<op>".into(),
+        ));
     };
     let headers = message.headers.clone().unwrap_or_default();
     let caller = caller(context, trusts_sender, &headers).await?;
@@ -167,7 +171,9 @@ async fn answer(
         }
         "delete" => {
             let request: PathRequest = parse(body)?;
-            files.delete(domain, &caller, cluster, &request.path).await?;
+            files
+                .delete(domain, &caller, cluster, &request.path)
+                .await?;
             json_reply(&serde_json::json!({}))
         }
         other => Err(Error::Invalid(format!(
@@ -269,5 +275,10 @@ fn error_reply(error: &Error) -> (HeaderMap, Bytes) {
         other => other.to_string(),
     };
     let body = serde_json::json!({"error": {"code": error.code(), "message": message}});
-    (headers, serde_json::to_vec(&body).expect("JSON values serialize").into())
+    (
+        headers,
+        serde_json::to_vec(&body)
+            .expect("JSON values serialize")
+            .into(),
+    )
 }

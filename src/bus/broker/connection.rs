@@ -855,7 +855,9 @@ fn stamp_sender(header_len: Option<usize>, payload: &[u8], user: &str) -> (usize
         _ => (&b""[..], payload),
     };
     let mut out = Vec::with_capacity(payload.len() + user.len() + 32);
-    let mut lines = headers.split(|&b| b == b'\n').map(|line| line.strip_suffix(b"\r").unwrap_or(line));
+    let mut lines = headers
+        .split(|&b| b == b'\n')
+        .map(|line| line.strip_suffix(b"\r").unwrap_or(line));
     match lines.next() {
         Some(status) if status.starts_with(b"NATS/") => out.extend_from_slice(status),
         _ => out.extend_from_slice(b"NATS/1.0"),
@@ -863,7 +865,10 @@ fn stamp_sender(header_len: Option<usize>, payload: &[u8], user: &str) -> (usize
     out.extend_from_slice(b"\r\n");
     for line in lines.filter(|line| !line.is_empty()) {
         let name = line.split(|&b| b == b':').next().unwrap_or_default();
-        if name.trim_ascii().eq_ignore_ascii_case(super::SENDER_HEADER.as_bytes()) {
+        if name
+            .trim_ascii()
+            .eq_ignore_ascii_case(super::SENDER_HEADER.as_bytes())
+        {
             continue;
         }
         out.extend_from_slice(line);
