@@ -948,3 +948,32 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     }
     cancel.cancel();
 }
+
+#[cfg(test)]
+mod tests {
+    use super::stamp_sender;
+
+    #[test]
+    fn the_broker_stamps_the_sender_and_drops_forgeries() {
+        let cases: &[(Option<&[u8]>, &[u8], &str)] = &[
+            (None, b"body", "NATS/1.0\r\nSvc-Bus-User: k1\r\n\r\nbody"),
+            (
+                Some(b"NATS/1.0\r\nA: 1\r\nsvc-bus-user: admin\r\nSvc-Bus-User : x\r\n\r\n"),
+                b"b",
+                "NATS/1.0\r\nA: 1\r\nSvc-Bus-User: k1\r\n\r\nb",
+            ),
+            (
+                Some(b"NATS/1.0\r\n\r\n"),
+                b"",
+                "NATS/1.0\r\nSvc-Bus-User: k1\r\n\r\n",
+            ),
+        ];
+        for (headers, body, expected) in cases {
+            let mut payload = headers.unwrap_or_default().to_vec();
+            payload.extend_from_slice(body);
+            let (header_len, stamped) = stamp_sender(headers.map(<[u8]>::len), &payload, "k1");
+            assert_eq!(String::from_utf8_lossy(&stamped), *expected);
+            assert_eq!(&stamped[header_len..], *body);
+        }
+    }
+}
