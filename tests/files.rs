@@ -248,9 +248,32 @@ fn clusters_roles_and_credentials() {
         "{denied:?}"
     );
 
-    // No credentials, a wrong key, a deleted key, an unreachable bus.
+    // No credentials: the CLI will not try, and the broker refuses a bare client.
     let none = files(&server, None, &["list"]);
     assert_eq!(none.code, 4, "{none:?}");
+    let lines = common::bus_session(
+        &server,
+        r#"{"verbose":false,"pedantic":false,"headers":true}"#,
+        "PUB svc.files.a.list _INBOX.abcdefghijklmnopqrstuv.1 2\r\n{}\r\n",
+    );
+    assert!(
+        lines.contains(
+            &"-ERR 'Permissions Violation for Publish to \"svc.files.a.list\"'".to_string()
+        ),
+        "{lines:?}"
+    );
+    // A deleted key fails its next request.
+    let (gone_id, gone) = server.create_key("gone", "operator");
+    assert_eq!(files(&server, Some(&gone), &["list"]).code, 0);
+    let deleted = server.request(
+        "DELETE",
+        &format!("/api/v1/apikeys/{gone_id}"),
+        Some(&server.admin_key),
+        None,
+    );
+    assert_eq!(deleted.status, 204, "{deleted:?}");
+    assert_eq!(files(&server, Some(&gone), &["list"]).code, 4);
+    // A wrong key, an unreachable bus.
     let wrong = files(
         &server,
         Some("svc_0000000000000000000000000000000000000000"),
@@ -262,6 +285,41 @@ fn clusters_roles_and_credentials() {
         .env("SVC_API_KEY", &operator)
         .args(["list", "--nats-url", "nats://127.0.0.1:1"]);
     assert_eq!(run(&mut unreachable).code, 3);
+}
+
+#[test]
+fn limits_from_the_config_are_named_when_exceeded() {
+    let server = TestServer::start_with(Options {
+        config_yaml: "files:\n  max_object_size: 3000\n  cluster_quota: 5000\n".into(),
+        ..Options::default()
+    });
+    let (_, operator) = server.create_key("ops", "operator");
+    let key = Some(operator.as_str());
+    let dir = tempfile::tempdir().unwrap();
+    let too_big = write(dir.path(), "big", &content(3001, 7));
+    let refused = files(&server, key, &["put", s(&too_big), "big"]);
+    assert_eq!(refused.code, 1, "{refused:?}");
+    assert!(
+        refused
+            .stderr
+            .contains("files.max_object_size (3000 bytes)"),
+        "{refused:?}"
+    );
+    let fits = write(dir.path(), "fits", &content(3000, 8));
+    assert_eq!(files(&server, key, &["put", s(&fits), "one"]).code, 0);
+    let over = files(&server, key, &["put", s(&fits), "two"]);
+    assert_eq!(over.code, 1, "{over:?}");
+    assert!(
+        over.stderr.contains("files.cluster_quota (5000 bytes)"),
+        "{over:?}"
+    );
+    // Replacing an object counts its new size, not both.
+    assert_eq!(files(&server, key, &["put", s(&fits), "one"]).code, 0);
+    // Another cluster has its own quota.
+    assert_eq!(
+        files(&server, key, &["put", s(&fits), "two", "--cluster", "c2"]).code,
+        0
+    );
 }
 
 #[test]
