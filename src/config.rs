@@ -577,7 +577,14 @@ pub fn load_server(
     path: Option<&Path>,
     env: &[(String, String)],
 ) -> Result<Loaded<ServerConfig>, ConfigErrors> {
-    load(path, Path::new(DEFAULT_SERVER_CONFIG), env, &SERVER_SCHEMA)
+    let loaded: Loaded<ServerConfig> =
+        load(path, Path::new(DEFAULT_SERVER_CONFIG), env, &SERVER_SCHEMA)?;
+    // The file service's limits are checked here so --check-config reports them too.
+    let problems = loaded.config.files.problems(loaded.config.bus.max_payload);
+    if !problems.is_empty() {
+        return Err(ConfigErrors(problems));
+    }
+    Ok(loaded)
 }
 
 pub fn load_agent(
@@ -858,6 +865,23 @@ mod tests {
     fn missing_named_file_is_an_error() {
         let errors = load_server(Some(Path::new("/nonexistent/svc.yaml")), &[]).unwrap_err();
         assert!(errors.0[0].contains("/nonexistent/svc.yaml"));
+    }
+
+    #[test]
+    fn files_limits_are_checked_and_key_clusters_is_free_form() {
+        let load = |yaml: &str| {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("server.yaml");
+            std::fs::write(&path, yaml).unwrap();
+            load_server(Some(&path), &[])
+        };
+        let loaded = load("files:\n  key_clusters:\n    ci-reader: [staging]\n").unwrap();
+        assert_eq!(loaded.config.files.key_clusters["ci-reader"], ["staging"]);
+        assert_eq!(loaded.config.files.chunk_size, 256 * 1024);
+        let errors = load("files:\n  chunk_size: 1048576\n").unwrap_err();
+        assert!(errors.to_string().contains("bus.max_payload"), "{errors}");
+        let errors = load("files:\n  chunk_sise: 1\n").unwrap_err();
+        assert!(errors.to_string().contains("files.chunk_sise"), "{errors}");
     }
 
     #[test]
