@@ -497,6 +497,18 @@ async fn put(common: Common, flags: Flags, local: String, remote: String) -> Res
     let limits: Limits = session
         .json_request("limits", serde_json::json!({}))
         .await?;
+    // Refuse what the server would refuse before spending the time to hash it.
+    let (max, limit) = if remote.starts_with("kv://") {
+        (limits.max_kv_size, "the kv value limit")
+    } else {
+        (limits.max_object_size, "files.max_object_size")
+    };
+    let length = file.metadata().map(|m| m.len()).unwrap_or(0);
+    if length > max {
+        return Err(CliError::failed(format!(
+            "{remote} would be {length} bytes, over {limit} ({max} bytes)"
+        )));
+    }
     let (size, sha256, chunks) = hash_file(&file, limits.chunk_size)?;
     let manifest = serde_json::json!({
         "path": remote,

@@ -955,7 +955,8 @@ mod tests {
 
     #[test]
     fn the_broker_stamps_the_sender_and_drops_forgeries() {
-        let cases: &[(Option<&[u8]>, &[u8], &str)] = &[
+        type Case<'a> = (Option<&'a [u8]>, &'a [u8], &'a str);
+        let cases: &[Case] = &[
             (None, b"body", "NATS/1.0\r\nSvc-Bus-User: k1\r\n\r\nbody"),
             (
                 Some(b"NATS/1.0\r\nA: 1\r\nsvc-bus-user: admin\r\nSvc-Bus-User : x\r\n\r\n"),
