@@ -13,9 +13,9 @@
 //! so nothing is listed, and a retried put finds those chunks and does not send them again.
 //! Paths are hex-encoded in record names so no user path can reach outside the directory.
 //!
-//! Chunks no record refers to (a put that never finished, a deleted object) are removed by
-//! [`LocalStore::collect_garbage`] once older than `ORPHAN_GRACE`, which leaves time to
-//! resume. The blocking file I/O runs on tokio's blocking pool.
+//! Chunks no record refers to (a put that never finished, a deleted or replaced object) are
+//! removed by [`LocalStore::collect_garbage`], after each delete and replacement, once older
+//! than `ORPHAN_GRACE`, which leaves time to resume. The blocking file I/O runs on tokio's blocking pool.
 
 use std::fs;
 use std::io::Write;
@@ -235,7 +235,20 @@ impl ObjectStore for LocalStore {
         let target = self.record_path(cluster, remote);
         let tmp = self.cluster_dir(cluster).join("tmp");
         let bytes = serde_json::to_vec(meta).expect("records serialize");
-        blocking(move || write_atomically(&tmp, &target, &bytes)).await
+        let store = LocalStore::new(self.root.clone());
+        let cluster = cluster.to_string();
+        blocking(move || {
+            let replaces = target.exists();
+            write_atomically(&tmp, &target, &bytes)?;
+            // The replaced version's chunks may now be unreferenced.
+            if replaces {
+                if let Err(e) = store.collect_garbage(&cluster) {
+                    tracing::warn!(cluster, error = %e, "chunk garbage collection failed");
+                }
+            }
+            Ok(())
+        })
+        .await
     }
 
     async fn delete(&self, cluster: &str, remote: &Remote) -> Result<bool> {
