@@ -122,6 +122,8 @@ pub struct ServerConfig {
     /// Retention of the durable streams (events, audit mirror) under data_dir/jetstream/.
     pub streams: StreamsConfig,
     pub secrets: SecretsConfig,
+    /// The file service (`svc-files`, docs/files.md).
+    pub files: FilesConfig,
     /// Several servers sharing PostgreSQL and a NATS cluster (docs/cluster.md).
     pub cluster: ClusterConfig,
 }
@@ -196,6 +198,7 @@ impl Default for ServerConfig {
             limits: LimitsConfig::default(),
             streams: StreamsConfig::default(),
             secrets: SecretsConfig::default(),
+            files: FilesConfig::default(),
             cluster: ClusterConfig::default(),
         }
     }
@@ -490,6 +493,57 @@ impl Default for PostgresSecretsConfig {
     }
 }
 
+/// The file service's limits (docs/files.md); objects live under `data_dir/files/<cluster>/`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FilesConfig {
+    /// Largest object, in bytes (default 5 GiB).
+    pub max_object_size: u64,
+    /// Bytes per chunk on the bus and on disk (default 256 KiB); must leave room for headers
+    /// under `bus.max_payload`.
+    pub chunk_size: u64,
+    /// Bytes of committed objects one cluster may hold; 0: no quota.
+    pub cluster_quota: u64,
+    /// Which clusters a key may use, by key id or name (`{ci-reader: [staging]}`); a key not
+    /// listed may use every cluster.
+    pub key_clusters: std::collections::BTreeMap<String, Vec<String>>,
+}
+
+/// Bytes a file-service message needs beside its chunk (headers, subject).
+pub const FILES_HEADER_ROOM: u64 = 4096;
+
+impl Default for FilesConfig {
+    fn default() -> Self {
+        FilesConfig {
+            max_object_size: 5 * 1024 * 1024 * 1024,
+            chunk_size: 256 * 1024,
+            cluster_quota: 0,
+            key_clusters: Default::default(),
+        }
+    }
+}
+
+impl FilesConfig {
+    /// What is wrong with these limits, each problem naming its key.
+    pub fn problems(&self, bus_max_payload: u64) -> Vec<String> {
+        let mut problems = Vec::new();
+        if self.chunk_size < 1024 {
+            problems.push("files.chunk_size must be at least 1024 bytes (default 262144)".into());
+        }
+        if self.chunk_size + FILES_HEADER_ROOM > bus_max_payload {
+            problems.push(format!(
+                "files.chunk_size ({}) plus {FILES_HEADER_ROOM} bytes of headers must fit in \
+                 bus.max_payload ({bus_max_payload})",
+                self.chunk_size
+            ));
+        }
+        if self.max_object_size == 0 {
+            problems.push("files.max_object_size must be positive (default 5 GiB)".into());
+        }
+        problems
+    }
+}
+
 /// Which keys of a config kind hold free-form maps (any key allowed below them), and which
 /// top-level keys belong to the other daemon (their variables are skipped, not rejected).
 struct Schema {
@@ -498,7 +552,7 @@ struct Schema {
 }
 
 const SERVER_SCHEMA: Schema = Schema {
-    free_form: &[],
+    free_form: &["files.key_clusters"],
     foreign_roots: &["agent", "nats"],
 };
 const AGENT_SCHEMA: Schema = Schema {
@@ -560,7 +614,14 @@ pub fn load_server(
     path: Option<&Path>,
     env: &[(String, String)],
 ) -> Result<Loaded<ServerConfig>, ConfigErrors> {
-    load(path, Path::new(DEFAULT_SERVER_CONFIG), env, &SERVER_SCHEMA)
+    let loaded: Loaded<ServerConfig> =
+        load(path, Path::new(DEFAULT_SERVER_CONFIG), env, &SERVER_SCHEMA)?;
+    // The file service's limits are checked here so --check-config reports them too.
+    let problems = loaded.config.files.problems(loaded.config.bus.max_payload);
+    if !problems.is_empty() {
+        return Err(ConfigErrors(problems));
+    }
+    Ok(loaded)
 }
 
 pub fn load_agent(
@@ -841,6 +902,23 @@ mod tests {
     fn missing_named_file_is_an_error() {
         let errors = load_server(Some(Path::new("/nonexistent/svc.yaml")), &[]).unwrap_err();
         assert!(errors.0[0].contains("/nonexistent/svc.yaml"));
+    }
+
+    #[test]
+    fn files_limits_are_checked_and_key_clusters_is_free_form() {
+        let load = |yaml: &str| {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("server.yaml");
+            std::fs::write(&path, yaml).unwrap();
+            load_server(Some(&path), &[])
+        };
+        let loaded = load("files:\n  key_clusters:\n    ci-reader: [staging]\n").unwrap();
+        assert_eq!(loaded.config.files.key_clusters["ci-reader"], ["staging"]);
+        assert_eq!(loaded.config.files.chunk_size, 256 * 1024);
+        let errors = load("files:\n  chunk_size: 1048576\n").unwrap_err();
+        assert!(errors.to_string().contains("bus.max_payload"), "{errors}");
+        let errors = load("files:\n  chunk_sise: 1\n").unwrap_err();
+        assert!(errors.to_string().contains("files.chunk_sise"), "{errors}");
     }
 
     #[test]

@@ -35,6 +35,7 @@ fn table() -> Vec<(&'static str, Entry)> {
         ("svc-cluster", cli::cluster::main),
         ("svc-cluster-backup", cli::cluster::backup_main),
         ("svc-backup", cli::backup::main),
+        ("svc-files", cli::files::main),
     ];
     for tool in planned::TOOLS {
         match built.iter().find(|(name, _)| *name == tool.name) {

@@ -16,6 +16,7 @@ pub mod dispatch;
 pub mod domain;
 pub mod error;
 pub mod events;
+pub mod files;
 pub mod fleet;
 pub mod identity;
 pub mod ids;

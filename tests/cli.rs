@@ -122,9 +122,9 @@ fn commands_not_built_yet_say_so_and_fail() {
     let names = Names::new();
     let cases: &[(&str, &[&str], &str)] = &[
         (
-            "svc-files",
-            &["put", "a", "b"],
-            "svc-files: 'put' is not implemented yet",
+            "svc-blueprint",
+            &["init", "a"],
+            "svc-blueprint: 'init' is not implemented yet",
         ),
         (
             "svcctl",

@@ -8,7 +8,7 @@
 //! docs/ARCHITECTURE.md's role table is generated from them (`role_table_markdown`).
 
 use super::Role;
-use crate::bus::{subjects, AllowDeny, Permissions};
+use crate::bus::{subjects, AllowDeny, Permissions, SubjectRule};
 
 /// Who may call one operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -148,8 +148,13 @@ pub fn grpc_access(method: &str) -> Option<Access> {
 ///   only through the server (audited, quarantine honoured) and nobody may forge a result;
 /// - publishing on `svc.events.>` is the server's alone: an event on the live feed must also
 ///   be stored and audited, so emitting goes through EventService;
-/// - admin and operator: every other subject (`svc.files.>` included);
-/// - readonly: subscribe to `svc.events.>`, nothing else.
+/// - admin and operator: every other subject; on `svc.files.>` publish only (requests): only
+///   the server subscribes there, so no key overhears another's uploads (of any cluster) or
+///   answers in the server's place;
+/// - readonly: subscribe to `svc.events.>` and to an inbox it names literally
+///   (`_INBOX.<16+ chars>.`, never `_INBOX.>`, so it cannot overhear other clients' replies:
+///   another cluster's file contents among them); publish the file service's read
+///   requests (`svc.files.*.get` and the other read operations), nothing else.
 ///
 /// Connections without a key get `Permissions::enrolment()`; agents get their own subjects
 /// (`server::bus::agent_bus_permissions`); the server's own client is unrestricted.
@@ -161,12 +166,24 @@ pub fn bus_permissions(role: Role, user: String) -> Permissions {
             publish: AllowDeny::all()
                 .deny(agents_and_enrolment)
                 .deny([subjects::EVENTS_ALL]),
-            subscribe: AllowDeny::all().deny(agents_and_enrolment),
+            subscribe: AllowDeny::all()
+                .deny(agents_and_enrolment)
+                .deny([subjects::FILES_ALL]),
         },
         Readonly => Permissions {
             user,
-            publish: AllowDeny::none(),
-            subscribe: AllowDeny::only([subjects::EVENTS_ALL]),
+            publish: AllowDeny::only(
+                subjects::FILES_READ_OPERATIONS
+                    .iter()
+                    .map(|operation| subjects::files("*", operation)),
+            ),
+            subscribe: AllowDeny {
+                allow: vec![
+                    SubjectRule::pattern(subjects::EVENTS_ALL),
+                    SubjectRule::private_inbox("_INBOX", 16),
+                ],
+                deny: Vec::new(),
+            },
         },
     }
 }
@@ -180,6 +197,7 @@ pub const BUS_SUBJECTS: &[&str] = &[
     "svc.agent.web-1.jwt",
     "svc.events.agent_connected",
     "svc.files.main.get",
+    "svc.files.main.put",
     "app.anything",
 ];
 
@@ -249,6 +267,17 @@ mod tests {
         );
         let readonly = bus_permissions(Readonly, "k".into());
         assert!(!readonly.publish.allows("app.x") && !readonly.subscribe.allows("app.x"));
+        // Files: readonly may ask to read; nobody but the server hears the requests, and
+        // readonly hears no inbox but its own.
+        assert!(readonly.publish.allows("svc.files.main.get"));
+        assert!(!readonly.publish.allows("svc.files.main.put"));
+        for role in [Readonly, Operator, Admin] {
+            let p = bus_permissions(role, "k".into());
+            assert!(!p.subscribe.allows("svc.files.>"), "{role}");
+            assert!(!p.subscribe.allows("svc.files.main.get"), "{role}");
+        }
+        assert!(!readonly.subscribe.allows("_INBOX.>"));
+        assert!(readonly.subscribe.allows("_INBOX.abcdefghijklmnopqrstuv.*"));
     }
 
     #[test]

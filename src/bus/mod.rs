@@ -12,4 +12,5 @@ pub mod subjects;
 pub use broker::{
     AllowDeny, AuthRequest, Authenticator, Broker, BrokerConfig, BrokerHandle, BrokerStats,
     BrokerView, ConnectionView, NoAuth, Permissions, StaticAuth, SubjectRule, SubscriptionView,
+    SENDER_HEADER,
 };

@@ -57,6 +57,16 @@ pub fn files(cluster: &str, operation: &str) -> String {
     format!("svc.files.{cluster}.{operation}")
 }
 
+/// Every file-service request: only the server subscribes here, and the broker stamps the
+/// sender on each (`BrokerConfig::sender_subjects`).
+pub const FILES_ALL: &str = "svc.files.>";
+/// The server's subscription: `svc.files.<cluster>.<op>`.
+pub const FILES_REQUESTS: &str = "svc.files.*.*";
+/// The file service's operations that only read (readonly keys may publish these).
+pub const FILES_READ_OPERATIONS: &[&str] = &["limits", "stat", "list", "get", "read"];
+/// The operations that write (operator and admin).
+pub const FILES_WRITE_OPERATIONS: &[&str] = &["put", "chunk", "commit", "delete"];
+
 /// True for a subject that may carry wildcards (what SUB accepts): non-empty tokens, no
 /// whitespace, and `>` only as the last token. `a*` is a literal token, as in nats-server.
 pub fn is_valid_pattern(subject: &str) -> bool {

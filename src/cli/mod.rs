@@ -13,6 +13,7 @@ pub mod cluster;
 pub mod completion;
 pub mod ctl;
 pub mod events;
+pub mod files;
 pub mod fleet;
 pub mod helptext;
 pub mod identity;

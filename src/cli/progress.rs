@@ -22,6 +22,8 @@ pub struct Bar {
     drawn_at: Option<Instant>,
     /// Whether a bar is on screen (to be erased before a line is printed).
     is_shown: bool,
+    /// Counts bytes (with a rate in MB/s and an ETA) rather than rows.
+    is_bytes: bool,
 }
 
 impl Bar {
@@ -36,7 +38,14 @@ impl Bar {
             started: Instant::now(),
             drawn_at: None,
             is_shown: false,
+            is_bytes: false,
         }
+    }
+
+    /// A bar counting bytes: done/total, MB/s and the time left (file transfers).
+    pub fn bytes(mut self) -> Bar {
+        self.is_bytes = true;
+        self
     }
 
     pub fn is_terminal(&self) -> bool {
@@ -96,10 +105,12 @@ impl Bar {
         } else {
             0.0
         };
-        eprint!(
-            "\r{}\x1b[K",
+        let text = if self.is_bytes {
+            render_bytes(&self.label, self.before + self.done, self.total, rate)
+        } else {
             render(&self.label, self.before + self.done, self.total, rate)
-        );
+        };
+        eprint!("\r{text}\x1b[K");
         let _ = std::io::stderr().flush();
         self.is_shown = true;
     }
@@ -126,6 +137,33 @@ fn render(label: &str, done: u64, total: u64, rate: f64) -> String {
     )
 }
 
+fn filled(done: u64, total: u64) -> usize {
+    if total == 0 {
+        WIDTH
+    } else {
+        ((done.min(total) as f64 / total as f64) * WIDTH as f64).round() as usize
+    }
+}
+
+/// `label  [#####-----]  12.0/100.0 MB  250.1 MB/s  ETA 1s`
+fn render_bytes(label: &str, done: u64, total: u64, rate: f64) -> String {
+    let filled = filled(done, total);
+    let megabytes = |bytes: u64| bytes as f64 / 1_000_000.0;
+    let eta = if rate > 0.0 {
+        format!("{:.0}s", total.saturating_sub(done) as f64 / rate)
+    } else {
+        "-".into()
+    };
+    format!(
+        "{label:<22} [{}{}] {:.1}/{:.1} MB  {:.1} MB/s  ETA {eta}",
+        "#".repeat(filled),
+        "-".repeat(WIDTH - filled),
+        megabytes(done),
+        megabytes(total),
+        rate / 1_000_000.0
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -143,5 +181,7 @@ mod tests {
             assert!(text.contains(expected), "{text}");
             assert!(text.ends_with("12 rows/s"), "{text}");
         }
+        let text = render_bytes("put", 5_000_000, 10_000_000, 2_500_000.0);
+        assert!(text.contains("5.0/10.0 MB  2.5 MB/s  ETA 2s"), "{text}");
     }
 }

@@ -194,6 +194,8 @@ pub async fn start(
                 max_connections: config.bus.max_connections,
                 max_pending_total: config.bus.max_pending_total as usize,
                 tls: tls.as_ref().map(|tls| tls.server.clone()),
+                // The file service authorizes by the key a request came with (server::files).
+                sender_subjects: Some(subjects::FILES_ALL.into()),
                 ..BrokerConfig::default()
             };
             pinned_certificate = tls.map(|tls| tls.certificate);

@@ -621,6 +621,7 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     tokio::spawn(enforce_retention(vec![events_log, audit_log]));
     tokio::spawn(super::enrol::serve(context.clone()));
     super::fleet::start(context.clone()).await?;
+    super::files::start(context.clone()).await?;
     crate::secrets::leases::spawn_reaper(context.domain.clone());
     crate::identity::spawn_token_cleanup(context.domain.clone());
     crate::cluster::spawn(context.domain.clone());

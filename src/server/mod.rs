@@ -9,6 +9,7 @@ mod bus_monitor;
 mod cmd;
 mod enrol;
 pub mod fds;
+mod files;
 mod fleet;
 pub mod grpc;
 mod health;

@@ -27,7 +27,7 @@ use super::outbound::{Batch, Close, Outbound, Queued, IDLE_CAPACITY};
 use super::protocol::{ClientOp, Parsed, Parser, Publish};
 use super::router::{Claim, Matches, Subscription};
 use super::{ClientMeta, ConnectMeta, Shared};
-use crate::bus::subjects::{is_valid_literal, is_valid_pattern};
+use crate::bus::subjects::{is_valid_literal, is_valid_pattern, subject_matches};
 
 /// The NATS server version we match; clients gate features on it.
 pub(crate) const NATS_VERSION: &str = "2.9.10";
@@ -195,6 +195,8 @@ struct Session {
     no_responders: bool,
     /// `None` means unrestricted, so the common case skips every permission check.
     permissions: Option<Arc<Permissions>>,
+    /// Who authenticated (`Permissions::user`), for `BrokerConfig::sender_subjects`.
+    user: String,
     subscriptions: HashMap<Bytes, Arc<Subscription>>,
     /// Exhausted (`UNSUB max`) subscriptions leave the map lazily, when it grows past this.
     sweep_at: usize,
@@ -255,6 +257,7 @@ impl Session {
             headers: false,
             no_responders: false,
             permissions: None,
+            user: "anonymous".into(),
             subscriptions: HashMap::new(),
             sweep_at: 64,
             cache: HashMap::new(),
@@ -492,6 +495,7 @@ impl Session {
             self.send_error("no responders requires headers support");
             return false;
         }
+        self.user = permissions.user.clone();
         self.permissions = (!permissions.is_unrestricted()).then(|| Arc::new(permissions));
         self.is_connected = true;
         self.send_ok();
@@ -522,13 +526,18 @@ impl Session {
         self.send_ok();
         let matches = self.lookup(subject);
         let reply = publish.reply.as_deref();
-        let delivered = self.deliver(
-            &matches,
-            subject,
-            reply,
-            publish.header_len,
-            &publish.payload,
-        );
+        let stamped = self
+            .shared
+            .config
+            .sender_subjects
+            .as_deref()
+            .filter(|pattern| subject_matches(pattern, subject))
+            .map(|_| stamp_sender(publish.header_len, &publish.payload, &self.user));
+        let (header_len, payload) = match &stamped {
+            Some((header_len, payload)) => (Some(*header_len), &payload[..]),
+            None => (publish.header_len, &publish.payload[..]),
+        };
+        let delivered = self.deliver(&matches, subject, reply, header_len, payload);
         if !delivered && self.no_responders && self.headers {
             if let Some(reply) = reply.and_then(|reply| std::str::from_utf8(reply).ok()) {
                 self.send_no_responders(reply);
@@ -837,6 +846,44 @@ impl Session {
 
 /// Drains the outbound buffer into the socket until it is closed. A write that exceeds the
 /// write deadline marks the client a slow consumer. When this ends, the reader is cancelled.
+/// The message with `SENDER_HEADER: user` as its only sender header: any the client sent
+/// (in any letter case) is dropped, a message without headers gets a header block. Returns
+/// the new header length and the whole new payload.
+fn stamp_sender(header_len: Option<usize>, payload: &[u8], user: &str) -> (usize, Vec<u8>) {
+    let (headers, body) = match header_len {
+        Some(length) if length <= payload.len() => payload.split_at(length),
+        _ => (&b""[..], payload),
+    };
+    let mut out = Vec::with_capacity(payload.len() + user.len() + 32);
+    let mut lines = headers
+        .split(|&b| b == b'\n')
+        .map(|line| line.strip_suffix(b"\r").unwrap_or(line));
+    match lines.next() {
+        Some(status) if status.starts_with(b"NATS/") => out.extend_from_slice(status),
+        _ => out.extend_from_slice(b"NATS/1.0"),
+    }
+    out.extend_from_slice(b"\r\n");
+    for line in lines.filter(|line| !line.is_empty()) {
+        let name = line.split(|&b| b == b':').next().unwrap_or_default();
+        if name
+            .trim_ascii()
+            .eq_ignore_ascii_case(super::SENDER_HEADER.as_bytes())
+        {
+            continue;
+        }
+        out.extend_from_slice(line);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(super::SENDER_HEADER.as_bytes());
+    out.extend_from_slice(b": ");
+    // A user name never holds CR or LF (key ids, agent ids); drop them if one ever did.
+    out.extend(user.bytes().filter(|b| !matches!(b, b'\r' | b'\n')));
+    out.extend_from_slice(b"\r\n\r\n");
+    let header_len = out.len();
+    out.extend_from_slice(body);
+    (header_len, out)
+}
+
 async fn write_loop<W: AsyncWrite + Unpin>(
     mut writer: W,
     outbound: Arc<Outbound>,
@@ -900,4 +947,34 @@ async fn write_loop<W: AsyncWrite + Unpin>(
         }
     }
     cancel.cancel();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stamp_sender;
+
+    #[test]
+    fn the_broker_stamps_the_sender_and_drops_forgeries() {
+        type Case<'a> = (Option<&'a [u8]>, &'a [u8], &'a str);
+        let cases: &[Case] = &[
+            (None, b"body", "NATS/1.0\r\nSvc-Bus-User: k1\r\n\r\nbody"),
+            (
+                Some(b"NATS/1.0\r\nA: 1\r\nsvc-bus-user: admin\r\nSvc-Bus-User : x\r\n\r\n"),
+                b"b",
+                "NATS/1.0\r\nA: 1\r\nSvc-Bus-User: k1\r\n\r\nb",
+            ),
+            (
+                Some(b"NATS/1.0\r\n\r\n"),
+                b"",
+                "NATS/1.0\r\nSvc-Bus-User: k1\r\n\r\n",
+            ),
+        ];
+        for (headers, body, expected) in cases {
+            let mut payload = headers.unwrap_or_default().to_vec();
+            payload.extend_from_slice(body);
+            let (header_len, stamped) = stamp_sender(headers.map(<[u8]>::len), &payload, "k1");
+            assert_eq!(String::from_utf8_lossy(&stamped), *expected);
+            assert_eq!(&stamped[header_len..], *body);
+        }
+    }
 }

@@ -74,7 +74,17 @@ pub struct BrokerConfig {
     /// Handshake before INFO (nats-server ≥ 2.10.4 `handshake_first`; async-nats
     /// `tls_first()`).
     pub tls_handshake_first: bool,
+    /// Publishes on subjects matching this pattern reach subscribers with the publisher's
+    /// user (`Permissions::user`: an API key id, `agent:<id>`, `server`) in the header
+    /// [`SENDER_HEADER`], set by the broker; whatever the client put there is dropped. This is
+    /// how a service behind the broker learns which credential a request came with (svc's
+    /// file service, `svc.files.>`), as nats-server's `Nats-Request-Info` tells an exporting
+    /// account who is asking. None: messages pass unchanged.
+    pub sender_subjects: Option<String>,
 }
+
+/// The header [`BrokerConfig::sender_subjects`] stamps.
+pub const SENDER_HEADER: &str = "Svc-Bus-User";
 
 impl Default for BrokerConfig {
     fn default() -> Self {
@@ -92,6 +102,7 @@ impl Default for BrokerConfig {
             tls: None,
             tls_verify: false,
             tls_handshake_first: false,
+            sender_subjects: None,
         }
     }
 }

@@ -1,0 +1,327 @@
+//! The single-server backend: objects on local disk under `data_dir/files/<cluster>/`.
+//!
+//! Layout (docs/files.md):
+//! ```text
+//! files/<cluster>/chunks/<aa>/<sha256>     content-addressed chunks (aa: the hash's first byte)
+//! files/<cluster>/objects/<hex(path)>.json one metadata record per file path
+//! files/<cluster>/kv/<bucket>/<hex(key)>.json  one record per kv key (bytes in chunks/)
+//! files/<cluster>/tmp/                     files being written, renamed into place
+//! ```
+//! Every file is written to `tmp/`, fsync'd, and renamed into place (then the directory is
+//! fsync'd), so a crash leaves either the old file or the new one. An object is visible only
+//! through its metadata record, written last: an interrupted put leaves chunks and no record,
+//! so nothing is listed, and a retried put finds those chunks and does not send them again.
+//! Paths are hex-encoded in record names so no user path can reach outside the directory.
+//!
+//! Chunks no record refers to (a put that never finished, a deleted or replaced object) are
+//! removed by [`LocalStore::collect_garbage`], after each delete and replacement, once older
+//! than `ORPHAN_GRACE`, which leaves time to resume. The blocking file I/O runs on tokio's blocking pool.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use super::{ObjectMeta, ObjectStore, Remote};
+use crate::{Error, Result};
+
+/// Unreferenced chunks younger than this are kept, so an interrupted put can resume.
+const ORPHAN_GRACE: Duration = Duration::from_secs(24 * 3600);
+
+pub struct LocalStore {
+    root: PathBuf,
+}
+
+impl LocalStore {
+    /// Objects under `root` (`data_dir/files`).
+    pub fn new(root: PathBuf) -> LocalStore {
+        LocalStore { root }
+    }
+
+    fn cluster_dir(&self, cluster: &str) -> PathBuf {
+        self.root.join(cluster)
+    }
+
+    fn chunk_path(&self, cluster: &str, sha256: &str) -> PathBuf {
+        self.cluster_dir(cluster)
+            .join("chunks")
+            .join(&sha256[..2])
+            .join(sha256)
+    }
+
+    fn record_path(&self, cluster: &str, remote: &Remote) -> PathBuf {
+        let dir = self.cluster_dir(cluster);
+        match remote {
+            Remote::File(path) => dir
+                .join("objects")
+                .join(format!("{}.json", hex::encode(path))),
+            Remote::Kv { bucket, key } => dir
+                .join("kv")
+                .join(bucket)
+                .join(format!("{}.json", hex::encode(key))),
+        }
+    }
+
+    /// Removes chunks no record refers to that are older than `ORPHAN_GRACE`.
+    pub fn collect_garbage(&self, cluster: &str) -> Result<u64> {
+        let mut referenced = std::collections::HashSet::new();
+        for record in read_records(&self.cluster_dir(cluster))? {
+            referenced.extend(record.chunks);
+        }
+        let chunks = self.cluster_dir(cluster).join("chunks");
+        let mut removed = 0;
+        let now = SystemTime::now();
+        for dir in read_dir_or_empty(&chunks)? {
+            for entry in read_dir_or_empty(&dir)? {
+                let Some(name) = entry.file_name().and_then(|n| n.to_str()).map(String::from)
+                else {
+                    continue;
+                };
+                if referenced.contains(&name) {
+                    continue;
+                }
+                let old = fs::metadata(&entry)
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|modified| now.duration_since(modified).ok())
+                    .is_some_and(|age| age > ORPHAN_GRACE);
+                if old && fs::remove_file(&entry).is_ok() {
+                    removed += 1;
+                }
+            }
+        }
+        Ok(removed)
+    }
+}
+
+fn io_error(what: &str, path: &Path, e: std::io::Error) -> Error {
+    Error::Internal(format!("{what} {}: {e}", path.display()))
+}
+
+fn read_dir_or_empty(dir: &Path) -> Result<Vec<PathBuf>> {
+    match fs::read_dir(dir) {
+        Ok(entries) => Ok(entries.filter_map(|e| e.ok().map(|e| e.path())).collect()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(io_error("cannot read", dir, e)),
+    }
+}
+
+/// Writes `bytes` to `target` through `tmp_dir`: write, fsync, rename, fsync the directory.
+fn write_atomically(tmp_dir: &Path, target: &Path, bytes: &[u8]) -> Result<()> {
+    fs::create_dir_all(tmp_dir).map_err(|e| io_error("cannot create", tmp_dir, e))?;
+    let parent = target
+        .parent()
+        .expect("targets are inside a cluster directory");
+    fs::create_dir_all(parent).map_err(|e| io_error("cannot create", parent, e))?;
+    let temp = tmp_dir.join(format!("{}.tmp", crate::ids::random_base62(20)));
+    let written = fs::File::create(&temp)
+        .and_then(|mut file| {
+            file.write_all(bytes)?;
+            file.sync_data()
+        })
+        .and_then(|()| fs::rename(&temp, target));
+    if let Err(e) = written {
+        let _ = fs::remove_file(&temp);
+        return Err(io_error("cannot write", target, e));
+    }
+    if let Ok(dir) = fs::File::open(parent) {
+        let _ = dir.sync_all();
+    }
+    Ok(())
+}
+
+fn read_record(path: &Path) -> Result<Option<ObjectMeta>> {
+    match fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| Error::Internal(format!("damaged record {}: {e}", path.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(io_error("cannot read", path, e)),
+    }
+}
+
+/// Every record of one cluster: files, then kv values.
+fn read_records(cluster_dir: &Path) -> Result<Vec<ObjectMeta>> {
+    let mut files = read_dir_or_empty(&cluster_dir.join("objects"))?;
+    for bucket in read_dir_or_empty(&cluster_dir.join("kv"))? {
+        files.extend(read_dir_or_empty(&bucket)?);
+    }
+    let mut records = Vec::new();
+    for file in files {
+        if file.extension().and_then(|e| e.to_str()) != Some("json") {
+            continue;
+        }
+        if let Some(record) = read_record(&file)? {
+            records.push(record);
+        }
+    }
+    Ok(records)
+}
+
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| Error::Internal(format!("file task failed: {e}")))?
+}
+
+#[async_trait]
+impl ObjectStore for LocalStore {
+    async fn stat(&self, cluster: &str, remote: &Remote) -> Result<Option<ObjectMeta>> {
+        let path = self.record_path(cluster, remote);
+        blocking(move || read_record(&path)).await
+    }
+
+    async fn list(&self, cluster: &str, prefix: &str) -> Result<Vec<ObjectMeta>> {
+        let dir = self.cluster_dir(cluster);
+        let prefix = prefix.to_string();
+        blocking(move || {
+            let mut records: Vec<ObjectMeta> = read_records(&dir)?
+                .into_iter()
+                .filter(|record| record.path.starts_with(&prefix))
+                .collect();
+            records.sort_by(|a, b| a.path.cmp(&b.path));
+            Ok(records)
+        })
+        .await
+    }
+
+    async fn missing_chunks(&self, cluster: &str, chunks: &[String]) -> Result<Vec<usize>> {
+        let paths: Vec<PathBuf> = chunks
+            .iter()
+            .map(|sha| self.chunk_path(cluster, sha))
+            .collect();
+        blocking(move || {
+            Ok(paths
+                .iter()
+                .enumerate()
+                .filter(|(_, path)| !path.exists())
+                .map(|(index, _)| index)
+                .collect())
+        })
+        .await
+    }
+
+    async fn write_chunk(&self, cluster: &str, sha256: &str, bytes: Bytes) -> Result<()> {
+        let target = self.chunk_path(cluster, sha256);
+        let tmp = self.cluster_dir(cluster).join("tmp");
+        blocking(move || {
+            if target.exists() {
+                return Ok(());
+            }
+            write_atomically(&tmp, &target, &bytes)
+        })
+        .await
+    }
+
+    async fn read_chunk(&self, cluster: &str, sha256: &str) -> Result<Bytes> {
+        let path = self.chunk_path(cluster, sha256);
+        blocking(move || match fs::read(&path) {
+            Ok(bytes) => Ok(Bytes::from(bytes)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::NotFound(format!(
+                "chunk {} is missing",
+                path.file_name().and_then(|n| n.to_str()).unwrap_or("")
+            ))),
+            Err(e) => Err(io_error("cannot read", &path, e)),
+        })
+        .await
+    }
+
+    async fn commit(&self, cluster: &str, remote: &Remote, meta: &ObjectMeta) -> Result<()> {
+        let target = self.record_path(cluster, remote);
+        let tmp = self.cluster_dir(cluster).join("tmp");
+        let bytes = serde_json::to_vec(meta).expect("records serialize");
+        let store = LocalStore::new(self.root.clone());
+        let cluster = cluster.to_string();
+        blocking(move || {
+            let replaces = target.exists();
+            write_atomically(&tmp, &target, &bytes)?;
+            // The replaced version's chunks may now be unreferenced.
+            if replaces {
+                if let Err(e) = store.collect_garbage(&cluster) {
+                    tracing::warn!(cluster, error = %e, "chunk garbage collection failed");
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn delete(&self, cluster: &str, remote: &Remote) -> Result<bool> {
+        let target = self.record_path(cluster, remote);
+        let store = LocalStore::new(self.root.clone());
+        let cluster = cluster.to_string();
+        blocking(move || {
+            let existed = match fs::remove_file(&target) {
+                Ok(()) => true,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+                Err(e) => return Err(io_error("cannot remove", &target, e)),
+            };
+            if existed {
+                if let Err(e) = store.collect_garbage(&cluster) {
+                    tracing::warn!(cluster, error = %e, "chunk garbage collection failed");
+                }
+            }
+            Ok(existed)
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(path: &str, chunks: Vec<String>) -> ObjectMeta {
+        ObjectMeta {
+            path: path.into(),
+            size: 1,
+            sha256: "0".repeat(64),
+            chunk_size: 1,
+            chunks,
+            created_at: String::new(),
+            updated_at: String::new(),
+            writer: Default::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_object_is_visible_only_after_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalStore::new(dir.path().to_path_buf());
+        let chunk = Bytes::from_static(b"x");
+        let sha = super::super::sha256_hex(&chunk);
+        let remote = Remote::parse("a/b").unwrap();
+        assert_eq!(
+            store
+                .missing_chunks("c", std::slice::from_ref(&sha))
+                .await
+                .unwrap(),
+            [0]
+        );
+        store.write_chunk("c", &sha, chunk.clone()).await.unwrap();
+        assert!(store
+            .missing_chunks("c", std::slice::from_ref(&sha))
+            .await
+            .unwrap()
+            .is_empty());
+        assert!(
+            store.list("c", "").await.unwrap().is_empty(),
+            "not yet committed"
+        );
+        store
+            .commit("c", &remote, &meta("a/b", vec![sha.clone()]))
+            .await
+            .unwrap();
+        assert_eq!(store.list("c", "a/").await.unwrap().len(), 1);
+        assert!(store.list("other", "").await.unwrap().is_empty());
+        assert_eq!(store.read_chunk("c", &sha).await.unwrap(), chunk);
+        assert!(store.delete("c", &remote).await.unwrap());
+        assert!(!store.delete("c", &remote).await.unwrap());
+        assert!(store.stat("c", &remote).await.unwrap().is_none());
+    }
+}

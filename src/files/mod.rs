@@ -1,0 +1,640 @@
+//! The file service (issue 15, docs/files.md): objects by path and small `kv://bucket/key`
+//! values, per cluster, behind one [`ObjectStore`] interface.
+//!
+//! Owns the rules: remote-path syntax, who may do what (the bus user's API key decides; the
+//! declared principal is recorded and may only lower the role), the limits from
+//! `files:` in the config, the manifest a put declares and the audit row of every put and
+//! delete. It never touches the bus: `server::files` parses messages and calls one function
+//! here per operation.
+//!
+//! Backends: [`local::LocalStore`] keeps objects under `data_dir/files/<cluster>/` (the
+//! single-server mode). Cluster mode (the HA issue) adds a JetStream object-store backend
+//! that implements [`ObjectStore`] on the NATS cluster; [`Files::new`] takes any backend, so
+//! that is the one place to choose it (`server::files::start` picks local today).
+
+pub mod local;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::audit::Action;
+use crate::auth::{Principal, Role};
+use crate::config::FilesConfig;
+use crate::domain::Domain;
+use crate::{Error, Result};
+
+/// The message headers of the bus protocol (docs/files.md), shared by the server's handlers
+/// and the CLI.
+pub mod wire {
+    /// The client's declared principal id, recorded in metadata and audit.
+    pub const PRINCIPAL_ID_HEADER: &str = "Svc-Principal-Id";
+    /// The client's declared role; refused when above the API key's.
+    pub const PRINCIPAL_ROLE_HEADER: &str = "Svc-Principal-Role";
+    /// The manifest of a put/commit request, or the object of a get reply, as JSON.
+    pub const MANIFEST_HEADER: &str = "Svc-Manifest";
+    /// The SHA-256 (hex) of the chunk a `read` asks for or a `chunk` carries.
+    pub const CHUNK_HEADER: &str = "Svc-Chunk";
+    /// On an error reply: the error code (`not_found`, `permission_denied`, ...).
+    pub const ERROR_HEADER: &str = "Svc-Error";
+}
+
+/// Largest `kv://` value.
+pub const MAX_KV_SIZE: u64 = 1024 * 1024;
+/// Longest remote path or key, in bytes.
+const MAX_PATH_LEN: usize = 1024;
+/// Longest cluster or bucket name.
+const MAX_NAME_LEN: usize = 64;
+
+/// A remote path: a file path, or a value in a key-value bucket.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Remote {
+    /// `a/b.txt` (a leading `/` is dropped).
+    File(String),
+    /// `kv://bucket/key`.
+    Kv { bucket: String, key: String },
+}
+
+impl Remote {
+    /// Parses and normalizes what a user typed; errors say what is wrong.
+    pub fn parse(text: &str) -> Result<Remote> {
+        if let Some(rest) = text.strip_prefix("kv://") {
+            let Some((bucket, key)) = rest.split_once('/') else {
+                return Err(Error::Invalid(format!(
+                    "'{text}': a kv path is kv://BUCKET/KEY"
+                )));
+            };
+            check_name("bucket", bucket)?;
+            check_path(key).map_err(|e| Error::Invalid(format!("'{text}': {e}")))?;
+            return Ok(Remote::Kv {
+                bucket: bucket.to_string(),
+                key: key.to_string(),
+            });
+        }
+        if text.contains("://") {
+            return Err(Error::Invalid(format!(
+                "'{text}': only bare paths and kv://BUCKET/KEY are remote paths"
+            )));
+        }
+        let path = text.trim_start_matches('/');
+        check_path(path).map_err(|e| Error::Invalid(format!("'{text}': {e}")))?;
+        Ok(Remote::File(path.to_string()))
+    }
+
+    /// The canonical form, as list and stat show it.
+    pub fn display(&self) -> String {
+        match self {
+            Remote::File(path) => path.clone(),
+            Remote::Kv { bucket, key } => format!("kv://{bucket}/{key}"),
+        }
+    }
+
+    /// The size limit for this kind of path: the config's for files, 1 MiB for kv values.
+    fn max_size(&self, limits: &FilesConfig) -> (u64, &'static str) {
+        match self {
+            Remote::File(_) => (limits.max_object_size, "files.max_object_size"),
+            Remote::Kv { .. } => (MAX_KV_SIZE, "the kv value limit"),
+        }
+    }
+}
+
+/// Path segments are non-empty, not `.` or `..`, printable, without control characters.
+fn check_path(path: &str) -> std::result::Result<(), String> {
+    if path.is_empty() {
+        return Err("the path is empty".into());
+    }
+    if path.len() > MAX_PATH_LEN {
+        return Err(format!("the path is longer than {MAX_PATH_LEN} bytes"));
+    }
+    if path.chars().any(char::is_control) {
+        return Err("the path has control characters".into());
+    }
+    for segment in path.split('/') {
+        if segment.is_empty() || segment == "." || segment == ".." {
+            return Err("empty, '.' and '..' segments are not allowed".into());
+        }
+    }
+    Ok(())
+}
+
+/// Cluster and bucket names: one bus subject token, `[A-Za-z0-9_-]{1,64}`.
+pub fn check_name(what: &str, name: &str) -> Result<()> {
+    let is_valid = !name.is_empty()
+        && name.len() <= MAX_NAME_LEN
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if is_valid {
+        Ok(())
+    } else {
+        Err(Error::Invalid(format!(
+            "{what} '{name}' must be 1-{MAX_NAME_LEN} of A-Z a-z 0-9 - _"
+        )))
+    }
+}
+
+/// Who stored an object: the key that authorized it and what the client declared.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Writer {
+    pub key_id: String,
+    pub key_name: String,
+    /// `--principal-id`, when the client sent one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal_id: Option<String>,
+    /// The role the write ran with (the declared one, or the key's).
+    pub role: String,
+}
+
+/// What a put declares: the whole object's size and SHA-256 and every chunk's SHA-256.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub size: u64,
+    pub sha256: String,
+    pub chunk_size: u64,
+    pub chunks: Vec<String>,
+}
+
+impl Manifest {
+    /// Checks the shape: the chunk count matches size and chunk size, hashes are hex.
+    pub fn check(&self) -> Result<()> {
+        if self.chunk_size == 0 {
+            return Err(Error::Invalid("chunk_size must be positive".into()));
+        }
+        let expected = self.size.div_ceil(self.chunk_size);
+        if self.chunks.len() as u64 != expected {
+            return Err(Error::Invalid(format!(
+                "{} chunks declared; {} bytes in chunks of {} need {expected}",
+                self.chunks.len(),
+                self.size,
+                self.chunk_size
+            )));
+        }
+        for hash in self.chunks.iter().chain([&self.sha256]) {
+            if !is_sha256_hex(hash) {
+                return Err(Error::Invalid(format!("'{hash}' is not a SHA-256 (hex)")));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One object's metadata record.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectMeta {
+    /// The canonical remote path (`a/b`, `kv://bucket/key`).
+    pub path: String,
+    pub size: u64,
+    pub sha256: String,
+    pub chunk_size: u64,
+    /// Chunk hashes in order; left out of list and stat answers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub chunks: Vec<String>,
+    pub created_at: String,
+    pub updated_at: String,
+    pub writer: Writer,
+}
+
+impl ObjectMeta {
+    /// The record without its chunk list (what list and stat show).
+    pub fn summary(mut self) -> ObjectMeta {
+        self.chunks = Vec::new();
+        self
+    }
+}
+
+pub fn is_sha256_hex(text: &str) -> bool {
+    text.len() == 64 && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// Where objects live. Every method is atomic per object: `commit` makes an object visible
+/// whole (its chunks were written before), `delete` removes it whole; nothing else changes
+/// what `stat` and `list` see.
+///
+/// Implementations: [`local::LocalStore`] (disk, single server). Cluster mode adds a
+/// JetStream object-store backend (chunks as object-store chunks or messages in a stream per
+/// cluster, metadata records as its object info, `kv://` in a JetStream KV bucket).
+#[async_trait]
+pub trait ObjectStore: Send + Sync {
+    async fn stat(&self, cluster: &str, remote: &Remote) -> Result<Option<ObjectMeta>>;
+    /// Every object whose canonical path starts with `prefix`, sorted by path.
+    async fn list(&self, cluster: &str, prefix: &str) -> Result<Vec<ObjectMeta>>;
+    /// The indices of `chunks` this store does not hold (the resumable part of a put).
+    async fn missing_chunks(&self, cluster: &str, chunks: &[String]) -> Result<Vec<usize>>;
+    /// Stores one chunk under its SHA-256, which the caller has checked.
+    async fn write_chunk(&self, cluster: &str, sha256: &str, bytes: Bytes) -> Result<()>;
+    /// A chunk's bytes as stored (the reader checks the hash); NotFound if absent.
+    async fn read_chunk(&self, cluster: &str, sha256: &str) -> Result<Bytes>;
+    /// Makes `meta` visible at `remote` atomically; every chunk must already be stored.
+    async fn commit(&self, cluster: &str, remote: &Remote, meta: &ObjectMeta) -> Result<()>;
+    /// Removes the object; false when there was none.
+    async fn delete(&self, cluster: &str, remote: &Remote) -> Result<bool>;
+}
+
+/// The file service: a backend, the limits, and the rules.
+pub struct Files {
+    store: Arc<dyn ObjectStore>,
+    limits: FilesConfig,
+}
+
+/// Who is calling: the API key the bus connection authenticated with, and the principal the
+/// client declared in its headers (recorded; the role may only be lowered).
+#[derive(Clone, Debug)]
+pub struct Caller {
+    pub key: Principal,
+    pub declared_id: Option<String>,
+    pub declared_role: Option<Role>,
+}
+
+impl Caller {
+    /// The principal a request runs as: the key's, with the declared role if it is not
+    /// higher. A declared role above the key's is refused (never an escalation).
+    fn principal(&self) -> Result<Principal> {
+        let mut principal = self.key.clone();
+        if let Some(declared) = self.declared_role {
+            if declared > self.key.role {
+                return Err(Error::Forbidden(format!(
+                    "declared role '{declared}' is higher than the API key's role '{}'",
+                    self.key.role
+                )));
+            }
+            principal.role = declared;
+        }
+        Ok(principal)
+    }
+
+    fn writer(&self, role: Role) -> Writer {
+        Writer {
+            key_id: self.key.id.clone(),
+            key_name: self.key.name.clone(),
+            principal_id: self.declared_id.clone(),
+            role: role.to_string(),
+        }
+    }
+}
+
+/// What a client needs before a put: the chunk size and the limits.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Limits {
+    pub chunk_size: u64,
+    pub max_object_size: u64,
+    pub max_kv_size: u64,
+}
+
+impl Files {
+    /// The service over one backend (the hook for cluster mode's JetStream backend).
+    pub fn new(store: Arc<dyn ObjectStore>, limits: FilesConfig) -> Files {
+        Files { store, limits }
+    }
+
+    pub fn limits(&self) -> Limits {
+        Limits {
+            chunk_size: self.limits.chunk_size,
+            max_object_size: self.limits.max_object_size,
+            max_kv_size: MAX_KV_SIZE,
+        }
+    }
+
+    /// The role check first (so a refused caller learns nothing), then the cluster.
+    fn admit(&self, caller: &Caller, cluster: &str, needed: Role) -> Result<Principal> {
+        let principal = caller.principal()?;
+        principal.require(needed)?;
+        check_name("cluster", cluster)?;
+        let allowed = [&caller.key.id, &caller.key.name]
+            .iter()
+            .find_map(|name| self.limits.key_clusters.get(name.as_str()));
+        if let Some(clusters) = allowed {
+            if !clusters.iter().any(|c| c == cluster) {
+                return Err(Error::Forbidden(format!(
+                    "API key '{}' may not use cluster '{cluster}' (files.key_clusters)",
+                    caller.key.name
+                )));
+            }
+        }
+        Ok(principal)
+    }
+
+    pub async fn stat(&self, caller: &Caller, cluster: &str, path: &str) -> Result<ObjectMeta> {
+        self.admit(caller, cluster, Role::Readonly)?;
+        let remote = Remote::parse(path)?;
+        self.store
+            .stat(cluster, &remote)
+            .await?
+            .ok_or_else(|| not_found(cluster, &remote))
+    }
+
+    pub async fn list(
+        &self,
+        caller: &Caller,
+        cluster: &str,
+        prefix: &str,
+    ) -> Result<Vec<ObjectMeta>> {
+        self.admit(caller, cluster, Role::Readonly)?;
+        let prefix = prefix.trim_start_matches('/');
+        let objects = self.store.list(cluster, prefix).await?;
+        Ok(objects.into_iter().map(ObjectMeta::summary).collect())
+    }
+
+    /// The whole record, chunk list included, for a get.
+    pub async fn open(&self, caller: &Caller, cluster: &str, path: &str) -> Result<ObjectMeta> {
+        self.admit(caller, cluster, Role::Readonly)?;
+        let remote = Remote::parse(path)?;
+        self.store
+            .stat(cluster, &remote)
+            .await?
+            .ok_or_else(|| not_found(cluster, &remote))
+    }
+
+    pub async fn read_chunk(&self, caller: &Caller, cluster: &str, sha256: &str) -> Result<Bytes> {
+        self.admit(caller, cluster, Role::Readonly)?;
+        if !is_sha256_hex(sha256) {
+            return Err(Error::Invalid(format!("'{sha256}' is not a SHA-256 (hex)")));
+        }
+        self.store.read_chunk(cluster, sha256).await
+    }
+
+    /// The first step of a put: checks the role, the limits and the quota, and answers which
+    /// chunks the server lacks (all of them for a new object; fewer for a retried one).
+    pub async fn begin_put(
+        &self,
+        domain: &Domain,
+        caller: &Caller,
+        cluster: &str,
+        path: &str,
+        manifest: &Manifest,
+    ) -> Result<Vec<usize>> {
+        let result = self.check_put(caller, cluster, path, manifest).await;
+        let result = match result {
+            Ok(()) => self.store.missing_chunks(cluster, &manifest.chunks).await,
+            Err(error) => Err(error),
+        };
+        // A refused put is audited here; an accepted one when it commits.
+        if matches!(result, Err(Error::Forbidden(_))) {
+            let action = put_action(caller, cluster, path, manifest);
+            domain.auditor.record(&caller.key, action, &result).await;
+        }
+        result
+    }
+
+    async fn check_put(
+        &self,
+        caller: &Caller,
+        cluster: &str,
+        path: &str,
+        manifest: &Manifest,
+    ) -> Result<()> {
+        self.admit(caller, cluster, Role::Operator)?;
+        let remote = Remote::parse(path)?;
+        manifest.check()?;
+        if manifest.chunk_size != self.limits.chunk_size {
+            return Err(Error::Invalid(format!(
+                "chunk size {} differs from files.chunk_size ({})",
+                manifest.chunk_size, self.limits.chunk_size
+            )));
+        }
+        let (max, limit) = remote.max_size(&self.limits);
+        if manifest.size > max {
+            return Err(Error::Invalid(format!(
+                "{} is {} bytes, over {limit} ({max} bytes)",
+                remote.display(),
+                manifest.size
+            )));
+        }
+        if self.limits.cluster_quota > 0 {
+            let used: u64 = self
+                .store
+                .list(cluster, "")
+                .await?
+                .iter()
+                .filter(|object| object.path != remote.display())
+                .map(|object| object.size)
+                .sum();
+            if used + manifest.size > self.limits.cluster_quota {
+                return Err(Error::Invalid(format!(
+                    "cluster '{cluster}' would hold {} bytes, over files.cluster_quota ({} bytes)",
+                    used + manifest.size,
+                    self.limits.cluster_quota
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Stores one chunk of a put after checking its SHA-256.
+    pub async fn write_chunk(
+        &self,
+        caller: &Caller,
+        cluster: &str,
+        sha256: &str,
+        bytes: Bytes,
+    ) -> Result<()> {
+        self.admit(caller, cluster, Role::Operator)?;
+        if bytes.len() as u64 > self.limits.chunk_size {
+            return Err(Error::Invalid(format!(
+                "a chunk of {} bytes is over files.chunk_size ({})",
+                bytes.len(),
+                self.limits.chunk_size
+            )));
+        }
+        let actual = sha256_hex(&bytes);
+        if actual != sha256 {
+            return Err(Error::Invalid(format!(
+                "chunk SHA-256 mismatch: declared {sha256}, received {actual}"
+            )));
+        }
+        self.store.write_chunk(cluster, sha256, bytes).await
+    }
+
+    /// The last step of a put: every chunk is there, so the object becomes visible whole.
+    /// Writes the audit row.
+    pub async fn commit_put(
+        &self,
+        domain: &Domain,
+        caller: &Caller,
+        cluster: &str,
+        path: &str,
+        manifest: &Manifest,
+    ) -> Result<ObjectMeta> {
+        let result = self.commit_checked(caller, cluster, path, manifest).await;
+        let action = put_action(caller, cluster, path, manifest);
+        domain.auditor.record(&caller.key, action, &result).await;
+        result
+    }
+
+    async fn commit_checked(
+        &self,
+        caller: &Caller,
+        cluster: &str,
+        path: &str,
+        manifest: &Manifest,
+    ) -> Result<ObjectMeta> {
+        self.check_put(caller, cluster, path, manifest).await?;
+        let principal = caller.principal()?;
+        let remote = Remote::parse(path)?;
+        let missing = self.store.missing_chunks(cluster, &manifest.chunks).await?;
+        if !missing.is_empty() {
+            return Err(Error::Conflict(format!(
+                "{} of {} chunks have not arrived; send them and commit again",
+                missing.len(),
+                manifest.chunks.len()
+            )));
+        }
+        let now = crate::clock::now_rfc3339();
+        let created_at = match self.store.stat(cluster, &remote).await? {
+            Some(previous) => previous.created_at,
+            None => now.clone(),
+        };
+        let meta = ObjectMeta {
+            path: remote.display(),
+            size: manifest.size,
+            sha256: manifest.sha256.clone(),
+            chunk_size: manifest.chunk_size,
+            chunks: manifest.chunks.clone(),
+            created_at,
+            updated_at: now,
+            writer: caller.writer(principal.role),
+        };
+        self.store.commit(cluster, &remote, &meta).await?;
+        Ok(meta.summary())
+    }
+
+    /// Deletes an object; writes the audit row.
+    pub async fn delete(
+        &self,
+        domain: &Domain,
+        caller: &Caller,
+        cluster: &str,
+        path: &str,
+    ) -> Result<()> {
+        let result = async {
+            self.admit(caller, cluster, Role::Operator)?;
+            let remote = Remote::parse(path)?;
+            if self.store.delete(cluster, &remote).await? {
+                Ok(())
+            } else {
+                Err(not_found(cluster, &remote))
+            }
+        }
+        .await;
+        let action = Action::new("file.delete", "file", format!("{cluster}:{path}")).detail(
+            serde_json::json!({
+                "cluster": cluster,
+                "path": path,
+                "principal_id": caller.declared_id,
+                "principal_role": caller.declared_role.map(|r| r.to_string()),
+            }),
+        );
+        domain.auditor.record(&caller.key, action, &result).await;
+        result
+    }
+}
+
+/// The principal of the API key with id `key_id` (what the broker stamps on a request):
+/// looked up on every request, so a deleted or expired key fails at once. Agents, the
+/// server's own client and connections without a key are not API keys and are refused.
+pub async fn key_principal(store: &dyn crate::store::Store, key_id: &str) -> Result<Principal> {
+    let refused = || Error::Unauthenticated("an API key is required (--api-key)".into());
+    if key_id.is_empty() || key_id == "anonymous" || key_id.contains(':') || key_id == "server" {
+        return Err(refused());
+    }
+    let row = store.get_api_key(key_id).await?.ok_or_else(refused)?;
+    if let Some(expiry) = row
+        .expires_at
+        .as_deref()
+        .and_then(crate::clock::parse_rfc3339)
+    {
+        if expiry <= crate::clock::now_millis() {
+            return Err(Error::Unauthenticated("API key expired".into()));
+        }
+    }
+    Ok(Principal {
+        id: row.id,
+        name: row.name,
+        role: row.role.parse()?,
+    })
+}
+
+fn put_action(caller: &Caller, cluster: &str, path: &str, manifest: &Manifest) -> Action {
+    Action::new("file.put", "file", format!("{cluster}:{path}")).detail(serde_json::json!({
+        "cluster": cluster,
+        "path": path,
+        "size": manifest.size,
+        "sha256": manifest.sha256,
+        "principal_id": caller.declared_id,
+        "principal_role": caller.declared_role.map(|r| r.to_string()),
+    }))
+}
+
+fn not_found(cluster: &str, remote: &Remote) -> Error {
+    Error::NotFound(format!(
+        "'{}' not found in cluster '{cluster}'",
+        remote.display()
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remote_paths() {
+        let cases = [
+            ("a/b.txt", Some("a/b.txt")),
+            ("/a/b", Some("a/b")),
+            ("kv://cfg/db/url", Some("kv://cfg/db/url")),
+            ("kv://cfg", None),
+            ("kv://c.d/x", None),
+            ("a/../b", None),
+            ("a//b", None),
+            ("", None),
+            ("s3://x/y", None),
+            ("a/\nb", None),
+        ];
+        for (text, expected) in cases {
+            let parsed = Remote::parse(text).ok().map(|r| r.display());
+            assert_eq!(parsed.as_deref(), expected, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn manifest_shape() {
+        let hash = "0".repeat(64);
+        let manifest = |size, chunks: usize| Manifest {
+            size,
+            sha256: hash.clone(),
+            chunk_size: 10,
+            chunks: vec![hash.clone(); chunks],
+        };
+        assert!(manifest(0, 0).check().is_ok());
+        assert!(manifest(10, 1).check().is_ok());
+        assert!(manifest(11, 2).check().is_ok());
+        assert!(manifest(11, 1).check().is_err());
+        assert!(manifest(0, 1).check().is_err());
+    }
+
+    #[test]
+    fn declared_role_may_only_lower() {
+        let key = Principal {
+            id: "k".into(),
+            name: "k".into(),
+            role: Role::Operator,
+        };
+        let caller = |role| Caller {
+            key: key.clone(),
+            declared_id: None,
+            declared_role: role,
+        };
+        assert_eq!(caller(None).principal().unwrap().role, Role::Operator);
+        assert_eq!(
+            caller(Some(Role::Readonly)).principal().unwrap().role,
+            Role::Readonly
+        );
+        assert!(caller(Some(Role::Admin)).principal().is_err());
+    }
+}

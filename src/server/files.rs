@@ -1,0 +1,284 @@
+//! The bus side of the file service: requests on `svc.files.<cluster>.<op>` (queue group
+//! `svc-server`, so the members of a cluster share them), answered by `files::Files`.
+//!
+//! Thin: the cluster and operation come from the subject, the caller from the broker-stamped
+//! `Svc-Bus-User` header (the API key the connection authenticated with; a client cannot set
+//! it, `BrokerConfig::sender_subjects`) plus the declared `Svc-Principal-Id` and
+//! `Svc-Principal-Role` headers, which are recorded and may only lower the role. With an
+//! external NATS cluster nothing stamps the sender, so every request is refused until cluster
+//! mode brings its own way to learn the caller (docs/files.md).
+//!
+//! Wire format (docs/files.md has the table): JSON bodies, except chunk bytes (`read` replies,
+//! `chunk` requests) and manifests (`put`, `commit` requests and `get` replies), whose chunk
+//! hashes travel as raw 32-byte SHA-256s, with the rest of the manifest as JSON in a header.
+//! Errors carry `Svc-Error: <code>` and `{"error":{"code","message"}}`.
+
+use std::sync::Arc;
+
+use async_nats::HeaderMap;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use serde::Deserialize;
+
+use super::Context;
+use crate::auth::Role;
+use crate::bus::{subjects, SENDER_HEADER};
+use crate::files::wire::{
+    CHUNK_HEADER, ERROR_HEADER, MANIFEST_HEADER, PRINCIPAL_ID_HEADER, PRINCIPAL_ROLE_HEADER,
+};
+use crate::files::{local::LocalStore, Caller, Files, Manifest};
+use crate::{Error, Result};
+
+const QUEUE_GROUP: &str = "svc-server";
+
+/// Starts the file service on the server's bus client; it runs until the client goes away.
+/// The local backend lives under `data_dir/files`; cluster mode's JetStream backend would be
+/// chosen here (`Files::new` takes any `ObjectStore`).
+pub async fn start(context: Arc<Context>) -> Result<()> {
+    let problems = context
+        .config
+        .files
+        .problems(context.config.bus.max_payload);
+    if !problems.is_empty() {
+        return Err(Error::Invalid(problems.join("; ")));
+    }
+    let store = LocalStore::new(context.data_dir.join("files"));
+    let files = Arc::new(Files::new(Arc::new(store), context.config.files.clone()));
+    let mut requests = context
+        .bus
+        .client
+        .queue_subscribe(subjects::FILES_REQUESTS, QUEUE_GROUP.into())
+        .await
+        .map_err(|e| Error::Unavailable(format!("bus: cannot subscribe for files: {e}")))?;
+    let trusts_sender = context.bus.is_embedded;
+    tokio::spawn(async move {
+        while let Some(message) = requests.next().await {
+            let Some(reply) = message.reply.clone() else {
+                continue;
+            };
+            let context = context.clone();
+            let files = files.clone();
+            let span = super::request_span("bus", &message.subject, &super::request_id());
+            let task = async move {
+                let (headers, body) = match answer(&context, &files, trusts_sender, &message).await
+                {
+                    Ok(answer) => answer,
+                    Err(error) => {
+                        if let Error::Internal(cause) = &error {
+                            tracing::error!(%cause, "file request failed");
+                        }
+                        error_reply(&error)
+                    }
+                };
+                let sent = context
+                    .bus
+                    .client
+                    .publish_with_headers(reply, headers, body)
+                    .await;
+                if let Err(e) = sent {
+                    tracing::warn!(error = %e, "file reply not sent");
+                }
+            };
+            tokio::spawn(tracing::Instrument::instrument(task, span));
+        }
+    });
+    Ok(())
+}
+
+#[derive(Deserialize)]
+struct PathRequest {
+    path: String,
+}
+
+#[derive(Deserialize)]
+struct ListRequest {
+    #[serde(default)]
+    prefix: String,
+}
+
+#[derive(Deserialize)]
+struct ManifestHeader {
+    path: String,
+    size: u64,
+    sha256: String,
+    chunk_size: u64,
+}
+
+async fn answer(
+    context: &Context,
+    files: &Files,
+    trusts_sender: bool,
+    message: &async_nats::Message,
+) -> Result<(HeaderMap, Bytes)> {
+    let mut tokens = message.subject.split('.').skip(2);
+    let (Some(cluster), Some(operation)) = (tokens.next(), tokens.next()) else {
+        return Err(Error::Invalid(
+            "subject is not svc.files.<cluster>.<op>".into(),
+        ));
+    };
+    let headers = message.headers.clone().unwrap_or_default();
+    let caller = caller(context, trusts_sender, &headers).await?;
+    tracing::Span::current().record("key_id", caller.key.id.as_str());
+    let domain = &context.domain;
+    let body = &message.payload;
+    match operation {
+        "limits" => {
+            caller_admits_reads(&caller)?;
+            json_reply(&files.limits())
+        }
+        "stat" => {
+            let request: PathRequest = parse(body)?;
+            json_reply(&files.stat(&caller, cluster, &request.path).await?)
+        }
+        "list" => {
+            let request: ListRequest = parse(body)?;
+            json_reply(&files.list(&caller, cluster, &request.prefix).await?)
+        }
+        "get" => {
+            let request: PathRequest = parse(body)?;
+            let meta = files.open(&caller, cluster, &request.path).await?;
+            let hashes = pack_hashes(&meta.chunks)?;
+            let mut reply = HeaderMap::new();
+            let summary = serde_json::to_string(&meta.summary()).expect("records serialize");
+            reply.insert(MANIFEST_HEADER, summary.as_str());
+            Ok((reply, hashes.into()))
+        }
+        "read" => {
+            let sha256 = header(&headers, CHUNK_HEADER)?;
+            let bytes = files.read_chunk(&caller, cluster, &sha256).await?;
+            Ok((HeaderMap::new(), bytes))
+        }
+        "put" | "commit" => {
+            let (path, manifest) = manifest_of(&headers, body)?;
+            if operation == "put" {
+                let missing = files
+                    .begin_put(domain, &caller, cluster, &path, &manifest)
+                    .await?;
+                json_reply(&serde_json::json!({ "missing": missing }))
+            } else {
+                let meta = files
+                    .commit_put(domain, &caller, cluster, &path, &manifest)
+                    .await?;
+                json_reply(&meta)
+            }
+        }
+        "chunk" => {
+            let sha256 = header(&headers, CHUNK_HEADER)?;
+            files
+                .write_chunk(&caller, cluster, &sha256, body.clone())
+                .await?;
+            json_reply(&serde_json::json!({}))
+        }
+        "delete" => {
+            let request: PathRequest = parse(body)?;
+            files
+                .delete(domain, &caller, cluster, &request.path)
+                .await?;
+            json_reply(&serde_json::json!({}))
+        }
+        other => Err(Error::Invalid(format!(
+            "unknown file operation '{other}' (one of: {}, {})",
+            subjects::FILES_READ_OPERATIONS.join(", "),
+            subjects::FILES_WRITE_OPERATIONS.join(", ")
+        ))),
+    }
+}
+
+/// `limits` needs a key of any role, like the other reads.
+fn caller_admits_reads(caller: &Caller) -> Result<()> {
+    caller.key.require(Role::Readonly)
+}
+
+/// The caller: the key the broker says the request came with, looked up now (no cache: a
+/// deleted or expired key fails its next request), and the declared principal.
+async fn caller(context: &Context, trusts_sender: bool, headers: &HeaderMap) -> Result<Caller> {
+    if !trusts_sender {
+        return Err(Error::Unauthenticated(
+            "the file service needs the embedded bus to learn the caller's API key".into(),
+        ));
+    }
+    let user = headers
+        .get(SENDER_HEADER)
+        .map(|value| value.as_str().to_string())
+        .unwrap_or_default();
+    let key = crate::files::key_principal(context.domain.store.as_ref(), &user).await?;
+    let declared_id = headers
+        .get(PRINCIPAL_ID_HEADER)
+        .map(|value| value.as_str().to_string())
+        .filter(|id| !id.is_empty());
+    let declared_role = match headers.get(PRINCIPAL_ROLE_HEADER) {
+        Some(value) if !value.as_str().is_empty() => {
+            Some(value.as_str().parse::<Role>().map_err(|_| {
+                Error::Invalid(format!(
+                    "principal role '{}' is not admin, operator or readonly",
+                    value.as_str()
+                ))
+            })?)
+        }
+        _ => None,
+    };
+    Ok(Caller {
+        key,
+        declared_id,
+        declared_role,
+    })
+}
+
+fn header(headers: &HeaderMap, name: &str) -> Result<String> {
+    headers
+        .get(name)
+        .map(|value| value.as_str().to_string())
+        .ok_or_else(|| Error::Invalid(format!("header {name} is missing")))
+}
+
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T> {
+    serde_json::from_slice(body).map_err(|e| Error::Invalid(format!("malformed request: {e}")))
+}
+
+fn manifest_of(headers: &HeaderMap, body: &[u8]) -> Result<(String, Manifest)> {
+    let head: ManifestHeader = serde_json::from_str(&header(headers, MANIFEST_HEADER)?)
+        .map_err(|e| Error::Invalid(format!("malformed {MANIFEST_HEADER}: {e}")))?;
+    if body.len() % 32 != 0 {
+        return Err(Error::Invalid(
+            "the chunk list must be whole 32-byte SHA-256s".into(),
+        ));
+    }
+    let manifest = Manifest {
+        size: head.size,
+        sha256: head.sha256,
+        chunk_size: head.chunk_size,
+        chunks: body.chunks(32).map(hex::encode).collect(),
+    };
+    Ok((head.path, manifest))
+}
+
+fn pack_hashes(chunks: &[String]) -> Result<Vec<u8>> {
+    let mut packed = Vec::with_capacity(chunks.len() * 32);
+    for chunk in chunks {
+        let bytes = hex::decode(chunk)
+            .map_err(|_| Error::Internal(format!("damaged chunk hash '{chunk}'")))?;
+        packed.extend_from_slice(&bytes);
+    }
+    Ok(packed)
+}
+
+fn json_reply<T: serde::Serialize>(value: &T) -> Result<(HeaderMap, Bytes)> {
+    let body = serde_json::to_vec(value).expect("replies serialize");
+    Ok((HeaderMap::new(), body.into()))
+}
+
+fn error_reply(error: &Error) -> (HeaderMap, Bytes) {
+    let mut headers = HeaderMap::new();
+    headers.insert(ERROR_HEADER, error.code());
+    let message = match error {
+        Error::Internal(_) => "internal error".to_string(),
+        other => other.to_string(),
+    };
+    let body = serde_json::json!({"error": {"code": error.code(), "message": message}});
+    (
+        headers,
+        serde_json::to_vec(&body)
+            .expect("JSON values serialize")
+            .into(),
+    )
+}
