@@ -354,6 +354,12 @@ fn dpkg_round_trip(deb: &Path) {
         !String::from_utf8_lossy(&status.stdout).contains("installed"),
         "{PACKAGE} is already installed here: the round trip would remove it"
     );
+    for path in ["/usr/bin/svc", "/etc/svc", "/var/lib/svc"] {
+        assert!(
+            !Path::new(path).exists(),
+            "{path} exists (install.sh?): the round trip would overwrite or remove it"
+        );
+    }
     let _cleanup = Cleanup {
         user_existed: exists("passwd", "svc"),
         group_existed: exists("group", "svc"),
