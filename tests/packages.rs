@@ -270,11 +270,46 @@ fn packages_have_the_expected_files_and_pass_lintian() {
         }
     }
 
+    fish_autoloads_every_name(deb);
+
     if std::env::var_os("CI").is_some() && unsafe { libc::geteuid() } == 0 {
         dpkg_round_trip(deb);
     } else {
         eprintln!("not root with CI set: the dpkg -i / dpkg -r round trip is not run");
     }
+}
+
+/// fish loads vendor_completions.d/NAME.fish when NAME is first completed, so the package's
+/// link per name is what makes `svcctl ag<TAB>` work; checked on the unpacked .deb.
+fn fish_autoloads_every_name(deb: &Path) {
+    if !Command::new("fish")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        eprintln!("no fish: the packaged fish completions are not tried");
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let unpacked = run(
+        "dpkg-deb",
+        &["-x", deb.to_str().unwrap(), root.path().to_str().unwrap()],
+    );
+    assert!(unpacked.status.success(), "{unpacked:?}");
+    let usr = root.path().join("usr");
+    let program = format!(
+        "set -gx PATH '{}' $PATH; set -g fish_complete_path '{}' $fish_complete_path; \
+         complete -C 'svcctl ag'; complete -C 'svc-secrets tr'",
+        usr.join("bin").display(),
+        usr.join("share/fish/vendor_completions.d").display()
+    );
+    let output = stdout("fish", &["--no-config", "-c", &program]);
+    let words: Vec<&str> = output
+        .lines()
+        .filter_map(|l| l.split('\t').next())
+        .collect();
+    assert!(words.contains(&"agent"), "{output}");
+    assert!(words.contains(&"transit"), "{output}");
 }
 
 /// Every systemctl / deb-systemd-invoke / deb-systemd-helper call in `scripts` reloads,
