@@ -63,6 +63,8 @@ if [ "$uninstall" -eq 1 ]; then
     for name in $names; do
         link="$(dirname "$bash_completion")/$name"
         if [ -L "$link" ] && [ "$(readlink "$link")" = "svc" ]; then rm -f "$link"; fi
+        link="$(dirname "$fish_completion")/$name.fish"
+        if [ -L "$link" ] && [ "$(readlink "$link")" = "svc.fish" ]; then rm -f "$link"; fi
     done
     rm -f "$bindir/svc"
     rm -f "$bash_completion" "$zsh_completion" "$fish_completion" "$mandir"/man1/svc.1 \
@@ -94,9 +96,11 @@ if [ -d "$here/completions" ]; then
         mkdir -p "$(dirname "${pair#*:}")"
         cp "$here/completions/${pair%%:*}" "${pair#*:}"
     done
-    # bash-completion loads completions/NAME when NAME is first completed: one link per name.
+    # bash-completion loads completions/NAME and fish vendor_completions.d/NAME.fish when NAME
+    # is first completed: one link per name.
     for name in $(names_of "$bindir/svc"); do
         ln -sf svc "$(dirname "$bash_completion")/$name"
+        ln -sf svc.fish "$(dirname "$fish_completion")/$name.fish"
     done
 fi
 if [ -d "$here/man" ]; then
