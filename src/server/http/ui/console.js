@@ -2,7 +2,7 @@
 //
 // Rules this file keeps (docs/console.md):
 // - the API key lives in sessionStorage only and travels only as `Authorization: Bearer`;
-//   never in a URL, a cookie or localStorage;
+//   never in a URL, a cookie or local storage;
 // - every piece of server text reaches the page through textContent or an attribute set
 //   with setAttribute on an element we made: never innerHTML, so labels, payloads and audit
 //   details that carry markup show as text;
