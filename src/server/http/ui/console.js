@@ -6,6 +6,8 @@
 // - every piece of server text reaches the page through textContent or an attribute set
 //   with setAttribute on an element we made: never innerHTML, so labels, payloads and audit
 //   details that carry markup show as text;
+// - the live tail, once opened, keeps running while you look at other pages, until you
+//   sign out or change its filters;
 // - the role decides which buttons exist, but the server decides what is allowed: a 403 is
 //   shown like any other error.
 "use strict";
@@ -172,9 +174,9 @@
     }
     const page = PAGES.includes(location.hash.slice(1)) ? location.hash.slice(1) : "fleet";
     showPage(page);
+    showMessage("");
     clearInterval(state.timer);
     state.timer = null;
-    if (page !== "events") stopTail();
     const loaders = { fleet: loadFleet, events: openEvents, audit: loadAudit, secrets: loadSecrets, health: loadHealth };
     const refresh = { fleet: 2000, health: 10000 };
     const run = () => loaders[page]().catch((error) => showMessage(error.message));
@@ -573,6 +575,14 @@
       handler();
     });
   }
+
+  // A blocked inline script, style or handler would mean markup got in somewhere: count
+  // them where a test (and a curious operator) can see.
+  let violations = 0;
+  document.addEventListener("securitypolicyviolation", () => {
+    violations += 1;
+    document.body.dataset.cspViolations = String(violations);
+  });
 
   document.addEventListener("DOMContentLoaded", () => {
     submit("signin-form", () => signIn($("signin-key").value.trim()));
