@@ -546,3 +546,140 @@ fn an_operator_watches_quarantines_and_audits_and_a_readonly_key_cannot() {
     browser.page_shot("fleet-readonly");
     browser.assert_nothing_injected();
 }
+
+/// Benchmark (docs/performance.md), run only with `SVC_CONSOLE_BENCH=1`: first page load on
+/// loopback, then emitters at 1,000 events/s for `SVC_CONSOLE_BENCH_SECONDS` (10) while the
+/// events page tails; the page must receive every event (its count against the sequence
+/// numbers). Prints the figures; asserts no event was dropped, never a time.
+#[test]
+fn bench_the_live_tail_keeps_up_and_the_page_loads_fast() {
+    if std::env::var_os("SVC_CONSOLE_BENCH").is_none() {
+        eprintln!("console_browser: benchmark not run (set SVC_CONSOLE_BENCH=1)");
+        return;
+    }
+    let (Some(chromium), Some(chromedriver)) = (
+        find(CHROMIUM, "chromium"),
+        find(CHROMEDRIVER, "chromedriver"),
+    ) else {
+        eprintln!("console_browser: SKIPPED: chromium or chromedriver is missing");
+        return;
+    };
+    let seconds: u64 = std::env::var("SVC_CONSOLE_BENCH_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10);
+    let server = TestServer::start_with(common::Options {
+        config_yaml:
+            "rate_limit: { requests_per_second: 100000, burst: 100000, max_in_flight: 256 }\n"
+                .into(),
+        ..Default::default()
+    });
+    let (_, operator) = server.create_key("load", "operator");
+    let driver = Driver::start(&chromedriver);
+    let browser = Browser::open(&driver, &chromium, server.http_url());
+
+    // First load: a cold navigation, then five warm ones (the browser's own timing).
+    let mut loads = Vec::new();
+    for _ in 0..6 {
+        browser.goto("/ui/");
+        browser.wait("document.readyState === 'complete'", "the page load");
+        let timing = browser.script(
+            "const n = performance.getEntriesByType('navigation')[0]; \
+             return [n.responseStart - n.startTime, n.domContentLoadedEventEnd - n.startTime, n.loadEventEnd - n.startTime];",
+            json!([]),
+        );
+        let rounded: Vec<u64> = timing
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap().round() as u64)
+            .collect();
+        loads.push(rounded);
+    }
+    println!("page load (ms) [first byte, DOMContentLoaded, load], cold then warm: {loads:?}");
+    browser.type_into("#signin-key", &operator);
+    browser.click("#signin-form button");
+    browser.wait(
+        "document.querySelector('#fleet-count').textContent !== ''",
+        "sign-in",
+    );
+    // Signed in (key in sessionStorage): a reload until the fleet table is drawn.
+    browser.script(
+        "sessionStorage.setItem('bench.start', String(Date.now()));",
+        json!([]),
+    );
+    // A query makes it a real navigation (the same URL with a fragment would not reload).
+    browser.goto("/ui/?reload#fleet");
+    browser.wait("document.querySelector('#fleet-count') && document.querySelector('#fleet-count').textContent !== ''", "the fleet after reload");
+    let fleet_ms = browser.script(
+        "return Date.now() - Number(sessionStorage.getItem('bench.start'));",
+        json!([]),
+    );
+    println!("reload to the fleet table drawn (signed in): {fleet_ms} ms (includes WebDriver's wait for the load and polling)");
+
+    browser.click("#nav a[data-page=events]");
+    browser.wait(
+        "document.querySelector('#tail-status').textContent === 'live'",
+        "the live tail",
+    );
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (emitted, elapsed, last_seq) = runtime.block_on(async {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let started = Instant::now();
+        let mut tick = tokio::time::interval(Duration::from_millis(10));
+        let mut emitted = 0u64;
+        let mut last_seq = 0u64;
+        let mut pending = futures_util::stream::FuturesUnordered::new();
+        use futures_util::StreamExt as _;
+        for index in 0..seconds * 100 {
+            tick.tick().await;
+            // Ten events every 10 ms: 1,000/s, each emit in flight on its own.
+            for n in 0..10 {
+                let mut client =
+                    svc::proto::event_service_client::EventServiceClient::new(channel.clone());
+                let request = svc::proto::EmitEventRequest {
+                    r#type: "command_completed".into(),
+                    severity: String::new(),
+                    source: format!("load-{n}"),
+                    payload_json: format!("{{\"i\":{}}}", index * 10 + n),
+                };
+                let key = operator.clone();
+                pending.push(async move { client.emit(common::with_key(request, &key)).await });
+            }
+            while let Some(Some(done)) = futures_util::FutureExt::now_or_never(pending.next()) {
+                last_seq = last_seq.max(done.unwrap().into_inner().seq);
+                emitted += 1;
+            }
+        }
+        while let Some(done) = pending.next().await {
+            last_seq = last_seq.max(done.unwrap().into_inner().seq);
+            emitted += 1;
+        }
+        (emitted, started.elapsed(), last_seq)
+    });
+    let caught_up = Instant::now();
+    browser.wait(
+        &format!("Number(document.querySelector('#tail-stats').dataset.lastSeq) >= {last_seq}"),
+        "the tail to reach the last event",
+    );
+    let lag = caught_up.elapsed();
+    let stats = browser.script(
+        "const d = document.querySelector('#tail-stats').dataset; return [Number(d.received), Number(d.gaps)];",
+        json!([]),
+    );
+    println!(
+        "emitted {emitted} events in {:.2} s ({:.0}/s); the page received {} with {} gaps; \
+         caught up {} ms after the last emit returned",
+        elapsed.as_secs_f64(),
+        emitted as f64 / elapsed.as_secs_f64(),
+        stats[0],
+        stats[1],
+        lag.as_millis()
+    );
+    assert_eq!(stats[1], json!(0), "the tail dropped events");
+    assert!(stats[0].as_u64().unwrap() >= emitted, "{stats}");
+}
