@@ -214,23 +214,41 @@
     return button;
   }
 
+  function setCell(td, content) {
+    if (content instanceof Node) td.replaceChildren(content);
+    else td.textContent = content === undefined || content === null ? "" : String(content);
+  }
+
+  // Rows are updated in place (every 2 s), so a button being clicked is never swapped for a
+  // copy under the pointer; one is replaced only when its action changes.
   async function loadFleet() {
     const target = $("fleet-target").value.trim();
     const result = await api("/api/v1/agents" + query({ target }));
+    const body = $("fleet-table").tBodies[0];
+    const existing = new Map([...body.rows].map((tr) => [tr.dataset.agent, tr]));
     const rows = result.agents.map((agent) => {
-      const tr = row([
-        agent.id,
-        el("span", agent.state, "state state-" + agent.state),
-        labelChips(agent.labels),
-        agent.last_heartbeat_at || "never",
-        agent.version,
-        agent.hostname,
-        mayOperate() ? quarantineButton(agent) : "",
-      ]);
-      tr.dataset.agent = agent.id;
+      let tr = existing.get(agent.id);
+      if (!tr) {
+        tr = document.createElement("tr");
+        tr.dataset.agent = agent.id;
+        for (let index = 0; index < 7; index += 1) tr.appendChild(document.createElement("td"));
+      }
+      const cells = tr.cells;
+      setCell(cells[0], agent.id);
+      setCell(cells[1], el("span", agent.state, "state state-" + agent.state));
+      setCell(cells[2], labelChips(agent.labels));
+      setCell(cells[3], agent.last_heartbeat_at || "never");
+      setCell(cells[4], agent.version);
+      setCell(cells[5], agent.hostname);
+      const wanted = mayOperate() ? (agent.quarantined ? "unquarantine" : "quarantine") : "";
+      const current = cells[6].querySelector("button");
+      if (!wanted) cells[6].replaceChildren();
+      else if (!current || current.dataset.action !== wanted || current.disabled) {
+        cells[6].replaceChildren(quarantineButton(agent));
+      }
       return tr;
     });
-    replaceRows("fleet-table", rows);
+    body.replaceChildren(...rows);
     $("fleet-count").textContent = result.agents.length + " agent(s)";
     $("fleet-table").classList.toggle("no-actions", !mayOperate());
   }
