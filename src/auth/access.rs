@@ -133,6 +133,20 @@ pub const REST: &[(&str, Access)] = &[
     ("GET /api/v1/apikeys/{id}", Least(Admin)),
     ("PATCH /api/v1/apikeys/{id}", Least(Admin)),
     ("DELETE /api/v1/apikeys/{id}", Least(Admin)),
+    ("GET /ui/", Public),
+    ("GET /api/v1/whoami", Least(Readonly)),
+    ("GET /api/v1/events", Least(Readonly)),
+    ("GET /api/v1/events/stream", Least(Readonly)),
+    ("GET /api/v1/events/timeline", Least(Readonly)),
+    ("GET /api/v1/events/{id}", Least(Readonly)),
+    ("GET /api/v1/audit", Least(Readonly)),
+    ("GET /api/v1/audit/verify", Least(Readonly)),
+    ("GET /api/v1/audit/export", Least(Admin)),
+    ("GET /api/v1/agents", Least(Readonly)),
+    ("GET /api/v1/agents/{id}", Least(Readonly)),
+    ("POST /api/v1/agents/{id}/quarantine", Least(Operator)),
+    ("POST /api/v1/agents/{id}/unquarantine", Least(Operator)),
+    ("GET /api/v1/secrets", Least(Readonly)),
 ];
 
 /// The access rule for a gRPC method path (`/svc.v1.X/Y` or `svc.v1.X/Y`).

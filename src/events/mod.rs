@@ -6,6 +6,7 @@
 //! the live notification only wakes them, so a subscriber that replays history and then follows
 //! live events sees every event once, with no gap or duplicate at the seam.
 
+pub mod timeline;
 pub mod types;
 
 use std::sync::Arc;
@@ -332,16 +333,30 @@ impl Events {
     /// events as they become durable, until the receiver goes away or the server stops.
     /// Without `follow` it ends at the last event that was durable when it started.
     pub async fn stream(&self, filter: Filter, follow: bool, out: mpsc::Sender<Result<Event>>) {
-        let mut durable = self.log.subscribe();
-        let mut stopping = self.stopping.clone();
-        let end = self.log.last_seq();
-        let mut next = match self.start_seq(&filter) {
+        let start = match self.start_seq(&filter) {
             Ok(seq) => seq,
             Err(e) => {
                 let _ = out.send(Err(e)).await;
                 return;
             }
         };
+        self.stream_from(start, filter, follow, out).await
+    }
+
+    /// `stream`, from sequence `start` on (a resumed tail: the one after the last event the
+    /// reader saw) instead of from `filter.since_ms`.
+    pub async fn stream_from(
+        &self,
+        start: u64,
+        filter: Filter,
+        follow: bool,
+        out: mpsc::Sender<Result<Event>>,
+    ) {
+        let mut durable = self.log.subscribe();
+        let mut stopping = self.stopping.clone();
+        let end = self.log.last_seq();
+        // Retention may have dropped what the reader last saw; it resumes at the oldest kept.
+        let mut next = start.max(self.log.first_seq());
         loop {
             // Mark the current durable point seen *before* reading, so an append that lands
             // after this read still wakes us below.
@@ -508,5 +523,28 @@ pub fn open_stream(
     let (sender, receiver) = mpsc::channel(256);
     let domain = domain.clone();
     tokio::spawn(async move { domain.events.stream(filter, follow, sender).await });
+    Ok(receiver)
+}
+
+/// A stream resumed after sequence `after` (the last one the reader saw; 0 for the whole
+/// kept history), then (with `follow`) live events: what the console's tail reconnects with
+/// (`Last-Event-ID`). Any key.
+pub fn open_stream_after(
+    domain: &std::sync::Arc<crate::domain::Domain>,
+    principal: &Principal,
+    filter: Filter,
+    after: u64,
+    follow: bool,
+) -> Result<mpsc::Receiver<Result<Event>>> {
+    principal.require(Role::Readonly)?;
+    let (sender, receiver) = mpsc::channel(256);
+    let domain = domain.clone();
+    tokio::spawn(async move {
+        let start = after.saturating_add(1);
+        domain
+            .events
+            .stream_from(start, filter, follow, sender)
+            .await
+    });
     Ok(receiver)
 }

@@ -1,5 +1,6 @@
 //! /api/v1/apikeys: create, list, show, update, delete (admin only).
 
+use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 
@@ -63,7 +64,7 @@ pub async fn item(
             tracing::info!(key_id = %id, by = %caller.id, "API key deleted");
             Ok(Response::builder()
                 .status(StatusCode::NO_CONTENT)
-                .body(Body::default())
+                .body(super::full(Bytes::new()))
                 .expect("static response parts are valid"))
         }
     }

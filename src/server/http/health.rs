@@ -122,6 +122,6 @@ pub async fn metrics(context: &Context) -> Response<Body> {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )
-        .body(Body::new(out.finish().into()))
+        .body(super::full(out.finish()))
         .expect("static response parts are valid")
 }

@@ -4,9 +4,15 @@
 //! result. Every response is JSON except /metrics; every error is
 //! `{"error":{"code","message"}}` with the status from `Error::http_status`.
 
+mod agents;
 mod apikeys;
+mod audit;
+mod events;
 mod health;
 mod openapi;
+mod query;
+mod secrets;
+mod ui;
 mod wellknown;
 
 use std::convert::Infallible;
@@ -16,7 +22,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 use http::{header, Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Body as _;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -30,7 +37,23 @@ use super::Context;
 use crate::auth::{Admission, Principal};
 use crate::{Error, Result};
 
-pub type Body = Full<Bytes>;
+/// Every response body: a whole one (`full`) for JSON, or a stream (`streaming`) for the
+/// event tail and audit exports.
+pub type Body = BoxBody<Bytes, Infallible>;
+
+/// A body of these bytes, sent whole.
+pub fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into()).boxed()
+}
+
+/// A body sent as the chunks of `chunks` arrive; it ends when the stream does.
+pub fn streaming<S>(chunks: S) -> Body
+where
+    S: Stream<Item = Bytes> + Send + Sync + 'static,
+{
+    let frames = chunks.map(|chunk| Ok(hyper::body::Frame::data(chunk)));
+    BodyExt::boxed(StreamBody::new(frames))
+}
 
 /// A request body gets this long before `limits.min_body_rate` starts to count (the whole
 /// body is due by this grace plus one second per `min_body_rate` bytes received).
@@ -169,6 +192,62 @@ async fn route(
                 Err(e) => Err(e),
             },
         ),
+        ["ui"] | ["ui", _] => {
+            let file = segments.get(1).copied().unwrap_or("");
+            (
+                "/ui/",
+                only(&method, &[Method::GET, Method::HEAD]).and_then(|()| ui::asset(file)),
+            )
+        }
+        ["api", "v1", "whoami"] => ("/api/v1/whoami", whoami(context, request).await),
+        ["api", "v1", "events"] => ("/api/v1/events", events::list(context, request).await),
+        ["api", "v1", "events", "stream"] => (
+            "/api/v1/events/stream",
+            events::stream(context, request).await,
+        ),
+        ["api", "v1", "events", "timeline"] => (
+            "/api/v1/events/timeline",
+            events::timeline(context, request).await,
+        ),
+        ["api", "v1", "events", id] => {
+            let id = id.to_string();
+            (
+                "/api/v1/events/{id}",
+                events::get(context, request, &id).await,
+            )
+        }
+        ["api", "v1", "audit"] => ("/api/v1/audit", audit::log(context, request).await),
+        ["api", "v1", "audit", "verify"] => (
+            "/api/v1/audit/verify",
+            audit::verify(context, request).await,
+        ),
+        ["api", "v1", "audit", "export"] => (
+            "/api/v1/audit/export",
+            audit::export(context, request).await,
+        ),
+        ["api", "v1", "agents"] => ("/api/v1/agents", agents::list(context, request).await),
+        ["api", "v1", "agents", id] => {
+            let id = id.to_string();
+            (
+                "/api/v1/agents/{id}",
+                agents::get(context, request, &id).await,
+            )
+        }
+        ["api", "v1", "agents", id, "quarantine"] => {
+            let id = id.to_string();
+            (
+                "/api/v1/agents/{id}/quarantine",
+                agents::quarantine(context, request, &id).await,
+            )
+        }
+        ["api", "v1", "agents", id, "unquarantine"] => {
+            let id = id.to_string();
+            (
+                "/api/v1/agents/{id}/unquarantine",
+                agents::unquarantine(context, request, &id).await,
+            )
+        }
+        ["api", "v1", "secrets"] => ("/api/v1/secrets", secrets::list(context, request).await),
         ["api", "v1", "apikeys"] => (
             "/api/v1/apikeys",
             apikeys::collection(context, request).await,
@@ -185,6 +264,16 @@ async fn route(
             Err(Error::NotFound(format!("no route for {method} {path}"))),
         ),
     }
+}
+
+/// GET /api/v1/whoami: the caller's key id, name and role (any key), so a client such as the
+/// console can show only what the role may do. The server still checks every call.
+async fn whoami(context: &Context, request: Request<Incoming>) -> Result<Response<Body>> {
+    only(request.method(), &[Method::GET])?;
+    let (caller, _admission) = principal(context, &request).await?;
+    let body =
+        serde_json::json!({"id": caller.id, "name": caller.name, "role": caller.role.as_str()});
+    Ok(json_response(StatusCode::OK, &body))
 }
 
 /// A 405 for methods a route does not serve; the response carries `Allow` (RFC 9110 §15.5.6).
@@ -326,7 +415,7 @@ pub fn json_response<T: Serialize>(status: StatusCode, value: &T) -> Response<Bo
     Response::builder()
         .status(status)
         .header(header::CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(body)))
+        .body(full(body))
         .expect("static response parts are valid")
 }
 

@@ -58,7 +58,42 @@ pub fn document() -> Response<Body> {
     let key_ref = json!({"application/json": {"schema": {"$ref": "#/components/schemas/ApiKey"}}});
     let id_parameter =
         json!([{"name": "id", "in": "path", "required": true, "schema": {"type": "string"}}]);
-    let doc = json!({
+    let with_params = |shared: &[(&str, &str, &str)], own: &[(&str, &str, &str)]| -> Value {
+        shared
+            .iter()
+            .chain(own)
+            .map(|(name, kind, description)| {
+                json!({"name": name, "in": "query", "required": false,
+                    "description": description, "schema": {"type": kind}})
+            })
+            .collect()
+    };
+    let event_filters = [
+        ("type", "string", "event types, comma-separated or repeated"),
+        (
+            "category",
+            "string",
+            "agent, job, bus, policy, security or system",
+        ),
+        (
+            "severity",
+            "string",
+            "minimum severity: debug, info, warning, error or critical",
+        ),
+        (
+            "source",
+            "string",
+            "exact source (the agent id for job events)",
+        ),
+        ("since", "string", "RFC 3339 or a duration ago (1h)"),
+        ("until", "string", "RFC 3339 or a duration ago"),
+    ];
+    let page = |item: Value| {
+        json!({"type": "object", "properties": {"items": {"type": "array", "items": item},
+            "next_cursor": {"type": "string", "nullable": true}}})
+    };
+    let agent_ref = json!({"application/json": {"schema": {"$ref": "#/components/schemas/Agent"}}});
+    let mut doc = json!({
         "openapi": "3.0.3",
         "info": {"title": "svc REST API", "version": env!("CARGO_PKG_VERSION"),
             "description": "Errors are {\"error\":{\"code\",\"message\"}}. Request bodies are one JSON object sent as application/json. A connection without a complete request header for limits.idle_timeout (also between keep-alive requests) is closed; a malformed Content-Length gets hyper's own 400 with an empty body. Limits: docs/reliability.md."},
@@ -91,6 +126,29 @@ pub fn document() -> Response<Body> {
                     "revoked": {"type": "array", "items": {"type": "object", "required": ["jti", "revoked_at", "expires_at"], "properties": {
                         "jti": {"type": "string"}, "revoked_at": {"type": "string", "format": "date-time"},
                         "expires_at": {"type": "string", "format": "date-time"}}}}}},
+                "Event": {"type": "object", "required": ["id", "seq", "type", "category", "severity", "source", "timestamp", "payload"], "properties": {
+                    "id": {"type": "string"}, "seq": {"type": "integer", "format": "int64"},
+                    "type": {"type": "string"}, "category": {"type": "string"},
+                    "severity": {"type": "string", "enum": ["debug", "info", "warning", "error", "critical"]},
+                    "source": {"type": "string"}, "timestamp": {"type": "string", "format": "date-time"},
+                    "payload": {"type": "object"}}},
+                "AuditEntry": {"type": "object", "properties": {
+                    "id": {"type": "string"}, "seq": {"type": "integer"}, "timestamp": {"type": "string", "format": "date-time"},
+                    "user": {"type": "string"}, "action": {"type": "string"}, "resource_type": {"type": "string"},
+                    "resource_id": {"type": "string"}, "outcome": {"type": "string", "enum": ["success", "denied", "error"]},
+                    "policy_id": {"type": "string", "nullable": true}, "decision": {"type": "string", "nullable": true},
+                    "severity": {"type": "string"}, "detail": {"type": "object", "description": "redacted"},
+                    "prev_hash": {"type": "string"}, "hash": {"type": "string"}}},
+                "Agent": {"type": "object", "properties": {
+                    "id": {"type": "string"}, "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                    "state": {"type": "string", "enum": ["connected", "disconnected", "quarantined"]},
+                    "quarantined": {"type": "boolean"}, "quarantine_reason": {"type": "string", "nullable": true},
+                    "quarantined_at": {"type": "string", "nullable": true}, "last_heartbeat_at": {"type": "string", "nullable": true},
+                    "enrolled_at": {"type": "string"}, "fingerprint": {"type": "string"},
+                    "hostname": {"type": "string"}, "version": {"type": "string"}}},
+                "SecretMetadata": {"type": "object", "description": "never a value", "properties": {
+                    "path": {"type": "string"}, "version": {"type": "integer"}, "created_at": {"type": "string"},
+                    "updated_at": {"type": "string"}, "deleted_at": {"type": "string", "nullable": true}}},
                 "ApiKeyUpdate": {"type": "object", "additionalProperties": false,
                     "description": "The last active admin key (role admin, not expired) may not be demoted or given an expiry (409)",
                     "properties": {"name": name, "role": role, "expires_at": future}},
@@ -130,5 +188,58 @@ pub fn document() -> Response<Body> {
             }
         }
     });
+    // The console's routes (docs/console.md), added apart: one json! this size would pass
+    // the macro recursion limit.
+    doc["paths"]["/ui/"] = json!({"get": {"summary": "The web console (HTML; console.js and console.css beside it). Strict CSP, no cookies; docs/console.md",
+                "responses": open(json!({"200": {"description": "the page"}, "404": {"description": "no such console file"}}))}});
+    doc["paths"]["/api/v1/whoami"] = json!({"get": {"summary": "The caller's key id, name and role", "security": [{"bearer": []}],
+                "responses": with_errors(json!({"200": {"description": "the caller", "content": {"application/json": {"schema": {
+                    "type": "object", "properties": {"id": {"type": "string"}, "name": {"type": "string"}, "role": role}}}}}}), &[])}});
+    doc["paths"]["/api/v1/events"] = json!({"get": {"summary": "A page of stored events, oldest first (svc-events list)", "security": [{"bearer": []}],
+                "parameters": with_params(&event_filters, &[("limit", "integer", "page size, 1–1000 (0 or absent: 100)"), ("cursor", "string", "the previous page's next_cursor")]),
+                "responses": with_errors(json!({"200": {"description": "a page", "content": {"application/json": {"schema": page(json!({"$ref": "#/components/schemas/Event"}))}}}}), &[("422", "bad filter or cursor")])}});
+    doc["paths"]["/api/v1/events/stream"] = json!({"get": {"summary": "Live tail as server-sent events (text/event-stream): `id: SEQ`, `event: event`, `data: Event JSON` per event; history after the resume point, then live. Resumes after `Last-Event-ID` or `after`; without either, starts now. `event: error` ends it on a failure",
+                "security": [{"bearer": []}],
+                "parameters": with_params(&event_filters, &[("after", "integer", "resume after this sequence (overrides Last-Event-ID); 0: the whole kept history"), ("follow", "boolean", "false: send the history and end (default true)")]),
+                "responses": with_errors(json!({"200": {"description": "the event stream", "content": {"text/event-stream": {"schema": {"type": "string"}}}}}), &[("422", "bad filter or resume point")])}});
+    doc["paths"]["/api/v1/events/timeline"] = json!({"get": {"summary": "Events per minute over the last `minutes` minutes (default 60, at most 1440)", "security": [{"bearer": []}],
+                "parameters": with_params(&[], &[("minutes", "integer", "window length in minutes")]),
+                "responses": with_errors(json!({"200": {"description": "counts, oldest first", "content": {"application/json": {"schema": {"type": "object", "properties": {
+                    "since": {"type": "string", "format": "date-time"}, "bucket_seconds": {"type": "integer"}, "counts": {"type": "array", "items": {"type": "integer"}}}}}}}}), &[])}});
+    doc["paths"]["/api/v1/events/{id}"] = json!({"parameters": id_parameter.clone(),
+                "get": {"summary": "One event by id (ULID) or sequence number", "security": [{"bearer": []}],
+                "responses": with_errors(json!({"200": {"description": "the event", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Event"}}}}}), &[("404", "no such event")])}});
+    doc["paths"]["/api/v1/audit"] = json!({"get": {"summary": "The audit log, newest first (svc-audit log)", "security": [{"bearer": []}],
+                "parameters": with_params(&[], &[("since", "string", "RFC 3339 or a duration ago (24h)"), ("until", "string", "RFC 3339 or a duration ago"),
+                    ("user", "string", "key name"), ("action", "string", "e.g. agent.quarantine"), ("resource_type", "string", ""), ("policy_id", "string", ""),
+                    ("min_severity", "string", "low, medium, high or critical"), ("outcome", "string", "success, denied or error"),
+                    ("limit", "integer", "page size (default 50, at most 1000)"), ("cursor", "string", "the previous page's next_cursor")]),
+                "responses": with_errors(json!({"200": {"description": "a page", "content": {"application/json": {"schema": page(json!({"$ref": "#/components/schemas/AuditEntry"}))}}}}), &[("422", "bad filter or cursor")])}});
+    doc["paths"]["/api/v1/audit/verify"] = json!({"get": {"summary": "Walk the hash chain (svc-audit verify)", "security": [{"bearer": []}],
+                "responses": with_errors(json!({"200": {"description": "the result", "content": {"application/json": {"schema": {"type": "object", "properties": {
+                    "ok": {"type": "boolean"}, "rows": {"type": "integer"}, "first_bad": {"type": "string", "nullable": true}, "detail": {"type": "string", "nullable": true}}}}}}}), &[])}});
+    doc["paths"]["/api/v1/audit/export"] = json!({"get": {"summary": "Export the log, redacted, in chain order (svc-audit export; admin)", "security": [{"bearer": []}],
+                "parameters": with_params(&[], &[("format", "string", "csv, json or jsonl (default jsonl)"), ("since", "string", "RFC 3339 or a duration ago"), ("until", "string", "RFC 3339 or a duration ago")]),
+                "responses": with_errors(json!({"200": {"description": "the rows as an attachment", "content": {"text/csv": {"schema": {"type": "string"}},
+                    "application/json": {"schema": {"type": "array", "items": {"$ref": "#/components/schemas/AuditEntry"}}}, "application/jsonl": {"schema": {"type": "string"}}}}}), &[("422", "bad format or time")])}});
+    doc["paths"]["/api/v1/agents"] = json!({"get": {"summary": "Enrolled agents with their state (svcctl agent list)", "security": [{"bearer": []}],
+                "parameters": with_params(&[], &[("target", "string", "a selector: *, a glob on ids (web-*), a comma list, or labels role=web,env=prod")]),
+                "responses": with_errors(json!({"200": {"description": "agents by id", "content": {"application/json": {"schema": {"type": "object", "properties": {
+                    "agents": {"type": "array", "items": {"$ref": "#/components/schemas/Agent"}}}}}}}}), &[("422", "bad selector")])}});
+    doc["paths"]["/api/v1/agents/{id}"] = json!({"parameters": id_parameter.clone(),
+                "get": {"summary": "One agent", "security": [{"bearer": []}],
+                "responses": with_errors(json!({"200": {"description": "the agent", "content": agent_ref.clone()}}), &[("404", "no such agent")])}});
+    doc["paths"]["/api/v1/agents/{id}/quarantine"] = json!({"parameters": id_parameter.clone(),
+                "post": {"summary": "Quarantine an agent (operator): it gets no commands; audited as agent.quarantine, emits agent_quarantined",
+                "security": [{"bearer": []}],
+                "requestBody": {"required": false, "content": {"application/json": {"schema": {"type": "object", "properties": {"reason": {"type": "string"}}}}}},
+                "responses": with_body_errors(json!({"200": {"description": "the agent", "content": agent_ref.clone()}}), &[("404", "no such agent")])}});
+    doc["paths"]["/api/v1/agents/{id}/unquarantine"] = json!({"parameters": id_parameter.clone(),
+                "post": {"summary": "Lift an agent's quarantine (operator); audited as agent.unquarantine, emits agent_unquarantined", "security": [{"bearer": []}],
+                "responses": with_errors(json!({"200": {"description": "the agent", "content": agent_ref}}), &[("404", "no such agent")])}});
+    doc["paths"]["/api/v1/secrets"] = json!({"get": {"summary": "Secret paths and metadata under a prefix, never values (svc-secrets list); audited as secret.list", "security": [{"bearer": []}],
+                "parameters": with_params(&[], &[("prefix", "string", "path prefix"), ("include_deleted", "boolean", "also paths whose current version is deleted")]),
+                "responses": with_errors(json!({"200": {"description": "metadata", "content": {"application/json": {"schema": {"type": "object", "properties": {
+                    "secrets": {"type": "array", "items": {"$ref": "#/components/schemas/SecretMetadata"}}}}}}}}), &[("422", "bad prefix")])}});
     json_response(StatusCode::OK, &doc)
 }

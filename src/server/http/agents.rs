@@ -1,0 +1,79 @@
+//! /api/v1/agents: list (with a --target selector, e.g. labels `role=web`), show, quarantine
+//! and unquarantine. The fleet domain checks the role (operator to quarantine) and writes the
+//! same audit rows and events as `svcctl agent quarantine`.
+
+use http::{Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+
+use super::query::Query;
+use super::{json_body, json_response, only, principal, Body};
+use crate::fleet;
+use crate::server::Context;
+use crate::Result;
+
+/// GET /api/v1/agents?target=SEL: `{"agents": [...]}` by id.
+pub async fn list(context: &Context, request: Request<Incoming>) -> Result<Response<Body>> {
+    only(request.method(), &[Method::GET])?;
+    let (caller, _admission) = principal(context, &request).await?;
+    let query = Query::of(&request, &["target"])?;
+    let agents = fleet::list(&context.domain, &caller, query.text("target")).await?;
+    Ok(json_response(
+        StatusCode::OK,
+        &serde_json::json!({ "agents": agents }),
+    ))
+}
+
+/// GET /api/v1/agents/{id}.
+pub async fn get(
+    context: &Context,
+    request: Request<Incoming>,
+    id: &str,
+) -> Result<Response<Body>> {
+    only(request.method(), &[Method::GET])?;
+    let (caller, _admission) = principal(context, &request).await?;
+    let agent = fleet::get(&context.domain, &caller, id).await?;
+    Ok(json_response(StatusCode::OK, &agent))
+}
+
+/// Other fields are ignored rather than refused, so that a caller without the role learns
+/// it from a 403 and not from a complaint about its body.
+#[derive(serde::Deserialize, Default)]
+struct QuarantineBody {
+    #[serde(default)]
+    reason: String,
+}
+
+/// POST /api/v1/agents/{id}/quarantine with `{"reason": "..."}` or no body (operator).
+pub async fn quarantine(
+    context: &Context,
+    request: Request<Incoming>,
+    id: &str,
+) -> Result<Response<Body>> {
+    only(request.method(), &[Method::POST])?;
+    let (caller, _admission) = principal(context, &request).await?;
+    let body: QuarantineBody = if has_body(&request) {
+        json_body(context, request).await?
+    } else {
+        QuarantineBody::default()
+    };
+    let agent = fleet::quarantine(&context.domain, &caller, id, &body.reason).await?;
+    Ok(json_response(StatusCode::OK, &agent))
+}
+
+/// POST /api/v1/agents/{id}/unquarantine (operator; no body needed).
+pub async fn unquarantine(
+    context: &Context,
+    request: Request<Incoming>,
+    id: &str,
+) -> Result<Response<Body>> {
+    only(request.method(), &[Method::POST])?;
+    let (caller, _admission) = principal(context, &request).await?;
+    let agent = fleet::unquarantine(&context.domain, &caller, id).await?;
+    Ok(json_response(StatusCode::OK, &agent))
+}
+
+/// Whether the request says it carries a body (a length above 0, or chunked).
+fn has_body(request: &Request<Incoming>) -> bool {
+    use hyper::body::Body as _;
+    request.body().size_hint().exact() != Some(0)
+}
