@@ -45,8 +45,20 @@ impl Server {
     /// `extra_config` added to its configuration. Returns once it has written its addresses;
     /// panics with its log if it exits or does not get there in time.
     pub fn start(root: tempfile::TempDir, extra_config: &str) -> Server {
-        let data = data_dir(root.path());
         let master: [u8; 32] = rand::random();
+        let key = format!("svc_{}", svc::ids::random_base62(40));
+        Server::start_member(root, extra_config, master, &key)
+    }
+
+    /// [`Server::start`] with a given master key and admin key: servers sharing one store
+    /// (cluster members) need the same.
+    pub fn start_member(
+        root: tempfile::TempDir,
+        extra_config: &str,
+        master: [u8; 32],
+        key: &str,
+    ) -> Server {
+        let data = data_dir(root.path());
         let config = root.path().join("server.yaml");
         std::fs::write(
             &config,
@@ -61,7 +73,7 @@ impl Server {
         .unwrap();
         // The admin key is preset (`svc_` and 40 base62 characters) rather than read back
         // from the file the server would write.
-        let key = format!("svc_{}", svc::ids::random_base62(40));
+        let key = key.to_string();
         let log_path = root.path().join("server.log");
         let log = std::fs::File::create(&log_path).unwrap();
         // A clean environment: cargo sets SVC_* build variables that the server would read as
