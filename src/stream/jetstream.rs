@@ -19,6 +19,7 @@
 //!
 //! Retention is JetStream's (`enforce_retention` does nothing).
 
+use std::future::IntoFuture;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -39,6 +40,12 @@ const PUBLISH_RETRY_FOR: Duration = Duration::from_secs(15);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Reads of at most this many records just behind the last one use gets by sequence.
 const SMALL_READ: u64 = 16;
+/// The most records a read takes by gets when it cannot create a consumer.
+const GET_FALLBACK_MAX: usize = 256;
+/// How long one publish waits for its acknowledgement before it is sent again (same message
+/// id): short, so that a publish lost with a dying stream leader is retried soon after the
+/// election rather than after the client's whole request timeout.
+const ACK_WAIT: Duration = Duration::from_secs(2);
 /// How long `health` waits for the stream's info.
 const HEALTH_LIMIT: Duration = Duration::from_secs(2);
 /// Timestamps of records are the writers' clocks, `seq_for_time` starts from JetStream's
@@ -208,16 +215,20 @@ impl JetStreamLog {
         let mut pending = first;
         let mut attempt = 0u32;
         loop {
-            let result = match pending.take() {
-                Some(ack) => ack.await.map_err(|e| e.to_string()),
-                None => match self
+            let ack = match pending.take() {
+                Some(ack) => Ok(ack),
+                None => self
                     .context
                     .publish_with_headers(self.subject.clone(), headers.clone(), payload.clone())
                     .await
-                {
-                    Ok(ack) => ack.await.map_err(|e| e.to_string()),
-                    Err(e) => Err(e.to_string()),
+                    .map_err(|e| e.to_string()),
+            };
+            let result = match ack {
+                Ok(ack) => match tokio::time::timeout(ACK_WAIT, ack.into_future()).await {
+                    Ok(acked) => acked.map_err(|e| e.to_string()),
+                    Err(_) => Err(format!("no acknowledgement within {ACK_WAIT:?}")),
                 },
+                Err(e) => Err(e),
             };
             attempt += 1;
             match result {
@@ -296,6 +307,20 @@ impl JetStreamLog {
             timestamp_ms,
             payload: message.message.payload.to_vec(),
         })
+    }
+
+    /// Records `from..` through an ephemeral consumer.
+    async fn read_by_consumer(&self, from: u64, max: usize) -> Result<Vec<Record>> {
+        let cursor = self
+            .cursor(
+                consumer::DeliverPolicy::ByStartSequence {
+                    start_sequence: from,
+                },
+                false,
+            )
+            .await?;
+        let messages = self.fetch(&cursor, max).await?;
+        messages.iter().map(|m| self.record_of(m)).collect()
     }
 
     /// Records `from..` by gets of single sequences, stopping at the first missing one.
@@ -467,27 +492,33 @@ impl Stream for JetStreamLog {
         }
         let from = from_seq.max(1);
         let known = *self.durable.borrow();
+        let mut records = Vec::new();
         // A follower's few new records (or an empty read past the end): gets by sequence.
         if from > known || known - from < SMALL_READ {
-            if let Some(records) = self
+            if let Some(got) = self
                 .read_by_gets(from, max.min(SMALL_READ as usize))
                 .await?
             {
-                if records.len() < SMALL_READ as usize || records.len() == max {
-                    return Ok(records);
+                if got.len() < SMALL_READ as usize || got.len() == max {
+                    return Ok(got);
                 }
+                records = got;
             }
         }
-        let cursor = self
-            .cursor(
-                consumer::DeliverPolicy::ByStartSequence {
-                    start_sequence: from,
-                },
-                false,
-            )
-            .await?;
-        let messages = self.fetch(&cursor, max).await?;
-        messages.iter().map(|m| self.record_of(m)).collect()
+        let next = records.last().map_or(from, |r| r.seq + 1);
+        let want = max - records.len();
+        match self.read_by_consumer(next, want).await {
+            Ok(more) => records.extend(more),
+            Err(error) => {
+                // Consumers need the meta leader, gets only the stream leader: a read still
+                // works while the cluster elects a new meta leader.
+                tracing::warn!(stream = %self.name, %error, "read consumer failed; reading by gets");
+                let next = next.max(self.first_seq().await?);
+                let gets = want.min(GET_FALLBACK_MAX);
+                records.extend(self.read_by_gets(next, gets).await?.unwrap_or_default());
+            }
+        }
+        Ok(records)
     }
 
     async fn seq_for_time(&self, timestamp_ms: i64) -> Result<u64> {

@@ -4,6 +4,7 @@
 
 pub mod agent;
 pub mod moto;
+pub mod nats_cluster;
 pub mod pki;
 pub mod postgres;
 
