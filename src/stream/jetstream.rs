@@ -39,7 +39,7 @@ const PUBLISH_RETRY_FOR: Duration = Duration::from_secs(15);
 /// What a JetStream API request may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Reads of at most this many records just behind the last one use gets by sequence.
-const SMALL_READ: u64 = 16;
+const SMALL_READ: u64 = 32;
 /// The most records a read takes by gets when it cannot create a consumer.
 const GET_FALLBACK_MAX: usize = 256;
 /// How long one publish waits for its acknowledgement before it is sent again (same message
@@ -329,26 +329,37 @@ impl JetStreamLog {
         let mut records = Vec::new();
         let mut seq = from;
         while records.len() < max {
-            match self.stream.get_raw_message(seq).await {
-                Ok(message) => records.push(Record {
-                    seq: message.sequence,
-                    timestamp_ms: timestamp_of(Some(&message.headers))
-                        .unwrap_or_else(|| millis(message.time)),
-                    payload: message.payload.to_vec(),
-                }),
-                Err(e) if e.kind() == js::RawMessageErrorKind::NoMessageFound => {
-                    if records.is_empty() {
-                        let state = self.info().await?.state;
-                        if seq > state.last_sequence {
-                            return Ok(Some(records));
+            // The sequences the follower has seen are all there: ask for them at once (the
+            // answers come back in order); past them, one at a time until one is missing.
+            let known = *self.durable.borrow();
+            let at_once = if seq > known {
+                1
+            } else {
+                (known - seq + 1).min((max - records.len()) as u64) as usize
+            };
+            let gets = (0..at_once as u64).map(|i| self.stream.get_raw_message(seq + i));
+            for got in futures_util::future::join_all(gets).await {
+                match got {
+                    Ok(message) => records.push(Record {
+                        seq: message.sequence,
+                        timestamp_ms: timestamp_of(Some(&message.headers))
+                            .unwrap_or_else(|| millis(message.time)),
+                        payload: message.payload.to_vec(),
+                    }),
+                    Err(e) if e.kind() == js::RawMessageErrorKind::NoMessageFound => {
+                        if records.is_empty() {
+                            let state = self.info().await?.state;
+                            if seq > state.last_sequence {
+                                return Ok(Some(records));
+                            }
+                            return Ok(None);
                         }
-                        return Ok(None);
+                        return Ok(Some(records));
                     }
-                    break;
+                    Err(e) => return Err(self.failed("get message", e)),
                 }
-                Err(e) => return Err(self.failed("get message", e)),
             }
-            seq += 1;
+            seq += at_once as u64;
         }
         Ok(Some(records))
     }
