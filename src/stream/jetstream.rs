@@ -10,10 +10,11 @@
 //!   (milliseconds), a `Nats-Msg-Id` so a publish retried after a lost acknowledgement is not
 //!   stored twice. Its sequence is the stream sequence from the PubAck, and JetStream's
 //!   sequences are what the local log's are: from 1, dense, the oldest dropped by retention;
-//! - reads of a few records just behind the last one are `STREAM.MSG.GET`s by sequence
-//!   (answered by the stream leader, so a read never misses an acknowledged record); longer
-//!   reads go through an ephemeral pull consumer (deliver by start sequence, no acks, memory
-//!   state) that is deleted after the read;
+//! - a read starting at most 32 records behind the last sequence seen (or past it) is
+//!   `STREAM.MSG.GET`s by sequence, sent together (answered by the stream leader, so a read
+//!   never misses an acknowledged record); longer reads go through an ephemeral pull consumer
+//!   (deliver by start sequence, no acks) that is deleted after the read, or by gets when no
+//!   consumer can be created (no meta leader during an election);
 //! - `subscribe` is fed by one ordered push consumer per open stream (headers only, from the
 //!   last sequence at open), so it moves on every append by any server, in order.
 //!
@@ -28,7 +29,7 @@ use async_nats::HeaderMap;
 use futures_util::StreamExt;
 use tokio::sync::watch;
 
-use super::{Record, Stream, StreamConfig, StreamLog};
+use super::{Record, Stream, StreamConfig};
 use crate::{Error, Result};
 
 /// The header a record's timestamp (Unix milliseconds) travels in.
@@ -40,6 +41,8 @@ const PUBLISH_RETRY_FOR: Duration = Duration::from_secs(15);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Reads of at most this many records just behind the last one use gets by sequence.
 const SMALL_READ: u64 = 32;
+/// How long a time lookup keeps trying to create its consumer.
+const CONSUMER_RETRY_FOR: Duration = Duration::from_secs(10);
 /// The most records a read takes by gets when it cannot create a consumer.
 const GET_FALLBACK_MAX: usize = 256;
 /// How long one publish waits for its acknowledgement before it is sent again (same message
@@ -483,12 +486,7 @@ impl Stream for JetStreamLog {
         }
         let mut seqs = Vec::with_capacity(sent.len());
         for (headers, payload, ack) in sent {
-            let is_retry = ack.is_none();
-            let seq = match self.publish_with(headers, payload, ack).await {
-                Ok(seq) => seq,
-                Err(e) if is_retry => return Err(e),
-                Err(e) => return Err(e),
-            };
+            let seq = self.publish_with(headers, payload, ack).await?;
             if seqs.last().is_some_and(|last| *last >= seq) {
                 tracing::error!(stream = %self.name, seq, "a retried publish landed out of order in its batch");
             }
@@ -536,9 +534,22 @@ impl Stream for JetStreamLog {
         let start = timestamp_ms.saturating_sub(CLOCK_SKEW.as_millis() as i64);
         let start_time = async_nats::datetime::from_nanos(i128::from(start) * 1_000_000)
             .map_err(|e| Error::Invalid(format!("time {timestamp_ms}: {e}")))?;
-        let cursor = self
-            .cursor(consumer::DeliverPolicy::ByStartTime { start_time }, true)
-            .await?;
+        // A consumer needs the meta leader: while the cluster elects one, try again (there
+        // is no other way to look up a time on 2.9).
+        let deadline = tokio::time::Instant::now() + CONSUMER_RETRY_FOR;
+        let cursor = loop {
+            match self
+                .cursor(consumer::DeliverPolicy::ByStartTime { start_time }, true)
+                .await
+            {
+                Ok(cursor) => break cursor,
+                Err(e) if tokio::time::Instant::now() >= deadline => return Err(e),
+                Err(e) => {
+                    tracing::warn!(stream = %self.name, error = %e, "time lookup consumer failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+        };
         loop {
             let batch = self.fetch(&cursor, 1024).await?;
             for message in &batch {
@@ -591,10 +602,6 @@ impl Stream for JetStreamLog {
             Some(failure) => Err(Error::Unavailable(failure)),
             None => Ok(()),
         }
-    }
-
-    fn local(&self) -> Option<&StreamLog> {
-        None
     }
 }
 
