@@ -178,6 +178,13 @@ async fn retention_settings_become_the_stream_limits() {
     let kept_short = log.read(first - 1, 3).await.unwrap();
     assert_eq!(kept_short[0].seq, first);
 
+    // A lone (unclustered) nats-server 2.9.10 takes R3 and reports it, with one copy: the
+    // replicas asked for should come from the NATS cluster's size.
+    let lone = JetStreamLog::open(client.clone(), "audit", &config, 3)
+        .await
+        .unwrap();
+    assert_eq!(lone.info().await.unwrap().config.num_replicas, 3);
+
     // New settings update the stream in place.
     let looser = StreamConfig {
         max_age: None,
@@ -212,6 +219,18 @@ async fn two_servers_on_two_nodes_see_one_order() {
     let b_client = connect(&[nats.url(1)]).await;
     let a = open(&a_client, "events", 3).await;
     let b = open(&b_client, "events", 3).await;
+    // More replicas than servers is refused at once, naming the stream.
+    let started = std::time::Instant::now();
+    let refused = JetStreamLog::open(a_client.clone(), "audit", &StreamConfig::default(), 5).await;
+    let Err(svc::Error::Unavailable(message)) = refused else {
+        panic!("R5 on three servers was not refused");
+    };
+    println!("{message}");
+    assert!(message.contains("SVC_AUDIT"), "{message}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "retried a permanent error"
+    );
     let mut a_watch = a.subscribe();
     let mut b_watch = b.subscribe();
     let per_writer = 150u64;

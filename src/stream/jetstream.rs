@@ -41,6 +41,8 @@ const PUBLISH_RETRY_FOR: Duration = Duration::from_secs(15);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Reads of at most this many records just behind the last one use gets by sequence.
 const SMALL_READ: u64 = 32;
+/// How long `open` keeps trying to create or update the stream.
+const OPEN_RETRY_FOR: Duration = Duration::from_secs(30);
 /// How long a time lookup keeps trying to create its consumer.
 const CONSUMER_RETRY_FOR: Duration = Duration::from_secs(10);
 /// The most records a read takes by gets when it cannot create a consumer.
@@ -144,10 +146,24 @@ impl JetStreamLog {
                 "stream {name} (JetStream {stream_name}): {what}: {e}"
             ))
         };
-        let info = context
-            .create_or_update_stream(stream_config(name, config, replicas))
-            .await
-            .map_err(|e| failed("create or update", &e))?;
+        // A NATS cluster that is starting with us has no JetStream meta leader for a few
+        // seconds: keep trying for a while rather than fail the server's start.
+        let deadline = tokio::time::Instant::now() + OPEN_RETRY_FOR;
+        let info = loop {
+            match context
+                .create_or_update_stream(stream_config(name, config, replicas))
+                .await
+            {
+                Ok(info) => break info,
+                Err(e) if !is_transient(&e) || tokio::time::Instant::now() >= deadline => {
+                    return Err(failed("create or update", &e))
+                }
+                Err(e) => {
+                    tracing::warn!(stream = %name, jetstream = %stream_name, error = %e, "JetStream not ready; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+        };
         let stream = context
             .get_stream_no_info(&stream_name)
             .await
@@ -602,6 +618,23 @@ impl Stream for JetStreamLog {
             Some(failure) => Err(Error::Unavailable(failure)),
             None => Ok(()),
         }
+    }
+}
+
+/// Whether a create/update failed for a reason that goes away by itself (no meta leader yet,
+/// no answer), rather than for the request (bad config, not enough servers for the replicas).
+fn is_transient(error: &jetstream::context::CreateStreamError) -> bool {
+    use async_nats::jetstream::{context::CreateStreamErrorKind as Kind, ErrorCode};
+    match error.kind() {
+        Kind::TimedOut | Kind::JetStreamUnavailable | Kind::Response => true,
+        Kind::JetStream(e) => matches!(
+            e.error_code(),
+            ErrorCode::CLUSTER_NOT_AVAILABLE
+                | ErrorCode::CLUSTER_NOT_LEADER
+                | ErrorCode::CLUSTER_INCOMPLETE
+                | ErrorCode::CLUSTER_NOT_ASSIGNED
+        ),
+        _ => false,
     }
 }
 
