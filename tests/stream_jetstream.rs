@@ -375,6 +375,15 @@ async fn events_emitted_on_one_server_reach_the_other() {
     assert_eq!(next, Some(11));
     let stats = b.stats(&Filter::default()).await.unwrap();
     assert_eq!(stats.total as usize, total + 1);
+    // A replay without follow ends at the last event durable when it started.
+    let (sender, mut replayed) = tokio::sync::mpsc::channel(4096);
+    b.stream(Filter::default(), false, sender).await;
+    let mut count = 0;
+    while let Some(event) = replayed.recv().await {
+        count += 1;
+        assert_eq!(event.unwrap().seq, count as u64);
+    }
+    assert_eq!(count, total + 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -490,4 +499,12 @@ async fn a_snapshot_takes_a_jetstream_stream_like_a_local_one() {
     })
     .unwrap();
     assert!(segment_bytes > 25 * 2, "the records are in the snapshot");
+
+    // Readiness sees the NATS server go away, naming the stream.
+    let mut nats = nats;
+    nats.kill(0);
+    let Err(svc::Error::Unavailable(message)) = log.health().await else {
+        panic!("healthy without its NATS server");
+    };
+    assert!(message.contains("SVC_EVENTS"), "{message}");
 }
