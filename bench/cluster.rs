@@ -70,11 +70,17 @@ fn main() {
     let through_three = runtime.block_on(emit_throughput(&grpc, &three[0].key));
     drop(three);
     let one = start_members(&runtime, pg, &nats, 1, "");
-    let through_one = runtime.block_on(emit_throughput(&[one[0].grpc.clone()], &one[0].key));
+    let through_one = runtime.block_on(emit_throughput(
+        std::slice::from_ref(&one[0].grpc),
+        &one[0].key,
+    ));
     drop(one);
     let single_root = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let single = Server::start(single_root, "");
-    let through_single = runtime.block_on(emit_throughput(&[single.grpc.clone()], &single.key));
+    let through_single = runtime.block_on(emit_throughput(
+        std::slice::from_ref(&single.grpc),
+        &single.key,
+    ));
     drop(single);
 
     println!("cluster failover (kill -9 of the leader → another member holds the lease), {ROUNDS} rounds:");
@@ -84,7 +90,10 @@ fn main() {
         failovers[ROUNDS / 2].as_secs_f64(),
         failovers[ROUNDS - 1].as_secs_f64()
     );
-    println!("durable emit over gRPC, {EMITTERS} clients, {}s each:", EMIT_PHASE.as_secs());
+    println!(
+        "durable emit over gRPC, {EMITTERS} clients, {}s each:",
+        EMIT_PHASE.as_secs()
+    );
     println!("  3 members (JetStream R3):       {through_three:>8.0} emits/s");
     println!("  1 member  (JetStream R3):       {through_one:>8.0} emits/s");
     println!("  single server (local log):      {through_single:>8.0} emits/s");

@@ -20,7 +20,7 @@ use crate::config::ServerConfig;
 use crate::events::Events;
 use crate::identity::Keys;
 use crate::store::Store;
-use crate::stream::StreamLog;
+use crate::stream::{Stream, StreamLog};
 use crate::Result;
 
 pub struct Domain {
@@ -46,9 +46,9 @@ pub struct Domain {
 
 /// The durable streams the domain writes.
 pub struct Logs {
-    pub events: Arc<StreamLog>,
+    pub events: Arc<dyn Stream>,
     /// The copy of every audit row (`audit/commit.rs`).
-    pub audit: Arc<StreamLog>,
+    pub audit: Arc<dyn Stream>,
 }
 
 impl Domain {
@@ -93,7 +93,7 @@ impl Domain {
         store: Arc<dyn Store>,
         policy_dir: std::path::PathBuf,
         events: Arc<Events>,
-        audit_mirror: Option<Arc<StreamLog>>,
+        audit_mirror: Option<Arc<dyn Stream>>,
         fleet: crate::fleet::Fleet,
         keys: Keys,
         limits: KeyLimits,

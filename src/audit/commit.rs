@@ -27,7 +27,7 @@ use tokio::sync::oneshot;
 
 use super::{chain, Entry};
 use crate::store::{AuditRow, Store};
-use crate::stream::StreamLog;
+use crate::stream::Stream;
 use crate::{clock, Error, Result};
 
 /// Rows waiting for a commit, and the lock whose holder commits them.
@@ -153,7 +153,7 @@ const MIRROR_INTERVAL: std::time::Duration = std::time::Duration::from_millis(5)
 
 /// The background copy of committed rows into the `audit` stream log.
 pub(super) struct Mirror {
-    log: Arc<StreamLog>,
+    log: Arc<dyn Stream>,
     pending: Mutex<Pending>,
 }
 
@@ -165,7 +165,7 @@ struct Pending {
 }
 
 impl Mirror {
-    pub(super) fn new(log: Arc<StreamLog>) -> Arc<Self> {
+    pub(super) fn new(log: Arc<dyn Stream>) -> Arc<Self> {
         Arc::new(Mirror {
             log,
             pending: Mutex::new(Pending::default()),
@@ -234,7 +234,8 @@ mod tests {
     async fn concurrent_appends_keep_one_chain_and_mirror_it_in_order() {
         let dir = tempfile::tempdir().unwrap();
         let store = store_in(dir.path());
-        let log = StreamLog::open(&dir.path().join("audit"), Default::default()).unwrap();
+        let log =
+            crate::stream::StreamLog::open(&dir.path().join("audit"), Default::default()).unwrap();
         let auditor = Arc::new(
             super::super::Auditor::new(store.clone(), dir.path().join("policies"))
                 .with_mirror(Some(log.clone())),

@@ -155,7 +155,7 @@ impl Auditor {
         self
     }
 
-    pub fn with_mirror(mut self, mirror: Option<Arc<crate::stream::StreamLog>>) -> Self {
+    pub fn with_mirror(mut self, mirror: Option<Arc<dyn crate::stream::Stream>>) -> Self {
         self.mirror = mirror.map(commit::Mirror::new);
         self
     }

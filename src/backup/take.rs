@@ -23,14 +23,14 @@ use crate::audit::Action;
 use crate::auth::{Principal, Role};
 use crate::domain::Domain;
 use crate::store::Store;
-use crate::stream::{SegmentCopy, StreamLog};
+use crate::stream::{SegmentCopy, Stream};
 use crate::{Error, Result};
 
 /// What a snapshot is taken of: the running server's parts.
 pub struct Source {
     pub store: Arc<dyn Store>,
     pub data_dir: PathBuf,
-    pub streams: Vec<(&'static str, Arc<StreamLog>)>,
+    pub streams: Vec<(&'static str, Arc<dyn Stream>)>,
     pub policy_dir: PathBuf,
     pub server_id: String,
 }
@@ -104,7 +104,10 @@ pub async fn prepare_unaudited(source: &Source) -> Result<Prepared> {
     let mut streams = Vec::new();
     let mut last_seqs = BTreeMap::new();
     for (name, log) in &source.streams {
-        let (last_seq, copies) = log.snapshot();
+        let (last_seq, copies) = match log.local() {
+            Some(local) => local.snapshot(),
+            None => copy_shared_stream(log.as_ref(), &source.data_dir).await?,
+        };
         last_seqs.insert(name.to_string(), last_seq);
         streams.push((*name, copies));
     }
@@ -126,6 +129,21 @@ pub async fn prepare_unaudited(source: &Source) -> Result<Prepared> {
         policies,
         manifest,
     })
+}
+
+/// A stream that is not a local log (a JetStream stream) goes into a snapshot as a local log
+/// would: its records are copied into a temporary log in the data dir, whose segment copies
+/// stay readable after the directory is removed (the handles are open).
+async fn copy_shared_stream(log: &dyn Stream, data_dir: &Path) -> Result<(u64, Vec<SegmentCopy>)> {
+    let dir = data_dir.join(format!(
+        "snapshot-{}-{}.stream.tmp",
+        crate::ids::ulid(),
+        log.name()
+    ));
+    let copied = crate::stream::copy_to_local(log, &dir).await;
+    let snapshot = copied.map(|local| local.snapshot());
+    let _ = std::fs::remove_dir_all(&dir);
+    snapshot
 }
 
 /// The schema version and the audit chain's last row of a SQLite store file.
@@ -319,8 +337,11 @@ mod tests {
                 )
                 .await;
         }
-        let events =
-            StreamLog::open(&dir.path().join("jetstream/events"), Default::default()).unwrap();
+        let events = crate::stream::StreamLog::open(
+            &dir.path().join("jetstream/events"),
+            Default::default(),
+        )
+        .unwrap();
         for _ in 0..5 {
             events
                 .append(crate::clock::now_millis(), b"event".to_vec())
@@ -332,7 +353,7 @@ mod tests {
         let source = Source {
             store,
             data_dir: dir.path().to_path_buf(),
-            streams: vec![("events", events)],
+            streams: vec![("events", events as Arc<dyn Stream>)],
             policy_dir: dir.path().join("policies"),
             server_id: "test".into(),
         };

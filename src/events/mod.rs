@@ -16,7 +16,7 @@ use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 
 use crate::auth::{Principal, Role};
-use crate::stream::{Record, StreamLog};
+use crate::stream::{Record, Stream};
 use crate::{clock, ids, Error, Result};
 
 pub use types::{EventKind, EventType, Severity, SEVERITIES, TYPES};
@@ -139,7 +139,7 @@ fn unknown_type(name: &str) -> Error {
 const LIVE_QUEUE: usize = 4096;
 
 pub struct Events {
-    log: Arc<StreamLog>,
+    log: Arc<dyn Stream>,
     /// The live fan-out: one task publishes on the bus in emit order (None without a bus).
     live: Option<mpsc::Sender<(String, Vec<u8>)>>,
     counts: std::sync::Mutex<std::collections::BTreeMap<EventKind, u64>>,
@@ -158,7 +158,7 @@ impl Events {
     /// publishes in emit order, and a full queue drops the live copy (logged) rather than
     /// slowing emitters, since the durable log already has every event.
     pub fn new(
-        log: Arc<StreamLog>,
+        log: Arc<dyn Stream>,
         stopping: watch::Receiver<bool>,
         bus: Option<async_nats::Client>,
     ) -> Self {
@@ -181,7 +181,7 @@ impl Events {
         }
     }
 
-    pub fn log(&self) -> &Arc<StreamLog> {
+    pub fn log(&self) -> &Arc<dyn Stream> {
         &self.log
     }
 
@@ -254,15 +254,15 @@ impl Events {
         }
     }
 
-    fn start_seq(&self, filter: &Filter) -> Result<u64> {
+    async fn start_seq(&self, filter: &Filter) -> Result<u64> {
         match filter.since_ms {
-            Some(since) => self.log.seq_for_time(since),
-            None => Ok(self.log.first_seq()),
+            Some(since) => self.log.seq_for_time(since).await,
+            None => self.log.first_seq().await,
         }
     }
 
     /// A page of events in stream order, from the cursor (a sequence) or `since`.
-    pub fn list(
+    pub async fn list(
         &self,
         filter: &Filter,
         limit: usize,
@@ -270,11 +270,11 @@ impl Events {
     ) -> Result<(Vec<Event>, Option<u64>)> {
         let mut next = match cursor {
             Some(seq) => seq,
-            None => self.start_seq(filter)?,
+            None => self.start_seq(filter).await?,
         };
         let mut items = Vec::new();
         loop {
-            let batch = self.log.read(next, READ_BATCH)?;
+            let batch = self.log.read(next, READ_BATCH).await?;
             let Some(last) = batch.last() else {
                 return Ok((items, None));
             };
@@ -288,7 +288,7 @@ impl Events {
                 {
                     items.push(event);
                     if items.len() == limit {
-                        let more = record.seq < self.log.last_seq();
+                        let more = record.seq < self.log.last_seq().await?;
                         return Ok((items, more.then_some(record.seq + 1)));
                     }
                 }
@@ -298,12 +298,13 @@ impl Events {
     }
 
     /// Finds an event by id (a ULID, whose time says where to look) or by sequence number.
-    pub fn get(&self, id: &str) -> Result<Event> {
+    pub async fn get(&self, id: &str) -> Result<Event> {
         let not_found = || Error::NotFound(format!("event '{id}' not found"));
         if let Ok(seq) = id.parse::<u64>() {
             return self
                 .log
-                .read(seq, 1)?
+                .read(seq, 1)
+                .await?
                 .first()
                 .filter(|r| r.seq == seq)
                 .and_then(decode)
@@ -311,9 +312,9 @@ impl Events {
         }
         let millis = ids::ulid_millis(id).ok_or_else(not_found)?;
         // The id is made just before the append, so its record sits within moments of it.
-        let mut next = self.log.seq_for_time(millis - 5_000)?;
+        let mut next = self.log.seq_for_time(millis - 5_000).await?;
         loop {
-            let batch = self.log.read(next, READ_BATCH)?;
+            let batch = self.log.read(next, READ_BATCH).await?;
             let Some(last) = batch.last() else {
                 return Err(not_found());
             };
@@ -333,7 +334,7 @@ impl Events {
     /// events as they become durable, until the receiver goes away or the server stops.
     /// Without `follow` it ends at the last event that was durable when it started.
     pub async fn stream(&self, filter: Filter, follow: bool, out: mpsc::Sender<Result<Event>>) {
-        let start = match self.start_seq(&filter) {
+        let start = match self.start_seq(&filter).await {
             Ok(seq) => seq,
             Err(e) => {
                 let _ = out.send(Err(e)).await;
@@ -354,14 +355,22 @@ impl Events {
     ) {
         let mut durable = self.log.subscribe();
         let mut stopping = self.stopping.clone();
-        let end = self.log.last_seq();
+        let bounds =
+            async { Ok::<_, Error>((self.log.last_seq().await?, self.log.first_seq().await?)) };
+        let (end, first) = match bounds.await {
+            Ok(bounds) => bounds,
+            Err(e) => {
+                let _ = out.send(Err(e)).await;
+                return;
+            }
+        };
         // Retention may have dropped what the reader last saw; it resumes at the oldest kept.
-        let mut next = start.max(self.log.first_seq());
+        let mut next = start.max(first);
         loop {
             // Mark the current durable point seen *before* reading, so an append that lands
             // after this read still wakes us below.
-            durable.borrow_and_update();
-            let batch = match self.log.read(next, READ_BATCH) {
+            let seen = *durable.borrow_and_update();
+            let batch = match self.log.read(next, READ_BATCH).await {
                 Ok(batch) => batch,
                 Err(e) => {
                     let _ = out.send(Err(e)).await;
@@ -390,6 +399,16 @@ impl Events {
             if !follow || *stopping.borrow() {
                 return;
             }
+            if seen >= next {
+                // The stream says records up to `seen` are durable but the read did not see
+                // them yet (a shared stream's read may be served a moment behind its
+                // notification): read again shortly rather than wait for the next append.
+                tokio::select! {
+                    _ = tokio::time::sleep(std::time::Duration::from_millis(5)) => continue,
+                    _ = stopping.changed() => return,
+                    _ = out.closed() => return,
+                }
+            }
             tokio::select! {
                 changed = durable.changed() => if changed.is_err() { return },
                 _ = stopping.changed() => return,
@@ -399,11 +418,11 @@ impl Events {
     }
 
     /// Counts by type and by severity over a window.
-    pub fn stats(&self, filter: &Filter) -> Result<Stats> {
+    pub async fn stats(&self, filter: &Filter) -> Result<Stats> {
         let mut stats = Stats::default();
-        let mut next = self.start_seq(filter)?;
+        let mut next = self.start_seq(filter).await?;
         loop {
-            let batch = self.log.read(next, READ_BATCH * 4)?;
+            let batch = self.log.read(next, READ_BATCH * 4).await?;
             let Some(last) = batch.last() else { break };
             next = last.seq + 1;
             for record in &batch {
@@ -466,7 +485,7 @@ pub const MAX_PAGE: usize = 1000;
 
 /// `svc-events list`: a page of stored events (any key). `cursor` is the previous page's
 /// `next_cursor`; a limit of 0 means 100.
-pub fn list(
+pub async fn list(
     domain: &crate::domain::Domain,
     principal: &Principal,
     filter: &Filter,
@@ -482,23 +501,23 @@ pub fn list(
                 .map_err(|_| Error::Invalid(format!("invalid cursor '{text}'")))?,
         ),
     };
-    domain.events.list(filter, limit, cursor)
+    domain.events.list(filter, limit, cursor).await
 }
 
 /// `svc-events get ID` (any key).
-pub fn get(domain: &crate::domain::Domain, principal: &Principal, id: &str) -> Result<Event> {
+pub async fn get(domain: &crate::domain::Domain, principal: &Principal, id: &str) -> Result<Event> {
     principal.require(Role::Readonly)?;
-    domain.events.get(id)
+    domain.events.get(id).await
 }
 
 /// `svc-events stats` (any key).
-pub fn stats(
+pub async fn stats(
     domain: &crate::domain::Domain,
     principal: &Principal,
     filter: &Filter,
 ) -> Result<Stats> {
     principal.require(Role::Readonly)?;
-    domain.events.stats(filter)
+    domain.events.stats(filter).await
 }
 
 /// `svc-events types` (any key).

@@ -1,6 +1,6 @@
 //! Events per minute over a recent window, for the console's health chart.
 //!
-//! Counts come from the log's time index alone (`StreamLog::seq_for_time` at each minute
+//! Counts come from the log's time index alone (`Stream::seq_for_time` at each minute
 //! boundary; the difference of two boundaries is that minute's count), so an hour of a busy
 //! stream costs 61 index lookups, not a read of every record. Records are appended in time
 //! order, which is what makes the difference exact.
@@ -24,7 +24,7 @@ pub struct Timeline {
 
 /// Events appended in each of the last `minutes` minutes (1–`MAX_MINUTES`; 0 means 60). Any
 /// key.
-pub fn per_minute(
+pub async fn per_minute(
     domain: &crate::domain::Domain,
     principal: &Principal,
     minutes: u32,
@@ -42,9 +42,9 @@ pub fn per_minute(
     for index in 0..=i64::from(minutes) {
         let at = first + index * 60_000;
         boundaries.push(if at > now {
-            log.last_seq() + 1
+            log.last_seq().await? + 1
         } else {
-            log.seq_for_time(at)?
+            log.seq_for_time(at).await?
         });
     }
     let counts = boundaries

@@ -12,7 +12,7 @@ use super::{BoundAddrs, Context, LISTEN_ADDRS_FILE, SHUTDOWN_GRACE};
 use crate::auth;
 use crate::config::{self, ConfigErrors, Loaded, LogFormat, Secret, ServerConfig};
 use crate::domain::Domain;
-use crate::stream::{StreamConfig, StreamLog};
+use crate::stream::{Stream, StreamConfig, StreamLog};
 use crate::Result;
 
 #[derive(FromArgs)]
@@ -533,8 +533,9 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
         max_bytes: Some(config.streams.max_bytes),
         ..StreamConfig::default()
     };
-    let events_log = StreamLog::open(&jetstream.join("events"), stream_config.clone())?;
-    let audit_log = StreamLog::open(&jetstream.join("audit"), stream_config)?;
+    let events_log: Arc<dyn Stream> =
+        StreamLog::open(&jetstream.join("events"), stream_config.clone())?;
+    let audit_log: Arc<dyn Stream> = StreamLog::open(&jetstream.join("audit"), stream_config)?;
 
     // Every listener's cap fits under the open-file limit, with a reserve (server::fds).
     let (soft, hard) = super::fds::raise_nofile_limit();
@@ -740,12 +741,12 @@ impl StopSignals {
 }
 
 /// Applies stream retention once a minute (whole segments; cheap when nothing is due).
-async fn enforce_retention(logs: Vec<Arc<StreamLog>>) {
+async fn enforce_retention(logs: Vec<Arc<dyn Stream>>) {
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(60));
     loop {
         tick.tick().await;
         for log in &logs {
-            match log.enforce_retention() {
+            match log.enforce_retention().await {
                 Ok(0) => {}
                 Ok(dropped) => tracing::info!(dropped, "stream retention dropped old records"),
                 Err(e) => tracing::warn!(error = %e, "stream retention failed"),

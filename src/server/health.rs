@@ -88,11 +88,12 @@ pub async fn readiness(context: &Context) -> Readiness {
             )
         },
     );
-    let stream_problems: Vec<String> = context
-        .streams
-        .iter()
-        .filter_map(|(name, log)| log.health().err().map(|e| format!("{name}: {e}")))
-        .collect();
+    let mut stream_problems: Vec<String> = Vec::new();
+    for (name, log) in &context.streams {
+        if let Err(e) = log.health().await {
+            stream_problems.push(format!("{name}: {e}"));
+        }
+    }
     components.insert(
         "stream_store",
         if stream_problems.is_empty() {

@@ -43,7 +43,7 @@ pub struct Context {
     pub domain: Arc<Domain>,
     pub bus: bus::Bus,
     /// The durable streams, by name, for readiness.
-    pub streams: Vec<(&'static str, Arc<crate::stream::StreamLog>)>,
+    pub streams: Vec<(&'static str, Arc<dyn crate::stream::Stream>)>,
     pub metrics: Metrics,
     pub started: Instant,
     /// Set while the gRPC server is accepting; readiness reports it.
@@ -56,7 +56,7 @@ impl Context {
         data_dir: PathBuf,
         domain: Arc<Domain>,
         bus: bus::Bus,
-        streams: Vec<(&'static str, Arc<crate::stream::StreamLog>)>,
+        streams: Vec<(&'static str, Arc<dyn crate::stream::Stream>)>,
     ) -> Self {
         Context {
             config,

@@ -27,6 +27,7 @@
 
 mod crc32c;
 mod frame;
+pub mod jetstream;
 mod segment;
 mod writer;
 
@@ -46,6 +47,156 @@ use segment::{Cursor, HeaderState, Segment, Step};
 use writer::{AppendRequest, Writer};
 
 pub use frame::MAX_PAYLOAD;
+pub use jetstream::JetStreamLog;
+
+/// What the events and audit streams are read and written through, whether they live in this
+/// server's [`StreamLog`] or in a JetStream stream shared by a cluster ([`JetStreamLog`]).
+///
+/// The contract both keep: sequences start at 1, grow by one per record and are never reused;
+/// retention only ever drops the oldest records, so `first_seq()..=last_seq()` is the kept
+/// range. A record is acknowledged (its sequence returned) only once it is durable, and
+/// [`Stream::subscribe`]'s value only moves to a sequence once `read` returns every record up
+/// to it, which is what lets a reader replay, then follow live with no gap or duplicate.
+#[async_trait::async_trait]
+pub trait Stream: Send + Sync {
+    /// The stream's name (`events`, `audit`), for messages and logs.
+    fn name(&self) -> &str;
+
+    /// Appends one record; returns its sequence once it is durable.
+    async fn append(&self, timestamp_ms: i64, payload: Vec<u8>) -> Result<u64>;
+
+    /// Appends records in order, all durable before it returns. The local log gives them
+    /// consecutive sequences; a shared stream may interleave other writers' records.
+    async fn append_batch(&self, items: Vec<(i64, Vec<u8>)>) -> Result<Vec<u64>>;
+
+    /// Up to `max` records in sequence order from `from_seq` (or from the oldest kept, if
+    /// retention dropped `from_seq`). Empty when `from_seq` is past the last durable record.
+    async fn read(&self, from_seq: u64, max: usize) -> Result<Vec<Record>>;
+
+    /// The first sequence whose timestamp is at or after `timestamp_ms`; `last_seq + 1` when
+    /// no kept record is that recent.
+    async fn seq_for_time(&self, timestamp_ms: i64) -> Result<u64>;
+
+    /// The oldest kept sequence, or `last_seq + 1` when the stream holds no record.
+    async fn first_seq(&self) -> Result<u64>;
+
+    /// The last durable sequence; 0 before the first append.
+    async fn last_seq(&self) -> Result<u64>;
+
+    /// Bytes the stream keeps (what `max_bytes` is compared to).
+    async fn bytes(&self) -> Result<u64>;
+
+    /// A watch of the last sequence `read` is sure to return, moving on every durable append
+    /// (by any writer of the stream), so a reader waits on it once it has read everything.
+    fn subscribe(&self) -> watch::Receiver<u64>;
+
+    /// Applies `max_age`/`max_bytes`; returns how many records it dropped (0 where the
+    /// storage applies retention by itself).
+    async fn enforce_retention(&self) -> Result<u64>;
+
+    /// `Err(Unavailable)` when appends or reads cannot be served.
+    async fn health(&self) -> Result<()>;
+
+    /// The local log, when this is one (snapshots copy its segment files directly).
+    fn local(&self) -> Option<&StreamLog> {
+        None
+    }
+}
+
+#[async_trait::async_trait]
+impl Stream for StreamLog {
+    fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    async fn append(&self, timestamp_ms: i64, payload: Vec<u8>) -> Result<u64> {
+        StreamLog::append(self, timestamp_ms, payload).await
+    }
+
+    async fn append_batch(&self, items: Vec<(i64, Vec<u8>)>) -> Result<Vec<u64>> {
+        StreamLog::append_batch(self, items).await
+    }
+
+    async fn read(&self, from_seq: u64, max: usize) -> Result<Vec<Record>> {
+        StreamLog::read(self, from_seq, max)
+    }
+
+    async fn seq_for_time(&self, timestamp_ms: i64) -> Result<u64> {
+        StreamLog::seq_for_time(self, timestamp_ms)
+    }
+
+    async fn first_seq(&self) -> Result<u64> {
+        Ok(StreamLog::first_seq(self))
+    }
+
+    async fn last_seq(&self) -> Result<u64> {
+        Ok(StreamLog::last_seq(self))
+    }
+
+    async fn bytes(&self) -> Result<u64> {
+        Ok(StreamLog::bytes(self))
+    }
+
+    fn subscribe(&self) -> watch::Receiver<u64> {
+        StreamLog::subscribe(self)
+    }
+
+    async fn enforce_retention(&self) -> Result<u64> {
+        StreamLog::enforce_retention(self)
+    }
+
+    async fn health(&self) -> Result<()> {
+        StreamLog::health(self)
+    }
+
+    fn local(&self) -> Option<&StreamLog> {
+        Some(self)
+    }
+}
+
+/// Copies the records `source` keeps, as they stand now, into a new local log in `dir` (which
+/// must not exist), keeping their sequences and timestamps: how a snapshot takes a stream that
+/// is not a local log. Records appended while it copies are left out.
+pub async fn copy_to_local(source: &dyn Stream, dir: &Path) -> Result<Arc<StreamLog>> {
+    let last = source.last_seq().await?;
+    let mut next = source.first_seq().await?.max(1);
+    // The first segment is named after the first kept sequence, so the copy numbers its
+    // records as the source does even after retention dropped the oldest.
+    fs::create_dir_all(dir)?;
+    writer::create_segment(dir, &dir.join(segment::file_name(next)))?;
+    let log = StreamLog::open(dir, StreamConfig::default())?;
+    while next <= last {
+        let batch = source.read(next, 1024).await?;
+        let batch: Vec<Record> = batch.into_iter().filter(|r| r.seq <= last).collect();
+        let Some(end) = batch.last().map(|r| r.seq) else {
+            break;
+        };
+        if batch[0].seq != next {
+            return Err(Error::internal(format!(
+                "stream {}: copy expected sequence {next}, read {}",
+                source.name(),
+                batch[0].seq
+            )));
+        }
+        let count = batch.len();
+        let seqs = log
+            .append_batch(
+                batch
+                    .into_iter()
+                    .map(|r| (r.timestamp_ms, r.payload))
+                    .collect(),
+            )
+            .await?;
+        if seqs.last() != Some(&end) || seqs.len() != count {
+            return Err(Error::internal(format!(
+                "stream {}: the copy is not dense up to {end}",
+                source.name()
+            )));
+        }
+        next = end + 1;
+    }
+    Ok(log)
+}
 
 /// How one stream keeps its records.
 #[derive(Debug, Clone)]

@@ -5,6 +5,7 @@
 pub mod agent;
 pub mod cluster;
 pub mod moto;
+pub mod nats_cluster;
 pub mod pki;
 pub mod postgres;
 

@@ -68,7 +68,8 @@ impl proto::event_service_server::EventService for Events {
             &filter,
             page.limit as usize,
             &page.cursor,
-        )?;
+        )
+        .await?;
         Ok(Response::new(proto::ListEventsResponse {
             items: items.into_iter().map(Into::into).collect(),
             next_cursor: next.map(|n| n.to_string()).unwrap_or_default(),
@@ -80,7 +81,7 @@ impl proto::event_service_server::EventService for Events {
         request: Request<proto::GetEventRequest>,
     ) -> Result<Response<proto::Event>, Status> {
         let caller = principal(&request)?;
-        let event = events::get(&self.context.domain, &caller, &request.into_inner().id)?;
+        let event = events::get(&self.context.domain, &caller, &request.into_inner().id).await?;
         Ok(Response::new(event.into()))
     }
 
@@ -139,7 +140,7 @@ impl proto::event_service_server::EventService for Events {
             request.since
         };
         let filter = Filter::parse(Vec::new(), "", &since, &request.until, "", "")?;
-        let stats = events::stats(&self.context.domain, &caller, &filter)?;
+        let stats = events::stats(&self.context.domain, &caller, &filter).await?;
         let counts = |map: std::collections::BTreeMap<String, u64>| {
             map.into_iter()
                 .map(|(key, count)| proto::EventCount { key, count })

@@ -54,7 +54,8 @@ pub async fn list(context: &Context, request: Request<Incoming>) -> Result<Respo
         &filter,
         limit,
         query.text("cursor"),
-    )?;
+    )
+    .await?;
     let body = serde_json::json!({"items": items, "next_cursor": next.map(|n| n.to_string())});
     Ok(json_response(StatusCode::OK, &body))
 }
@@ -67,7 +68,7 @@ pub async fn get(
 ) -> Result<Response<Body>> {
     only(request.method(), &[Method::GET])?;
     let (caller, _admission) = principal(context, &request).await?;
-    let event = events::get(&context.domain, &caller, id)?;
+    let event = events::get(&context.domain, &caller, id).await?;
     Ok(json_response(StatusCode::OK, &event))
 }
 
@@ -77,7 +78,7 @@ pub async fn timeline(context: &Context, request: Request<Incoming>) -> Result<R
     let (caller, _admission) = principal(context, &request).await?;
     let query = Query::of(&request, &["minutes"])?;
     let minutes = u32::try_from(query.number("minutes")?).unwrap_or(u32::MAX);
-    let timeline = events::timeline::per_minute(&context.domain, &caller, minutes)?;
+    let timeline = events::timeline::per_minute(&context.domain, &caller, minutes).await?;
     Ok(json_response(StatusCode::OK, &timeline))
 }
 
