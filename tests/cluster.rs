@@ -7,62 +7,42 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::cluster::{self, Members, Setup, FAST};
+use common::nats_cluster::NatsCluster;
 use common::{run, TestServer};
 
-/// A NATS node with JetStream for the members (one node: the stream tests use three).
+/// A NATS cluster with JetStream (tests/common/nats_cluster.rs) and the runtime its async
+/// start and restart need.
 struct Nats {
-    child: std::process::Child,
-    url: String,
-    _dir: tempfile::TempDir,
+    cluster: NatsCluster,
+    /// Kept for the cluster's lifetime: its start ran on it.
+    _runtime: tokio::runtime::Runtime,
 }
 
-impl Drop for Nats {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+impl Nats {
+    fn start(nodes: usize) -> Option<Nats> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let cluster = runtime.block_on(NatsCluster::start(nodes))?;
+        Some(Nats {
+            cluster,
+            _runtime: runtime,
+        })
     }
-}
 
-fn nats_with_jetstream() -> Option<Nats> {
-    let binary = ["/usr/sbin/nats-server", "/usr/bin/nats-server"]
-        .into_iter()
-        .find(|p| std::path::Path::new(p).exists());
-    let Some(binary) = binary else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "nats-server is required under CI"
-        );
-        eprintln!("skipped: nats-server not installed (apt-get install nats-server)");
-        return None;
-    };
-    let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let child = std::process::Command::new(binary)
-        .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
-        .arg(dir.path())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "nats-server did not start");
-        std::thread::sleep(Duration::from_millis(20));
+    /// Every node's URL, starting from node `first` (a member or agent prefers that node).
+    fn urls_from(&self, first: usize) -> Vec<String> {
+        let mut urls = self.cluster.urls();
+        let first = first % urls.len();
+        urls.rotate_left(first);
+        urls
     }
-    Some(Nats {
-        child,
-        url: format!("nats://127.0.0.1:{port}"),
-        _dir: dir,
-    })
 }
 
 fn three_members(nats: &Nats, timing: &str) -> Option<Members> {
     cluster::start(Setup {
-        nats_urls: vec![vec![nats.url.clone()]; 3],
+        nats_urls: (0..3).map(|i| nats.urls_from(i)).collect(),
         cluster_yaml: timing,
         extra_yaml: "",
     })
@@ -79,7 +59,7 @@ fn ids(members: &serde_json::Value) -> Vec<String> {
 
 #[test]
 fn members_agree_on_one_leader_and_report_quorum() {
-    let Some(nats) = nats_with_jetstream() else {
+    let Some(nats) = Nats::start(3) else {
         return;
     };
     let Some(members) = three_members(&nats, FAST) else {
@@ -142,7 +122,7 @@ fn members_agree_on_one_leader_and_report_quorum() {
 
 #[test]
 fn transfer_leader_moves_the_lease_and_is_audited() {
-    let Some(nats) = nats_with_jetstream() else {
+    let Some(nats) = Nats::start(3) else {
         return;
     };
     let Some(members) = three_members(&nats, FAST) else {
@@ -181,7 +161,7 @@ fn transfer_leader_moves_the_lease_and_is_audited() {
 
 #[test]
 fn a_removed_member_stops_serving_and_leaves_the_table() {
-    let Some(nats) = nats_with_jetstream() else {
+    let Some(nats) = Nats::start(3) else {
         return;
     };
     let Some(mut members) = three_members(&nats, FAST) else {
@@ -210,7 +190,13 @@ fn a_removed_member_stops_serving_and_leaves_the_table() {
         .log()
         .contains("removed from the cluster"));
     let listed = members.cluster_json(0, &["members"]);
-    assert_eq!(ids(&listed), ["m1", "m3"]);
+    assert_eq!(
+        ids(&listed),
+        ["m1", "m3"],
+        "{listed}\n--- m1:\n{}\n--- m2:\n{}",
+        members.servers[0].log(),
+        members.servers[1].log()
+    );
     let again = members.cluster_cli(2, &["remove", "m2"]);
     assert_eq!(again.code, 5, "{}", again.stderr);
     let rows = common::audit_rows(&members.servers[0], &["--action", "cluster.remove"]);
@@ -220,7 +206,7 @@ fn a_removed_member_stops_serving_and_leaves_the_table() {
 
 #[test]
 fn killing_the_leader_elects_another_within_the_lease() {
-    let Some(nats) = nats_with_jetstream() else {
+    let Some(nats) = Nats::start(3) else {
         return;
     };
     // The default timing (1s heartbeats, 5s lease): the figure the docs give.
@@ -250,7 +236,7 @@ fn killing_the_leader_elects_another_within_the_lease() {
 
 #[test]
 fn a_key_deleted_on_one_member_fails_at_once_on_another() {
-    let Some(nats) = nats_with_jetstream() else {
+    let Some(nats) = Nats::start(3) else {
         return;
     };
     let Some(members) = three_members(&nats, FAST) else {
@@ -306,7 +292,7 @@ fn owned(members: &Members, i: usize) -> Vec<(String, u64)> {
 
 #[test]
 fn agents_are_owned_by_one_live_member_and_move_when_it_dies() {
-    let Some(nats) = nats_with_jetstream() else {
+    let Some(nats) = Nats::start(3) else {
         return;
     };
     let Some(mut members) = three_members(&nats, FAST) else {
@@ -458,14 +444,25 @@ fn exec_results(run: &common::Run) -> std::collections::BTreeMap<String, serde_j
 
 #[test]
 fn exec_through_any_member_reaches_agents_and_a_quarantine_is_seen_everywhere() {
-    let Some(nats) = nats_with_jetstream() else {
+    let Some(nats) = Nats::start(3) else {
         return;
     };
     let Some(members) = three_members(&nats, FAST) else {
         return;
     };
-    let _a = common::agent::Agent::start(&members.servers[0], "web-1", "role=web");
-    let _b = common::agent::Agent::start(&members.servers[2], "web-2", "role=web");
+    // Each agent on its own NATS node; members reach them through the cluster's routes.
+    let _a = common::agent::Agent::start_on(
+        &members.servers[0],
+        &nats.cluster.url(1),
+        "web-1",
+        "role=web",
+    );
+    let _b = common::agent::Agent::start_on(
+        &members.servers[2],
+        &nats.cluster.url(2),
+        "web-2",
+        "role=web",
+    );
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let sent = svcctl(
@@ -511,7 +508,7 @@ fn exec_through_any_member_reaches_agents_and_a_quarantine_is_seen_everywhere() 
 
 #[test]
 fn the_audit_chain_stays_one_chain_with_every_member_writing() {
-    let Some(nats) = nats_with_jetstream() else {
+    let Some(nats) = Nats::start(3) else {
         return;
     };
     let Some(members) = three_members(&nats, FAST) else {
@@ -556,7 +553,7 @@ fn the_audit_chain_stays_one_chain_with_every_member_writing() {
 
 #[test]
 fn a_paused_leader_steps_down_and_never_leads_beside_the_new_one() {
-    let Some(nats) = nats_with_jetstream() else {
+    let Some(nats) = Nats::start(3) else {
         return;
     };
     let Some(members) = three_members(&nats, FAST) else {
@@ -591,4 +588,245 @@ fn a_paused_leader_steps_down_and_never_leads_beside_the_new_one() {
             .count();
         assert_eq!(leaders, 1, "{status}");
     }
+}
+
+fn events_json(members: &Members, i: usize, args: &[&str]) -> serde_json::Value {
+    let listed = run(members.servers[i]
+        .cli("svc-events")
+        .args(["--api-key", &members.admin_key, "-o", "json"])
+        .args(args));
+    assert_eq!(listed.code, 0, "{listed:?}");
+    serde_json::from_str(&listed.stdout).unwrap_or_else(|e| panic!("{e}: {}", listed.stdout))
+}
+
+#[test]
+fn an_event_emitted_on_one_member_is_listed_replayed_and_live_on_another() {
+    let Some(nats) = Nats::start(3) else { return };
+    let Some(members) = three_members(&nats, FAST) else {
+        return;
+    };
+    // A live subscriber on m3 before the emit on m1.
+    let mut live = members.servers[2]
+        .cli("svc-events")
+        .args([
+            "--api-key",
+            &members.admin_key,
+            "-o",
+            "json",
+            "subscribe",
+            "--type",
+            "command_dispatched",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let emitted = run(members.servers[0].cli("svc-events").args([
+        "--api-key",
+        &members.admin_key,
+        "-o",
+        "json",
+        "emit",
+        "--type",
+        "command_dispatched",
+        "--payload",
+        r#"{"service":"web","version":"1.2.3"}"#,
+    ]));
+    assert_eq!(emitted.code, 0, "{emitted:?}");
+    let event: serde_json::Value = serde_json::from_str(&emitted.stdout).unwrap();
+    let id = event["id"].as_str().unwrap().to_string();
+
+    let listed = events_json(&members, 1, &["list", "--type", "command_dispatched"]);
+    let items = listed["items"]
+        .as_array()
+        .or(listed.as_array())
+        .cloned()
+        .unwrap_or_default();
+    assert!(items.iter().any(|e| e["id"] == id.as_str()), "{listed}");
+    let got = events_json(&members, 2, &["get", &id]);
+    assert_eq!(got["payload"]["version"], "1.2.3", "{got}");
+
+    let stdout = live.stdout.take().unwrap();
+    let (lines, received) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if lines.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let Ok(line) = received.recv_timeout(Duration::from_secs(10)) else {
+        let _ = live.kill();
+        let output = live.wait_with_output().unwrap();
+        panic!(
+            "the live subscriber on m3 did not receive the event emitted on m1: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    };
+    assert!(line.contains(&id), "{line}");
+    let _ = live.kill();
+    let _ = live.wait();
+}
+
+#[test]
+fn the_service_continues_when_a_nats_node_dies() {
+    let Some(mut nats) = Nats::start(3) else {
+        return;
+    };
+    let Some(members) = three_members(&nats, FAST) else {
+        return;
+    };
+    let emit = |i: usize, n: usize| {
+        run(members.servers[i].cli("svc-events").args([
+            "--api-key",
+            &members.admin_key,
+            "emit",
+            "--type",
+            "command_completed",
+            "--payload",
+            &format!(r#"{{"n":{n}}}"#),
+        ]))
+    };
+    for i in 0..3 {
+        assert_eq!(emit(i, i).code, 0);
+    }
+    nats.cluster.kill(0);
+    // Members and JetStream (two of three replicas) carry on; a first call may wait out the
+    // stream leader's election, so each is retried for a while.
+    for i in 0..3 {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let sent = emit(i, 10 + i);
+            if sent.code == 0 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "member {i}: {sent:?}");
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+    let status = members.cluster_json(1, &["status"]);
+    assert_eq!(status["quorum"], true, "{status}");
+    let listed = events_json(
+        &members,
+        2,
+        &["list", "--type", "command_completed", "--limit", "100"],
+    );
+    let count = listed["items"]
+        .as_array()
+        .or(listed.as_array())
+        .map_or(0, |a| a.len());
+    assert_eq!(count, 6, "{listed}");
+}
+
+#[test]
+fn killing_the_leader_under_write_load_loses_nothing_acknowledged() {
+    let Some(nats) = Nats::start(3) else { return };
+    let Some(mut members) = three_members(&nats, FAST) else {
+        return;
+    };
+    let leader = members.wait_for_leader(0, "", Duration::from_secs(10));
+    let victim = Members::index_of(&leader);
+    let survivors: Vec<usize> = (0..3).filter(|i| *i != victim).collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let acknowledged = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let errors = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let addresses: Vec<(std::net::SocketAddr, String)> = members
+        .servers
+        .iter()
+        .map(|s| (s.http, s.admin_key.clone()))
+        .collect();
+    // Writers over REST: each audited key creation that answers 201 is acknowledged. A
+    // writer that gets an error (its member died) retries the same name on the next member.
+    let writers: Vec<_> = (0..4)
+        .map(|w| {
+            let (stop, acknowledged, errors, addresses) = (
+                stop.clone(),
+                acknowledged.clone(),
+                errors.clone(),
+                addresses.clone(),
+            );
+            std::thread::spawn(move || {
+                let mut target = w % 3;
+                let mut n = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let name = format!("w{w}-{n}");
+                    let body = format!(r#"{{"name":"{name}","role":"readonly"}}"#);
+                    let (address, key) = &addresses[target];
+                    let bearer = format!("Bearer {key}");
+                    let answer = common::http_request(
+                        *address,
+                        "POST",
+                        "/api/v1/apikeys",
+                        &[("Authorization", bearer.as_str())],
+                        Some(body.as_bytes()),
+                    );
+                    match answer {
+                        Ok(response) if response.status == 201 => {
+                            acknowledged.lock().unwrap().push(name);
+                            n += 1;
+                        }
+                        other => {
+                            if errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0 {
+                                eprintln!("first error: {:?}", other.map(|r| (r.status, r.body)));
+                            }
+                            target = (target + 1) % 3;
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(800));
+    members.servers[victim].stop_with(libc::SIGKILL);
+    let next = members.wait_for_leader(survivors[0], &leader, Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(800));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for writer in writers {
+        writer.join().unwrap();
+    }
+    let acknowledged = acknowledged.lock().unwrap().clone();
+    let errors = errors.load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!(
+        "{} keys acknowledged, {errors} errors; {next} leads",
+        acknowledged.len()
+    );
+    assert!(acknowledged.len() > 10, "{}", acknowledged.len());
+    // A writer sees at most the request in flight at the kill fail (then moves on).
+    assert!(errors <= 4 * 2, "{errors} errors");
+    // Every acknowledged key is there, and its audit row, on a survivor; the chain verifies.
+    let keys = members.servers[survivors[1]].request(
+        "GET",
+        "/api/v1/apikeys",
+        Some(&members.admin_key),
+        None,
+    );
+    for name in &acknowledged {
+        assert!(
+            keys.body.contains(&format!("\"{name}\"")),
+            "key {name} lost"
+        );
+    }
+    let rows = common::audit_rows(
+        &members.servers[survivors[0]],
+        &["--action", "apikey.create", "--limit", "1000"],
+    );
+    let audited = rows.iter().filter(|r| r["outcome"] == "success").count();
+    assert!(
+        audited >= acknowledged.len(),
+        "{audited} audit rows for {} keys",
+        acknowledged.len()
+    );
+    let verified = run(members.servers[survivors[1]].cli("svc-audit").args([
+        "--api-key",
+        &members.admin_key,
+        "-o",
+        "json",
+        "verify",
+    ]));
+    assert_eq!(verified.code, 0, "{verified:?}");
 }

@@ -258,14 +258,21 @@ async fn request_certificate(settings: &Settings, csr: String) -> Result<Enrolle
     let options = async_nats::ConnectOptions::new()
         .name("svc-agent bootstrap")
         .custom_inbox_prefix(super::private_inbox_prefix());
-    let options = super::with_bus_tls(
-        options,
-        std::slice::from_ref(&settings.server),
-        settings.ca_file.as_deref(),
-        None,
-    )
-    .map_err(|e| CliError::usage(format!("--ca-file: {e}")))?;
-    let client = tokio::time::timeout(ENROL_TIMEOUT, options.connect(settings.server.as_str()))
+    // --server may list a NATS cluster's nodes, comma-separated, as agent.yaml's nats.urls.
+    let servers: Vec<String> = settings
+        .server
+        .split(',')
+        .map(|url| url.trim().to_string())
+        .filter(|url| !url.is_empty())
+        .collect();
+    let options = super::with_bus_tls(options, &servers, settings.ca_file.as_deref(), None)
+        .map_err(|e| CliError::usage(format!("--ca-file: {e}")))?;
+    let addresses: Vec<async_nats::ServerAddr> = servers
+        .iter()
+        .map(|url| url.parse())
+        .collect::<Result<_, _>>()
+        .map_err(|e| unreachable(&e))?;
+    let client = tokio::time::timeout(ENROL_TIMEOUT, options.connect(addresses))
         .await
         .map_err(|_| unreachable(&"timed out"))?
         .map_err(|e| match super::untrusted_bus_certificate(&e) {

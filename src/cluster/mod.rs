@@ -366,17 +366,15 @@ impl Cluster {
         Ok(db)
     }
 
-    /// One round: heartbeat, lease, member list. Bounded by the heartbeat interval, so a
-    /// stuck database cannot stretch a leader's view of its own lease.
+    /// One round: heartbeat, lease, member list. A leader's safety does not depend on the
+    /// round finishing (its lease is counted from before the request, on its own clock); the
+    /// bound only keeps a stuck connection from stopping the loop for good.
     async fn tick(&self) {
-        let bound = self
-            .timing
-            .heartbeat_interval
-            .max(Duration::from_millis(200));
+        let bound = self.timing.lease_ttl.max(Duration::from_secs(1));
         match tokio::time::timeout(bound, self.round()).await {
             Ok(Ok(())) => {}
             Ok(Err(error)) => self.round_failed(&error.to_string()),
-            Err(_) => self.round_failed("PostgreSQL did not answer within the heartbeat interval"),
+            Err(_) => self.round_failed("PostgreSQL did not answer within the lease time"),
         }
     }
 

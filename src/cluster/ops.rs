@@ -173,6 +173,8 @@ pub async fn remove(domain: &Domain, principal: &Principal, id: &str) -> Result<
             return Err(Error::NotFound(format!("no cluster member '{id}'")));
         }
         cluster.notify("cluster:refresh").await;
+        // This member's own view is current when the answer goes back.
+        cluster.tick().await;
         Ok(())
     }
     .await;

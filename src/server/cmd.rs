@@ -533,9 +533,17 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
         max_bytes: Some(config.streams.max_bytes),
         ..StreamConfig::default()
     };
-    let events_log: Arc<dyn Stream> =
-        StreamLog::open(&jetstream.join("events"), stream_config.clone())?;
-    let audit_log: Arc<dyn Stream> = StreamLog::open(&jetstream.join("audit"), stream_config)?;
+    // The local logs are opened (and recovered) before anything listens; in cluster mode the
+    // streams are JetStream's on the NATS cluster, opened once the bus is connected.
+    let local_logs = if config.cluster.enabled {
+        None
+    } else {
+        let events: Arc<dyn Stream> =
+            StreamLog::open(&jetstream.join("events"), stream_config.clone())?;
+        let audit: Arc<dyn Stream> =
+            StreamLog::open(&jetstream.join("audit"), stream_config.clone())?;
+        Some((events, audit))
+    };
 
     // Every listener's cap fits under the open-file limit, with a reserve (server::fds).
     let (soft, hard) = super::fds::raise_nofile_limit();
@@ -588,6 +596,10 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
         None
     };
     let bus = super::bus::start(&config, store.clone(), bus_listener).await?;
+    let (events_log, audit_log) = match local_logs {
+        Some(logs) => logs,
+        None => shared_streams(&config, &bus.client, &stream_config).await?,
+    };
     let logs = crate::domain::Logs {
         events: events_log.clone(),
         audit: audit_log.clone(),
@@ -684,6 +696,27 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     let _ = std::fs::remove_file(data_dir.join(LISTEN_ADDRS_FILE));
     tracing::info!("svc-server stopped");
     Ok(())
+}
+
+/// Cluster mode: the events and audit streams in JetStream on the NATS cluster, with
+/// min(3, cluster size) replicas. The size is what the cluster tells its clients (INFO's
+/// connect_urls: every node's client address) or the configured URLs, whichever is more.
+async fn shared_streams(
+    config: &ServerConfig,
+    client: &async_nats::Client,
+    stream_config: &StreamConfig,
+) -> Result<(Arc<dyn Stream>, Arc<dyn Stream>)> {
+    let advertised = client.server_info().connect_urls.len();
+    let replicas = advertised.max(config.bus.external_urls.len()).clamp(1, 3);
+    tracing::info!(
+        replicas,
+        "cluster mode: the events and audit streams are in JetStream"
+    );
+    let events =
+        crate::stream::JetStreamLog::open(client.clone(), "events", stream_config, replicas);
+    let audit = crate::stream::JetStreamLog::open(client.clone(), "audit", stream_config, replicas);
+    let (events, audit) = tokio::try_join!(events, audit)?;
+    Ok((events, audit))
 }
 
 async fn bind(address: &str, key: &str) -> Result<tokio::net::TcpListener> {

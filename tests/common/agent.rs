@@ -38,6 +38,16 @@ impl Agent {
         agent
     }
 
+    /// Enrols `id` through `server` but on the bus at `bus` (a NATS cluster's node) and starts
+    /// its daemon there.
+    pub fn start_on(server: &TestServer, bus: &str, id: &str, labels: &str) -> Agent {
+        let mut agent = Agent::new(id);
+        let enrolled = agent.bootstrap(server, &["--server", bus, "--labels", labels]);
+        assert_eq!(enrolled.code, 0, "{enrolled:?}");
+        agent.spawn(&server.names);
+        agent
+    }
+
     pub fn config(&self) -> PathBuf {
         self.home.path().join("agent.yaml")
     }

@@ -23,6 +23,8 @@ pub struct Setup<'a> {
     pub extra_yaml: &'a str,
 }
 
+/// Streams are capped at 64 MiB each: JetStream refuses a stream whose max_bytes does not fit
+/// its nodes' max_file_store (1 GB in tests/common/nats_cluster.rs).
 /// Starts `setup.nats_urls.len()` members named m1, m2, ... one after the other; None (with a
 /// message) when PostgreSQL is not available outside CI.
 pub fn start(setup: Setup) -> Option<Members> {
@@ -34,7 +36,7 @@ pub fn start(setup: Setup) -> Option<Members> {
     for (i, urls) in setup.nats_urls.iter().enumerate() {
         let urls: Vec<String> = urls.iter().map(|u| format!("\"{u}\"")).collect();
         let config_yaml = format!(
-            "store:\n  driver: postgres\n  url: \"{database_url}\"\nbus:\n  external_urls: [{}]\ncluster:\n  enabled: true\n  member_id: m{}\n{}{}",
+            "store:\n  driver: postgres\n  url: \"{database_url}\"\nbus:\n  external_urls: [{}]\nstreams:\n  max_bytes: 67108864\nrate_limit:\n  requests_per_second: 100000\n  burst: 100000\ncluster:\n  enabled: true\n  member_id: m{}\n{}{}",
             urls.join(", "),
             i + 1,
             setup.cluster_yaml,
