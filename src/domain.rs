@@ -36,6 +36,8 @@ pub struct Domain {
     /// This server's place in the cluster: membership, leadership, agent ownership (the one
     /// member, leader and owner of everything outside cluster mode).
     pub cluster: Arc<crate::cluster::Cluster>,
+    /// Outbound webhooks: settings, the HTTP client, the delivery workers.
+    pub webhooks: crate::webhooks::Webhooks,
     /// The server secrets identity needs (hmacsecret; the master key follows `secrets`).
     keys: Keys,
     /// Per-key token buckets, applied to every authenticated request on every transport,
@@ -71,6 +73,7 @@ impl Domain {
             events,
             Some(logs.audit),
             crate::fleet::Fleet::new(config.agents.heartbeat_timeout.0, Some(bus)),
+            crate::webhooks::Webhooks::new(&config.webhooks)?,
             keys,
             KeyLimits {
                 rate: RateLimiter::new(
@@ -95,6 +98,7 @@ impl Domain {
         events: Arc<Events>,
         audit_mirror: Option<Arc<StreamLog>>,
         fleet: crate::fleet::Fleet,
+        webhooks: crate::webhooks::Webhooks,
         keys: Keys,
         limits: KeyLimits,
     ) -> Self {
@@ -109,6 +113,7 @@ impl Domain {
             fleet,
             // The one server; `start` puts the real membership in before sharing the domain.
             cluster: crate::cluster::Cluster::single("local", ""),
+            webhooks,
             keys,
             limits,
         }
@@ -129,6 +134,7 @@ impl Domain {
             events,
             None,
             crate::fleet::Fleet::new(Duration::from_secs(30), None),
+            crate::webhooks::Webhooks::new(&Default::default())?,
             Keys::new([0; 32], b"test-hmac-secret".to_vec()),
             KeyLimits {
                 rate: RateLimiter::new(1000.0, 1000),

@@ -27,6 +27,7 @@ pub mod state;
 pub mod store;
 pub mod stream;
 pub mod tls;
+pub mod webhooks;
 
 /// Code generated from proto/svc/v1 (messages, clients, servers).
 pub mod proto {

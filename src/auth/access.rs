@@ -118,6 +118,14 @@ pub const GRPC: &[(&str, Access)] = &[
     ("svc.v1.FleetService/StateCheck", Least(Operator)),
     ("svc.v1.FleetService/StateApply", Least(Operator)),
     ("svc.v1.FleetService/StateDrift", Least(Operator)),
+    ("svc.v1.WebhookService/Create", Least(Operator)),
+    ("svc.v1.WebhookService/List", Least(Readonly)),
+    ("svc.v1.WebhookService/Get", Least(Readonly)),
+    ("svc.v1.WebhookService/Update", Least(Operator)),
+    ("svc.v1.WebhookService/Delete", Least(Operator)),
+    ("svc.v1.WebhookService/Test", Least(Operator)),
+    ("svc.v1.WebhookService/Deliveries", Least(Readonly)),
+    ("svc.v1.WebhookService/Redeliver", Least(Operator)),
 ];
 
 /// Every REST route, as `METHOD /path` with `{id}` for a path parameter.

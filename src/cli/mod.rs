@@ -26,6 +26,7 @@ pub mod policy;
 pub mod progress;
 pub mod secrets;
 pub mod values;
+pub mod webhook;
 
 use std::fmt;
 use std::path::PathBuf;

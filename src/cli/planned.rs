@@ -263,11 +263,11 @@ pub const TOOLS: &[Planned] = &[
     },
     Planned {
         name: "svc-webhook",
-        about: "Outbound webhook subscriptions.",
-        commands: &[("outbound", "manage outbound webhook subscriptions")],
+        about: "Outbound webhook subscriptions (docs/webhooks.md).",
+        commands: &[("outbound", "create --url URL --events T[,T...]|--category C [--min-severity S] [--secret-file F] | list | show ID | update ID | delete ID | test ID | deliveries ID [--failed] | redeliver DELIVERY")],
         default: None,
-        is_client: false,
-        built: &[],
+        is_client: true,
+        built: &["outbound"],
     },
 ];
 

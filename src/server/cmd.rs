@@ -625,6 +625,7 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     crate::secrets::leases::spawn_reaper(context.domain.clone());
     crate::identity::spawn_token_cleanup(context.domain.clone());
     crate::cluster::spawn(context.domain.clone());
+    crate::webhooks::delivery::spawn(context.domain.clone());
 
     let http_task = tokio::spawn(super::http::serve(
         context.clone(),

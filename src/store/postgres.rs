@@ -11,6 +11,7 @@ pub mod cluster;
 mod export;
 mod fleet;
 mod jwt;
+mod webhooks;
 mod secrets;
 mod tls;
 
@@ -69,6 +70,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         7,
         "cluster",
         include_str!("migrations/postgres/0007_cluster.sql"),
+    ),
+    (
+        9,
+        "runbooks_webhooks",
+        include_str!("migrations/postgres/0009_runbooks_webhooks.sql"),
     ),
 ];
 
@@ -1146,6 +1152,14 @@ impl Store for PostgresStore {
     }
 
     fn jwts(&self) -> &dyn super::JwtStore {
+        self
+    }
+
+    fn webhooks(&self) -> &dyn super::WebhookStore {
+        self
+    }
+
+    fn runbooks(&self) -> &dyn super::RunbookStore {
         self
     }
 }

@@ -6,6 +6,7 @@
 
 mod fleet;
 mod jwt;
+mod webhooks;
 mod secrets;
 
 use crate::store::columns::*;
@@ -820,6 +821,14 @@ impl Store for SqliteStore {
     }
 
     fn jwts(&self) -> &dyn super::JwtStore {
+        self
+    }
+
+    fn webhooks(&self) -> &dyn super::WebhookStore {
+        self
+    }
+
+    fn runbooks(&self) -> &dyn super::RunbookStore {
         self
     }
 }
