@@ -38,6 +38,8 @@ pub struct Domain {
     pub cluster: Arc<crate::cluster::Cluster>,
     /// Outbound webhooks: settings, the HTTP client, the delivery workers.
     pub webhooks: crate::webhooks::Webhooks,
+    /// The runbooks loaded from runbook_dir (reloaded on SIGHUP).
+    pub runbooks: crate::runbooks::Runbooks,
     /// The server secrets identity needs (hmacsecret; the master key follows `secrets`).
     keys: Keys,
     /// Per-key token buckets, applied to every authenticated request on every transport,
@@ -74,6 +76,7 @@ impl Domain {
             Some(logs.audit),
             crate::fleet::Fleet::new(config.agents.heartbeat_timeout.0, Some(bus)),
             crate::webhooks::Webhooks::new(&config.webhooks)?,
+            crate::runbooks::Runbooks::load(config.runbook_dir.clone()),
             keys,
             KeyLimits {
                 rate: RateLimiter::new(
@@ -99,6 +102,7 @@ impl Domain {
         audit_mirror: Option<Arc<StreamLog>>,
         fleet: crate::fleet::Fleet,
         webhooks: crate::webhooks::Webhooks,
+        runbooks: crate::runbooks::Runbooks,
         keys: Keys,
         limits: KeyLimits,
     ) -> Self {
@@ -114,6 +118,7 @@ impl Domain {
             // The one server; `start` puts the real membership in before sharing the domain.
             cluster: crate::cluster::Cluster::single("local", ""),
             webhooks,
+            runbooks,
             keys,
             limits,
         }
@@ -135,6 +140,7 @@ impl Domain {
             None,
             crate::fleet::Fleet::new(Duration::from_secs(30), None),
             crate::webhooks::Webhooks::new(&Default::default())?,
+            crate::runbooks::Runbooks::load(dir.join("runbooks")),
             Keys::new([0; 32], b"test-hmac-secret".to_vec()),
             KeyLimits {
                 rate: RateLimiter::new(1000.0, 1000),

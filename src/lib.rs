@@ -21,6 +21,7 @@ pub mod fleet;
 pub mod identity;
 pub mod ids;
 pub mod metrics;
+pub mod runbooks;
 pub mod secrets;
 pub mod server;
 pub mod state;

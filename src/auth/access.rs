@@ -126,6 +126,14 @@ pub const GRPC: &[(&str, Access)] = &[
     ("svc.v1.WebhookService/Test", Least(Operator)),
     ("svc.v1.WebhookService/Deliveries", Least(Readonly)),
     ("svc.v1.WebhookService/Redeliver", Least(Operator)),
+    ("svc.v1.RunbookService/List", Least(Readonly)),
+    ("svc.v1.RunbookService/Get", Least(Readonly)),
+    ("svc.v1.RunbookService/Execute", Least(Operator)),
+    ("svc.v1.RunbookService/ListExecutions", Least(Readonly)),
+    ("svc.v1.RunbookService/Status", Least(Readonly)),
+    ("svc.v1.RunbookService/Audit", Least(Readonly)),
+    ("svc.v1.RunbookService/Cancel", Least(Operator)),
+    ("svc.v1.RunbookService/Approve", Least(Operator)),
 ];
 
 /// Every REST route, as `METHOD /path` with `{id}` for a path parameter.

@@ -24,6 +24,7 @@ pub mod output;
 pub mod planned;
 pub mod policy;
 pub mod progress;
+pub mod runbook;
 pub mod secrets;
 pub mod values;
 pub mod webhook;

@@ -11,6 +11,7 @@ mod events;
 mod fleet;
 mod identity;
 mod policy;
+mod runbooks;
 mod secrets;
 mod webhooks;
 
@@ -50,6 +51,7 @@ pub async fn serve(
         cluster_service_server::ClusterServiceServer, event_service_server::EventServiceServer,
         fleet_service_server::FleetServiceServer, identity_service_server::IdentityServiceServer,
         policy_service_server::PolicyServiceServer, secrets_service_server::SecretsServiceServer,
+        runbook_service_server::RunbookServiceServer,
         webhook_service_server::WebhookServiceServer,
     };
     // Keepalive pings find peers that went away; the stream cap bounds what one connection
@@ -80,6 +82,9 @@ pub async fn serve(
             context: context.clone(),
         }))
         .add_service(WebhookServiceServer::new(webhooks::Webhooks {
+            context: context.clone(),
+        }))
+        .add_service(RunbookServiceServer::new(runbooks::Runbooks {
             context: context.clone(),
         }));
     let router = match (reflection_v1, reflection_v1alpha) {
@@ -130,6 +135,7 @@ const SERVICE_NAMES: &[&str] = &[
     "svc.v1.ClusterService",
     "svc.v1.FleetService",
     "svc.v1.WebhookService",
+    "svc.v1.RunbookService",
 ];
 
 /// The principal the auth layer attached to a request.
