@@ -245,7 +245,7 @@ impl WebhookStore for PostgresStore {
         self.rows(
             &format!(
                 "SELECT {DELIVERY_COLUMNS} FROM webhook_deliveries WHERE webhook_id = $1 \
-                 AND ($2 = 0 OR status = 'dead' OR (status = 'pending' AND attempts > 0)) \
+                 AND ($2::BIGINT = 0 OR status = 'dead' OR (status = 'pending' AND attempts > 0)) \
                  ORDER BY created_at DESC, id DESC LIMIT $3"
             ),
             &[&webhook_id, &failed, &limit],
