@@ -48,6 +48,13 @@ pub struct Domain {
     limits: KeyLimits,
 }
 
+/// The parts of the domain built from their own configuration alone.
+struct Parts {
+    fleet: crate::fleet::Fleet,
+    webhooks: crate::webhooks::Webhooks,
+    runbooks: crate::runbooks::Runbooks,
+}
+
 /// The durable streams the domain writes.
 pub struct Logs {
     pub events: Arc<StreamLog>,
@@ -74,9 +81,11 @@ impl Domain {
             config.policy_dir.clone(),
             events,
             Some(logs.audit),
-            crate::fleet::Fleet::new(config.agents.heartbeat_timeout.0, Some(bus)),
-            crate::webhooks::Webhooks::new(&config.webhooks)?,
-            crate::runbooks::Runbooks::load(config.runbook_dir.clone()),
+            Parts {
+                fleet: crate::fleet::Fleet::new(config.agents.heartbeat_timeout.0, Some(bus)),
+                webhooks: crate::webhooks::Webhooks::new(&config.webhooks)?,
+                runbooks: crate::runbooks::Runbooks::load(config.runbook_dir.clone()),
+            },
             keys,
             KeyLimits {
                 rate: RateLimiter::new(
@@ -100,12 +109,15 @@ impl Domain {
         policy_dir: std::path::PathBuf,
         events: Arc<Events>,
         audit_mirror: Option<Arc<StreamLog>>,
-        fleet: crate::fleet::Fleet,
-        webhooks: crate::webhooks::Webhooks,
-        runbooks: crate::runbooks::Runbooks,
+        parts: Parts,
         keys: Keys,
         limits: KeyLimits,
     ) -> Self {
+        let Parts {
+            fleet,
+            webhooks,
+            runbooks,
+        } = parts;
         let auditor = Auditor::new(store.clone(), policy_dir)
             .with_events(events.clone())
             .with_mirror(audit_mirror);
@@ -138,9 +150,11 @@ impl Domain {
             dir.join("policies"),
             events,
             None,
-            crate::fleet::Fleet::new(Duration::from_secs(30), None),
-            crate::webhooks::Webhooks::new(&Default::default())?,
-            crate::runbooks::Runbooks::load(dir.join("runbooks")),
+            Parts {
+                fleet: crate::fleet::Fleet::new(Duration::from_secs(30), None),
+                webhooks: crate::webhooks::Webhooks::new(&Default::default())?,
+                runbooks: crate::runbooks::Runbooks::load(dir.join("runbooks")),
+            },
             Keys::new([0; 32], b"test-hmac-secret".to_vec()),
             KeyLimits {
                 rate: RateLimiter::new(1000.0, 1000),

@@ -80,7 +80,11 @@ fn server_with(dir: &Path) -> TestServer {
 }
 
 fn runbook(server: &TestServer, key: &str, args: &[&str]) -> common::Run {
-    run(server.cli("svc-runbook").arg("--api-key").arg(key).args(args))
+    run(server
+        .cli("svc-runbook")
+        .arg("--api-key")
+        .arg(key)
+        .args(args))
 }
 
 fn execute(server: &TestServer, key: &str, name: &str) -> String {
@@ -120,7 +124,15 @@ fn step<'a>(view: &'a Value, id: &str) -> &'a Value {
 
 fn events_from(server: &TestServer, key: &str, event_type: &str, source: &str) -> Vec<Value> {
     let listed = run(server.cli("svc-events").args([
-        "--api-key", key, "-o", "json", "list", "--type", event_type, "--source", source,
+        "--api-key",
+        key,
+        "-o",
+        "json",
+        "list",
+        "--type",
+        event_type,
+        "--source",
+        source,
     ]));
     assert_eq!(listed.code, 0, "{listed:?}");
     json_of(&listed)["items"].as_array().unwrap().clone()
@@ -134,7 +146,10 @@ fn test_names_a_cycle_and_prints_the_plan_without_a_server() {
     std::fs::write(&cycle, CYCLE).unwrap();
     let tested = run(names.command("svc-runbook").arg("test").arg(&cycle));
     assert_eq!(tested.code, 1, "{tested:?}");
-    assert!(tested.stderr.contains("cycle: a -> c -> b -> a"), "{tested:?}");
+    assert!(
+        tested.stderr.contains("cycle: a -> c -> b -> a"),
+        "{tested:?}"
+    );
 
     let diamond = dir.path().join("diamond.yaml");
     std::fs::write(&diamond, DIAMOND).unwrap();
@@ -144,7 +159,10 @@ fn test_names_a_cycle_and_prints_the_plan_without_a_server() {
         .arg(&diamond)
         .args(["--set", "tag=blue"]));
     assert_eq!(tested.code, 0, "{tested:?}");
-    assert!(tested.stdout.contains("1  start  emit command_dispatched"), "{tested:?}");
+    assert!(
+        tested.stdout.contains("1  start  emit command_dispatched"),
+        "{tested:?}"
+    );
     assert!(tested.stdout.contains("2  left  sleep 1s"), "{tested:?}");
     assert!(tested.stdout.contains("2  right  sleep 1s"), "{tested:?}");
     assert!(tested.stdout.contains("3  join"), "{tested:?}");
@@ -169,12 +187,30 @@ fn diamond_rollback_approval_and_trigger() {
     let id = execute(&server, &alice, "diamond");
     let view = wait_until(&server, &reader, &id, finished);
     assert_eq!(view["status"], "succeeded", "{view:#}");
-    let time = |step_id: &str, field: &str| step(&view, step_id)[field].as_str().unwrap().to_string();
-    assert!(time("left", "started_at") < time("right", "finished_at"), "{view:#}");
-    assert!(time("right", "started_at") < time("left", "finished_at"), "{view:#}");
-    assert!(time("join", "started_at") >= time("left", "finished_at"), "{view:#}");
-    assert!(time("join", "started_at") >= time("right", "finished_at"), "{view:#}");
-    let emitted = events_from(&server, &reader, "command_completed", &format!("runbook:{id}"));
+    let time =
+        |step_id: &str, field: &str| step(&view, step_id)[field].as_str().unwrap().to_string();
+    assert!(
+        time("left", "started_at") < time("right", "finished_at"),
+        "{view:#}"
+    );
+    assert!(
+        time("right", "started_at") < time("left", "finished_at"),
+        "{view:#}"
+    );
+    assert!(
+        time("join", "started_at") >= time("left", "finished_at"),
+        "{view:#}"
+    );
+    assert!(
+        time("join", "started_at") >= time("right", "finished_at"),
+        "{view:#}"
+    );
+    let emitted = events_from(
+        &server,
+        &reader,
+        "command_completed",
+        &format!("runbook:{id}"),
+    );
     assert_eq!(emitted.len(), 1);
     assert_eq!(emitted[0]["payload"]["tag"], "plain");
 
@@ -193,7 +229,9 @@ fn diamond_rollback_approval_and_trigger() {
 
     // An approval: not by the key that started it, yes by another.
     let id = execute(&server, &alice, "gated");
-    wait_until(&server, &reader, &id, |v| step(v, "ask")["status"] == "waiting");
+    wait_until(&server, &reader, &id, |v| {
+        step(v, "ask")["status"] == "waiting"
+    });
     let refused = runbook(&server, &alice, &["approve", &id, "ask"]);
     assert_eq!(refused.code, 4, "{refused:?}");
     let approved = runbook(&server, &bob, &["approve", &id, "ask"]);
@@ -209,7 +247,12 @@ fn diamond_rollback_approval_and_trigger() {
         .iter()
         .filter_map(|r| r["action"].as_str())
         .collect();
-    for action in ["runbook.execute", "runbook.approve", "runbook.step", "runbook.finish"] {
+    for action in [
+        "runbook.execute",
+        "runbook.approve",
+        "runbook.step",
+        "runbook.finish",
+    ] {
         assert!(actions.contains(&action), "{action} in {actions:?}");
     }
     assert!(audit
@@ -232,15 +275,30 @@ fn diamond_rollback_approval_and_trigger() {
         assert_eq!(emitted.code, 0, "{emitted:?}");
     };
     let triggered = || {
-        json_of(&runbook(&server, &reader, &["-o", "json", "list-executions", "--runbook", "on-disconnect"]))
-            .as_array()
-            .unwrap()
-            .clone()
+        json_of(&runbook(
+            &server,
+            &reader,
+            &[
+                "-o",
+                "json",
+                "list-executions",
+                "--runbook",
+                "on-disconnect",
+            ],
+        ))
+        .as_array()
+        .unwrap()
+        .clone()
     };
     emit("drill");
     emit("other");
     let deadline = Instant::now() + Duration::from_secs(30);
-    while triggered().iter().filter(|e| e["status"] == "succeeded").count() < 1 {
+    while triggered()
+        .iter()
+        .filter(|e| e["status"] == "succeeded")
+        .count()
+        < 1
+    {
         assert!(Instant::now() < deadline, "trigger did not fire");
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -248,13 +306,21 @@ fn diamond_rollback_approval_and_trigger() {
     assert_eq!(triggered().len(), 1, "once for the matching event only");
     emit("drill");
     let deadline = Instant::now() + Duration::from_secs(30);
-    while triggered().iter().filter(|e| e["status"] == "succeeded").count() < 2 {
+    while triggered()
+        .iter()
+        .filter(|e| e["status"] == "succeeded")
+        .count()
+        < 2
+    {
         assert!(Instant::now() < deadline, "second trigger did not fire");
         std::thread::sleep(Duration::from_millis(100));
     }
     let executions = triggered();
     assert_eq!(executions.len(), 2);
-    assert_ne!(executions[0]["trigger_event_id"], executions[1]["trigger_event_id"]);
+    assert_ne!(
+        executions[0]["trigger_event_id"],
+        executions[1]["trigger_event_id"]
+    );
 }
 
 #[test]
@@ -263,7 +329,9 @@ fn an_execution_resumes_after_kill_9() {
     let mut server = server_with(dir.path());
     let (_, operator) = server.create_key("op", "operator");
     let id = execute(&server, &operator, "slow");
-    wait_until(&server, &operator, &id, |v| step(v, "nap")["status"] == "running");
+    wait_until(&server, &operator, &id, |v| {
+        step(v, "nap")["status"] == "running"
+    });
     server.stop_with(libc::SIGKILL);
     server.spawn(&[]);
     let view = wait_until(&server, &operator, &id, finished);
@@ -271,6 +339,12 @@ fn an_execution_resumes_after_kill_9() {
     assert_eq!(step(&view, "last")["status"], "succeeded");
     // The finished step before the kill did not run again.
     let source = format!("runbook:{id}");
-    assert_eq!(events_from(&server, &operator, "command_dispatched", &source).len(), 1);
-    assert_eq!(events_from(&server, &operator, "command_completed", &source).len(), 1);
+    assert_eq!(
+        events_from(&server, &operator, "command_dispatched", &source).len(),
+        1
+    );
+    assert_eq!(
+        events_from(&server, &operator, "command_completed", &source).len(),
+        1
+    );
 }

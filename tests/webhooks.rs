@@ -67,13 +67,23 @@ impl Receiver {
                 let answered = if log.len() < fail_first { 500 } else { 200 };
                 log.push(Received {
                     id: headers.get("webhook-id").cloned().unwrap_or_default(),
-                    timestamp: headers.get("webhook-timestamp").cloned().unwrap_or_default(),
-                    signature: headers.get("webhook-signature").cloned().unwrap_or_default(),
+                    timestamp: headers
+                        .get("webhook-timestamp")
+                        .cloned()
+                        .unwrap_or_default(),
+                    signature: headers
+                        .get("webhook-signature")
+                        .cloned()
+                        .unwrap_or_default(),
                     body: String::from_utf8_lossy(&body).into_owned(),
                     answered,
                 });
                 drop(log);
-                let reason = if answered == 200 { "OK" } else { "Internal Server Error" };
+                let reason = if answered == 200 {
+                    "OK"
+                } else {
+                    "Internal Server Error"
+                };
                 let _ = write!(
                     stream,
                     "HTTP/1.1 {answered} {reason}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
@@ -174,15 +184,47 @@ fn signed_deliveries_in_order_with_a_retry_after_500() {
     let (_, readonly) = server.create_key("hooks-readonly", "readonly");
 
     // Readonly may not create; link-local is refused even with allow_private.
-    let denied = webhook(&server, &readonly, &["create", "--url", &receiver.url(), "--events", "command_completed"]);
+    let denied = webhook(
+        &server,
+        &readonly,
+        &[
+            "create",
+            "--url",
+            &receiver.url(),
+            "--events",
+            "command_completed",
+        ],
+    );
     assert_eq!(denied.code, 4, "{denied:?}");
-    let metadata = webhook(&server, &operator, &["create", "--url", "http://169.254.169.254/latest", "--events", "command_completed"]);
+    let metadata = webhook(
+        &server,
+        &operator,
+        &[
+            "create",
+            "--url",
+            "http://169.254.169.254/latest",
+            "--events",
+            "command_completed",
+        ],
+    );
     assert_eq!(metadata.code, 1, "{metadata:?}");
     assert!(metadata.stderr.contains("link-local"), "{metadata:?}");
     let usage = webhook(&server, &operator, &["create", "--url", &receiver.url()]);
     assert_eq!(usage.code, 2, "{usage:?}");
 
-    let created = webhook(&server, &operator, &["-o", "json", "create", "--url", &receiver.url(), "--events", "command_completed"]);
+    let created = webhook(
+        &server,
+        &operator,
+        &[
+            "-o",
+            "json",
+            "create",
+            "--url",
+            &receiver.url(),
+            "--events",
+            "command_completed",
+        ],
+    );
     assert_eq!(created.code, 0, "{created:?}");
     let created = json_of(&created);
     let id = created["id"].as_str().unwrap().to_string();
@@ -219,9 +261,17 @@ fn signed_deliveries_in_order_with_a_retry_after_500() {
         .filter(|r| r.answered == 200)
         .filter_map(n_of)
         .collect();
-    assert_eq!(delivered, (0..10).collect::<Vec<u64>>(), "in order, once each");
+    assert_eq!(
+        delivered,
+        (0..10).collect::<Vec<u64>>(),
+        "in order, once each"
+    );
 
-    let deliveries = json_of(&webhook(&server, &readonly, &["-o", "json", "deliveries", &id]));
+    let deliveries = json_of(&webhook(
+        &server,
+        &readonly,
+        &["-o", "json", "deliveries", &id],
+    ));
     assert_eq!(deliveries.as_array().unwrap().len(), 10);
     let first = deliveries
         .as_array()
@@ -236,7 +286,9 @@ fn signed_deliveries_in_order_with_a_retry_after_500() {
     // A ping, then a redelivery with the same webhook-id.
     let ping = webhook(&server, &operator, &["test", &id]);
     assert_eq!(ping.code, 0, "{ping:?}");
-    let last = receiver.wait_for("the ping", |r| r.iter().any(|r| r.body.contains("webhook.ping")));
+    let last = receiver.wait_for("the ping", |r| {
+        r.iter().any(|r| r.body.contains("webhook.ping"))
+    });
     assert!(verify(&secret, last.last().unwrap()));
     let redelivered = webhook(&server, &operator, &["redeliver", &received[0].id]);
     assert_eq!(redelivered.code, 0, "{redelivered:?}");
@@ -245,7 +297,11 @@ fn signed_deliveries_in_order_with_a_retry_after_500() {
     });
 
     // Updating the filter, then deleting; all audited.
-    let updated = webhook(&server, &operator, &["update", &id, "--events", "command_failed"]);
+    let updated = webhook(
+        &server,
+        &operator,
+        &["update", &id, "--events", "command_failed"],
+    );
     assert_eq!(updated.code, 0, "{updated:?}");
     let deleted = webhook(&server, &operator, &["delete", &id]);
     assert_eq!(deleted.code, 0, "{deleted:?}");
@@ -253,11 +309,19 @@ fn signed_deliveries_in_order_with_a_retry_after_500() {
     assert_eq!(gone.code, 5, "{gone:?}");
     let audit = common::audit_rows(&server, &["--action", "webhook.*"]);
     let actions: Vec<&str> = audit.iter().filter_map(|r| r["action"].as_str()).collect();
-    for action in ["webhook.create", "webhook.update", "webhook.delete", "webhook.test", "webhook.redeliver"] {
+    for action in [
+        "webhook.create",
+        "webhook.update",
+        "webhook.delete",
+        "webhook.test",
+        "webhook.redeliver",
+    ] {
         assert!(actions.contains(&action), "{action} in {actions:?}");
     }
     assert!(
-        audit.iter().any(|r| r["action"] == "webhook.create" && r["outcome"] == "denied"),
+        audit
+            .iter()
+            .any(|r| r["action"] == "webhook.create" && r["outcome"] == "denied"),
         "the readonly attempt is audited as denied: {audit:#?}"
     );
 }
@@ -268,7 +332,19 @@ fn nothing_is_lost_across_a_kill_9() {
     // A slow receiver, so the kill lands mid-stream.
     let receiver = Receiver::start(0, Duration::from_millis(30));
     let (_, operator) = server.create_key("hooks-operator", "operator");
-    let created = webhook(&server, &operator, &["-o", "json", "create", "--url", &receiver.url(), "--category", "job"]);
+    let created = webhook(
+        &server,
+        &operator,
+        &[
+            "-o",
+            "json",
+            "create",
+            "--url",
+            &receiver.url(),
+            "--category",
+            "job",
+        ],
+    );
     assert_eq!(created.code, 0, "{created:?}");
     let secret = json_of(&created)["secret"].as_str().unwrap().to_string();
 

@@ -241,13 +241,16 @@ async fn execute(common: Common, args: ExecuteArgs) -> Result<(), CliError> {
         }
         if let Some(targets) = started["targets"].as_object() {
             for (step, agents) in targets {
-                let agents: Vec<String> = agents
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(text)
-                    .collect();
-                println!("  {step} reaches: {}", if agents.is_empty() { "no agent".into() } else { agents.join(", ") });
+                let agents: Vec<String> =
+                    agents.as_array().into_iter().flatten().map(text).collect();
+                println!(
+                    "  {step} reaches: {}",
+                    if agents.is_empty() {
+                        "no agent".into()
+                    } else {
+                        agents.join(", ")
+                    }
+                );
             }
         }
         return Ok(());
@@ -287,7 +290,14 @@ async fn list_executions(common: Common, args: ListExecutionsArgs) -> Result<(),
         })
         .collect();
     print_table(
-        &["ID", "RUNBOOK", "STATUS", "STARTED_BY", "STARTED_AT", "FINISHED_AT"],
+        &[
+            "ID",
+            "RUNBOOK",
+            "STATUS",
+            "STARTED_BY",
+            "STARTED_AT",
+            "FINISHED_AT",
+        ],
         &rows,
     );
     Ok(())
@@ -321,7 +331,14 @@ fn print_status(common: &Common, view: &Value) -> Result<(), CliError> {
         })
         .collect();
     print_table(
-        &["STEP", "STATUS", "ATTEMPTS", "STARTED_AT", "FINISHED_AT", "ERROR"],
+        &[
+            "STEP",
+            "STATUS",
+            "ATTEMPTS",
+            "STARTED_AT",
+            "FINISHED_AT",
+            "ERROR",
+        ],
         &rows,
     );
     Ok(())
@@ -332,7 +349,12 @@ async fn status(common: Common, args: StatusArgs) -> Result<(), CliError> {
     let mut last = Value::Null;
     loop {
         let view = client
-            .status(authorized(&common, proto::ExecutionId { id: args.id.clone() })?)
+            .status(authorized(
+                &common,
+                proto::ExecutionId {
+                    id: args.id.clone(),
+                },
+            )?)
             .await?
             .into_inner();
         let view = parse_document(view)?;
@@ -371,7 +393,10 @@ async fn audit(common: Common, args: IdArgs) -> Result<(), CliError> {
             ]
         })
         .collect();
-    print_table(&["TIMESTAMP", "USER", "ACTION", "OUTCOME", "DETAIL"], &table);
+    print_table(
+        &["TIMESTAMP", "USER", "ACTION", "OUTCOME", "DETAIL"],
+        &table,
+    );
     Ok(())
 }
 

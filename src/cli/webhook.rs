@@ -258,7 +258,14 @@ fn print_deliveries(common: &Common, deliveries: &[WebhookDelivery]) -> Result<(
         .collect();
     print_table(
         &[
-            "ID", "TYPE", "SEQ", "STATUS", "ATTEMPTS", "HTTP", "LAST_ATTEMPT", "ERROR",
+            "ID",
+            "TYPE",
+            "SEQ",
+            "STATUS",
+            "ATTEMPTS",
+            "HTTP",
+            "LAST_ATTEMPT",
+            "ERROR",
         ],
         &rows,
     );
@@ -348,7 +355,12 @@ async fn outbound(common: Common, args: OutboundArgs) -> Result<(), CliError> {
         }
         OutboundCommand::Delete(delete) => {
             client
-                .delete(authorized(&common, proto::WebhookId { id: delete.id.clone() })?)
+                .delete(authorized(
+                    &common,
+                    proto::WebhookId {
+                        id: delete.id.clone(),
+                    },
+                )?)
                 .await?;
             if common.output == Output::Json {
                 return print_json(&serde_json::json!({ "deleted": delete.id }));

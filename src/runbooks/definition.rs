@@ -187,7 +187,10 @@ pub fn validate(runbook: &Runbook) -> Result<()> {
     let mut seen = HashSet::new();
     for step in runbook.steps.iter().chain(&runbook.rollback) {
         if !is_id(&step.id) {
-            return invalid(format!("step id '{}' must be 1-64 letters, digits, '-', '_' or '.'", step.id));
+            return invalid(format!(
+                "step id '{}' must be 1-64 letters, digits, '-', '_' or '.'",
+                step.id
+            ));
         }
         if !seen.insert(step.id.as_str()) {
             return invalid(format!("step id '{}' is used twice", step.id));
@@ -198,7 +201,10 @@ pub fn validate(runbook: &Runbook) -> Result<()> {
     for step in &runbook.steps {
         for need in &step.needs {
             if !ids.contains(need.as_str()) {
-                return invalid(format!("step '{}' needs '{need}', which is not a step", step.id));
+                return invalid(format!(
+                    "step '{}' needs '{need}', which is not a step",
+                    step.id
+                ));
             }
         }
     }
@@ -381,7 +387,7 @@ pub fn parameters(
     set: &BTreeMap<String, String>,
 ) -> Result<BTreeMap<String, String>> {
     let mut values = BTreeMap::new();
-    for (name, _) in set {
+    for name in set.keys() {
         if !runbook.parameters.iter().any(|p| p.name == *name) {
             return Err(Error::Invalid(format!(
                 "runbook '{}' has no parameter '{name}'",

@@ -178,7 +178,9 @@ async fn run(domain: &Arc<Domain>, id: &str) -> Result<()> {
         }
         if !halted {
             for step in &runbook.steps {
-                let Some(row) = rows.get(&step.id) else { continue };
+                let Some(row) = rows.get(&step.id) else {
+                    continue;
+                };
                 // `running`/`waiting` rows not in this process's task set are left from
                 // before a restart: they run again.
                 let is_new = row.status == "pending"
@@ -278,9 +280,20 @@ async fn run(domain: &Arc<Domain>, id: &str) -> Result<()> {
             store.runbooks().upsert_step(&row).await?;
             rows.insert(row_id.clone(), row.clone());
             let step = definition::substitute(step, &values);
-            let outcome =
-                run_step(domain, &principal, id, &step, clock::now_millis(), &dir, &row_id).await;
-            record(domain, &principal, id, &row_id, step.kind, outcome, &mut rows).await?;
+            let outcome = run_step(
+                domain,
+                &principal,
+                id,
+                &step,
+                clock::now_millis(),
+                &dir,
+                &row_id,
+            )
+            .await;
+            record(
+                domain, &principal, id, &row_id, step.kind, outcome, &mut rows,
+            )
+            .await?;
             row = rows[&row_id].clone();
             if row.status != "succeeded" {
                 break;
@@ -364,15 +377,20 @@ async fn run_step(
     let mut attempts = 0;
     loop {
         attempts += 1;
-        let work = run_kind(domain, principal, execution_id, step, started_ms, dir, row_id);
+        let work = run_kind(
+            domain,
+            principal,
+            execution_id,
+            step,
+            started_ms,
+            dir,
+            row_id,
+        );
         let result = match step.timeout() {
             Some(limit) if step.kind != Kind::Exec && step.kind != Kind::State => {
                 match tokio::time::timeout(limit, work).await {
                     Ok(result) => result,
-                    Err(_) => Err(format!(
-                        "timed out after {}",
-                        clock::format_duration(limit)
-                    )),
+                    Err(_) => Err(format!("timed out after {}", clock::format_duration(limit))),
                 }
             }
             _ => work.await,
@@ -619,7 +637,9 @@ pub fn spawn_triggers(domain: Arc<Domain>) {
                 continue;
             }
             for runbook in domain.runbooks.all() {
-                let Some(trigger) = &runbook.trigger else { continue };
+                let Some(trigger) = &runbook.trigger else {
+                    continue;
+                };
                 if trigger.event != event.event_type.as_str()
                     || !definition::filter_matches(&trigger.filter, &event)
                 {
@@ -653,7 +673,12 @@ async fn start_triggered(domain: &Arc<Domain>, runbook: &Runbook, event: &Event)
     let id = crate::ids::ulid();
     let started_by = format!("trigger:{}", event.event_type);
     let (row, steps) = new_execution(&id, runbook, &values, &started_by, Some(event.id.clone()))?;
-    if !domain.store.runbooks().insert_execution(&row, &steps).await? {
+    if !domain
+        .store
+        .runbooks()
+        .insert_execution(&row, &steps)
+        .await?
+    {
         return Ok(()); // Already started for this event.
     }
     let action = Action::new("runbook.execute", "runbook_execution", id.clone()).detail(

@@ -181,7 +181,12 @@ fn step_order(runbook: &Runbook) -> Vec<String> {
         .steps
         .iter()
         .map(|s| s.id.clone())
-        .chain(runbook.rollback.iter().map(|s| format!("rollback:{}", s.id)))
+        .chain(
+            runbook
+                .rollback
+                .iter()
+                .map(|s| format!("rollback:{}", s.id)),
+        )
         .collect()
 }
 
@@ -205,10 +210,11 @@ pub fn list(domain: &Domain, principal: &Principal) -> Result<Vec<RunbookSummary
 /// One loaded runbook (any key): what `svc-runbook test NAME` checks.
 pub fn get(domain: &Domain, principal: &Principal, name: &str) -> Result<Runbook> {
     principal.require(Role::Readonly)?;
-    domain
-        .runbooks
-        .get(name)
-        .ok_or_else(|| Error::NotFound(format!("runbook '{name}' not found (is it in runbook_dir? SIGHUP reloads)")))
+    domain.runbooks.get(name).ok_or_else(|| {
+        Error::NotFound(format!(
+            "runbook '{name}' not found (is it in runbook_dir? SIGHUP reloads)"
+        ))
+    })
 }
 
 /// What `execute` answers: the execution, or with `--dry-run` the plan.
@@ -216,7 +222,11 @@ pub fn get(domain: &Domain, principal: &Principal, name: &str) -> Result<Runbook
 #[serde(untagged)]
 pub enum Started {
     Execution(ExecutionView),
-    Plan { runbook: String, plan: Vec<String>, targets: BTreeMap<String, Vec<String>> },
+    Plan {
+        runbook: String,
+        plan: Vec<String>,
+        targets: BTreeMap<String, Vec<String>>,
+    },
 }
 
 /// `svc-runbook execute NAME [--set k=v] [--dry-run]` (operator): records the execution
@@ -243,8 +253,16 @@ pub async fn execute(
             });
         }
         let (row, steps) = engine::new_execution(&id, &runbook, &values, &principal.id, None)?;
-        domain.store.runbooks().insert_execution(&row, &steps).await?;
-        Ok(Started::Execution(execution_view(row, steps, &step_order(&runbook))))
+        domain
+            .store
+            .runbooks()
+            .insert_execution(&row, &steps)
+            .await?;
+        Ok(Started::Execution(execution_view(
+            row,
+            steps,
+            &step_order(&runbook),
+        )))
     }
     .await;
     domain.auditor.record(principal, action, &result).await;
@@ -358,8 +376,8 @@ pub async fn approve(
     id: &str,
     step_id: &str,
 ) -> Result<ExecutionView> {
-    let action = Action::new("runbook.approve", "runbook_execution", id)
-        .detail(json!({ "step": step_id }));
+    let action =
+        Action::new("runbook.approve", "runbook_execution", id).detail(json!({ "step": step_id }));
     let result = async {
         principal.require(Role::Operator)?;
         let row = find(domain, id).await?;

@@ -218,8 +218,7 @@ async fn rotate_master_inner(domain: &Domain, principal: &Principal, new_key: &s
             // in force.
             undo_ca().await;
             if let Err(undo) =
-                crate::webhooks::reseal_secrets(domain.store.as_ref(), &new_bytes, &old_bytes)
-                    .await
+                crate::webhooks::reseal_secrets(domain.store.as_ref(), &new_bytes, &old_bytes).await
             {
                 tracing::error!(error = %undo, "webhook secrets could not be re-sealed under the old master key");
             }

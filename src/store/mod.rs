@@ -31,10 +31,8 @@ pub use secrets::{
     LeaseRow, Rewrap, SecretRow, SecretStore, SecretVersionRow, TransitKeyRow, TransitVersionRow,
     Wrapped,
 };
-pub use webhooks::{
-    DeliveryRow, ExecutionRow, RunbookStore, StepRow, WebhookRow, WebhookStore,
-};
 pub use sqlite::{insert_audit_row, SqliteStore, INSERT_AUDIT_SQL};
+pub use webhooks::{DeliveryRow, ExecutionRow, RunbookStore, StepRow, WebhookRow, WebhookStore};
 
 /// Every migration, in order. A migration is never edited once released: add a new one.
 pub const MIGRATIONS: &[(i64, &str, &str)] = &[

@@ -11,9 +11,9 @@ pub mod cluster;
 mod export;
 mod fleet;
 mod jwt;
-mod webhooks;
 mod secrets;
 mod tls;
+mod webhooks;
 
 use crate::store::columns::*;
 use std::path::Path;

@@ -6,8 +6,8 @@
 
 mod fleet;
 mod jwt;
-mod webhooks;
 mod secrets;
+mod webhooks;
 
 use crate::store::columns::*;
 use std::path::{Path, PathBuf};

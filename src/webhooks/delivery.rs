@@ -285,7 +285,13 @@ async fn attempt(domain: &Domain, row: &WebhookRow, key: &[u8], mut delivery: De
     }
 }
 
-async fn post(domain: &Domain, url: &str, key: &[u8], id: &str, body: &str) -> super::send::Outcome {
+async fn post(
+    domain: &Domain,
+    url: &str,
+    key: &[u8],
+    id: &str,
+    body: &str,
+) -> super::send::Outcome {
     let timestamp = clock::now_millis() / 1000;
     let headers = [
         ("webhook-id", id.to_string()),
@@ -321,7 +327,12 @@ pub(crate) async fn ping(domain: &Domain, row: &WebhookRow, key: &[u8]) -> Resul
         event_seq: 0,
         event_type: "webhook.ping".into(),
         body,
-        status: if outcome.is_success() { "delivered" } else { "dead" }.into(),
+        status: if outcome.is_success() {
+            "delivered"
+        } else {
+            "dead"
+        }
+        .into(),
         attempts: 1,
         created_at: clock::format_rfc3339(now),
         next_attempt_at: finished.clone(),

@@ -209,7 +209,9 @@ fn check_filter(event_types: &[String], category: &str, min_severity: &str) -> R
         }
     }
     if !category.is_empty() && !types::TYPES.iter().any(|t| t.category == category) {
-        return Err(Error::Invalid(format!("unknown event category '{category}'")));
+        return Err(Error::Invalid(format!(
+            "unknown event category '{category}'"
+        )));
     }
     if !min_severity.is_empty() && Severity::parse(min_severity).is_none() {
         return Err(Error::Invalid(format!(
@@ -381,7 +383,9 @@ pub async fn test(domain: &Arc<Domain>, principal: &Principal, id: &str) -> Resu
         principal.require(Role::Operator)?;
         let row = find(domain, id).await?;
         let key = open_secret(domain, &row)?;
-        delivery::ping(domain, &row, &key).await.map(DeliveryView::from)
+        delivery::ping(domain, &row, &key)
+            .await
+            .map(DeliveryView::from)
     }
     .await;
     domain.auditor.record(principal, action, &result).await;
@@ -426,9 +430,8 @@ pub async fn redeliver(
         let now = clock::now_millis();
         row.status = "pending".into();
         row.next_attempt_at = clock::format_rfc3339(now);
-        row.deadline_at = clock::format_rfc3339(
-            now + domain.webhooks.config.max_retry_age.0.as_millis() as i64,
-        );
+        row.deadline_at =
+            clock::format_rfc3339(now + domain.webhooks.config.max_retry_age.0.as_millis() as i64);
         domain.store.webhooks().update_delivery(&row).await?;
         Ok(DeliveryView::from(row))
     }

@@ -157,9 +157,8 @@ pub async fn resolve(target: &Target, allow_private: bool) -> Result<Vec<SocketA
         )));
     }
     for address in &addresses {
-        check_ip(address.ip(), allow_private).map_err(|why| {
-            denied(target, &format!("it resolves to {} ({why})", address.ip()))
-        })?;
+        check_ip(address.ip(), allow_private)
+            .map_err(|why| denied(target, &format!("it resolves to {} ({why})", address.ip())))?;
     }
     Ok(addresses)
 }
@@ -191,9 +190,8 @@ fn check_v4(ip: Ipv4Addr, allow_private: bool) -> std::result::Result<(), &'stat
     if ip.is_unspecified() || ip.is_multicast() || ip.is_broadcast() || octets[0] == 0 {
         return Err("not a unicast address");
     }
-    let is_private = ip.is_loopback()
-        || ip.is_private()
-        || (octets[0] == 100 && (octets[1] & 0xc0) == 64);
+    let is_private =
+        ip.is_loopback() || ip.is_private() || (octets[0] == 100 && (octets[1] & 0xc0) == 64);
     if is_private && !allow_private {
         return Err("loopback or private (set webhooks.allow_private to allow)");
     }
@@ -226,10 +224,16 @@ mod tests {
     #[test]
     fn parsing() {
         let cases = [
-            ("https://example.com/hook?a=1", Some((true, "example.com", 443, "/hook?a=1"))),
+            (
+                "https://example.com/hook?a=1",
+                Some((true, "example.com", 443, "/hook?a=1")),
+            ),
             ("http://10.0.0.1:8080", Some((false, "10.0.0.1", 8080, "/"))),
             ("http://[::1]:9/x", Some((false, "::1", 9, "/x"))),
-            ("https://Example.COM?x", Some((true, "example.com", 443, "/?x"))),
+            (
+                "https://Example.COM?x",
+                Some((true, "example.com", 443, "/?x")),
+            ),
             ("ftp://example.com/", None),
             ("https://user:pw@example.com/", None),
             ("https://example.com/#frag", None),

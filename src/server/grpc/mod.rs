@@ -50,9 +50,8 @@ pub async fn serve(
     use proto::{
         cluster_service_server::ClusterServiceServer, event_service_server::EventServiceServer,
         fleet_service_server::FleetServiceServer, identity_service_server::IdentityServiceServer,
-        policy_service_server::PolicyServiceServer, secrets_service_server::SecretsServiceServer,
-        runbook_service_server::RunbookServiceServer,
-        webhook_service_server::WebhookServiceServer,
+        policy_service_server::PolicyServiceServer, runbook_service_server::RunbookServiceServer,
+        secrets_service_server::SecretsServiceServer, webhook_service_server::WebhookServiceServer,
     };
     // Keepalive pings find peers that went away; the stream cap bounds what one connection
     // can make the server hold (limits.*, docs/reliability.md).

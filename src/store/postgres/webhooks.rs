@@ -149,8 +149,11 @@ impl WebhookStore for PostgresStore {
     async fn delete_webhook(&self, id: &str) -> Result<bool> {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
-        tx.execute("DELETE FROM webhook_deliveries WHERE webhook_id = $1", &[&id])
-            .await?;
+        tx.execute(
+            "DELETE FROM webhook_deliveries WHERE webhook_id = $1",
+            &[&id],
+        )
+        .await?;
         let deleted = tx
             .execute("DELETE FROM webhooks WHERE id = $1", &[&id])
             .await?;
