@@ -55,6 +55,15 @@ steps:
   - {id: diagnose, kind: emit, event: command_completed, payload: {diagnosed: 'yes'}}
 ";
 
+const FLEET: &str = "
+name: fleet-check
+parameters: [{name: target, default: 'role=web'}]
+steps:
+  - {id: hello, kind: exec, target: '{{target}}', command: [echo, hello-from-runbook]}
+  - {id: broken, kind: exec, target: '{{target}}', command: 'false', needs: [hello], on_failure: continue}
+  - {id: after, kind: emit, event: command_completed, needs: [broken]}
+";
+
 const CYCLE: &str = "
 name: cycle
 steps:
@@ -70,6 +79,7 @@ fn server_with(dir: &Path) -> TestServer {
         ("gated.yaml", GATED),
         ("slow.yaml", SLOW),
         ("triggered.yaml", TRIGGERED),
+        ("fleet.yaml", FLEET),
     ] {
         std::fs::write(dir.join(name), text).unwrap();
     }
@@ -177,7 +187,7 @@ fn diamond_rollback_approval_and_trigger() {
     let (_, reader) = server.create_key("reader", "readonly");
 
     let listed = json_of(&runbook(&server, &reader, &["-o", "json", "list"]));
-    assert_eq!(listed.as_array().unwrap().len(), 5, "{listed:#}");
+    assert_eq!(listed.as_array().unwrap().len(), 6, "{listed:#}");
     let denied = runbook(&server, &reader, &["execute", "diamond"]);
     assert_eq!(denied.code, 4, "{denied:?}");
     let tested = runbook(&server, &reader, &["test", "diamond"]);
@@ -347,4 +357,72 @@ fn an_execution_resumes_after_kill_9() {
         events_from(&server, &operator, "command_completed", &source).len(),
         1
     );
+}
+
+#[test]
+fn exec_steps_reach_real_agents() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = server_with(dir.path());
+    let (_, operator) = server.create_key("op", "operator");
+    let _agent = common::agent::Agent::start(&server, "web-1", "role=web");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let listed =
+            run(server
+                .cli("svcctl")
+                .args(["--api-key", &operator, "-o", "json", "agent", "list"]));
+        if json_of(&listed)
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a["id"] == "web-1" && a["state"] == "connected")
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "web-1 did not connect");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    let dry = runbook(&server, &operator, &["execute", "fleet-check", "--dry-run"]);
+    assert_eq!(dry.code, 0, "{dry:?}");
+    assert!(dry.stdout.contains("hello reaches: web-1"), "{dry:?}");
+    assert_eq!(
+        json_of(&runbook(
+            &server,
+            &operator,
+            &["-o", "json", "list-executions"]
+        ))
+        .as_array()
+        .unwrap()
+        .len(),
+        0,
+        "a dry run starts nothing"
+    );
+
+    let id = execute(&server, &operator, "fleet-check");
+    let view = wait_until(&server, &operator, &id, finished);
+    // `broken` failed, but with on_failure: continue the rest ran and the execution passed.
+    assert_eq!(view["status"], "succeeded", "{view:#}");
+    let hello = step(&view, "hello");
+    assert_eq!(hello["status"], "succeeded");
+    assert_eq!(hello["output"][0]["agent_id"], "web-1");
+    assert!(hello["output"][0]["stdout"]
+        .as_str()
+        .unwrap()
+        .contains("hello-from-runbook"));
+    assert_eq!(step(&view, "broken")["status"], "failed");
+    assert_eq!(step(&view, "after")["status"], "succeeded");
+
+    // The fleet's own audit rows are the execution's, under its principal.
+    let audit = json_of(&runbook(&server, &operator, &["-o", "json", "audit", &id]));
+    let runs: Vec<&Value> = audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["action"] == "exec.run")
+        .collect();
+    assert_eq!(runs.len(), 2, "{audit:#}");
+    assert!(runs
+        .iter()
+        .all(|r| r["user"] == format!("runbook:{id}").as_str()));
 }
