@@ -426,3 +426,29 @@ fn exec_steps_reach_real_agents() {
         .iter()
         .all(|r| r["user"] == format!("runbook:{id}").as_str()));
 }
+
+#[test]
+fn cancel_stops_an_execution() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = server_with(dir.path());
+    let (_, operator) = server.create_key("op", "operator");
+    let id = execute(&server, &operator, "slow");
+    wait_until(&server, &operator, &id, |v| {
+        step(v, "nap")["status"] == "running"
+    });
+    let cancelled = runbook(&server, &operator, &["cancel", &id]);
+    assert_eq!(cancelled.code, 0, "{cancelled:?}");
+    let view = wait_until(&server, &operator, &id, |v| {
+        step(v, "nap")["status"] == "cancelled"
+    });
+    assert_eq!(view["status"], "cancelled", "{view:#}");
+    assert_eq!(step(&view, "last")["status"], "cancelled");
+    let again = runbook(&server, &operator, &["cancel", &id]);
+    assert_eq!(again.code, 1, "{again:?}");
+    // --follow ends with the execution.
+    let followed = runbook(&server, &operator, &["status", &id, "--follow"]);
+    assert_eq!(followed.code, 0, "{followed:?}");
+    assert!(followed.stdout.contains("cancelled"), "{followed:?}");
+    let source = format!("runbook:{id}");
+    assert!(events_from(&server, &operator, "command_completed", &source).is_empty());
+}

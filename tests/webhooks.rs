@@ -382,3 +382,65 @@ fn nothing_is_lost_across_a_kill_9() {
     let repeats = received.len() - 40;
     assert!(repeats <= 1, "{repeats} repeats: {received:#?}");
 }
+
+#[test]
+fn a_delivery_that_keeps_failing_is_dead_lettered_and_the_next_goes() {
+    let server = TestServer::start_with(Options {
+        config_yaml: "webhooks:\n  allow_private: true\n  retry_base: 100ms\n  max_retry_age: 1s\n"
+            .into(),
+        ..Options::default()
+    });
+    // Fails everything: each message is tried until max_retry_age, then dead-lettered.
+    let receiver = Receiver::start(usize::MAX, Duration::ZERO);
+    let (_, operator) = server.create_key("hooks-operator", "operator");
+    let created = webhook(
+        &server,
+        &operator,
+        &[
+            "-o",
+            "json",
+            "create",
+            "--url",
+            &receiver.url(),
+            "--events",
+            "command_completed",
+        ],
+    );
+    assert_eq!(created.code, 0, "{created:?}");
+    let id = json_of(&created)["id"].as_str().unwrap().to_string();
+    emit(&server, &operator, 1);
+    emit(&server, &operator, 2);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let failed = loop {
+        let failed = json_of(&webhook(
+            &server,
+            &operator,
+            &["-o", "json", "deliveries", &id, "--failed"],
+        ));
+        if failed
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|d| d["status"] == "dead")
+            .count()
+            == 2
+        {
+            break failed;
+        }
+        assert!(Instant::now() < deadline, "not dead-lettered: {failed:#}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    for delivery in failed.as_array().unwrap() {
+        assert!(delivery["attempts"].as_u64().unwrap() >= 2, "{delivery:#}");
+        assert_eq!(delivery["response_status"], 500);
+    }
+    // Both were tried, the first to the end before the second began.
+    let received = receiver.received();
+    let first_of_second = received.iter().position(|r| n_of(r) == Some(2)).unwrap();
+    assert!(received[..first_of_second]
+        .iter()
+        .all(|r| n_of(r) == Some(1)));
+    assert!(received[first_of_second..]
+        .iter()
+        .all(|r| n_of(r) == Some(2)));
+}
