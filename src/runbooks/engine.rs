@@ -633,7 +633,9 @@ pub fn spawn_triggers(domain: Arc<Domain>) {
         }
         while let Some(event) = receiver.recv().await {
             let Ok(event) = event else { continue };
-            if !domain.cluster.is_leader() {
+            // Events a runbook step emitted never trigger: a runbook that emits what it is
+            // triggered by would otherwise start itself forever.
+            if !domain.cluster.is_leader() || event.source.starts_with("runbook:") {
                 continue;
             }
             for runbook in domain.runbooks.all() {
