@@ -296,6 +296,26 @@ fn signed_deliveries_in_order_with_a_retry_after_500() {
         r.iter().filter(|x| x.id == received[0].id).count() == 3
     });
 
+    // A master-key rotation re-seals the secret: the next ping is signed with the same one.
+    let scratch = tempfile::tempdir().unwrap();
+    let new_key = scratch.path().join("new.key");
+    std::fs::write(&new_key, common::random_master_key()).unwrap();
+    let rotated = run(server
+        .cli("svc-secrets")
+        .args([
+            "--api-key",
+            &server.admin_key,
+            "rotate-master",
+            "--new-key-file",
+        ])
+        .arg(&new_key));
+    assert_eq!(rotated.code, 0, "{rotated:?}");
+    let before = receiver.received().len();
+    let ping = webhook(&server, &operator, &["test", &id]);
+    assert_eq!(ping.code, 0, "{ping:?}");
+    let after = receiver.wait_for("the ping after rotation", |r| r.len() > before);
+    assert!(verify(&secret, after.last().unwrap()));
+
     // Updating the filter, then deleting; all audited.
     let updated = webhook(
         &server,
