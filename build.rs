@@ -13,6 +13,8 @@ const PROTOS: &[&str] = &[
     "proto/svc/v1/secrets.proto",
     "proto/svc/v1/cluster.proto",
     "proto/svc/v1/fleet.proto",
+    "proto/svc/v1/webhooks.proto",
+    "proto/svc/v1/runbooks.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

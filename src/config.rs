@@ -126,6 +126,39 @@ pub struct ServerConfig {
     pub files: FilesConfig,
     /// Several servers sharing PostgreSQL and a NATS cluster (docs/cluster.md).
     pub cluster: ClusterConfig,
+    /// Outbound webhooks (docs/webhooks.md).
+    pub webhooks: WebhooksConfig,
+    /// Runbooks (*.yaml), loaded at start and on SIGHUP (docs/runbooks.md).
+    pub runbook_dir: PathBuf,
+}
+
+/// Outbound webhook delivery (docs/webhooks.md).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WebhooksConfig {
+    /// Allow URLs that reach loopback and private addresses (10/8, 172.16/12, 192.168/16,
+    /// fc00::/7, 100.64/10). Link-local and cloud metadata addresses stay refused.
+    pub allow_private: bool,
+    /// PEM bundle to trust for https:// receivers instead of the system's store.
+    pub ca_file: String,
+    /// One attempt's limit: connect, send, and the receiver's answer.
+    pub timeout: ConfigDuration,
+    /// The first retry's delay; each next one doubles (with jitter), up to an hour.
+    pub retry_base: ConfigDuration,
+    /// How long a failing delivery is retried before it is dead-lettered.
+    pub max_retry_age: ConfigDuration,
+}
+
+impl Default for WebhooksConfig {
+    fn default() -> Self {
+        WebhooksConfig {
+            allow_private: false,
+            ca_file: String::new(),
+            timeout: ConfigDuration(Duration::from_secs(10)),
+            retry_base: ConfigDuration(Duration::from_secs(5)),
+            max_retry_age: ConfigDuration(Duration::from_secs(86_400)),
+        }
+    }
 }
 
 /// Cluster mode: this server is one member of several sharing `store.driver: postgres` and
@@ -200,6 +233,8 @@ impl Default for ServerConfig {
             secrets: SecretsConfig::default(),
             files: FilesConfig::default(),
             cluster: ClusterConfig::default(),
+            webhooks: WebhooksConfig::default(),
+            runbook_dir: PathBuf::from("/etc/svc/runbooks"),
         }
     }
 }
@@ -573,6 +608,8 @@ const AGENT_SCHEMA: Schema = Schema {
         "limits",
         "streams",
         "secrets",
+        "webhooks",
+        "runbook_dir",
     ],
 };
 

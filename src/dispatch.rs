@@ -36,6 +36,8 @@ fn table() -> Vec<(&'static str, Entry)> {
         ("svc-cluster-backup", cli::cluster::backup_main),
         ("svc-backup", cli::backup::main),
         ("svc-files", cli::files::main),
+        ("svc-webhook", cli::webhook::main),
+        ("svc-runbook", cli::runbook::main),
     ];
     for tool in planned::TOOLS {
         match built.iter().find(|(name, _)| *name == tool.name) {

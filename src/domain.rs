@@ -36,12 +36,23 @@ pub struct Domain {
     /// This server's place in the cluster: membership, leadership, agent ownership (the one
     /// member, leader and owner of everything outside cluster mode).
     pub cluster: Arc<crate::cluster::Cluster>,
+    /// Outbound webhooks: settings, the HTTP client, the delivery workers.
+    pub webhooks: crate::webhooks::Webhooks,
+    /// The runbooks loaded from runbook_dir (reloaded on SIGHUP).
+    pub runbooks: crate::runbooks::Runbooks,
     /// The server secrets identity needs (hmacsecret; the master key follows `secrets`).
     keys: Keys,
     /// Per-key token buckets, applied to every authenticated request on every transport,
     /// and per-key requests in progress (`rate_limit.max_in_flight`), taken by
     /// [`Domain::admit`].
     limits: KeyLimits,
+}
+
+/// The parts of the domain built from their own configuration alone.
+struct Parts {
+    fleet: crate::fleet::Fleet,
+    webhooks: crate::webhooks::Webhooks,
+    runbooks: crate::runbooks::Runbooks,
 }
 
 /// The durable streams the domain writes.
@@ -70,7 +81,11 @@ impl Domain {
             config.policy_dir.clone(),
             events,
             Some(logs.audit),
-            crate::fleet::Fleet::new(config.agents.heartbeat_timeout.0, Some(bus)),
+            Parts {
+                fleet: crate::fleet::Fleet::new(config.agents.heartbeat_timeout.0, Some(bus)),
+                webhooks: crate::webhooks::Webhooks::new(&config.webhooks)?,
+                runbooks: crate::runbooks::Runbooks::load(config.runbook_dir.clone()),
+            },
             keys,
             KeyLimits {
                 rate: RateLimiter::new(
@@ -94,10 +109,15 @@ impl Domain {
         policy_dir: std::path::PathBuf,
         events: Arc<Events>,
         audit_mirror: Option<Arc<dyn Stream>>,
-        fleet: crate::fleet::Fleet,
+        parts: Parts,
         keys: Keys,
         limits: KeyLimits,
     ) -> Self {
+        let Parts {
+            fleet,
+            webhooks,
+            runbooks,
+        } = parts;
         let auditor = Auditor::new(store.clone(), policy_dir)
             .with_events(events.clone())
             .with_mirror(audit_mirror);
@@ -109,6 +129,8 @@ impl Domain {
             fleet,
             // The one server; `start` puts the real membership in before sharing the domain.
             cluster: crate::cluster::Cluster::single("local", ""),
+            webhooks,
+            runbooks,
             keys,
             limits,
         }
@@ -128,7 +150,11 @@ impl Domain {
             dir.join("policies"),
             events,
             None,
-            crate::fleet::Fleet::new(Duration::from_secs(30), None),
+            Parts {
+                fleet: crate::fleet::Fleet::new(Duration::from_secs(30), None),
+                webhooks: crate::webhooks::Webhooks::new(&Default::default())?,
+                runbooks: crate::runbooks::Runbooks::load(dir.join("runbooks")),
+            },
             Keys::new([0; 32], b"test-hmac-secret".to_vec()),
             KeyLimits {
                 rate: RateLimiter::new(1000.0, 1000),

@@ -21,12 +21,14 @@ pub mod fleet;
 pub mod identity;
 pub mod ids;
 pub mod metrics;
+pub mod runbooks;
 pub mod secrets;
 pub mod server;
 pub mod state;
 pub mod store;
 pub mod stream;
 pub mod tls;
+pub mod webhooks;
 
 /// Code generated from proto/svc/v1 (messages, clients, servers).
 pub mod proto {

@@ -128,8 +128,8 @@ fn commands_not_built_yet_say_so_and_fail() {
         ),
         (
             "svcctl",
-            &["--api-key", "k", "runbook", "list"],
-            "svc-runbook: 'list' is not implemented yet",
+            &["--api-key", "k", "gitops", "verify"],
+            "svc-gitops: 'verify' is not implemented yet",
         ),
     ];
     for (name, args, message) in cases {

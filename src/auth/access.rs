@@ -118,6 +118,22 @@ pub const GRPC: &[(&str, Access)] = &[
     ("svc.v1.FleetService/StateCheck", Least(Operator)),
     ("svc.v1.FleetService/StateApply", Least(Operator)),
     ("svc.v1.FleetService/StateDrift", Least(Operator)),
+    ("svc.v1.WebhookService/Create", Least(Operator)),
+    ("svc.v1.WebhookService/List", Least(Readonly)),
+    ("svc.v1.WebhookService/Get", Least(Readonly)),
+    ("svc.v1.WebhookService/Update", Least(Operator)),
+    ("svc.v1.WebhookService/Delete", Least(Operator)),
+    ("svc.v1.WebhookService/Test", Least(Operator)),
+    ("svc.v1.WebhookService/Deliveries", Least(Readonly)),
+    ("svc.v1.WebhookService/Redeliver", Least(Operator)),
+    ("svc.v1.RunbookService/List", Least(Readonly)),
+    ("svc.v1.RunbookService/Get", Least(Readonly)),
+    ("svc.v1.RunbookService/Execute", Least(Operator)),
+    ("svc.v1.RunbookService/ListExecutions", Least(Readonly)),
+    ("svc.v1.RunbookService/Status", Least(Readonly)),
+    ("svc.v1.RunbookService/Audit", Least(Readonly)),
+    ("svc.v1.RunbookService/Cancel", Least(Operator)),
+    ("svc.v1.RunbookService/Approve", Least(Operator)),
 ];
 
 /// Every REST route, as `METHOD /path` with `{id}` for a path parameter.

@@ -24,8 +24,10 @@ pub mod output;
 pub mod planned;
 pub mod policy;
 pub mod progress;
+pub mod runbook;
 pub mod secrets;
 pub mod values;
+pub mod webhook;
 
 use std::fmt;
 use std::path::PathBuf;

@@ -174,6 +174,27 @@ async fn rotate_master_inner(domain: &Domain, principal: &Principal, new_key: &s
         .current_master()
         .ok_or_else(|| Error::Unavailable("the secrets engine has no master key".into()))?;
     let ca_rows = crate::identity::reseal_ca(domain.store.as_ref(), &old_bytes, &new_bytes).await?;
+    // Webhook signing secrets too; undone with the CA keys if what follows fails.
+    let undo_ca = || async {
+        if let Err(undo) =
+            crate::identity::reseal_ca(domain.store.as_ref(), &new_bytes, &old_bytes).await
+        {
+            tracing::error!(error = %undo, "CA keys could not be re-sealed under the old master key");
+        }
+    };
+    let webhook_rows = match crate::webhooks::reseal_secrets(
+        domain.store.as_ref(),
+        &old_bytes,
+        &new_bytes,
+    )
+    .await
+    {
+        Ok(count) => count,
+        Err(e) => {
+            undo_ca().await;
+            return Err(e);
+        }
+    };
     let old = guard
         .as_ref()
         .ok_or_else(|| Error::Unavailable("the secrets engine has no master key".into()))?;
@@ -193,11 +214,13 @@ async fn rotate_master_inner(domain: &Domain, principal: &Principal, new_key: &s
     {
         Ok(count) => count,
         Err(e) => {
-            // Put the CA keys back under the old master, which stays in force.
+            // Put the CA keys and webhook secrets back under the old master, which stays
+            // in force.
+            undo_ca().await;
             if let Err(undo) =
-                crate::identity::reseal_ca(domain.store.as_ref(), &new_bytes, &old_bytes).await
+                crate::webhooks::reseal_secrets(domain.store.as_ref(), &new_bytes, &old_bytes).await
             {
-                tracing::error!(error = %undo, "CA keys could not be re-sealed under the old master key");
+                tracing::error!(error = %undo, "webhook secrets could not be re-sealed under the old master key");
             }
             return Err(e);
         }
@@ -208,7 +231,7 @@ async fn rotate_master_inner(domain: &Domain, principal: &Principal, new_key: &s
         .current_master
         .write()
         .expect("master lock poisoned") = Some(new_bytes);
-    let count = count + ca_rows;
+    let count = count + ca_rows + webhook_rows;
     domain
         .secrets
         .transit_cache

@@ -638,6 +638,9 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     crate::secrets::leases::spawn_reaper(context.domain.clone());
     crate::identity::spawn_token_cleanup(context.domain.clone());
     crate::cluster::spawn(context.domain.clone());
+    crate::webhooks::delivery::spawn(context.domain.clone());
+    crate::runbooks::engine::resume(&context.domain).await;
+    crate::runbooks::engine::spawn_triggers(context.domain.clone());
 
     let http_task = tokio::spawn(super::http::serve(
         context.clone(),
@@ -761,6 +764,8 @@ impl StopSignals {
                 _ = self.hup.recv() => {
                     let count = context.domain.auditor.reload_policies();
                     tracing::info!(count, "SIGHUP: policies reloaded");
+                    let count = context.domain.runbooks.reload();
+                    tracing::info!(count, "SIGHUP: runbooks reloaded");
                 }
                 _ = self.usr2.recv() => {
                     let bus = &context.config.bus;

@@ -24,3 +24,12 @@ pub(crate) const TRANSIT_COLUMNS: &str =
 pub(crate) const TRANSIT_VERSION_COLUMNS: &str = "name, version, material, public_key, created_at";
 pub(crate) const LEASE_COLUMNS: &str = "id, path, backend, backend_data, created_at, expires_at, \
      max_expires_at, renewable, revoked_at, last_error";
+pub(crate) const WEBHOOK_COLUMNS: &str = "id, url, event_types, category, min_severity, \
+     description, secret_sealed, created_by, created_at, updated_at, cursor_seq";
+pub(crate) const DELIVERY_COLUMNS: &str = "id, webhook_id, event_id, event_seq, event_type, \
+     body, status, attempts, created_at, next_attempt_at, deadline_at, last_attempt_at, \
+     response_status, last_error";
+pub(crate) const EXECUTION_COLUMNS: &str = "id, runbook, status, parameters, definition, \
+     started_by, started_at, finished_at, trigger_event_id";
+pub(crate) const STEP_COLUMNS: &str = "execution_id, step_id, status, attempts, started_at, \
+     finished_at, output, error, approved_by";

@@ -14,6 +14,7 @@ pub mod postgres;
 mod secrets;
 mod sqlite;
 pub mod tables;
+mod webhooks;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -31,6 +32,7 @@ pub use secrets::{
     Wrapped,
 };
 pub use sqlite::{insert_audit_row, SqliteStore, INSERT_AUDIT_SQL};
+pub use webhooks::{DeliveryRow, ExecutionRow, RunbookStore, StepRow, WebhookRow, WebhookStore};
 
 /// Every migration, in order. A migration is never edited once released: add a new one.
 pub const MIGRATIONS: &[(i64, &str, &str)] = &[
@@ -45,6 +47,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         include_str!("migrations/0006_jwt_svids.sql"),
     ),
     (7, "cluster", include_str!("migrations/0007_cluster.sql")),
+    (
+        9,
+        "runbooks_webhooks",
+        include_str!("migrations/0009_runbooks_webhooks.sql"),
+    ),
 ];
 
 /// A stored API key (never the key itself: only its hash).
@@ -212,6 +219,10 @@ pub trait Store: Send + Sync + 'static {
     fn fleet(&self) -> &dyn FleetStore;
     /// The identity-token table (issued JWT-SVIDs and their revocation).
     fn jwts(&self) -> &dyn JwtStore;
+    /// The outbound webhook tables (subscriptions, deliveries, cursors).
+    fn webhooks(&self) -> &dyn WebhookStore;
+    /// The runbook execution tables.
+    fn runbooks(&self) -> &dyn RunbookStore;
     /// The active (not retired) CA rows.
     async fn active_ca(&self) -> Result<Vec<CaRow>>;
     /// Replaces a CA row's sealed key (master-key rotation).

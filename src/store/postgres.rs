@@ -13,6 +13,7 @@ mod fleet;
 mod jwt;
 mod secrets;
 mod tls;
+mod webhooks;
 
 use crate::store::columns::*;
 use std::path::Path;
@@ -69,6 +70,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         7,
         "cluster",
         include_str!("migrations/postgres/0007_cluster.sql"),
+    ),
+    (
+        9,
+        "runbooks_webhooks",
+        include_str!("migrations/postgres/0009_runbooks_webhooks.sql"),
     ),
 ];
 
@@ -1146,6 +1152,14 @@ impl Store for PostgresStore {
     }
 
     fn jwts(&self) -> &dyn super::JwtStore {
+        self
+    }
+
+    fn webhooks(&self) -> &dyn super::WebhookStore {
+        self
+    }
+
+    fn runbooks(&self) -> &dyn super::RunbookStore {
         self
     }
 }

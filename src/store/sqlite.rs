@@ -7,6 +7,7 @@
 mod fleet;
 mod jwt;
 mod secrets;
+mod webhooks;
 
 use crate::store::columns::*;
 use std::path::{Path, PathBuf};
@@ -820,6 +821,14 @@ impl Store for SqliteStore {
     }
 
     fn jwts(&self) -> &dyn super::JwtStore {
+        self
+    }
+
+    fn webhooks(&self) -> &dyn super::WebhookStore {
+        self
+    }
+
+    fn runbooks(&self) -> &dyn super::RunbookStore {
         self
     }
 }

@@ -1,4 +1,4 @@
-//! gRPC over tonic: the six svc.v1 services, standard health, and server reflection.
+//! gRPC over tonic: the svc.v1 services, standard health, and server reflection.
 //!
 //! Authentication is one tower layer in front of every `svc.v1.*` method: it resolves the
 //! `authorization: Bearer KEY` metadata to a `Principal` (and applies the key's rate limit)
@@ -11,7 +11,9 @@ mod events;
 mod fleet;
 mod identity;
 mod policy;
+mod runbooks;
 mod secrets;
+mod webhooks;
 
 use std::sync::Arc;
 
@@ -48,7 +50,8 @@ pub async fn serve(
     use proto::{
         cluster_service_server::ClusterServiceServer, event_service_server::EventServiceServer,
         fleet_service_server::FleetServiceServer, identity_service_server::IdentityServiceServer,
-        policy_service_server::PolicyServiceServer, secrets_service_server::SecretsServiceServer,
+        policy_service_server::PolicyServiceServer, runbook_service_server::RunbookServiceServer,
+        secrets_service_server::SecretsServiceServer, webhook_service_server::WebhookServiceServer,
     };
     // Keepalive pings find peers that went away; the stream cap bounds what one connection
     // can make the server hold (limits.*, docs/reliability.md).
@@ -75,6 +78,12 @@ pub async fn serve(
             context: context.clone(),
         }))
         .add_service(FleetServiceServer::new(fleet::Fleet {
+            context: context.clone(),
+        }))
+        .add_service(WebhookServiceServer::new(webhooks::Webhooks {
+            context: context.clone(),
+        }))
+        .add_service(RunbookServiceServer::new(runbooks::Runbooks {
             context: context.clone(),
         }));
     let router = match (reflection_v1, reflection_v1alpha) {
@@ -124,6 +133,8 @@ const SERVICE_NAMES: &[&str] = &[
     "svc.v1.SecretsService",
     "svc.v1.ClusterService",
     "svc.v1.FleetService",
+    "svc.v1.WebhookService",
+    "svc.v1.RunbookService",
 ];
 
 /// The principal the auth layer attached to a request.
