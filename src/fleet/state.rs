@@ -92,7 +92,10 @@ pub async fn prepare(
     request: StateRequest,
 ) -> Result<Job> {
     let job_id = ids::ulid();
-    let result = prepare_checked(domain, principal, operation, &request, &job_id).await;
+    let result = match domain.auditor.admit() {
+        Ok(()) => prepare_checked(domain, principal, operation, &request, &job_id).await,
+        Err(refused) => Err(refused),
+    };
     if operation == Operation::Apply {
         let mut detail = serde_json::json!({"target": request.target});
         if let Ok(job) = &result {

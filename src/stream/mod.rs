@@ -138,6 +138,9 @@ pub(crate) struct Shared {
     /// The last durable sequence; subscribers wait on it.
     durable: watch::Sender<u64>,
     failure: Mutex<Option<String>>,
+    /// Set while the last append was refused for lack of space; cleared by the next append
+    /// that succeeds, or by `health` once the filesystem has room again.
+    no_space: Mutex<Option<String>>,
     /// Requests ever sent to the writer, which batches by how many are still coming.
     submitted: AtomicU64,
 }
@@ -164,6 +167,17 @@ impl Shared {
 
     fn set_failure(&self, failure: String) {
         *self.failure.lock().unwrap_or_else(PoisonError::into_inner) = Some(failure);
+    }
+
+    fn no_space(&self) -> Option<String> {
+        self.no_space
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set_no_space(&self, problem: Option<String>) {
+        *self.no_space.lock().unwrap_or_else(PoisonError::into_inner) = problem;
     }
 }
 
@@ -219,6 +233,7 @@ impl StreamLog {
                 segments: RwLock::new(segments),
                 durable: watch::channel(last_seq).0,
                 failure: Mutex::new(None),
+                no_space: Mutex::new(None),
                 submitted: AtomicU64::new(0),
             }),
         };
@@ -451,6 +466,16 @@ impl StreamLog {
         if let Some(failure) = self.shared.failure() {
             return Err(Error::Unavailable(failure));
         }
+        if let Some(problem) = self.shared.no_space() {
+            if has_room(&self.dir) {
+                self.shared.set_no_space(None);
+            } else {
+                return Err(Error::StorageFull(format!(
+                    "stream {}: {problem}",
+                    self.shared.name
+                )));
+            }
+        }
         if self.writer.as_ref().is_none_or(|w| w.is_finished()) {
             return Err(Error::Unavailable(format!(
                 "stream {} writer stopped",
@@ -550,6 +575,21 @@ impl SegmentView {
             }
         }
     }
+}
+
+/// Whether the filesystem holding `dir` has room for appends again (1 MiB free), so readiness
+/// can turn ok before the next append proves it.
+fn has_room(dir: &Path) -> bool {
+    const ROOM: u64 = 1024 * 1024;
+    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
+        return false;
+    };
+    // SAFETY: statvfs fills the struct it is given; the path is a valid C string.
+    let mut stats: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(path.as_ptr(), &mut stats) } != 0 {
+        return false;
+    }
+    (stats.f_bavail as u64).saturating_mul(stats.f_frsize as u64) >= ROOM
 }
 
 /// Opens every segment in `dir` in sequence order, verifying each and truncating a torn tail
