@@ -193,7 +193,7 @@ impl Auditor {
         let outcome = outcome_of(result);
         if let Err(e) = self.append(principal, action, outcome).await {
             tracing::error!(
-                error = %e,
+                error = ?e,
                 user = %principal.name,
                 action = name,
                 resource = %format!("{resource_type}:{resource_id}"),
