@@ -249,15 +249,20 @@ async fn all_events(channel: &Channel, key: &str) -> Vec<svc::proto::Event> {
     events
 }
 
-/// Every audit row with this action (PolicyService.AuditLog, paged).
-async fn audit_rows(channel: &Channel, key: &str, action: &str) -> Vec<svc::proto::AuditEntry> {
+/// Every audit row with this action since `since` (PolicyService.AuditLog, paged).
+async fn audit_rows(
+    channel: &Channel,
+    key: &str,
+    action: &str,
+    since: &str,
+) -> Vec<svc::proto::AuditEntry> {
     let mut client = PolicyServiceClient::new(channel.clone());
     let mut rows = Vec::new();
     let mut cursor = String::new();
     loop {
         let request = svc::proto::AuditLogRequest {
             action: action.into(),
-            since: "2000-01-01T00:00:00Z".into(),
+            since: since.into(),
             page: Some(svc::proto::PageRequest {
                 limit: 1000,
                 cursor: cursor.clone(),
@@ -278,9 +283,10 @@ async fn audit_rows(channel: &Channel, key: &str, action: &str) -> Vec<svc::prot
     rows
 }
 
-/// Checks what the restarted server holds against what was acknowledged. `full` also reads
-/// back every secret version and key (the cheap checks run every iteration).
-async fn check(server: &TestServer, acknowledged: &Acknowledged, full: bool) {
+/// Checks the restarted server against what was acknowledged: `all` for the events (the
+/// whole stream is listed anyway, to check it is dense), `new` (this iteration's) for the
+/// rest, read back one by one and looked up in the audit rows written since `since`.
+async fn check(server: &TestServer, all: &Acknowledged, new: &Acknowledged, since: &str) {
     let channel = channel(server).await;
     let key = &server.admin_key;
     let events = all_events(&channel, key).await;
@@ -291,7 +297,7 @@ async fn check(server: &TestServer, acknowledged: &Acknowledged, full: bool) {
         .iter()
         .map(|event| (event.id.as_str(), event.seq))
         .collect();
-    for (id, seq) in &acknowledged.events {
+    for (id, seq) in &all.events {
         let found = stored.get(id.as_str());
         assert!(found.is_some(), "acknowledged event {id} (seq {seq}) lost");
         if *seq != 0 {
@@ -299,7 +305,7 @@ async fn check(server: &TestServer, acknowledged: &Acknowledged, full: bool) {
         }
     }
 
-    let writes = audit_rows(&channel, key, "secret.write").await;
+    let writes = audit_rows(&channel, key, "secret.write", since).await;
     let audited_versions: HashSet<(String, u64)> = writes
         .iter()
         .filter(|row| row.outcome == "success")
@@ -308,15 +314,15 @@ async fn check(server: &TestServer, acknowledged: &Acknowledged, full: bool) {
             Some((row.resource_id.clone(), detail["version"].as_u64()?))
         })
         .collect();
-    for (path, version) in acknowledged.secrets.keys() {
+    for (path, version) in new.secrets.keys() {
         assert!(
             audited_versions.contains(&(path.clone(), u64::from(*version))),
             "secret {path} v{version} acknowledged without its audit row"
         );
     }
-    let creates = audit_rows(&channel, key, "apikey.create").await;
+    let creates = audit_rows(&channel, key, "apikey.create", since).await;
     let audited_keys: HashSet<&str> = creates.iter().map(|row| row.resource_id.as_str()).collect();
-    for id in &acknowledged.api_keys {
+    for id in &new.api_keys {
         assert!(
             audited_keys.contains(id.as_str()),
             "API key {id} acknowledged without its audit row"
@@ -329,25 +335,36 @@ async fn check(server: &TestServer, acknowledged: &Acknowledged, full: bool) {
         .into_inner();
     assert!(verify.ok, "audit chain broken: {verify:?}");
 
-    if full {
-        let mut secrets = SecretsServiceClient::new(channel.clone());
-        for ((path, version), value) in &acknowledged.secrets {
-            let request = svc::proto::GetSecretRequest {
-                path: path.clone(),
-                version: *version,
-            };
-            let secret = secrets
-                .get(with_key(request, key))
-                .await
-                .unwrap_or_else(|e| panic!("secret {path} v{version}: {e:?}"))
-                .into_inner();
-            assert_eq!(secret.data.get("v"), Some(value), "{path} v{version}");
-        }
-        for id in &acknowledged.api_keys {
-            let response = server.request("GET", &format!("/api/v1/apikeys/{id}"), Some(key), None);
-            assert_eq!(response.status, 200, "API key {id}: {}", response.body);
-        }
+    let mut secrets = SecretsServiceClient::new(channel.clone());
+    for ((path, version), value) in &new.secrets {
+        let request = svc::proto::GetSecretRequest {
+            path: path.clone(),
+            version: *version,
+        };
+        let secret = secrets
+            .get(with_key(request, key))
+            .await
+            .unwrap_or_else(|e| panic!("secret {path} v{version}: {e:?}"))
+            .into_inner();
+        assert_eq!(secret.data.get("v"), Some(value), "{path} v{version}");
     }
+    for id in &new.api_keys {
+        let response = server.request("GET", &format!("/api/v1/apikeys/{id}"), Some(key), None);
+        assert_eq!(response.status, 200, "API key {id}: {}", response.body);
+    }
+}
+
+fn now_rfc3339() -> String {
+    now_rfc3339_minus(Duration::ZERO)
+}
+
+fn now_rfc3339_minus(back: Duration) -> String {
+    let millis = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .saturating_sub(back)
+        .as_millis() as i64;
+    svc::clock::format_rfc3339(millis)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -365,11 +382,16 @@ async fn acknowledged_writes_survive_repeated_kill_9() {
                 .into(),
         ..Default::default()
     });
-    let acknowledged = Arc::new(Mutex::new(Acknowledged::default()));
+    let mut total = Acknowledged::default();
+    let first_since = now_rfc3339();
     let started = Instant::now();
     let mut restart_times = Vec::new();
     let mut failed_requests = 0;
     for iteration in 0..loops {
+        // Audit rows are looked up from a second before the iteration (timestamps are UTC,
+        // millisecond precision, from the same clock).
+        let since = now_rfc3339_minus(Duration::from_secs(1));
+        let acknowledged = Arc::new(Mutex::new(Acknowledged::default()));
         let stop = Arc::new(AtomicBool::new(false));
         let kill_after = Duration::from_millis(random.gen_range(50..600));
         let pid = server.pid() as i32;
@@ -390,18 +412,27 @@ async fn acknowledged_writes_survive_repeated_kill_9() {
         let restart = Instant::now();
         server.spawn(&[]);
         restart_times.push(restart.elapsed());
-        let acknowledged = acknowledged.lock().unwrap();
-        let last = iteration + 1 == loops;
-        // The full read-back at the end and every fifth iteration; cheap checks every time.
-        let snapshot = Acknowledged {
-            events: acknowledged.events.clone(),
-            secrets: acknowledged.secrets.clone(),
-            api_keys: acknowledged.api_keys.clone(),
-        };
-        drop(acknowledged);
-        check(&server, &snapshot, last || iteration % 5 == 4).await;
+        let new = std::mem::take(&mut *acknowledged.lock().unwrap());
+        total
+            .events
+            .extend(new.events.iter().map(|(k, v)| (k.clone(), *v)));
+        check(&server, &total, &new, &since).await;
+        total.secrets.extend(new.secrets);
+        total.api_keys.extend(new.api_keys);
     }
-    let acknowledged = acknowledged.lock().unwrap();
+    // Once over everything: each secret version and key has its audit row.
+    let last = Acknowledged::default();
+    check(&server, &total, &last, &first_since).await;
+    let channel = channel(&server).await;
+    let writes = audit_rows(&channel, &server.admin_key, "secret.write", &first_since).await;
+    let creates = audit_rows(&channel, &server.admin_key, "apikey.create", &first_since).await;
+    let audited_keys: HashSet<&str> = creates.iter().map(|row| row.resource_id.as_str()).collect();
+    assert!(total
+        .api_keys
+        .iter()
+        .all(|id| audited_keys.contains(id.as_str())));
+    let successful_writes = writes.iter().filter(|row| row.outcome == "success").count();
+    assert!(successful_writes >= total.secrets.len());
     restart_times.sort();
     let audit = run(server
         .cli("svc-audit")
@@ -412,9 +443,9 @@ async fn acknowledged_writes_survive_repeated_kill_9() {
          (all found after restart); {failed_requests} requests cut by a kill; restart to ready \
          median {:?}, max {:?}",
         started.elapsed(),
-        acknowledged.events.len(),
-        acknowledged.secrets.len(),
-        acknowledged.api_keys.len(),
+        total.events.len(),
+        total.secrets.len(),
+        total.api_keys.len(),
         restart_times[restart_times.len() / 2],
         restart_times.last().unwrap(),
     );
