@@ -130,7 +130,10 @@ fn unit_files_exposure_scores() {
     let server = score("svc-server");
     assert!(server <= 2.0, "svc-server.service exposure {server} > 2.0");
     let agent = score("svc-agent");
-    assert!(agent <= 7.5, "svc-agent.service exposure {agent} grew past 7.5");
+    assert!(
+        agent <= 7.5,
+        "svc-agent.service exposure {agent} grew past 7.5"
+    );
 }
 
 /// schemathesis against /api/v1/openapi.json with an admin, an operator and a readonly key:
@@ -154,7 +157,14 @@ fn rest_api_passes_schemathesis_for_every_role() {
     ] {
         let started = std::time::Instant::now();
         let output = Command::new("schemathesis")
-            .args(["run", &schema, "--max-examples", "25", "--request-timeout", "10"])
+            .args([
+                "run",
+                &schema,
+                "--max-examples",
+                "25",
+                "--request-timeout",
+                "10",
+            ])
             .args(["--seed", "20"])
             .args(["-H", &format!("Authorization: Bearer {key}")])
             .args([
@@ -171,7 +181,10 @@ fn rest_api_passes_schemathesis_for_every_role() {
             .filter(|line| line.contains("generated") || line.contains("found in"))
             .collect::<Vec<_>>()
             .join("; ");
-        eprintln!("schemathesis as {role}: {summary} ({:.1?})", started.elapsed());
+        eprintln!(
+            "schemathesis as {role}: {summary} ({:.1?})",
+            started.elapsed()
+        );
         assert!(output.status.success(), "as {role}: {}", text(&output));
     }
 }

@@ -92,7 +92,12 @@ pub async fn prepare(
     request: StateRequest,
 ) -> Result<Job> {
     let job_id = ids::ulid();
-    let result = match domain.auditor.admit() {
+    // Only an apply changes hosts (and is audited); check and drift only read them.
+    let admitted = match operation {
+        Operation::Apply => domain.auditor.admit(),
+        Operation::Check | Operation::Drift => Ok(()),
+    };
+    let result = match admitted {
         Ok(()) => prepare_checked(domain, principal, operation, &request, &job_id).await,
         Err(refused) => Err(refused),
     };

@@ -687,12 +687,14 @@ mod prop {
     use super::*;
     use proptest::prelude::*;
 
+    /// Each segment file's base sequence and bytes.
+    type Files = Vec<(u64, Vec<u8>)>;
+    /// Each record's (file index, start offset, end offset).
+    type Spans = Vec<(usize, u64, u64)>;
+
     /// Segment files holding records 1..=payloads.len(), the second starting at `split`;
     /// returns each file's bytes and each record's (file, byte range).
-    fn segments(
-        payloads: &[Vec<u8>],
-        split: usize,
-    ) -> (Vec<(u64, Vec<u8>)>, Vec<(usize, u64, u64)>) {
+    fn segments(payloads: &[Vec<u8>], split: usize) -> (Files, Spans) {
         let mut files = vec![(1u64, segment::MAGIC.to_vec())];
         let mut spans = Vec::new();
         for (index, payload) in payloads.iter().enumerate() {
