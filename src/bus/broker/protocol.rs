@@ -115,11 +115,17 @@ impl Parser {
                 return Err(ProtocolError::UnknownOperation)
             }
         };
+        // PING, PONG and +OK match on their prefix, so their "verb" can be any length: the
+        // limit counts from where the longest real verb would end, or a client could keep
+        // us buffering `PINGxxxx…` without end.
         let Some(verb_len) = verb_len else {
+            if buffer.len() > LONGEST_VERB + self.max_control_line + 1 {
+                return Err(ProtocolError::ControlLineExceeded);
+            }
             return Ok(Parsed::NeedMore { frame_len: 0 });
         };
         let Some(newline) = memchr::memchr(b'\n', buffer) else {
-            if buffer.len() - verb_len > self.max_control_line + 1 {
+            if buffer.len() - verb_len.min(LONGEST_VERB) > self.max_control_line + 1 {
                 return Err(ProtocolError::ControlLineExceeded);
             }
             return Ok(Parsed::NeedMore { frame_len: 0 });
@@ -251,6 +257,9 @@ impl Parser {
         })))
     }
 }
+
+/// `CONNECT`, the longest verb.
+const LONGEST_VERB: usize = 7;
 
 enum Recognised {
     Verb(Verb),
@@ -578,9 +587,14 @@ mod prop {
         }
     }
 
+    /// The largest read `feed` delivers at once.
+    const MAX_READ: usize = 64;
+
     /// The most a connection ever keeps buffered while the parser says "need more": the
-    /// longest verb, a full control line with its separators and CRLF, and a full payload.
-    const RETAINED_LIMIT: usize = 8 + MAX_CONTROL_LINE + 2 + MAX_PAYLOAD + 2;
+    /// longest verb and a full control line (all that may wait without a newline), the read
+    /// that brings the newline (separators before the arguments do not count toward the
+    /// line, as in nats-server), and a full payload with its CRLF.
+    const RETAINED_LIMIT: usize = LONGEST_VERB + MAX_CONTROL_LINE + 1 + MAX_READ + MAX_PAYLOAD + 2;
 
     /// Pieces that look like the protocol, so the cases reach past the verb; mixed with
     /// arbitrary bytes.
@@ -648,6 +662,28 @@ mod prop {
         }
     }
 
+    /// Found by `any_bytes_are_parsed_or_refused`: `PING` followed by bytes that never end
+    /// the word was kept waiting without limit.
+    #[test]
+    fn a_ping_prefix_without_end_is_refused() {
+        for tail in [&b"9"[..], b"9PUB "] {
+            let mut input = b"PING".to_vec();
+            while input.len() < 10 * MAX_CONTROL_LINE {
+                input.extend_from_slice(tail);
+            }
+            let (ops, error, retained) = feed(&input, &[1]);
+            assert!(ops.is_empty());
+            assert_eq!(error, Some(ProtocolError::ControlLineExceeded));
+            assert!(
+                retained <= LONGEST_VERB + MAX_CONTROL_LINE + 1,
+                "{retained}"
+            );
+        }
+        // A long PING line that ends arrives whole: still a ping.
+        let (ops, error, _) = feed(b"PING99999\r\n", &[64]);
+        assert_eq!((ops, error), (vec![ClientOp::Ping], None));
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(256))]
 
@@ -656,7 +692,7 @@ mod prop {
         #[test]
         fn any_bytes_are_parsed_or_refused(
             input in prop_oneof![stream(), proptest::collection::vec(any::<u8>(), 0..512)],
-            chunks in proptest::collection::vec(1usize..64, 1..8),
+            chunks in proptest::collection::vec(1usize..=MAX_READ, 1..8),
         ) {
             let (_, _, retained) = feed(&input, &chunks);
             prop_assert!(retained <= RETAINED_LIMIT, "kept {retained} bytes");
@@ -669,6 +705,9 @@ mod prop {
             input in stream(),
             chunks in proptest::collection::vec(1usize..16, 1..8),
         ) {
+            // A line longer than the limit may pass when it arrives whole and be refused
+            // when it trickles in (the limit applies to what waits for its newline).
+            prop_assume!(input.split(|&byte| byte == b'\n').all(|line| line.len() <= MAX_CONTROL_LINE));
             let whole = feed(&input, &[input.len().max(1)]);
             let cut = feed(&input, &chunks);
             prop_assert_eq!(&whole.0, &cut.0);
