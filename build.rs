@@ -31,6 +31,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         // RPCs that later work fills in answer Unimplemented until then.
         .generate_default_stubs(true)
+        // A message that does not decode is INVALID_ARGUMENT, not INTERNAL (src/codec.rs).
+        .codec_path("crate::codec::ProtoCodec")
         .compile_fds(descriptors)?;
     // The generated stubs say "Not yet implemented"; every surface of ours says
     // "not implemented yet", so operators can grep for one phrase.

@@ -45,6 +45,11 @@ pub enum Error {
     MethodNotAllowed { message: String, allow: String },
     #[error("{0}")]
     Unavailable(String),
+    /// The disk holding the data dir is full (ENOSPC, EDQUOT, SQLITE_FULL): HTTP 507, gRPC
+    /// RESOURCE_EXHAUSTED, exit 1. Nothing was written; reads go on, and writes work again
+    /// once space is freed, without a restart (docs/reliability.md, "Disk full").
+    #[error("no space left on data_dir: {0}")]
+    StorageFull(String),
     #[error("{0}: not implemented yet")]
     Unimplemented(String),
     /// The cause is logged; callers only ever see "internal error".
@@ -74,6 +79,7 @@ impl Error {
             Error::TooLarge(_) => "payload_too_large",
             Error::MethodNotAllowed { .. } => "method_not_allowed",
             Error::Unavailable(_) => "unavailable",
+            Error::StorageFull(_) => "insufficient_storage",
             Error::Unimplemented(_) => "unimplemented",
             Error::Internal(_) => "internal",
         }
@@ -93,6 +99,7 @@ impl Error {
             Error::TooLarge(_) => 413,
             Error::MethodNotAllowed { .. } => 405,
             Error::Unavailable(_) => 503,
+            Error::StorageFull(_) => 507,
             Error::Unimplemented(_) => 501,
             Error::Internal(_) => 500,
         }
@@ -125,6 +132,7 @@ impl From<Error> for tonic::Status {
             }
             Error::TooLarge(_) => tonic::Status::out_of_range(message),
             Error::Unavailable(_) => tonic::Status::unavailable(message),
+            Error::StorageFull(_) => tonic::Status::resource_exhausted(message),
             Error::Unimplemented(_) | Error::MethodNotAllowed { .. } => {
                 tonic::Status::unimplemented(message)
             }
@@ -144,6 +152,10 @@ impl From<rusqlite::Error> for Error {
             {
                 Error::Conflict(format!("sqlite: {error}"))
             }
+            // SQLite rolls the transaction back and the connection stays usable.
+            rusqlite::Error::SqliteFailure(e, _) if e.code == rusqlite::ErrorCode::DiskFull => {
+                Error::StorageFull(format!("sqlite: {error}"))
+            }
             _ => Error::Internal(format!("sqlite: {error}")),
         }
     }
@@ -151,6 +163,17 @@ impl From<rusqlite::Error> for Error {
 
 impl From<std::io::Error> for Error {
     fn from(error: std::io::Error) -> Self {
+        if is_no_space(&error) {
+            return Error::StorageFull(error.to_string());
+        }
         Error::Internal(format!("io: {error}"))
     }
+}
+
+/// True for "the filesystem is full" and "the quota is used up".
+pub fn is_no_space(error: &std::io::Error) -> bool {
+    matches!(
+        error.raw_os_error(),
+        Some(libc::ENOSPC) | Some(libc::EDQUOT)
+    )
 }

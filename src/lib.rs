@@ -11,6 +11,7 @@ pub mod bus;
 pub mod cli;
 pub mod clock;
 pub mod cluster;
+pub mod codec;
 pub mod config;
 pub mod dispatch;
 pub mod domain;

@@ -129,6 +129,7 @@ async fn commit(store: &dyn Store, mirror: Option<&Arc<Mirror>>, batch: Vec<Queu
 fn copy_error(error: &Error) -> Error {
     match error {
         Error::Unavailable(message) => Error::Unavailable(message.clone()),
+        Error::StorageFull(message) => Error::StorageFull(message.clone()),
         Error::Internal(cause) => Error::Internal(cause.clone()),
         other => Error::Internal(other.to_string()),
     }

@@ -11,7 +11,7 @@ pub mod policy;
 pub mod redact;
 
 use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, PoisonError, RwLock};
 
 use serde::Serialize;
 use serde_json::Value;
@@ -33,6 +33,9 @@ pub struct Auditor {
     queue: Arc<commit::Queue>,
     /// The `audit` stream log: a second, append-only copy of every row.
     mirror: Option<Arc<commit::Mirror>>,
+    /// Set when the last row could not be written (the error); cleared by the next row that
+    /// is. While set, `admit` refuses mutations (see `admit`).
+    degraded: std::sync::Mutex<Option<Error>>,
 }
 
 /// What happened, before it is recorded.
@@ -145,6 +148,7 @@ impl Auditor {
             events: None,
             queue: Arc::default(),
             mirror: None,
+            degraded: std::sync::Mutex::new(None),
         };
         auditor.reload_policies();
         auditor
@@ -177,11 +181,61 @@ impl Auditor {
     }
 
     /// Records one operation and its result. A failure to write is logged, not returned:
-    /// the operation itself already happened and its caller must learn its real outcome.
+    /// the operation itself already happened and its caller must learn its real outcome. The
+    /// log line carries the row's action, resource and outcome, so the record survives there,
+    /// and the auditor turns degraded: `admit` refuses further mutations until a row is written.
     pub async fn record<T>(&self, principal: &Principal, action: Action, result: &Result<T>) {
-        if let Err(e) = self.append(principal, action, outcome_of(result)).await {
-            tracing::error!(error = %e, "audit row could not be written");
+        let (name, resource_type, resource_id) = (
+            action.action,
+            action.resource_type,
+            action.resource_id.clone(),
+        );
+        let outcome = outcome_of(result);
+        if let Err(e) = self.append(principal, action, outcome).await {
+            tracing::error!(
+                error = ?e,
+                user = %principal.name,
+                action = name,
+                resource = %format!("{resource_type}:{resource_id}"),
+                outcome,
+                "audit row could not be written; mutations are refused until one can"
+            );
         }
+    }
+
+    /// Whether a mutation may go ahead: refused while the last audit row could not be written,
+    /// so that nothing is performed unaudited (docs/reliability.md, "Disk full"). Call it
+    /// before the change and record its refusal like any outcome: that refusal's row is the
+    /// probe, and the first one stored clears the state.
+    pub fn admit(&self) -> Result<()> {
+        let degraded = self.degraded.lock().unwrap_or_else(PoisonError::into_inner);
+        match degraded.as_ref() {
+            None => Ok(()),
+            Some(Error::StorageFull(cause)) => Err(Error::StorageFull(format!(
+                "the audit log cannot be written ({cause}); changes are refused until it can"
+            ))),
+            Some(other) => Err(Error::Unavailable(format!(
+                "the audit log cannot be written ({other}); changes are refused until it can"
+            ))),
+        }
+    }
+
+    /// For readiness: whether the audit log is writable. While degraded it tries to write an
+    /// `audit.recover` row (by the server), so the state clears once space is back even when
+    /// no client sends a mutation (a balancer that stopped routing to an unready server sends
+    /// none); that row also marks in the chain where the outage ended.
+    pub async fn health(&self) -> Result<()> {
+        let cause = match self.admit() {
+            Ok(()) => return Ok(()),
+            Err(cause) => cause,
+        };
+        let action = Action::new("audit.recover", "audit", "").detail(serde_json::json!({
+            "after": cause.to_string(),
+        }));
+        self.append(&Principal::server(), action, "success")
+            .await
+            .map(|_| ())
+            .map_err(|_| cause)
     }
 
     /// Appends one row; returns it as stored.
@@ -221,10 +275,16 @@ impl Auditor {
             hash: String::new(),
         };
         // Stored together with the rows of concurrent callers, then copied to the mirror.
-        let entry = self
+        let appended = self
             .queue
             .append(&self.store, self.mirror.as_ref(), row, detail)
-            .await?;
+            .await;
+        *self.degraded.lock().unwrap_or_else(PoisonError::into_inner) = match &appended {
+            Ok(_) => None,
+            Err(Error::StorageFull(cause)) => Some(Error::StorageFull(cause.clone())),
+            Err(other) => Some(Error::Unavailable(other.to_string())),
+        };
+        let entry = appended?;
         if let (Some(events), Some(decision)) = (&self.events, &decision) {
             let event_type = match decision.effect {
                 Effect::Allow => crate::events::EventKind::PolicyAllow,

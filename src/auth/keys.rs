@@ -137,7 +137,10 @@ pub async fn create_key(
     let action = Action::new("apikey.create", "apikey", "").detail(json!({
         "name": input.name, "role": input.role, "expires_at": input.expires_at,
     }));
-    let result = create_key_checked(domain.store.as_ref(), principal, input).await;
+    let result = match domain.auditor.admit() {
+        Ok(()) => create_key_checked(domain.store.as_ref(), principal, input).await,
+        Err(refused) => Err(refused),
+    };
     let action = match &result {
         Ok((record, _)) => Action {
             resource_id: record.id.clone(),
@@ -241,7 +244,10 @@ pub async fn update_key(
 ) -> Result<ApiKey> {
     let action = Action::new("apikey.update", "apikey", id)
         .detail(json!({"name": update.name, "role": update.role, "expires_at": update.expires_at}));
-    let result = update_key_checked(domain.store.as_ref(), principal, id, update).await;
+    let result = match domain.auditor.admit() {
+        Ok(()) => update_key_checked(domain.store.as_ref(), principal, id, update).await,
+        Err(refused) => Err(refused),
+    };
     domain.auditor.record(principal, action, &result).await;
     result
 }
@@ -283,6 +289,7 @@ async fn update_key_checked(
 pub async fn delete_key(domain: &Domain, principal: &Principal, id: &str) -> Result<()> {
     let result = async {
         principal.require(Role::Admin)?;
+        domain.auditor.admit()?;
         match domain
             .store
             .delete_api_key(id, &clock::now_rfc3339())

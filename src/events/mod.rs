@@ -466,6 +466,7 @@ pub async fn emit(
     );
     let result = async {
         principal.require(Role::Operator)?;
+        domain.auditor.admit()?;
         domain.events.emit(new, &principal.name).await
     }
     .await;

@@ -92,7 +92,15 @@ pub async fn prepare(
     request: StateRequest,
 ) -> Result<Job> {
     let job_id = ids::ulid();
-    let result = prepare_checked(domain, principal, operation, &request, &job_id).await;
+    // Only an apply changes hosts (and is audited); check and drift only read them.
+    let admitted = match operation {
+        Operation::Apply => domain.auditor.admit(),
+        Operation::Check | Operation::Drift => Ok(()),
+    };
+    let result = match admitted {
+        Ok(()) => prepare_checked(domain, principal, operation, &request, &job_id).await,
+        Err(refused) => Err(refused),
+    };
     if operation == Operation::Apply {
         let mut detail = serde_json::json!({"target": request.target});
         if let Ok(job) = &result {

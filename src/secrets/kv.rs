@@ -122,7 +122,10 @@ pub async fn put(
 ) -> Result<Metadata> {
     let fields: Vec<&String> = data.keys().collect();
     let mut detail = json!({ "fields": fields });
-    let result = put_inner(domain, principal, path, &data).await;
+    let result = match domain.auditor.admit() {
+        Ok(()) => put_inner(domain, principal, path, &data).await,
+        Err(refused) => Err(refused),
+    };
     if let Ok(meta) = &result {
         detail["version"] = json!(meta.version);
     }
@@ -257,7 +260,10 @@ pub async fn delete(
     path: &str,
     deletion: &Deletion,
 ) -> Result<u64> {
-    let result = delete_inner(domain, principal, path, deletion).await;
+    let result = match domain.auditor.admit() {
+        Ok(()) => delete_inner(domain, principal, path, deletion).await,
+        Err(refused) => Err(refused),
+    };
     let (name, detail) = if deletion.destroy {
         ("secret.destroy", json!({ "versions": deletion.versions }))
     } else {
@@ -376,6 +382,49 @@ mod tests {
         for (path, ok) in cases {
             assert_eq!(validate_path(path).is_ok(), ok, "{path}");
         }
+    }
+
+    /// A change whose audit row cannot be written is never performed unaudited: the write
+    /// that finds the audit log broken is reported in the server log, and every later change
+    /// is refused (reads go on) until a row can be written again.
+    #[tokio::test]
+    async fn changes_are_refused_while_the_audit_log_cannot_be_written() {
+        let (domain, dir, _) = testing::domain().await;
+        let admin = Principal::server();
+        put(&domain, &admin, "db/a", fields(&[("v", "1")]))
+            .await
+            .unwrap();
+        let blocker = rusqlite::Connection::open(dir.path().join("svc.db")).unwrap();
+        blocker
+            .execute_batch(
+                "CREATE TRIGGER refuse_audit BEFORE INSERT ON audit_events \
+                 BEGIN SELECT RAISE(ABORT, 'audit refused by the test'); END;",
+            )
+            .unwrap();
+        // The audit log fails after this write was committed: it stands (it cannot be
+        // undone), the failure goes to the server log, and the auditor turns degraded.
+        put(&domain, &admin, "db/a", fields(&[("v", "2")]))
+            .await
+            .unwrap();
+        let refused = put(&domain, &admin, "db/a", fields(&[("v", "3")]))
+            .await
+            .unwrap_err();
+        assert!(matches!(refused, Error::Unavailable(_)), "{refused:?}");
+        assert!(
+            refused.to_string().contains("audit log cannot be written"),
+            "{refused}"
+        );
+        assert!(domain.auditor.health().await.is_err());
+        // Reads go on, and version 3 was never written.
+        let current = get(&domain, &admin, "db/a", None).await.unwrap();
+        assert_eq!(current.version, 2);
+        blocker.execute_batch("DROP TRIGGER refuse_audit;").unwrap();
+        // Readiness's probe writes the `audit.recover` row; changes are admitted again.
+        domain.auditor.health().await.unwrap();
+        let meta = put(&domain, &admin, "db/a", fields(&[("v", "3")]))
+            .await
+            .unwrap();
+        assert_eq!(meta.version, 3);
     }
 
     #[tokio::test]

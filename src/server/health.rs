@@ -102,6 +102,13 @@ pub async fn readiness(context: &Context) -> Readiness {
             Component::failing("unavailable", stream_problems.join("; "))
         },
     );
+    components.insert(
+        "audit",
+        match context.domain.auditor.health().await {
+            Ok(()) => Component::ok(),
+            Err(e) => Component::failing("unavailable", e.to_string()),
+        },
+    );
     let ready = components.values().all(Component::is_ok);
     Readiness { ready, components }
 }

@@ -7,9 +7,15 @@
 //! of concurrent appenders instead of being capped at one record per disk flush.
 //!
 //! It is a std thread, not a task, because it spends its life in blocking syscalls. After a
-//! failed write or sync it refuses everything: what reached the disk is unknown, and a retried
-//! fsync can report success for pages the kernel already dropped. Reopening the log (a restart)
-//! recovers from what is really on disk.
+//! failed sync, or a write that failed for any reason but a full disk, it refuses everything:
+//! what reached the disk is unknown, and a retried fsync can report success for pages the
+//! kernel already dropped. Reopening the log (a restart) recovers from what is really on disk.
+//!
+//! A `write` refused for lack of space (ENOSPC, EDQUOT) is different: nothing of the batch was
+//! synced, so the writer cuts the active segment back to its last durable length (dropping a
+//! partial write), refuses that batch with `Error::StorageFull`, and takes the next batch as
+//! usual. Sequences stay dense, because the refused records never got theirs. Once space is
+//! freed, appends simply succeed again.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -48,6 +54,13 @@ pub(super) struct Writer {
     pub next_seq: u64,
     /// Requests taken off the channel so far; with `Shared::submitted` it tells how many wait.
     pub received: u64,
+}
+
+/// Why a commit failed: for lack of space (the batch is refused, the log goes on), or
+/// anything else (the log refuses every append until it is reopened).
+enum Failure {
+    NoSpace(std::io::Error),
+    Fatal(Error),
 }
 
 /// A record framed into the batch buffer, remembered so readers can be told about it once it
@@ -95,7 +108,29 @@ impl Writer {
             }
             let started = Instant::now();
             match self.commit(&batch) {
+                Err(Failure::NoSpace(error)) => {
+                    tracing::error!(stream = %self.shared.name, %error, "stream write refused: no space left; appends fail until space is freed");
+                    // Records flushed before the failure (a batch that spanned a roll) are
+                    // durable, only unacknowledged: publish them, and number on after them.
+                    let durable = self.shared.segments().last().map_or(0, |s| s.last_seq);
+                    self.next_seq = durable + 1;
+                    self.shared.durable.send_replace(durable);
+                    self.shared.set_no_space(Some(error.to_string()));
+                    for request in batch {
+                        let _ = request.reply.send(Err(Error::StorageFull(format!(
+                            "stream {}: {error}",
+                            self.shared.name
+                        ))));
+                    }
+                }
+                Err(Failure::Fatal(error)) => {
+                    tracing::error!(stream = %self.shared.name, %error, "stream write failed; refusing appends until reopened");
+                    let failure = format!("stream {} cannot write: {error}", self.shared.name);
+                    self.shared.set_failure(failure.clone());
+                    reply_all(batch, &failure);
+                }
                 Ok(seqs) => {
+                    self.shared.set_no_space(None);
                     let linger = (started.elapsed() / 2).min(MAX_LINGER);
                     let queued = self.shared.submitted.load(Ordering::Acquire) - self.received;
                     expected_next = queued as usize + batch.len();
@@ -106,18 +141,12 @@ impl Writer {
                     }
                     linger_until = Instant::now() + linger;
                 }
-                Err(error) => {
-                    tracing::error!(stream = %self.shared.name, %error, "stream write failed; refusing appends until reopened");
-                    let failure = format!("stream {} cannot write: {error}", self.shared.name);
-                    self.shared.set_failure(failure.clone());
-                    reply_all(batch, &failure);
-                }
             }
         }
     }
 
     /// Writes and syncs a batch, rolling segments as they fill. Returns each request's seqs.
-    fn commit(&mut self, batch: &[AppendRequest]) -> Result<Vec<Vec<u64>>> {
+    fn commit(&mut self, batch: &[AppendRequest]) -> Result<Vec<Vec<u64>>, Failure> {
         let mut buffer = Vec::with_capacity(batch.iter().map(request_bytes).sum());
         let mut framed = Vec::new();
         let mut seqs = Vec::with_capacity(batch.len());
@@ -150,13 +179,25 @@ impl Writer {
     }
 
     /// Makes the buffered records durable in the active segment, then shows them to readers.
-    fn flush(&mut self, buffer: &mut Vec<u8>, framed: &mut Vec<Framed>) -> Result<()> {
+    fn flush(&mut self, buffer: &mut Vec<u8>, framed: &mut Vec<Framed>) -> Result<(), Failure> {
         if buffer.is_empty() {
             return Ok(());
         }
-        self.active.write_all(buffer)?;
+        if let Err(error) = self.active.write_all(buffer) {
+            if !crate::error::is_no_space(&error) {
+                return Err(Failure::Fatal(error.into()));
+            }
+            // Part of the buffer may be in the file: cut it off, so the next write starts at
+            // the last durable record's end. If even that fails, the file is in doubt.
+            self.active
+                .set_len(self.active_len)
+                .map_err(|e| Failure::Fatal(e.into()))?;
+            return Err(Failure::NoSpace(error));
+        }
         // fdatasync: also persists the new file size, which is all the metadata a read needs.
-        self.active.sync_data()?;
+        self.active
+            .sync_data()
+            .map_err(|e| Failure::Fatal(e.into()))?;
         self.active_len += buffer.len() as u64;
         self.active_has_records = true;
         let mut segments = self.shared.segments_mut();
@@ -174,9 +215,19 @@ impl Writer {
     /// Starts a new segment named after the next sequence. The file and its directory entry
     /// are synced before any record goes in, so recovery never meets a record in a file that
     /// might vanish.
-    fn roll(&mut self) -> Result<()> {
+    fn roll(&mut self) -> Result<(), Failure> {
         let path = self.dir.join(segment::file_name(self.next_seq));
-        let (active, reader) = create_segment(&self.dir, &path)?;
+        let (active, reader) = match create_segment(&self.dir, &path) {
+            Ok(handles) => handles,
+            Err(error) => {
+                // No record is in it: remove it, so the next roll can create it again.
+                let _ = std::fs::remove_file(&path);
+                return Err(match error {
+                    Error::StorageFull(message) => Failure::NoSpace(std::io::Error::other(message)),
+                    other => Failure::Fatal(other),
+                });
+            }
+        };
         self.active = active;
         self.active_len = segment::FILE_HEADER_LEN;
         self.active_has_records = false;

@@ -114,6 +114,9 @@ pub struct Options {
     pub sqlite_only: bool,
     /// The master key (default: a random one); servers sharing a store need the same.
     pub master_key: Option<String>,
+    /// Where the data dir goes (default: `data` in the server's temp dir), e.g. on a small
+    /// filesystem the test mounted.
+    pub data_dir: Option<PathBuf>,
 }
 
 /// The store driver test servers use: `SVC_TEST_STORE` (`sqlite`, the default, or
@@ -169,7 +172,10 @@ impl TestServer {
 
     pub fn start_with(options: Options) -> Self {
         let temp = tempfile::tempdir().unwrap();
-        let data_dir = temp.path().join("data");
+        let data_dir = options
+            .data_dir
+            .clone()
+            .unwrap_or_else(|| temp.path().join("data"));
         let config_file = temp.path().join("server.yaml");
         // A test that configures its own store, or works on svc.db, keeps what it chose.
         let own_store = options.sqlite_only

@@ -115,11 +115,17 @@ impl Parser {
                 return Err(ProtocolError::UnknownOperation)
             }
         };
+        // PING, PONG and +OK match on their prefix, so their "verb" can be any length: the
+        // limit counts from where the longest real verb would end, or a client could keep
+        // us buffering `PINGxxxx…` without end.
         let Some(verb_len) = verb_len else {
+            if buffer.len() > LONGEST_VERB + self.max_control_line + 1 {
+                return Err(ProtocolError::ControlLineExceeded);
+            }
             return Ok(Parsed::NeedMore { frame_len: 0 });
         };
         let Some(newline) = memchr::memchr(b'\n', buffer) else {
-            if buffer.len() - verb_len > self.max_control_line + 1 {
+            if buffer.len() - verb_len.min(LONGEST_VERB) > self.max_control_line + 1 {
                 return Err(ProtocolError::ControlLineExceeded);
             }
             return Ok(Parsed::NeedMore { frame_len: 0 });
@@ -251,6 +257,9 @@ impl Parser {
         })))
     }
 }
+
+/// `CONNECT`, the longest verb.
+const LONGEST_VERB: usize = 7;
 
 enum Recognised {
     Verb(Verb),
@@ -559,5 +568,197 @@ mod tests {
             parser().parse(&mut buffer),
             Ok(Parsed::NeedMore { frame_len: 113 })
         );
+    }
+}
+
+/// Properties over arbitrary input (proptest, a bounded number of cases per `cargo test`).
+#[cfg(test)]
+mod prop {
+    use super::*;
+    use proptest::prelude::*;
+
+    const MAX_CONTROL_LINE: usize = 64;
+    const MAX_PAYLOAD: usize = 32;
+
+    fn parser() -> Parser {
+        Parser {
+            max_control_line: MAX_CONTROL_LINE,
+            max_payload: MAX_PAYLOAD,
+        }
+    }
+
+    /// The largest read `feed` delivers at once.
+    const MAX_READ: usize = 64;
+
+    /// The most a connection ever keeps buffered while the parser says "need more": the
+    /// longest verb and a full control line (all that may wait without a newline), the read
+    /// that brings the newline (separators before the arguments do not count toward the
+    /// line, as in nats-server), and a full payload with its CRLF.
+    const RETAINED_LIMIT: usize = LONGEST_VERB + MAX_CONTROL_LINE + 1 + MAX_READ + MAX_PAYLOAD + 2;
+
+    /// Pieces that look like the protocol, so the cases reach past the verb; mixed with
+    /// arbitrary bytes.
+    fn piece() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            Just(b"PUB ".to_vec()),
+            Just(b"HPUB ".to_vec()),
+            Just(b"SUB ".to_vec()),
+            Just(b"UNSUB ".to_vec()),
+            Just(b"CONNECT {}".to_vec()),
+            Just(b"PING".to_vec()),
+            Just(b"PONG".to_vec()),
+            Just(b"+OK".to_vec()),
+            Just(b"-ERR x".to_vec()),
+            Just(b"INFO {}".to_vec()),
+            Just(b"\r\n".to_vec()),
+            Just(b"\n".to_vec()),
+            Just(b" ".to_vec()),
+            Just(b"\t".to_vec()),
+            Just(b"a.b".to_vec()),
+            Just(b"*".to_vec()),
+            Just(b">".to_vec()),
+            (0usize..80).prop_map(|n| n.to_string().into_bytes()),
+            Just(b"99999999999999999999".to_vec()),
+            proptest::collection::vec(any::<u8>(), 0..12),
+        ]
+    }
+
+    fn stream() -> impl Strategy<Value = Vec<u8>> {
+        proptest::collection::vec(piece(), 0..40).prop_map(|pieces| pieces.concat())
+    }
+
+    /// Feeds `input` in chunks of the given sizes, as reads would deliver it. Returns the ops,
+    /// the error that ended the stream (if any) and the largest buffer kept between reads.
+    fn feed(input: &[u8], chunks: &[usize]) -> (Vec<ClientOp>, Option<ProtocolError>, usize) {
+        let mut buffer = BytesMut::new();
+        let mut ops = Vec::new();
+        let mut retained = 0;
+        let mut rest = input;
+        let mut sizes = chunks.iter().cycle();
+        loop {
+            let size = (*sizes.next().unwrap_or(&1)).clamp(1, rest.len().max(1));
+            let (chunk, tail) = rest.split_at(size.min(rest.len()));
+            buffer.extend_from_slice(chunk);
+            rest = tail;
+            loop {
+                let before = buffer.len();
+                match parser().parse(&mut buffer) {
+                    Ok(Parsed::Op(op)) => {
+                        assert!(buffer.len() < before, "an op consumes bytes");
+                        ops.push(op);
+                    }
+                    Ok(Parsed::NeedMore { frame_len }) => {
+                        assert_eq!(buffer.len(), before, "need-more consumes nothing");
+                        assert!(frame_len <= RETAINED_LIMIT, "frame_len {frame_len}");
+                        break;
+                    }
+                    Err(error) => return (ops, Some(error), retained),
+                }
+            }
+            retained = retained.max(buffer.len());
+            if rest.is_empty() {
+                return (ops, None, retained);
+            }
+        }
+    }
+
+    /// Found by `any_bytes_are_parsed_or_refused`: `PING` followed by bytes that never end
+    /// the word was kept waiting without limit.
+    #[test]
+    fn a_ping_prefix_without_end_is_refused() {
+        for tail in [&b"9"[..], b"9PUB "] {
+            let mut input = b"PING".to_vec();
+            while input.len() < 10 * MAX_CONTROL_LINE {
+                input.extend_from_slice(tail);
+            }
+            let (ops, error, retained) = feed(&input, &[1]);
+            assert!(ops.is_empty());
+            assert_eq!(error, Some(ProtocolError::ControlLineExceeded));
+            assert!(
+                retained <= LONGEST_VERB + MAX_CONTROL_LINE + 1,
+                "{retained}"
+            );
+        }
+        // A long PING line that ends arrives whole: still a ping.
+        let (ops, error, _) = feed(b"PING99999\r\n", &[64]);
+        assert_eq!((ops, error), (vec![ClientOp::Ping], None));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Any bytes, cut anywhere: no panic, every step either yields an op, waits, or
+        /// refuses; what is kept waiting never exceeds one control line plus one payload.
+        #[test]
+        fn any_bytes_are_parsed_or_refused(
+            input in prop_oneof![stream(), proptest::collection::vec(any::<u8>(), 0..512)],
+            chunks in proptest::collection::vec(1usize..=MAX_READ, 1..8),
+        ) {
+            let (_, _, retained) = feed(&input, &chunks);
+            prop_assert!(retained <= RETAINED_LIMIT, "kept {retained} bytes");
+        }
+
+        /// How the bytes are cut into reads changes nothing while every control line fits:
+        /// the same ops and the same error as when everything arrives at once.
+        #[test]
+        fn read_boundaries_do_not_matter(
+            input in stream(),
+            chunks in proptest::collection::vec(1usize..16, 1..8),
+        ) {
+            // A line longer than the limit may pass when it arrives whole and be refused
+            // when it trickles in (the limit applies to what waits for its newline).
+            prop_assume!(input.split(|&byte| byte == b'\n').all(|line| line.len() <= MAX_CONTROL_LINE));
+            let whole = feed(&input, &[input.len().max(1)]);
+            let cut = feed(&input, &chunks);
+            prop_assert_eq!(&whole.0, &cut.0);
+            prop_assert_eq!(whole.1, cut.1);
+        }
+
+        /// Each well-formed PUB/SUB/UNSUB/PING comes back as exactly the op it encodes.
+        #[test]
+        fn well_formed_ops_round_trip(
+            ops in proptest::collection::vec(
+                (0u8..4, "[a-z]{1,5}(\\.[a-z*]{1,3}){0,2}", "[0-9]{1,3}",
+                 proptest::collection::vec(any::<u8>(), 0..MAX_PAYLOAD)),
+                0..12,
+            ),
+        ) {
+            let mut input = Vec::new();
+            let mut expected = Vec::new();
+            for (kind, subject, sid, payload) in ops {
+                match kind {
+                    0 => {
+                        input.extend_from_slice(format!("PUB {subject} {}\r\n", payload.len()).as_bytes());
+                        input.extend_from_slice(&payload);
+                        input.extend_from_slice(b"\r\n");
+                        expected.push(ClientOp::Publish(Publish {
+                            subject: Bytes::from(subject.into_bytes()),
+                            reply: None,
+                            header_len: None,
+                            payload: Bytes::from(payload),
+                        }));
+                    }
+                    1 => {
+                        input.extend_from_slice(format!("SUB {subject} {sid}\r\n").as_bytes());
+                        expected.push(ClientOp::Subscribe {
+                            subject: Bytes::from(subject.into_bytes()),
+                            queue: None,
+                            sid: Bytes::from(sid.into_bytes()),
+                        });
+                    }
+                    2 => {
+                        input.extend_from_slice(format!("UNSUB {sid}\r\n").as_bytes());
+                        expected.push(ClientOp::Unsubscribe { sid: Bytes::from(sid.into_bytes()), max: None });
+                    }
+                    _ => {
+                        input.extend_from_slice(b"PING\r\n");
+                        expected.push(ClientOp::Ping);
+                    }
+                }
+            }
+            let (got, error, _) = feed(&input, &[7]);
+            prop_assert_eq!(error, None);
+            prop_assert_eq!(got, expected);
+        }
     }
 }

@@ -479,3 +479,107 @@ mod tests {
         assert!(sub.is_exhausted());
     }
 }
+
+/// The trie against a reference matcher written the obvious way (proptest, bounded cases).
+#[cfg(test)]
+mod prop {
+    use super::*;
+    use crate::bus::broker::BrokerStats;
+    use proptest::prelude::*;
+
+    /// The NATS rule, token by token: `*` takes exactly one token, `>` one or more at the end.
+    fn reference_matches(pattern: &[&str], subject: &[&str]) -> bool {
+        match (pattern.split_first(), subject.split_first()) {
+            (None, None) => true,
+            (Some((&">", [])), Some(_)) => true,
+            (Some((&"*", rest)), Some((_, subject_rest))) => reference_matches(rest, subject_rest),
+            (Some((token, rest)), Some((subject_token, subject_rest))) => {
+                token == subject_token && reference_matches(rest, subject_rest)
+            }
+            _ => false,
+        }
+    }
+
+    fn pattern() -> impl Strategy<Value = String> {
+        (
+            proptest::collection::vec(proptest::sample::select(vec!["a", "b", "c", "*"]), 0..4),
+            prop_oneof![Just(None::<&str>), Just(Some(">")), Just(Some("a"))],
+        )
+            .prop_filter_map("a subject has at least one token", |(tokens, last)| {
+                let mut tokens: Vec<String> = tokens.into_iter().map(String::from).collect();
+                tokens.extend(last.map(String::from));
+                (!tokens.is_empty()).then(|| tokens.join("."))
+            })
+    }
+
+    fn subject() -> impl Strategy<Value = String> {
+        proptest::collection::vec(proptest::sample::select(vec!["a", "b", "c", "d"]), 1..5)
+            .prop_map(|tokens| tokens.join("."))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// After any inserts and removals, a lookup returns exactly the live subscriptions
+        /// whose pattern the reference matcher accepts, and `subject_matches` agrees too.
+        #[test]
+        fn lookup_agrees_with_the_reference(
+            patterns in proptest::collection::vec((pattern(), any::<bool>()), 1..16),
+            removed in proptest::collection::vec(any::<bool>(), 16),
+            subjects in proptest::collection::vec(subject(), 1..8),
+        ) {
+            let outbound = Arc::new(Outbound::new(
+                1024,
+                crate::bus::broker::outbound::unlimited(),
+                Arc::new(BrokerStats::default()),
+            ));
+            let router = Router::default();
+            let mut live = Vec::new();
+            for (index, (pattern, queued)) in patterns.iter().enumerate() {
+                let subscription = Arc::new(Subscription::new(
+                    1,
+                    outbound.clone(),
+                    Bytes::from(index.to_string()),
+                    pattern.clone(),
+                    queued.then(|| "group".to_string()),
+                    Vec::new(),
+                ));
+                router.insert(subscription.clone());
+                // Lookups between changes fill the cache, which the changes must invalidate.
+                router.lookup(&subjects[0]);
+                if removed[index] {
+                    router.remove(&subscription);
+                } else {
+                    live.push((index, pattern.clone()));
+                }
+            }
+            for subject in &subjects {
+                let subject_tokens: Vec<&str> = subject.split('.').collect();
+                let mut expected: Vec<usize> = live
+                    .iter()
+                    .filter(|(_, pattern)| {
+                        let pattern_tokens: Vec<&str> = pattern.split('.').collect();
+                        let matched = reference_matches(&pattern_tokens, &subject_tokens);
+                        assert_eq!(
+                            crate::bus::subjects::subject_matches(pattern, subject),
+                            matched,
+                            "subject_matches({pattern}, {subject})"
+                        );
+                        matched
+                    })
+                    .map(|(index, _)| *index)
+                    .collect();
+                let matches = router.lookup(subject);
+                let mut got: Vec<usize> = matches
+                    .plain
+                    .iter()
+                    .chain(matches.groups.iter().flatten())
+                    .map(|sub| std::str::from_utf8(&sub.sid).unwrap().parse().unwrap())
+                    .collect();
+                expected.sort_unstable();
+                got.sort_unstable();
+                prop_assert_eq!(got, expected, "subject {}", subject);
+            }
+        }
+    }
+}
