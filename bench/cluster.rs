@@ -103,7 +103,8 @@ fn main() {
     );
 }
 
-/// `count` members named m1.. on a fresh database of `pg` and every node of `nats`.
+/// `count` members named m1.. on a fresh database of `pg` and every node of `nats`. Streams
+/// are capped at 256 MiB each so both fit the test nodes' 1 GB `max_file_store`.
 fn start_members(
     runtime: &tokio::runtime::Runtime,
     pg: &postgres::Postgres,
@@ -119,7 +120,7 @@ fn start_members(
         .map(|i| {
             let root = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
             let config = format!(
-                "store: {{ driver: postgres, url: \"{url}\" }}\nbus: {{ external_urls: [{}] }}\ncluster:\n  enabled: true\n  member_id: m{}\n{cluster_extra}",
+                "store: {{ driver: postgres, url: \"{url}\" }}\nbus: {{ external_urls: [{}] }}\nstreams: {{ max_bytes: 268435456 }}\ncluster:\n  enabled: true\n  member_id: m{}\n{cluster_extra}",
                 urls.join(", "),
                 i + 1
             );
