@@ -13,6 +13,7 @@ const PROTOS: &[&str] = &[
     "proto/svc/v1/secrets.proto",
     "proto/svc/v1/cluster.proto",
     "proto/svc/v1/fleet.proto",
+    "proto/svc/v1/blueprint.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -17,6 +17,7 @@ pub mod domain;
 pub mod error;
 pub mod events;
 pub mod files;
+pub mod blueprint;
 pub mod fleet;
 pub mod identity;
 pub mod ids;

@@ -118,6 +118,14 @@ pub const GRPC: &[(&str, Access)] = &[
     ("svc.v1.FleetService/StateCheck", Least(Operator)),
     ("svc.v1.FleetService/StateApply", Least(Operator)),
     ("svc.v1.FleetService/StateDrift", Least(Operator)),
+    ("svc.v1.BlueprintService/Install", Least(Operator)),
+    ("svc.v1.BlueprintService/Update", Least(Operator)),
+    ("svc.v1.BlueprintService/Remove", Least(Operator)),
+    ("svc.v1.BlueprintService/List", Least(Readonly)),
+    ("svc.v1.BlueprintService/Get", Least(Readonly)),
+    ("svc.v1.BlueprintService/Apply", Least(Operator)),
+    ("svc.v1.BlueprintService/Applied", Least(Readonly)),
+    ("svc.v1.BlueprintService/Rollback", Least(Operator)),
 ];
 
 /// Every REST route, as `METHOD /path` with `{id}` for a path parameter.

@@ -24,3 +24,9 @@ pub(crate) const TRANSIT_COLUMNS: &str =
 pub(crate) const TRANSIT_VERSION_COLUMNS: &str = "name, version, material, public_key, created_at";
 pub(crate) const LEASE_COLUMNS: &str = "id, path, backend, backend_data, created_at, expires_at, \
      max_expires_at, renewable, revoked_at, last_error";
+pub(crate) const BLUEPRINT_COLUMNS: &str =
+    "name, version, description, sha256, manifest, bundle, installed_by, installed_at";
+pub(crate) const BLUEPRINT_APPLY_COLUMNS: &str =
+    "id, name, version, kind, target, parameters, plan, results, applied_by, applied_at";
+pub(crate) const BLUEPRINT_AGENT_COLUMNS: &str =
+    "name, agent_id, version, apply_id, status, applied_at";

@@ -6,6 +6,7 @@
 //! The migrations in `migrations/` (SQLite) and `migrations/postgres/` (the same versions in
 //! PostgreSQL's dialect) are embedded in the binary and applied in order at start.
 
+mod blueprints;
 mod columns;
 pub mod copy;
 mod fleet;
@@ -23,6 +24,7 @@ use async_trait::async_trait;
 use crate::config::{StoreConfig, StoreDriver};
 use crate::Result;
 
+pub use blueprints::{BlueprintAgentRow, BlueprintApplyRow, BlueprintRow, BlueprintStore};
 pub use fleet::{AgentStateRow, FleetStore};
 pub use jwt::{JwtStore, JwtSvidRow};
 pub use postgres::PostgresStore;
@@ -45,6 +47,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         include_str!("migrations/0006_jwt_svids.sql"),
     ),
     (7, "cluster", include_str!("migrations/0007_cluster.sql")),
+    (
+        8,
+        "blueprints",
+        include_str!("migrations/0008_blueprints.sql"),
+    ),
 ];
 
 /// A stored API key (never the key itself: only its hash).
@@ -212,6 +219,7 @@ pub trait Store: Send + Sync + 'static {
     fn fleet(&self) -> &dyn FleetStore;
     /// The identity-token table (issued JWT-SVIDs and their revocation).
     fn jwts(&self) -> &dyn JwtStore;
+    fn blueprints(&self) -> &dyn BlueprintStore;
     /// The active (not retired) CA rows.
     async fn active_ca(&self) -> Result<Vec<CaRow>>;
     /// Replaces a CA row's sealed key (master-key rotation).

@@ -10,6 +10,7 @@
 pub mod cluster;
 mod export;
 mod fleet;
+mod blueprints;
 mod jwt;
 mod secrets;
 mod tls;
@@ -69,6 +70,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         7,
         "cluster",
         include_str!("migrations/postgres/0007_cluster.sql"),
+    ),
+    (
+        8,
+        "blueprints",
+        include_str!("migrations/postgres/0008_blueprints.sql"),
     ),
 ];
 
@@ -1146,6 +1152,10 @@ impl Store for PostgresStore {
     }
 
     fn jwts(&self) -> &dyn super::JwtStore {
+        self
+    }
+
+    fn blueprints(&self) -> &dyn super::BlueprintStore {
         self
     }
 }

@@ -5,6 +5,7 @@
 //! hop per call. WAL lets the pooled readers run beside the one writer.
 
 mod fleet;
+mod blueprints;
 mod jwt;
 mod secrets;
 
@@ -820,6 +821,10 @@ impl Store for SqliteStore {
     }
 
     fn jwts(&self) -> &dyn super::JwtStore {
+        self
+    }
+
+    fn blueprints(&self) -> &dyn super::BlueprintStore {
         self
     }
 }
