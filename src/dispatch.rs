@@ -36,6 +36,7 @@ fn table() -> Vec<(&'static str, Entry)> {
         ("svc-cluster-backup", cli::cluster::backup_main),
         ("svc-backup", cli::backup::main),
         ("svc-files", cli::files::main),
+        ("svc-blueprint", cli::blueprint::main),
     ];
     for tool in planned::TOOLS {
         match built.iter().find(|(name, _)| *name == tool.name) {

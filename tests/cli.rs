@@ -122,9 +122,9 @@ fn commands_not_built_yet_say_so_and_fail() {
     let names = Names::new();
     let cases: &[(&str, &[&str], &str)] = &[
         (
-            "svc-blueprint",
+            "svc-module",
             &["init", "a"],
-            "svc-blueprint: 'init' is not implemented yet",
+            "svc-module: 'init' is not implemented yet",
         ),
         (
             "svcctl",

@@ -8,6 +8,7 @@
 
 pub mod audit;
 pub mod backup;
+pub mod blueprint;
 pub mod client;
 pub mod cluster;
 pub mod completion;
