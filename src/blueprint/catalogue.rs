@@ -103,10 +103,8 @@ async fn install_checked(
 ) -> Result<Installed> {
     principal.require(Role::Operator)?;
     let blueprint = bundle::read(bundle_bytes)?;
-    // Every state must render and compile with the defaults (and stand-ins for required
-    // parameters) before the bundle is accepted.
-    let sample = blueprint.manifest.sample_values(&BTreeMap::new())?;
-    blueprint.render(&sample)?;
+    // Every template must parse; rendering and compiling wait for the values of apply.
+    blueprint.check_templates()?;
     let manifest = &blueprint.manifest;
     let existing = versions_of(domain, &manifest.name).await?;
     match (is_update, existing.last()) {

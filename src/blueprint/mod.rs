@@ -227,7 +227,7 @@ impl Manifest {
             .map(|(name, value)| {
                 let secret = self.parameters.get(name).is_some_and(|p| p.secret);
                 let shown = if secret {
-                    serde_json::Value::String("[redacted]".into())
+                    serde_json::Value::String("[REDACTED]".into())
                 } else {
                     value.clone()
                 };
@@ -237,13 +237,14 @@ impl Manifest {
     }
 
     /// Values for validate and lint: defaults, and a stand-in for each required parameter
-    /// (`example`, 0, false) unless given.
+    /// (`/example`, 0, false) unless given. The string stand-in is an absolute path because
+    /// strings most often build paths; `--set` gives real values where it is not enough.
     pub fn sample_values(&self, given: &BTreeMap<String, String>) -> Result<Values> {
         let mut filled = given.clone();
         for (name, parameter) in &self.parameters {
             if parameter.default.is_none() && !filled.contains_key(name) {
                 let sample = match parameter.kind {
-                    ParameterType::String => "example",
+                    ParameterType::String => "/example",
                     ParameterType::Int => "0",
                     ParameterType::Bool => "false",
                 };
@@ -387,6 +388,27 @@ impl Blueprint {
             .collect()
     }
 
+    /// Parses every template (state files and `templates/`) without rendering: what install
+    /// checks, since the values only come with apply.
+    pub fn check_templates(&self) -> Result<()> {
+        let states = self.state_files();
+        if states.is_empty() {
+            return Err(Error::Invalid(
+                "no state files (states/*.yaml) in the blueprint".into(),
+            ));
+        }
+        let env = template_environment();
+        for (path, bytes) in &self.files {
+            if path.starts_with("templates/") || states.contains(&path.as_str()) {
+                let text = std::str::from_utf8(bytes)
+                    .map_err(|_| Error::Invalid(format!("{path}: a template must be UTF-8")))?;
+                env.template_from_named_str(path.as_str(), text)
+                    .map_err(|e| template_error(path, &e))?;
+            }
+        }
+        Ok(())
+    }
+
     /// Renders every state file (and `templates/`) with `values` and compiles them, in order,
     /// into one plan. Each file's plan is returned too, for lint.
     pub fn render(&self, values: &Values) -> Result<(Plan, Vec<(String, Plan)>)> {
@@ -515,11 +537,14 @@ fn render_text(
     text: &str,
     context: &minijinja::Value,
 ) -> Result<String> {
-    env.render_named_str(path, text, context).map_err(|e| {
-        let line = e.line().map(|l| format!(" line {l}")).unwrap_or_default();
-        let detail = e.detail().map(|d| format!(": {d}")).unwrap_or_default();
-        Error::Invalid(format!("{path}{line}: template: {}{detail}", e.kind()))
-    })
+    env.render_named_str(path, text, context)
+        .map_err(|e| template_error(path, &e))
+}
+
+fn template_error(path: &str, e: &minijinja::Error) -> Error {
+    let line = e.line().map(|l| format!(" line {l}")).unwrap_or_default();
+    let detail = e.detail().map(|d| format!(": {d}")).unwrap_or_default();
+    Error::Invalid(format!("{path}{line}: template: {}{detail}", e.kind()))
 }
 
 fn read_tree(

@@ -250,7 +250,23 @@ async fn body(common: Common, args: Args) -> Result<(), CliError> {
                 .manifest
                 .sample_values(&sets(&a.set)?)
                 .map_err(|e| CliError::usage(e.to_string()))?;
-            let (plan, each) = blueprint.render(&values).map_err(failed)?;
+            let stand_ins: Vec<&str> = blueprint
+                .manifest
+                .parameters
+                .iter()
+                .filter(|(name, p)| p.default.is_none() && !a.set.iter().any(|s| s.starts_with(&format!("{name}="))))
+                .map(|(name, _)| name.as_str())
+                .collect();
+            let (plan, each) = blueprint.render(&values).map_err(|e| {
+                if stand_ins.is_empty() {
+                    failed(e)
+                } else {
+                    CliError::failed(format!(
+                        "{e} (rendered with stand-in values for {}; give them with --set)",
+                        stand_ins.join(", ")
+                    ))
+                }
+            })?;
             match common.output {
                 Output::Json => print_json(&serde_json::json!({
                     "name": blueprint.manifest.name, "version": blueprint.manifest.version,
