@@ -37,6 +37,7 @@ fn table() -> Vec<(&'static str, Entry)> {
         ("svc-backup", cli::backup::main),
         ("svc-files", cli::files::main),
         ("svc-blueprint", cli::blueprint::main),
+        ("svc-bootstrap", cli::bootstrap::main),
     ];
     for tool in planned::TOOLS {
         match built.iter().find(|(name, _)| *name == tool.name) {

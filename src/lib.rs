@@ -18,6 +18,7 @@ pub mod error;
 pub mod events;
 pub mod files;
 pub mod blueprint;
+pub mod bootstrap;
 pub mod fleet;
 pub mod identity;
 pub mod ids;

@@ -9,6 +9,7 @@
 pub mod audit;
 pub mod backup;
 pub mod blueprint;
+pub mod bootstrap;
 pub mod client;
 pub mod cluster;
 pub mod completion;

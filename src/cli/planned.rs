@@ -225,11 +225,12 @@ pub const TOOLS: &[Planned] = &[
     },
     Planned {
         name: "svc-bootstrap",
-        about: "Bootstrap manager: --seed SEEDCONFIG.yaml [--log-level L]; phases detect, configure, validate, install, blueprints, verify.",
+        about: "Bootstrap manager: --seed SEEDCONFIG.yaml [--root DIR] [--force] [--log-level L]; phases detect, configure, validate, install, blueprints, verify.",
         commands: &[],
         default: Some("run"),
         is_client: false,
-        built: &[],
+        // Built: cli/bootstrap.rs parses its own flags (it has no subcommands).
+        built: &["run"],
     },
     Planned {
         name: "svc-gitops",
