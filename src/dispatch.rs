@@ -38,6 +38,7 @@ fn table() -> Vec<(&'static str, Entry)> {
         ("svc-files", cli::files::main),
         ("svc-blueprint", cli::blueprint::main),
         ("svc-bootstrap", cli::bootstrap::main),
+        ("svc-gitops", cli::gitops::main),
     ];
     for tool in planned::TOOLS {
         match built.iter().find(|(name, _)| *name == tool.name) {

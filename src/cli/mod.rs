@@ -16,6 +16,7 @@ pub mod completion;
 pub mod ctl;
 pub mod events;
 pub mod files;
+pub mod gitops;
 pub mod fleet;
 pub mod helptext;
 pub mod identity;

@@ -234,11 +234,14 @@ pub const TOOLS: &[Planned] = &[
     },
     Planned {
         name: "svc-gitops",
-        about: "GitOps: verify and roll back.",
-        commands: &[("verify", "verify the deployed revision"), ("rollback", "roll back to a revision")],
+        about: "GitOps: a git repository's gitops.yaml says what each target should be (state files,\nblueprints); verify compares it with the hosts, rollback applies the tree at a commit.",
+        commands: &[
+            ("verify", "differences between the repository and the hosts: --repo PATH|URL [--ref REF] [--path DIR]"),
+            ("rollback", "apply the tree at a commit: --repo PATH|URL --to COMMIT [--path DIR]"),
+        ],
         default: None,
-        is_client: false,
-        built: &[],
+        is_client: true,
+        built: &["verify", "rollback"],
     },
     Planned {
         name: "svc-module",
