@@ -237,14 +237,17 @@ impl Manifest {
     }
 
     /// Values for validate and lint: defaults, and a stand-in for each required parameter
-    /// (`/example`, 0, false) unless given. The string stand-in is an absolute path because
-    /// strings most often build paths; `--set` gives real values where it is not enough.
-    pub fn sample_values(&self, given: &BTreeMap<String, String>) -> Result<Values> {
+    /// not given (`string_stand_in`, 0, false).
+    pub fn sample_values(
+        &self,
+        given: &BTreeMap<String, String>,
+        string_stand_in: &str,
+    ) -> Result<Values> {
         let mut filled = given.clone();
         for (name, parameter) in &self.parameters {
             if parameter.default.is_none() && !filled.contains_key(name) {
                 let sample = match parameter.kind {
-                    ParameterType::String => "/example",
+                    ParameterType::String => string_stand_in,
                     ParameterType::Int => "0",
                     ParameterType::Bool => "false",
                 };
@@ -252,6 +255,31 @@ impl Manifest {
             }
         }
         Ok(self.resolve(&filled)?)
+    }
+}
+
+/// String stand-ins for required parameters validate and lint are not given: a plain word
+/// first (names inside paths), then an absolute path (parameters that are a path's root).
+pub const STAND_INS: [&str; 2] = ["example", "/example"];
+
+impl Blueprint {
+    /// Renders with `given` and stand-ins for the missing required parameters (each of
+    /// [`STAND_INS`] in turn, the first that renders wins); the values used come back too.
+    pub fn render_sample(
+        &self,
+        given: &BTreeMap<String, String>,
+    ) -> Result<(Values, Plan, Vec<(String, Plan)>)> {
+        let mut first_error = None;
+        for stand_in in STAND_INS {
+            let values = self.manifest.sample_values(given, stand_in)?;
+            match self.render(&values) {
+                Ok((plan, each)) => return Ok((values, plan, each)),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        Err(first_error.expect("at least one stand-in was tried"))
     }
 }
 
@@ -453,8 +481,8 @@ impl Blueprint {
 
     /// Risky patterns: world-writable modes, commands without a guard, packages that cannot
     /// be pinned, parameters no template uses, secrets with a default.
-    pub fn lint(&self, values: &Values) -> Result<Vec<Finding>> {
-        let (_, each) = self.render(values)?;
+    pub fn lint(&self, given: &BTreeMap<String, String>) -> Result<Vec<Finding>> {
+        let (_, _, each) = self.render_sample(given)?;
         let mut findings = Vec::new();
         for (file, plan) in &each {
             for resource in &plan.resources {
@@ -713,6 +741,7 @@ mod tests {
         .unwrap();
         let values = bp.manifest.resolve(&BTreeMap::new()).unwrap();
         let (plan, _) = bp.render(&values).unwrap();
+        assert_eq!(bp.render_sample(&BTreeMap::new()).unwrap().1, plan);
         match &plan.resources[0] {
             Resource::File(f) => {
                 assert_eq!(f.path, "/tmp/x/a");
@@ -720,7 +749,7 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        let findings = bp.lint(&values).unwrap();
+        let findings = bp.lint(&BTreeMap::new()).unwrap();
         let messages: Vec<&str> = findings.iter().map(|f| f.resource.as_str()).collect();
         assert_eq!(
             messages,

@@ -246,26 +246,20 @@ async fn body(common: Common, args: Args) -> Result<(), CliError> {
         Command::Init(a) => init(a),
         Command::Validate(a) => {
             let blueprint = load(&a.path)?;
-            let values = blueprint
-                .manifest
-                .sample_values(&sets(&a.set)?)
-                .map_err(|e| CliError::usage(e.to_string()))?;
+            let given = sets(&a.set)?;
             let stand_ins: Vec<&str> = blueprint
                 .manifest
                 .parameters
                 .iter()
-                .filter(|(name, p)| p.default.is_none() && !a.set.iter().any(|s| s.starts_with(&format!("{name}="))))
+                .filter(|(name, p)| p.default.is_none() && !given.contains_key(*name))
                 .map(|(name, _)| name.as_str())
                 .collect();
-            let (plan, each) = blueprint.render(&values).map_err(|e| {
-                if stand_ins.is_empty() {
-                    failed(e)
-                } else {
-                    CliError::failed(format!(
-                        "{e} (rendered with stand-in values for {}; give them with --set)",
-                        stand_ins.join(", ")
-                    ))
-                }
+            let (_, plan, each) = blueprint.render_sample(&given).map_err(|e| match e {
+                crate::Error::Invalid(_) if !stand_ins.is_empty() => CliError::failed(format!(
+                    "{e} (rendered with stand-in values for {}; give them with --set)",
+                    stand_ins.join(", ")
+                )),
+                e => failed(e),
             })?;
             match common.output {
                 Output::Json => print_json(&serde_json::json!({
@@ -286,11 +280,7 @@ async fn body(common: Common, args: Args) -> Result<(), CliError> {
         }
         Command::Lint(a) => {
             let blueprint = load(&a.path)?;
-            let values = blueprint
-                .manifest
-                .sample_values(&sets(&a.set)?)
-                .map_err(|e| CliError::usage(e.to_string()))?;
-            let findings = blueprint.lint(&values).map_err(failed)?;
+            let findings = blueprint.lint(&sets(&a.set)?).map_err(failed)?;
             match common.output {
                 Output::Json => print_json(&findings)?,
                 Output::Table if findings.is_empty() => println!("no findings"),
