@@ -20,9 +20,14 @@ fn blueprint(server: &TestServer, key: &str, args: &[&str]) -> Run {
 fn wait_connected(server: &TestServer, ids: &[&str]) {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        let listed = run(server
-            .cli("svcctl")
-            .args(["--api-key", &server.admin_key, "-o", "json", "agent", "list"]));
+        let listed = run(server.cli("svcctl").args([
+            "--api-key",
+            &server.admin_key,
+            "-o",
+            "json",
+            "agent",
+            "list",
+        ]));
         let agents = json_of(&listed);
         let connected = agents
             .as_array()
@@ -85,7 +90,14 @@ fn local_commands_bundle_reproducibly_and_lint() {
     let two = work.path().join("two.tar.gz");
     let mut sums = Vec::new();
     for file in [&one, &two] {
-        let made = cmd(&["-o", "json", "bundle", dir.to_str().unwrap(), "-O", file.to_str().unwrap()]);
+        let made = cmd(&[
+            "-o",
+            "json",
+            "bundle",
+            dir.to_str().unwrap(),
+            "-O",
+            file.to_str().unwrap(),
+        ]);
         assert_eq!(made.code, 0, "{made:?}");
         sums.push(json_of(&made)["sha256"].as_str().unwrap().to_string());
     }
@@ -117,14 +129,24 @@ fn local_commands_bundle_reproducibly_and_lint() {
         .collect();
     assert_eq!(findings.len(), 3, "{findings:?}");
     assert!(findings[0].contains("world-writable"), "{findings:?}");
-    assert!(findings[1].contains("without unless or creates"), "{findings:?}");
+    assert!(
+        findings[1].contains("without unless or creates"),
+        "{findings:?}"
+    );
     assert!(findings[2].contains("not pinned"), "{findings:?}");
 
     // A template naming an undefined variable fails validation with the file and line.
-    std::fs::write(dir.join("states/risky.yaml"), "- file: {path: \"{{ nope }}\"}\n").unwrap();
+    std::fs::write(
+        dir.join("states/risky.yaml"),
+        "- file: {path: \"{{ nope }}\"}\n",
+    )
+    .unwrap();
     let strict = cmd(&["validate", dir.to_str().unwrap()]);
     assert_eq!(strict.code, 1, "{strict:?}");
-    assert!(strict.stderr.contains("states/risky.yaml line 1"), "{strict:?}");
+    assert!(
+        strict.stderr.contains("states/risky.yaml line 1"),
+        "{strict:?}"
+    );
 
     // init scaffolds a blueprint that validates.
     let scaffold = work.path().join("new");
@@ -155,7 +177,11 @@ fn install_apply_update_rollback_on_real_agents() {
     // Install: operator yes (and once), readonly no.
     let denied = blueprint(&server, &readonly, &["install", v1.to_str().unwrap()]);
     assert_eq!(denied.code, 4, "{denied:?}");
-    let installed = blueprint(&server, &operator, &["-o", "json", "install", v1.to_str().unwrap()]);
+    let installed = blueprint(
+        &server,
+        &operator,
+        &["-o", "json", "install", v1.to_str().unwrap()],
+    );
     assert_eq!(installed.code, 0, "{installed:?}");
     assert_eq!(json_of(&installed)["version"], "1.0.0");
     let again = blueprint(&server, &operator, &["install", v1.to_str().unwrap()]);
@@ -167,11 +193,25 @@ fn install_apply_update_rollback_on_real_agents() {
     // A missing required parameter is a usage error, before anything runs.
     let missing = blueprint(&server, &operator, &["apply", "web", "--set", &root_set]);
     assert_eq!(missing.code, 2, "{missing:?}");
-    assert!(missing.stderr.contains("missing required parameter 'license'"), "{missing:?}");
+    assert!(
+        missing
+            .stderr
+            .contains("missing required parameter 'license'"),
+        "{missing:?}"
+    );
     let mistyped = blueprint(
         &server,
         &operator,
-        &["apply", "web", "--set", &root_set, "--set", "license=t", "--set", "port=eighty"],
+        &[
+            "apply",
+            "web",
+            "--set",
+            &root_set,
+            "--set",
+            "license=t",
+            "--set",
+            "port=eighty",
+        ],
     );
     assert_eq!(mistyped.code, 2, "{mistyped:?}");
 
@@ -179,7 +219,17 @@ fn install_apply_update_rollback_on_real_agents() {
     let dry = blueprint(
         &server,
         &operator,
-        &["-o", "json", "apply", "web", "--set", &root_set, "--set", "license=s3cret", "--dry-run"],
+        &[
+            "-o",
+            "json",
+            "apply",
+            "web",
+            "--set",
+            &root_set,
+            "--set",
+            "license=s3cret",
+            "--dry-run",
+        ],
     );
     assert_eq!(dry.code, 0, "{dry:?}");
     assert!(!site.exists());
@@ -188,7 +238,18 @@ fn install_apply_update_rollback_on_real_agents() {
     let applied = blueprint(
         &server,
         &operator,
-        &["-o", "json", "apply", "web", "--set", &root_set, "--set", "license=s3cret", "--set", "port=81"],
+        &[
+            "-o",
+            "json",
+            "apply",
+            "web",
+            "--set",
+            &root_set,
+            "--set",
+            "license=s3cret",
+            "--set",
+            "port=81",
+        ],
     );
     assert_eq!(applied.code, 0, "{applied:?}");
     let lines: Vec<serde_json::Value> = applied
@@ -208,7 +269,11 @@ fn install_apply_update_rollback_on_real_agents() {
     );
     assert!(site.join("ready").exists());
 
-    let where_ = blueprint(&server, &readonly, &["-o", "json", "applied", "--target", "web-01"]);
+    let where_ = blueprint(
+        &server,
+        &readonly,
+        &["-o", "json", "applied", "--target", "web-01"],
+    );
     assert_eq!(where_.code, 0, "{where_:?}");
     let rows = json_of(&where_);
     assert_eq!(rows.as_array().unwrap().len(), 1, "{rows}");
@@ -223,7 +288,16 @@ fn install_apply_update_rollback_on_real_agents() {
     let applied2 = blueprint(
         &server,
         &operator,
-        &["apply", "web@2.0.0", "--target", "role=web", "--set", &root_set, "--set", "license=s3cret"],
+        &[
+            "apply",
+            "web@2.0.0",
+            "--target",
+            "role=web",
+            "--set",
+            &root_set,
+            "--set",
+            "license=s3cret",
+        ],
     );
     assert_eq!(applied2.code, 0, "{applied2:?}");
     assert!(site.join("extra.conf").exists());
@@ -232,12 +306,19 @@ fn install_apply_update_rollback_on_real_agents() {
         .contains("version 2.0.0"));
     let rows = json_of(&blueprint(&server, &readonly, &["-o", "json", "applied"]));
     assert!(
-        rows.as_array().unwrap().iter().all(|r| r["version"] == "2.0.0"),
+        rows.as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["version"] == "2.0.0"),
         "{rows}"
     );
 
     // Rollback: v1's plan again, and the file v2 added is removed.
-    let rolled = blueprint(&server, &operator, &["rollback", "web", "--target", "role=web"]);
+    let rolled = blueprint(
+        &server,
+        &operator,
+        &["rollback", "web", "--target", "role=web"],
+    );
     assert_eq!(rolled.code, 0, "{rolled:?}");
     assert!(!site.join("extra.conf").exists());
     assert_eq!(
@@ -246,7 +327,10 @@ fn install_apply_update_rollback_on_real_agents() {
     );
     let rows = json_of(&blueprint(&server, &readonly, &["-o", "json", "applied"]));
     assert!(
-        rows.as_array().unwrap().iter().all(|r| r["version"] == "1.0.0"),
+        rows.as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["version"] == "1.0.0"),
         "{rows}"
     );
 
@@ -256,7 +340,11 @@ fn install_apply_update_rollback_on_real_agents() {
     let text = serde_json::to_string(&rows).unwrap();
     assert!(!text.contains("s3cret"), "{text}");
     assert!(text.contains("[REDACTED]"), "{text}");
-    for action in ["blueprint.install", "blueprint.update", "blueprint.rollback"] {
+    for action in [
+        "blueprint.install",
+        "blueprint.update",
+        "blueprint.rollback",
+    ] {
         let rows = audit_rows(&server, &["--action", action, "--limit", "10"]);
         assert!(!rows.is_empty(), "{action}");
     }

@@ -25,9 +25,15 @@ fn bootstrap(server: &TestServer, seed: &Path, root: &Path, extra: &[&str]) -> R
 fn wait_connected(server: &TestServer, id: &str) {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        let shown = run(server
-            .cli("svcctl")
-            .args(["--api-key", &server.admin_key, "-o", "json", "agent", "show", id]));
+        let shown = run(server.cli("svcctl").args([
+            "--api-key",
+            &server.admin_key,
+            "-o",
+            "json",
+            "agent",
+            "show",
+            id,
+        ]));
         if shown.code == 0 && json_of(&shown)["state"] == "connected" {
             return;
         }
@@ -102,19 +108,42 @@ fn six_phases_then_a_rerun_that_changes_nothing() {
     let names: Vec<&str> = reported.iter().map(|(n, _, _)| n.as_str()).collect();
     assert_eq!(
         names,
-        ["detect", "configure", "validate", "install", "blueprints", "verify"]
+        [
+            "detect",
+            "configure",
+            "validate",
+            "install",
+            "blueprints",
+            "verify"
+        ]
     );
     assert!(reported.iter().all(|(_, s, _)| s == "ok"), "{reported:?}");
-    assert!(reported[0].2.contains("Debian GNU/Linux 12"), "{reported:?}");
+    assert!(
+        reported[0].2.contains("Debian GNU/Linux 12"),
+        "{reported:?}"
+    );
     assert!(reported[0].2.contains("svc not installed"), "{reported:?}");
-    assert!(reported[1].2.contains("generated hmacsecret, master_key"), "{reported:?}");
-    assert!(reported[4].2.contains("motd 1.0.0 installed"), "{reported:?}");
-    assert!(reported[5].2.contains("agent web-01 enrolled"), "{reported:?}");
+    assert!(
+        reported[1].2.contains("generated hmacsecret, master_key"),
+        "{reported:?}"
+    );
+    assert!(
+        reported[4].2.contains("motd 1.0.0 installed"),
+        "{reported:?}"
+    );
+    assert!(
+        reported[5].2.contains("agent web-01 enrolled"),
+        "{reported:?}"
+    );
 
     let server_yaml = root.join("etc/svc/server.yaml");
     let written = std::fs::read_to_string(&server_yaml).unwrap();
     assert!(written.contains("hmacsecret:") && written.contains("master_key:"));
-    let mode = std::fs::metadata(&server_yaml).unwrap().permissions().mode() & 0o777;
+    let mode = std::fs::metadata(&server_yaml)
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
     assert_eq!(mode, 0o600);
     assert!(root.join("etc/svc/agent.yaml").exists());
     assert!(root.join("usr/bin/svc").is_file());
@@ -148,7 +177,10 @@ fn six_phases_then_a_rerun_that_changes_nothing() {
     let reported = phases(&refused);
     assert_eq!(reported.len(), 2, "{reported:?}");
     assert_eq!(reported[1].1, "failed");
-    assert!(refused.stderr.contains("phase configure failed"), "{refused:?}");
+    assert!(
+        refused.stderr.contains("phase configure failed"),
+        "{refused:?}"
+    );
     assert!(refused.stderr.contains("--force"), "{refused:?}");
     let forced = bootstrap(&server, &seed, &root, &["--force"]);
     assert_eq!(forced.code, 0, "{forced:?}");

@@ -14,8 +14,18 @@ use common::{json_of, run, Run, TestServer};
 fn git(repo: &Path, args: &[&str]) -> String {
     let output = Command::new("git")
         .current_dir(repo)
-        .args(["-c", "user.name=svc test", "-c", "user.email=test@example.invalid"])
-        .args(["-c", "init.defaultBranch=main", "-c", "commit.gpgsign=false"])
+        .args([
+            "-c",
+            "user.name=svc test",
+            "-c",
+            "user.email=test@example.invalid",
+        ])
+        .args([
+            "-c",
+            "init.defaultBranch=main",
+            "-c",
+            "commit.gpgsign=false",
+        ])
         .args(args)
         .output()
         .unwrap();
@@ -33,9 +43,15 @@ fn gitops(server: &TestServer, args: &[&str]) -> Run {
 fn wait_connected(server: &TestServer, id: &str) {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        let shown = run(server
-            .cli("svcctl")
-            .args(["--api-key", &server.admin_key, "-o", "json", "agent", "show", id]));
+        let shown = run(server.cli("svcctl").args([
+            "--api-key",
+            &server.admin_key,
+            "-o",
+            "json",
+            "agent",
+            "show",
+            id,
+        ]));
         if shown.code == 0 && json_of(&shown)["state"] == "connected" {
             return;
         }
@@ -82,16 +98,29 @@ fn verify_finds_drift_and_changed_commits_and_rollback_applies_an_older_tree() {
     let repo_args = ["--repo", repo_text.as_str(), "--path", "ops"];
 
     // Nothing applied yet: the file the repository wants is missing.
-    let before = gitops(&server, &[&["-o", "json", "verify"], &repo_args[..]].concat());
+    let before = gitops(
+        &server,
+        &[&["-o", "json", "verify"], &repo_args[..]].concat(),
+    );
     assert_eq!(before.code, 1, "{before:?}");
     let report = json_of(&before);
     assert_eq!(report["commit"], second.as_str());
-    assert_eq!(report["differences"].as_array().unwrap().len(), 1, "{report}");
+    assert_eq!(
+        report["differences"].as_array().unwrap().len(),
+        1,
+        "{report}"
+    );
 
     // Apply the head commit's tree; now nothing differs (the unguarded command never counts).
-    let applied = gitops(&server, &[&["rollback", "--to", "HEAD"], &repo_args[..]].concat());
+    let applied = gitops(
+        &server,
+        &[&["rollback", "--to", "HEAD"], &repo_args[..]].concat(),
+    );
     assert_eq!(applied.code, 0, "{applied:?}");
-    assert_eq!(std::fs::read_to_string(host.join("app.conf")).unwrap(), "v2\n");
+    assert_eq!(
+        std::fs::read_to_string(host.join("app.conf")).unwrap(),
+        "v2\n"
+    );
     let clean = gitops(&server, &[&["verify"], &repo_args[..]].concat());
     assert_eq!(clean.code, 0, "{clean:?}");
     assert!(clean.stdout.contains("no differences"), "{clean:?}");
@@ -102,24 +131,38 @@ fn verify_finds_drift_and_changed_commits_and_rollback_applies_an_older_tree() {
     assert_eq!(drifted.code, 1, "{drifted:?}");
     assert!(drifted.stdout.contains("web-01"), "{drifted:?}");
     assert!(
-        drifted.stdout.contains(&format!("file:{}/app.conf", host.display())),
+        drifted
+            .stdout
+            .contains(&format!("file:{}/app.conf", host.display())),
         "{drifted:?}"
     );
     assert!(drifted.stdout.contains("content differs"), "{drifted:?}");
 
     // Roll back to the first commit: the host has v1; the head commit (which changed the
     // state file) now differs from the host, the first commit does not.
-    let rolled = gitops(&server, &[&["rollback", "--to", first.as_str()], &repo_args[..]].concat());
+    let rolled = gitops(
+        &server,
+        &[&["rollback", "--to", first.as_str()], &repo_args[..]].concat(),
+    );
     assert_eq!(rolled.code, 0, "{rolled:?}");
-    assert_eq!(std::fs::read_to_string(host.join("app.conf")).unwrap(), "v1\n");
+    assert_eq!(
+        std::fs::read_to_string(host.join("app.conf")).unwrap(),
+        "v1\n"
+    );
     let head = gitops(&server, &[&["verify"], &repo_args[..]].concat());
     assert_eq!(head.code, 1, "{head:?}");
     assert!(head.stdout.contains(&second), "{head:?}");
-    let at_first = gitops(&server, &[&["verify", "--ref", first.as_str()], &repo_args[..]].concat());
+    let at_first = gitops(
+        &server,
+        &[&["verify", "--ref", first.as_str()], &repo_args[..]].concat(),
+    );
     assert_eq!(at_first.code, 0, "{at_first:?}");
 
     // An unknown commit is a clear failure.
-    let unknown = gitops(&server, &[&["verify", "--ref", "no-such-ref"], &repo_args[..]].concat());
+    let unknown = gitops(
+        &server,
+        &[&["verify", "--ref", "no-such-ref"], &repo_args[..]].concat(),
+    );
     assert_eq!(unknown.code, 1, "{unknown:?}");
     assert!(unknown.stderr.contains("git checkout"), "{unknown:?}");
 }

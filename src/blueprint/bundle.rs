@@ -94,7 +94,8 @@ pub fn read(bytes: &[u8]) -> Result<Blueprint> {
         .entries()
         .map_err(|e| Error::Invalid(format!("not a blueprint bundle: {e}")))?;
     for entry in entries {
-        let mut entry = entry.map_err(|e| Error::Invalid(format!("not a blueprint bundle: {e}")))?;
+        let mut entry =
+            entry.map_err(|e| Error::Invalid(format!("not a blueprint bundle: {e}")))?;
         if entry.header().entry_type() != tar::EntryType::Regular {
             return Err(Error::Invalid(
                 "a blueprint bundle holds regular files only".into(),
@@ -151,8 +152,7 @@ pub fn read(bytes: &[u8]) -> Result<Blueprint> {
         }
     }
     let blueprint = Blueprint::from_files(files)?;
-    if blueprint.manifest.name != manifest.name || blueprint.manifest.version != manifest.version
-    {
+    if blueprint.manifest.name != manifest.name || blueprint.manifest.version != manifest.version {
         return Err(Error::Invalid(format!(
             "bundle {BUNDLE_MANIFEST} names {}@{}, blueprint.yaml {}@{}",
             manifest.name, manifest.version, blueprint.manifest.name, blueprint.manifest.version

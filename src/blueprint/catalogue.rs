@@ -55,7 +55,11 @@ fn installed(row: &BlueprintRow, versions: Vec<String>) -> Result<Installed> {
 
 /// Versions of `name`, oldest first (by version number).
 async fn versions_of(domain: &Domain, name: &str) -> Result<Vec<BlueprintRow>> {
-    let mut rows = domain.store.blueprints().list_blueprints(Some(name)).await?;
+    let mut rows = domain
+        .store
+        .blueprints()
+        .list_blueprints(Some(name))
+        .await?;
     rows.sort_by(|a, b| version::compare(&a.version, &b.version));
     Ok(rows)
 }
@@ -191,7 +195,9 @@ async fn remove_checked(
 ) -> Result<u64> {
     principal.require(Role::Operator)?;
     if versions_of(domain, name).await?.is_empty() {
-        return Err(Error::NotFound(format!("blueprint '{name}' is not installed")));
+        return Err(Error::NotFound(format!(
+            "blueprint '{name}' is not installed"
+        )));
     }
     let applied: Vec<String> = domain
         .store
@@ -372,8 +378,7 @@ async fn prepare_apply_checked(
         version: row.version.clone(),
         kind: "apply".into(),
         target,
-        parameters: serde_json::to_string(&blueprint.manifest.redact(&values))
-            .unwrap_or_default(),
+        parameters: serde_json::to_string(&blueprint.manifest.redact(&values)).unwrap_or_default(),
         plan: plan_text,
         results: String::new(),
         applied_by: principal.name.clone(),
@@ -524,12 +529,11 @@ fn rollback_plan(previous: &Plan, current: &Plan) -> Plan {
     }
     directories.sort_by_key(|p| std::cmp::Reverse(p.matches('/').count()));
     for path in directories {
-        plan.resources
-            .push(Resource::Directory(DirectoryResource {
-                path,
-                state: Some(Presence::Absent),
-                ..DirectoryResource::default()
-            }));
+        plan.resources.push(Resource::Directory(DirectoryResource {
+            path,
+            state: Some(Presence::Absent),
+            ..DirectoryResource::default()
+        }));
     }
     plan
 }
@@ -546,9 +550,16 @@ fn path_of(resource: &Resource) -> Option<&str> {
 fn is_absent(resource: &Resource) -> bool {
     matches!(
         resource,
-        Resource::File(FileResource { state: Some(Presence::Absent), .. })
-            | Resource::Directory(DirectoryResource { state: Some(Presence::Absent), .. })
-            | Resource::Symlink(SymlinkResource { state: Some(Presence::Absent), .. })
+        Resource::File(FileResource {
+            state: Some(Presence::Absent),
+            ..
+        }) | Resource::Directory(DirectoryResource {
+            state: Some(Presence::Absent),
+            ..
+        }) | Resource::Symlink(SymlinkResource {
+            state: Some(Presence::Absent),
+            ..
+        })
     )
 }
 
@@ -629,7 +640,10 @@ pub async fn applied(
         .await?
         .into_iter()
         .collect();
-    Ok(rows.into_iter().filter(|r| ids.contains(&r.agent_id)).collect())
+    Ok(rows
+        .into_iter()
+        .filter(|r| ids.contains(&r.agent_id))
+        .collect())
 }
 
 #[cfg(test)]
@@ -665,6 +679,9 @@ mod tests {
             .iter()
             .map(|r| format!("{} {}", r.label(), is_absent(r)))
             .collect();
-        assert_eq!(labels, ["file:/a false", "file:/d/b true", "directory:/d true"]);
+        assert_eq!(
+            labels,
+            ["file:/a false", "file:/d/b true", "directory:/d true"]
+        );
     }
 }

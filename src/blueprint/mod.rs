@@ -327,7 +327,10 @@ fn typed(kind: ParameterType, value: &serde_json::Value) -> std::result::Result<
 }
 
 /// A `--set` value as its parameter's type.
-pub fn parse_value(kind: ParameterType, text: &str) -> std::result::Result<serde_json::Value, String> {
+pub fn parse_value(
+    kind: ParameterType,
+    text: &str,
+) -> std::result::Result<serde_json::Value, String> {
     match kind {
         ParameterType::String => Ok(serde_json::Value::String(text.to_string())),
         ParameterType::Int => text
@@ -753,7 +756,12 @@ mod tests {
         let messages: Vec<&str> = findings.iter().map(|f| f.resource.as_str()).collect();
         assert_eq!(
             messages,
-            ["file:/tmp/x/a", "command:true", "package:nginx", "parameter:unused"]
+            [
+                "file:/tmp/x/a",
+                "command:true",
+                "package:nginx",
+                "parameter:unused"
+            ]
         );
         let strict = blueprint(
             "name: web\nversion: 1.0.0\n",

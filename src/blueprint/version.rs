@@ -93,8 +93,8 @@ impl Range {
             } else {
                 (Op::Eq, part)
             };
-            let version = Version::parse_partial(rest.trim())
-                .map_err(|e| format!("range '{text}': {e}"))?;
+            let version =
+                Version::parse_partial(rest.trim()).map_err(|e| format!("range '{text}': {e}"))?;
             comparators.push((op, version));
         }
         Ok(Range { comparators })

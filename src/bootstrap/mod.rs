@@ -230,7 +230,11 @@ fn write_config(
     write_atomically(path, text.as_bytes(), mode)?;
     let mut what = format!(
         "{} {}",
-        if existing.is_some() { "replaced" } else { "wrote" },
+        if existing.is_some() {
+            "replaced"
+        } else {
+            "wrote"
+        },
         path.display()
     );
     if !generated.is_empty() {
@@ -364,7 +368,10 @@ mod tests {
         )
         .unwrap();
         let first = configure(root.path(), &seed, false).unwrap();
-        assert!(first.contains("generated hmacsecret, master_key"), "{first}");
+        assert!(
+            first.contains("generated hmacsecret, master_key"),
+            "{first}"
+        );
         let path = server_config_path(root.path());
         let text = std::fs::read_to_string(&path).unwrap();
         use std::os::unix::fs::PermissionsExt;
@@ -373,8 +380,7 @@ mod tests {
         let again = configure(root.path(), &seed, false).unwrap();
         assert!(again.contains("unchanged"), "{again}");
         assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
-        let changed: Seed =
-            serde_yaml_ng::from_str("server: {data_dir: /elsewhere}\n").unwrap();
+        let changed: Seed = serde_yaml_ng::from_str("server: {data_dir: /elsewhere}\n").unwrap();
         assert!(configure(root.path(), &changed, false).is_err());
         assert!(configure(root.path(), &changed, true).is_ok());
         assert!(validate(root.path(), &seed).is_ok());

@@ -14,8 +14,8 @@ use super::output::{print_json, print_table};
 use super::values::target;
 use super::{CliError, Common, Output};
 use crate::blueprint::{self, bundle, Blueprint, Manifest, ParameterError};
-use crate::proto::blueprint_service_client::BlueprintServiceClient;
 use crate::proto;
+use crate::proto::blueprint_service_client::BlueprintServiceClient;
 
 pub fn main(program: &str, args: Vec<String>) -> i32 {
     super::run_partly_built(program, args, run)
@@ -217,7 +217,8 @@ fn failed(error: crate::Error) -> CliError {
 /// A blueprint from a directory or a bundle file.
 fn load(path: &Path) -> Result<Blueprint, CliError> {
     if path.is_dir() {
-        return Blueprint::load_dir(path).map_err(|e| CliError::failed(format!("{}: {e}", path.display())));
+        return Blueprint::load_dir(path)
+            .map_err(|e| CliError::failed(format!("{}: {e}", path.display())));
     }
     let bytes = std::fs::read(path)
         .map_err(|e| CliError::failed(format!("cannot read {}: {e}", path.display())))?;
@@ -229,7 +230,8 @@ fn bundle_bytes(path: &Path) -> Result<Vec<u8>, CliError> {
     if path.is_dir() {
         return bundle::write(&load(path)?).map_err(failed);
     }
-    std::fs::read(path).map_err(|e| CliError::failed(format!("cannot read {}: {e}", path.display())))
+    std::fs::read(path)
+        .map_err(|e| CliError::failed(format!("cannot read {}: {e}", path.display())))
 }
 
 fn sets(sets: &[String]) -> Result<BTreeMap<String, String>, CliError> {
@@ -347,7 +349,11 @@ async fn body(common: Common, args: Args) -> Result<(), CliError> {
                         "removed {} ({} version{})",
                         a.name,
                         removed.versions_removed,
-                        if removed.versions_removed == 1 { "" } else { "s" }
+                        if removed.versions_removed == 1 {
+                            ""
+                        } else {
+                            "s"
+                        }
                     );
                     Ok(())
                 }
@@ -412,7 +418,10 @@ async fn body(common: Common, args: Args) -> Result<(), CliError> {
                             ]
                         })
                         .collect();
-                    print_table(&["BLUEPRINT", "AGENT", "VERSION", "STATUS", "APPLIED"], &rows);
+                    print_table(
+                        &["BLUEPRINT", "AGENT", "VERSION", "STATUS", "APPLIED"],
+                        &rows,
+                    );
                     Ok(())
                 }
             }
@@ -450,8 +459,9 @@ fn init(args: InitArgs) -> Result<(), CliError> {
     for (path, text) in files {
         let target = dir.join(path);
         if let Some(parent) = target.parent() {
-            std::fs::create_dir_all(parent)
-                .map_err(|e| CliError::failed(format!("cannot create {}: {e}", parent.display())))?;
+            std::fs::create_dir_all(parent).map_err(|e| {
+                CliError::failed(format!("cannot create {}: {e}", parent.display()))
+            })?;
         }
         std::fs::write(&target, text)
             .map_err(|e| CliError::failed(format!("cannot write {}: {e}", target.display())))?;
@@ -461,8 +471,7 @@ fn init(args: InitArgs) -> Result<(), CliError> {
 }
 
 fn info_json(info: &proto::BlueprintInfo) -> serde_json::Value {
-    let manifest: serde_json::Value =
-        serde_json::from_str(&info.manifest_json).unwrap_or_default();
+    let manifest: serde_json::Value = serde_json::from_str(&info.manifest_json).unwrap_or_default();
     serde_json::json!({
         "name": info.name, "version": info.version, "description": info.description,
         "sha256": info.sha256, "parameters": manifest.get("parameters"),
@@ -538,7 +547,10 @@ async fn info(common: &Common, what: &str) -> Result<(), CliError> {
                 &manifest,
                 &[
                     ("sha256", info.sha256.clone()),
-                    ("installed", format!("{} by {}", info.installed_at, info.installed_by)),
+                    (
+                        "installed",
+                        format!("{} by {}", info.installed_at, info.installed_by),
+                    ),
                     ("versions", info.versions.join(", ")),
                 ],
             );
@@ -551,7 +563,11 @@ fn split_name(text: &str) -> (&str, &str) {
     text.split_once('@').unwrap_or((text, ""))
 }
 
-async fn fetch(common: &Common, name: &str, version: &str) -> Result<proto::BlueprintInfo, CliError> {
+async fn fetch(
+    common: &Common,
+    name: &str,
+    version: &str,
+) -> Result<proto::BlueprintInfo, CliError> {
     let mut client = client(common).await?;
     let request = authorized(
         common,

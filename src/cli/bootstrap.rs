@@ -108,7 +108,10 @@ async fn run(args: Args) -> Result<(), CliError> {
         };
         if args.output == Output::Table {
             // One line per phase as it finishes, so a slow phase is visible.
-            eprintln!("svc-bootstrap: {phase} {status} ({} ms)", report.duration_ms);
+            eprintln!(
+                "svc-bootstrap: {phase} {status} ({} ms)",
+                report.duration_ms
+            );
         }
         reports.push(report);
         if status == "failed" {
@@ -219,18 +222,12 @@ async fn blueprints(seed: &Seed) -> Result<Option<String>, String> {
                 if info.versions.contains(version) {
                     done.push(format!("{name} {version} already installed"));
                 } else {
-                    client
-                        .update(request)
-                        .await
-                        .map_err(|s| text(s.into()))?;
+                    client.update(request).await.map_err(|s| text(s.into()))?;
                     done.push(format!("{name} updated to {version}"));
                 }
             }
             Err(status) if status.code() == tonic::Code::NotFound => {
-                client
-                    .install(request)
-                    .await
-                    .map_err(|s| text(s.into()))?;
+                client.install(request).await.map_err(|s| text(s.into()))?;
                 done.push(format!("{name} {version} installed"));
             }
             Err(status) => return Err(text(status.into())),

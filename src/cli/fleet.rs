@@ -649,7 +649,11 @@ pub(super) fn state_json(result: &proto::StateResult) -> serde_json::Value {
     })
 }
 
-pub(super) fn print_state_result(out: &mut impl Write, result: &proto::StateResult, operation: &str) {
+pub(super) fn print_state_result(
+    out: &mut impl Write,
+    result: &proto::StateResult,
+    operation: &str,
+) {
     let _ = writeln!(
         out,
         "== {}  {}  {} ms",

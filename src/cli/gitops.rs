@@ -136,7 +136,10 @@ fn git(args: &[&str], cwd: Option<&Path>) -> Result<String, CliError> {
 fn checkout(repo: &str, git_ref: &str) -> Result<Checkout, CliError> {
     let dir = std::env::temp_dir().join(format!("svc-gitops-{}", crate::ids::ulid()));
     let dir_text = dir.display().to_string();
-    git(&["clone", "--quiet", "--no-checkout", repo, &dir_text], None)?;
+    git(
+        &["clone", "--quiet", "--no-checkout", repo, &dir_text],
+        None,
+    )?;
     let mut checkout = Checkout {
         dir,
         commit: String::new(),
@@ -150,7 +153,10 @@ fn checkout(repo: &str, git_ref: &str) -> Result<Checkout, CliError> {
 }
 
 /// Each entry with the plan it stands for.
-fn plans(tree: &Path, path: Option<&str>) -> Result<Vec<(Entry, Plan, Option<(String, String)>)>, CliError> {
+fn plans(
+    tree: &Path,
+    path: Option<&str>,
+) -> Result<Vec<(Entry, Plan, Option<(String, String)>)>, CliError> {
     let base = match path {
         Some(path) => {
             crate::blueprint::check_relative(path).map_err(|e| CliError::usage(e.to_string()))?;
@@ -159,15 +165,20 @@ fn plans(tree: &Path, path: Option<&str>) -> Result<Vec<(Entry, Plan, Option<(St
         None => tree.to_path_buf(),
     };
     let file = base.join("gitops.yaml");
-    let text = std::fs::read_to_string(&file)
-        .map_err(|e| CliError::failed(format!("the repository has no gitops.yaml at {}: {e}", path.unwrap_or("its root"))))?;
+    let text = std::fs::read_to_string(&file).map_err(|e| {
+        CliError::failed(format!(
+            "the repository has no gitops.yaml at {}: {e}",
+            path.unwrap_or("its root")
+        ))
+    })?;
     let entries: Vec<Entry> = serde_yaml_ng::from_str(&text)
         .map_err(|e| CliError::failed(format!("gitops.yaml: {e}")))?;
     let mut out = Vec::with_capacity(entries.len());
     for entry in entries {
         let (plan, blueprint) = match (&entry.state, &entry.blueprint) {
             (Some(state), None) => {
-                crate::blueprint::check_relative(state).map_err(|e| CliError::failed(e.to_string()))?;
+                crate::blueprint::check_relative(state)
+                    .map_err(|e| CliError::failed(e.to_string()))?;
                 let state_path = base.join(state);
                 let text = std::fs::read_to_string(&state_path)
                     .map_err(|e| CliError::failed(format!("{state}: {e}")))?;
@@ -177,7 +188,8 @@ fn plans(tree: &Path, path: Option<&str>) -> Result<Vec<(Entry, Plan, Option<(St
                 (plan, None)
             }
             (None, Some(dir)) => {
-                crate::blueprint::check_relative(dir).map_err(|e| CliError::failed(e.to_string()))?;
+                crate::blueprint::check_relative(dir)
+                    .map_err(|e| CliError::failed(e.to_string()))?;
                 let blueprint = Blueprint::load_dir(&base.join(dir))
                     .map_err(|e| CliError::failed(format!("{dir}: {e}")))?;
                 let values = blueprint
@@ -187,7 +199,10 @@ fn plans(tree: &Path, path: Option<&str>) -> Result<Vec<(Entry, Plan, Option<(St
                 let (plan, _) = blueprint
                     .render(&values)
                     .map_err(|e| CliError::failed(format!("{dir}: {e}")))?;
-                let id = (blueprint.manifest.name.clone(), blueprint.manifest.version.clone());
+                let id = (
+                    blueprint.manifest.name.clone(),
+                    blueprint.manifest.version.clone(),
+                );
                 (plan, Some(id))
             }
             _ => {
@@ -223,8 +238,8 @@ async fn verify(common: &Common, args: VerifyArgs) -> Result<(), CliError> {
     // (target, agent, resource, difference)
     let mut differences: Vec<[String; 4]> = Vec::new();
     for (entry, plan, blueprint) in &entries {
-        let plan_text = serde_json::to_string(plan)
-            .map_err(|e| CliError::failed(format!("plan: {e}")))?;
+        let plan_text =
+            serde_json::to_string(plan).map_err(|e| CliError::failed(format!("plan: {e}")))?;
         let request = proto::StateRequest {
             target: entry.target.clone(),
             plan: plan_text,
@@ -274,7 +289,10 @@ async fn verify(common: &Common, args: VerifyArgs) -> Result<(), CliError> {
                 .await?
                 .into_inner()
                 .applied;
-            for row in applied.iter().filter(|r| r.name == *name && r.version != *version) {
+            for row in applied
+                .iter()
+                .filter(|r| r.name == *name && r.version != *version)
+            {
                 differences.push([
                     entry.target.clone(),
                     row.agent_id.clone(),
@@ -326,8 +344,8 @@ async fn rollback(common: &Common, args: RollbackArgs) -> Result<(), CliError> {
     let mut summary = Summary::default();
     let stdout = std::io::stdout();
     for (entry, plan, _) in &entries {
-        let plan_text = serde_json::to_string(plan)
-            .map_err(|e| CliError::failed(format!("plan: {e}")))?;
+        let plan_text =
+            serde_json::to_string(plan).map_err(|e| CliError::failed(format!("plan: {e}")))?;
         let request = proto::StateRequest {
             target: entry.target.clone(),
             plan: plan_text,

@@ -7,10 +7,10 @@
 //! under row locks. Migrations run at start under a session advisory lock, so two servers
 //! starting together apply each migration once.
 
+mod blueprints;
 pub mod cluster;
 mod export;
 mod fleet;
-mod blueprints;
 mod jwt;
 mod secrets;
 mod tls;

@@ -4,8 +4,8 @@
 //! (nothing awaits while a connection is checked out) instead of paying a `spawn_blocking`
 //! hop per call. WAL lets the pooled readers run beside the one writer.
 
-mod fleet;
 mod blueprints;
+mod fleet;
 mod jwt;
 mod secrets;
 

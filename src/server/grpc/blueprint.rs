@@ -67,9 +67,13 @@ impl proto::blueprint_service_server::BlueprintService for Blueprints {
         request: Request<proto::InstallBlueprintRequest>,
     ) -> Result<Response<proto::BlueprintInfo>, Status> {
         let caller = principal(&request)?;
-        let installed =
-            catalogue::install(&self.context.domain, &caller, &request.get_ref().bundle, true)
-                .await?;
+        let installed = catalogue::install(
+            &self.context.domain,
+            &caller,
+            &request.get_ref().bundle,
+            true,
+        )
+        .await?;
         Ok(Response::new(installed.into()))
     }
 
@@ -103,9 +107,13 @@ impl proto::blueprint_service_server::BlueprintService for Blueprints {
     ) -> Result<Response<proto::BlueprintInfo>, Status> {
         let caller = principal(&request)?;
         let request = request.into_inner();
-        let installed =
-            catalogue::get(&self.context.domain, &caller, &request.name, &request.version)
-                .await?;
+        let installed = catalogue::get(
+            &self.context.domain,
+            &caller,
+            &request.name,
+            &request.version,
+        )
+        .await?;
         Ok(Response::new(installed.into()))
     }
 

@@ -47,7 +47,8 @@ pub async fn serve(
         .build_v1alpha();
 
     use proto::{
-        blueprint_service_server::BlueprintServiceServer, cluster_service_server::ClusterServiceServer, event_service_server::EventServiceServer,
+        blueprint_service_server::BlueprintServiceServer,
+        cluster_service_server::ClusterServiceServer, event_service_server::EventServiceServer,
         fleet_service_server::FleetServiceServer, identity_service_server::IdentityServiceServer,
         policy_service_server::PolicyServiceServer, secrets_service_server::SecretsServiceServer,
     };
