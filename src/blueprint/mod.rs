@@ -258,6 +258,13 @@ impl Manifest {
     }
 }
 
+/// A render with stand-ins: the values used, the whole plan, and each state file's plan.
+pub struct Sample {
+    pub values: Values,
+    pub plan: Plan,
+    pub each: Vec<(String, Plan)>,
+}
+
 /// String stand-ins for required parameters validate and lint are not given: a plain word
 /// first (names inside paths), then an absolute path (parameters that are a path's root).
 pub const STAND_INS: [&str; 2] = ["example", "/example"];
@@ -265,15 +272,12 @@ pub const STAND_INS: [&str; 2] = ["example", "/example"];
 impl Blueprint {
     /// Renders with `given` and stand-ins for the missing required parameters (each of
     /// [`STAND_INS`] in turn, the first that renders wins); the values used come back too.
-    pub fn render_sample(
-        &self,
-        given: &BTreeMap<String, String>,
-    ) -> Result<(Values, Plan, Vec<(String, Plan)>)> {
+    pub fn render_sample(&self, given: &BTreeMap<String, String>) -> Result<Sample> {
         let mut first_error = None;
         for stand_in in STAND_INS {
             let values = self.manifest.sample_values(given, stand_in)?;
             match self.render(&values) {
-                Ok((plan, each)) => return Ok((values, plan, each)),
+                Ok((plan, each)) => return Ok(Sample { values, plan, each }),
                 Err(e) => {
                     first_error.get_or_insert(e);
                 }
@@ -485,7 +489,7 @@ impl Blueprint {
     /// Risky patterns: world-writable modes, commands without a guard, packages that cannot
     /// be pinned, parameters no template uses, secrets with a default.
     pub fn lint(&self, given: &BTreeMap<String, String>) -> Result<Vec<Finding>> {
-        let (_, _, each) = self.render_sample(given)?;
+        let each = self.render_sample(given)?.each;
         let mut findings = Vec::new();
         for (file, plan) in &each {
             for resource in &plan.resources {
@@ -744,7 +748,7 @@ mod tests {
         .unwrap();
         let values = bp.manifest.resolve(&BTreeMap::new()).unwrap();
         let (plan, _) = bp.render(&values).unwrap();
-        assert_eq!(bp.render_sample(&BTreeMap::new()).unwrap().1, plan);
+        assert_eq!(bp.render_sample(&BTreeMap::new()).unwrap().plan, plan);
         match &plan.resources[0] {
             Resource::File(f) => {
                 assert_eq!(f.path, "/tmp/x/a");

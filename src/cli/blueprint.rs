@@ -256,7 +256,7 @@ async fn body(common: Common, args: Args) -> Result<(), CliError> {
                 .filter(|(name, p)| p.default.is_none() && !given.contains_key(*name))
                 .map(|(name, _)| name.as_str())
                 .collect();
-            let (_, plan, each) = blueprint.render_sample(&given).map_err(|e| match e {
+            let sample = blueprint.render_sample(&given).map_err(|e| match e {
                 crate::Error::Invalid(_) if !stand_ins.is_empty() => CliError::failed(format!(
                     "{e} (rendered with stand-in values for {}; give them with --set)",
                     stand_ins.join(", ")
@@ -266,15 +266,15 @@ async fn body(common: Common, args: Args) -> Result<(), CliError> {
             match common.output {
                 Output::Json => print_json(&serde_json::json!({
                     "name": blueprint.manifest.name, "version": blueprint.manifest.version,
-                    "valid": true, "states": each.len(), "resources": plan.resources.len(),
+                    "valid": true, "states": sample.each.len(), "resources": sample.plan.resources.len(),
                 })),
                 Output::Table => {
                     println!(
                         "{} {}: valid ({} state files, {} resources)",
                         blueprint.manifest.name,
                         blueprint.manifest.version,
-                        each.len(),
-                        plan.resources.len()
+                        sample.each.len(),
+                        sample.plan.resources.len()
                     );
                     Ok(())
                 }

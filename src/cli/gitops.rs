@@ -152,11 +152,16 @@ fn checkout(repo: &str, git_ref: &str) -> Result<Checkout, CliError> {
     Ok(checkout)
 }
 
+/// An entry of gitops.yaml with the plan it stands for.
+struct Desired {
+    entry: Entry,
+    plan: Plan,
+    /// A blueprint entry's (name, version).
+    blueprint: Option<(String, String)>,
+}
+
 /// Each entry with the plan it stands for.
-fn plans(
-    tree: &Path,
-    path: Option<&str>,
-) -> Result<Vec<(Entry, Plan, Option<(String, String)>)>, CliError> {
+fn plans(tree: &Path, path: Option<&str>) -> Result<Vec<Desired>, CliError> {
     let base = match path {
         Some(path) => {
             crate::blueprint::check_relative(path).map_err(|e| CliError::usage(e.to_string()))?;
@@ -212,7 +217,11 @@ fn plans(
                 )))
             }
         };
-        out.push((entry, plan, blueprint));
+        out.push(Desired {
+            entry,
+            plan,
+            blueprint,
+        });
     }
     Ok(out)
 }
@@ -237,7 +246,12 @@ async fn verify(common: &Common, args: VerifyArgs) -> Result<(), CliError> {
     let mut catalogue = BlueprintServiceClient::new(grpc_channel(common).await?);
     // (target, agent, resource, difference)
     let mut differences: Vec<[String; 4]> = Vec::new();
-    for (entry, plan, blueprint) in &entries {
+    for Desired {
+        entry,
+        plan,
+        blueprint,
+    } in &entries
+    {
         let plan_text =
             serde_json::to_string(plan).map_err(|e| CliError::failed(format!("plan: {e}")))?;
         let request = proto::StateRequest {
@@ -343,7 +357,7 @@ async fn rollback(common: &Common, args: RollbackArgs) -> Result<(), CliError> {
     }
     let mut summary = Summary::default();
     let stdout = std::io::stdout();
-    for (entry, plan, _) in &entries {
+    for Desired { entry, plan, .. } in &entries {
         let plan_text =
             serde_json::to_string(plan).map_err(|e| CliError::failed(format!("plan: {e}")))?;
         let request = proto::StateRequest {
