@@ -148,6 +148,13 @@ fn local_commands_bundle_reproducibly_and_lint() {
         "{strict:?}"
     );
 
+    // A bad --set is a usage error.
+    std::fs::remove_file(dir.join("states/risky.yaml")).unwrap();
+    let bad = cmd(&["validate", dir.to_str().unwrap(), "--set", "port=eighty"]);
+    assert_eq!(bad.code, 2, "{bad:?}");
+    let unknown = cmd(&["validate", dir.to_str().unwrap(), "--set", "nope=1"]);
+    assert_eq!(unknown.code, 2, "{unknown:?}");
+
     // init scaffolds a blueprint that validates.
     let scaffold = work.path().join("new");
     let init = cmd(&["init", "new", "--dir", scaffold.to_str().unwrap()]);
@@ -351,6 +358,24 @@ fn install_apply_update_rollback_on_real_agents() {
     // The state path's own audit row and events are there too.
     let rows = audit_rows(&server, &["--action", "state.apply", "--limit", "10"]);
     assert_eq!(rows.len(), 3, "{rows:?}");
+    let events = run(server.cli("svc-events").args([
+        "--api-key",
+        &server.admin_key,
+        "-o",
+        "json",
+        "list",
+        "--type",
+        "state_apply_succeeded",
+        "--limit",
+        "100",
+    ]));
+    assert_eq!(events.code, 0, "{events:?}");
+    // Three runs (apply, apply, rollback) on two agents each.
+    assert_eq!(
+        json_of(&events)["items"].as_array().unwrap().len(),
+        6,
+        "{events:?}"
+    );
 
     // Remove: refused while applied, unless --force.
     let refused = blueprint(&server, &operator, &["remove", "web"]);

@@ -249,6 +249,11 @@ async fn body(common: Common, args: Args) -> Result<(), CliError> {
         Command::Validate(a) => {
             let blueprint = load(&a.path)?;
             let given = sets(&a.set)?;
+            // A bad --set (unknown name, wrong type) is a usage error, whatever the stand-ins.
+            blueprint
+                .manifest
+                .sample_values(&given, blueprint::STAND_INS[0])
+                .map_err(|e| CliError::usage(e.to_string()))?;
             let stand_ins: Vec<&str> = blueprint
                 .manifest
                 .parameters
