@@ -2243,22 +2243,26 @@ async fn blueprint_tables(store: Arc<dyn Store>, _db: Db) {
         installed_by: "ops".into(),
         installed_at: at(n),
     };
-    blueprints
-        .insert_blueprint(&version("web", "1.0.0", 1))
-        .await
-        .unwrap();
-    blueprints
-        .insert_blueprint(&version("web", "2.0.0", 2))
-        .await
-        .unwrap();
-    blueprints
-        .insert_blueprint(&version("db", "1.0.0", 3))
-        .await
-        .unwrap();
-    let again = blueprints
-        .insert_blueprint(&version("web", "1.0.0", 4))
+    let not_yet = blueprints
+        .insert_blueprint(&version("web", "1.0.0", 1), true)
         .await;
+    assert!(matches!(not_yet, Err(Error::NotFound(_))), "{not_yet:?}");
+    let insert = |row: svc::store::BlueprintRow, is_update: bool| {
+        let store = store.clone();
+        async move { store.blueprints().insert_blueprint(&row, is_update).await }
+    };
+    insert(version("web", "1.0.0", 1), false).await.unwrap();
+    let twice = insert(version("web", "1.1.0", 1), false).await;
+    assert!(
+        is_conflict(&twice),
+        "install of an installed name: {twice:?}"
+    );
+    insert(version("web", "2.0.0", 2), true).await.unwrap();
+    let older = insert(version("web", "1.5.0", 2), true).await;
+    assert!(is_conflict(&older), "an update must be newer: {older:?}");
+    let again = insert(version("web", "2.0.0", 4), true).await;
     assert!(is_conflict(&again), "{again:?}");
+    insert(version("db", "1.0.0", 3), false).await.unwrap();
     let web = blueprints.list_blueprints(Some("web")).await.unwrap();
     assert_eq!(web.len(), 2);
     assert_eq!(web[0], version("web", "1.0.0", 1));

@@ -111,30 +111,6 @@ async fn install_checked(
     blueprint.check_templates()?;
     let manifest = &blueprint.manifest;
     let existing = versions_of(domain, &manifest.name).await?;
-    match (is_update, existing.last()) {
-        (false, Some(latest)) => {
-            return Err(Error::Conflict(format!(
-                "blueprint '{}' is installed ({}); use update for a newer version",
-                manifest.name, latest.version
-            )))
-        }
-        (true, None) => {
-            return Err(Error::NotFound(format!(
-                "blueprint '{}' is not installed; use install",
-                manifest.name
-            )))
-        }
-        (true, Some(latest))
-            if version::compare(&manifest.version, &latest.version)
-                != std::cmp::Ordering::Greater =>
-        {
-            return Err(Error::Conflict(format!(
-                "blueprint '{}' {} is not newer than the installed {}",
-                manifest.name, manifest.version, latest.version
-            )))
-        }
-        _ => {}
-    }
     for requirement in &manifest.requires {
         let range = Range::parse(&requirement.version).map_err(Error::Invalid)?;
         let available = versions_of(domain, &requirement.name).await?;
@@ -161,7 +137,12 @@ async fn install_checked(
         installed_by: principal.name.clone(),
         installed_at: clock::now_rfc3339(),
     };
-    domain.store.blueprints().insert_blueprint(&row).await?;
+    // The store checks install-vs-update and the version order in its write transaction.
+    domain
+        .store
+        .blueprints()
+        .insert_blueprint(&row, is_update)
+        .await?;
     let mut versions: Vec<String> = existing.into_iter().map(|r| r.version).collect();
     versions.push(row.version.clone());
     installed(&row, versions)

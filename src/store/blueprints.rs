@@ -4,7 +4,34 @@
 
 use async_trait::async_trait;
 
-use crate::Result;
+use crate::{Error, Result};
+
+/// The rule `insert_blueprint` enforces, given the versions installed under the row's name.
+pub(crate) fn check_insert(
+    row: &BlueprintRow,
+    installed: &[String],
+    is_update: bool,
+) -> Result<()> {
+    use crate::blueprint::version::compare;
+    let newest = installed.iter().max_by(|a, b| compare(a, b));
+    match (is_update, newest) {
+        (false, Some(newest)) => Err(Error::Conflict(format!(
+            "blueprint '{}' is installed ({newest}); use update for a newer version",
+            row.name
+        ))),
+        (true, None) => Err(Error::NotFound(format!(
+            "blueprint '{}' is not installed; use install",
+            row.name
+        ))),
+        (true, Some(newest)) if compare(&row.version, newest) != std::cmp::Ordering::Greater => {
+            Err(Error::Conflict(format!(
+                "blueprint '{}' {} is not newer than the installed {newest}",
+                row.name, row.version
+            )))
+        }
+        _ => Ok(()),
+    }
+}
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BlueprintRow {
@@ -50,8 +77,11 @@ pub struct BlueprintAgentRow {
 
 #[async_trait]
 pub trait BlueprintStore: Send + Sync {
-    /// Adds a version; Conflict when that name and version are already there.
-    async fn insert_blueprint(&self, row: &BlueprintRow) -> Result<()>;
+    /// Adds a version, checked in the same write transaction (so it holds across servers
+    /// sharing one PostgreSQL): an install (`is_update` false) needs a name with no version
+    /// yet, an update a version newer than every installed one (Conflict, or NotFound for an
+    /// update of a name not installed).
+    async fn insert_blueprint(&self, row: &BlueprintRow, is_update: bool) -> Result<()>;
     /// Every version of `name` (any order), or of every blueprint when `name` is None.
     async fn list_blueprints(&self, name: Option<&str>) -> Result<Vec<BlueprintRow>>;
     /// Deletes every version of `name` and its applied-where rows (apply records stay);

@@ -5,6 +5,7 @@ use async_trait::async_trait;
 use tokio_postgres::Row;
 
 use super::PostgresStore;
+use crate::store::blueprints::check_insert;
 use crate::store::{BlueprintAgentRow, BlueprintApplyRow, BlueprintRow, BlueprintStore};
 use crate::Result;
 
@@ -49,8 +50,24 @@ fn agent(row: &Row) -> Result<BlueprintAgentRow, tokio_postgres::Error> {
 
 #[async_trait]
 impl BlueprintStore for PostgresStore {
-    async fn insert_blueprint(&self, row: &BlueprintRow) -> Result<()> {
-        self.execute(
+    async fn insert_blueprint(&self, row: &BlueprintRow, is_update: bool) -> Result<()> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        // Installs and updates on every server sharing the database take turns here, so the
+        // check below sees every version committed before it.
+        tx.batch_execute("LOCK TABLE blueprints IN SHARE ROW EXCLUSIVE MODE")
+            .await?;
+        let installed: Vec<String> = tx
+            .query(
+                "SELECT version FROM blueprints WHERE name = $1",
+                &[&row.name],
+            )
+            .await?
+            .iter()
+            .map(|r| r.try_get(0))
+            .collect::<Result<_, tokio_postgres::Error>>()?;
+        check_insert(row, &installed, is_update)?;
+        tx.execute(
             &format!(
                 "INSERT INTO blueprints ({BLUEPRINT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
             ),
@@ -66,6 +83,7 @@ impl BlueprintStore for PostgresStore {
             ],
         )
         .await?;
+        tx.commit().await?;
         Ok(())
     }
 

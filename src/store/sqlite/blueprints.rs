@@ -5,6 +5,7 @@ use async_trait::async_trait;
 use rusqlite::{params, Row, TransactionBehavior};
 
 use super::SqliteStore;
+use crate::store::blueprints::check_insert;
 use crate::store::{BlueprintAgentRow, BlueprintApplyRow, BlueprintRow, BlueprintStore};
 use crate::Result;
 
@@ -49,9 +50,18 @@ fn agent(row: &Row<'_>) -> rusqlite::Result<BlueprintAgentRow> {
 
 #[async_trait]
 impl BlueprintStore for SqliteStore {
-    async fn insert_blueprint(&self, row: &BlueprintRow) -> Result<()> {
+    async fn insert_blueprint(&self, row: &BlueprintRow, is_update: bool) -> Result<()> {
         self.with(|c| {
-            c.prepare_cached(&format!(
+            let _writer = self.writer.lock().expect("writer lock poisoned");
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let installed: Vec<String> = {
+                let mut statement =
+                    tx.prepare_cached("SELECT version FROM blueprints WHERE name = ?1")?;
+                let rows = statement.query_map([&row.name], |r| r.get(0))?;
+                rows.collect::<rusqlite::Result<_>>()?
+            };
+            check_insert(row, &installed, is_update)?;
+            tx.prepare_cached(&format!(
                 "INSERT INTO blueprints ({BLUEPRINT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
             ))?
             .execute(params![
@@ -64,6 +74,7 @@ impl BlueprintStore for SqliteStore {
                 row.installed_by,
                 row.installed_at
             ])?;
+            tx.commit()?;
             Ok(())
         })
     }
