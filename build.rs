@@ -15,6 +15,7 @@ const PROTOS: &[&str] = &[
     "proto/svc/v1/fleet.proto",
     "proto/svc/v1/webhooks.proto",
     "proto/svc/v1/runbooks.proto",
+    "proto/svc/v1/blueprint.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

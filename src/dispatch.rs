@@ -38,6 +38,9 @@ fn table() -> Vec<(&'static str, Entry)> {
         ("svc-files", cli::files::main),
         ("svc-webhook", cli::webhook::main),
         ("svc-runbook", cli::runbook::main),
+        ("svc-blueprint", cli::blueprint::main),
+        ("svc-bootstrap", cli::bootstrap::main),
+        ("svc-gitops", cli::gitops::main),
     ];
     for tool in planned::TOOLS {
         match built.iter().find(|(name, _)| *name == tool.name) {

@@ -7,6 +7,8 @@ pub mod agent;
 pub mod audit;
 pub mod auth;
 pub mod backup;
+pub mod blueprint;
+pub mod bootstrap;
 pub mod bus;
 pub mod cli;
 pub mod clock;

@@ -122,14 +122,14 @@ fn commands_not_built_yet_say_so_and_fail() {
     let names = Names::new();
     let cases: &[(&str, &[&str], &str)] = &[
         (
-            "svc-blueprint",
+            "svc-module",
             &["init", "a"],
-            "svc-blueprint: 'init' is not implemented yet",
+            "svc-module: 'init' is not implemented yet",
         ),
         (
             "svcctl",
-            &["--api-key", "k", "gitops", "verify"],
-            "svc-gitops: 'verify' is not implemented yet",
+            &["--api-key", "k", "registry", "serve"],
+            "svc-registry: 'serve' is not implemented yet",
         ),
     ];
     for (name, args, message) in cases {

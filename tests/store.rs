@@ -144,6 +144,7 @@ conformance!(
     transit_keys,
     leases,
     unique_violations_are_conflicts,
+    blueprint_tables,
 );
 
 // ---- Rows ----
@@ -2225,4 +2226,95 @@ fn postgres_wrong_password_is_unauthenticated() {
     let message = error.to_string();
     assert!(message.contains("refused the login"), "{message}");
     assert!(!message.contains("not-the-password"), "{message}");
+}
+
+// ---- Blueprints ----
+
+async fn blueprint_tables(store: Arc<dyn Store>, _db: Db) {
+    use svc::store::{BlueprintAgentRow, BlueprintApplyRow, BlueprintRow};
+    let blueprints = store.blueprints();
+    let version = |name: &str, version: &str, n: u32| BlueprintRow {
+        name: name.into(),
+        version: version.into(),
+        description: "d".into(),
+        sha256: "00".into(),
+        manifest: "{}".into(),
+        bundle: "AA==".into(),
+        installed_by: "ops".into(),
+        installed_at: at(n),
+    };
+    let not_yet = blueprints
+        .insert_blueprint(&version("web", "1.0.0", 1), true)
+        .await;
+    assert!(matches!(not_yet, Err(Error::NotFound(_))), "{not_yet:?}");
+    let insert = |row: svc::store::BlueprintRow, is_update: bool| {
+        let store = store.clone();
+        async move { store.blueprints().insert_blueprint(&row, is_update).await }
+    };
+    insert(version("web", "1.0.0", 1), false).await.unwrap();
+    let twice = insert(version("web", "1.1.0", 1), false).await;
+    assert!(
+        is_conflict(&twice),
+        "install of an installed name: {twice:?}"
+    );
+    insert(version("web", "2.0.0", 2), true).await.unwrap();
+    let older = insert(version("web", "1.5.0", 2), true).await;
+    assert!(is_conflict(&older), "an update must be newer: {older:?}");
+    let again = insert(version("web", "2.0.0", 4), true).await;
+    assert!(is_conflict(&again), "{again:?}");
+    insert(version("db", "1.0.0", 3), false).await.unwrap();
+    let web = blueprints.list_blueprints(Some("web")).await.unwrap();
+    assert_eq!(web.len(), 2);
+    assert_eq!(web[0], version("web", "1.0.0", 1));
+    assert_eq!(blueprints.list_blueprints(None).await.unwrap().len(), 3);
+
+    let apply = |id: &str, v: &str, n: u32| BlueprintApplyRow {
+        id: id.into(),
+        name: "web".into(),
+        version: v.into(),
+        kind: "apply".into(),
+        target: "*".into(),
+        parameters: "{}".into(),
+        plan: "{\"resources\":[]}".into(),
+        results: "[]".into(),
+        applied_by: "ops".into(),
+        applied_at: at(n),
+    };
+    let on = |agent: &str, apply_id: &str, v: &str| BlueprintAgentRow {
+        name: "web".into(),
+        agent_id: agent.into(),
+        version: v.into(),
+        apply_id: apply_id.into(),
+        status: "changed".into(),
+        applied_at: at(9),
+    };
+    blueprints
+        .record_blueprint_apply(
+            &apply("A1", "1.0.0", 5),
+            &[on("a", "A1", "1.0.0"), on("b", "A1", "1.0.0")],
+        )
+        .await
+        .unwrap();
+    blueprints
+        .record_blueprint_apply(&apply("A2", "2.0.0", 6), &[on("a", "A2", "2.0.0")])
+        .await
+        .unwrap();
+    let applies = blueprints.list_blueprint_applies("web").await.unwrap();
+    let order: Vec<&str> = applies.iter().map(|a| a.id.as_str()).collect();
+    assert_eq!(order, ["A2", "A1"], "newest first");
+    let agents = blueprints.list_blueprint_agents().await.unwrap();
+    assert_eq!(agents, [on("a", "A2", "2.0.0"), on("b", "A1", "1.0.0")]);
+
+    assert_eq!(blueprints.delete_blueprint("web").await.unwrap(), 2);
+    assert!(blueprints.list_blueprint_agents().await.unwrap().is_empty());
+    assert_eq!(
+        blueprints
+            .list_blueprint_applies("web")
+            .await
+            .unwrap()
+            .len(),
+        2,
+        "records stay"
+    );
+    assert_eq!(blueprints.list_blueprints(None).await.unwrap().len(), 1);
 }

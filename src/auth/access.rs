@@ -134,6 +134,14 @@ pub const GRPC: &[(&str, Access)] = &[
     ("svc.v1.RunbookService/Audit", Least(Readonly)),
     ("svc.v1.RunbookService/Cancel", Least(Operator)),
     ("svc.v1.RunbookService/Approve", Least(Operator)),
+    ("svc.v1.BlueprintService/Install", Least(Operator)),
+    ("svc.v1.BlueprintService/Update", Least(Operator)),
+    ("svc.v1.BlueprintService/Remove", Least(Operator)),
+    ("svc.v1.BlueprintService/List", Least(Readonly)),
+    ("svc.v1.BlueprintService/Get", Least(Readonly)),
+    ("svc.v1.BlueprintService/Apply", Least(Operator)),
+    ("svc.v1.BlueprintService/Applied", Least(Readonly)),
+    ("svc.v1.BlueprintService/Rollback", Least(Operator)),
 ];
 
 /// Every REST route, as `METHOD /path` with `{id}` for a path parameter.

@@ -20,7 +20,7 @@ async fn client(
     Ok(FleetServiceClient::new(grpc_channel(common).await?))
 }
 
-fn duration(text: &Option<String>, flag: &str) -> Result<u64, CliError> {
+pub(super) fn duration(text: &Option<String>, flag: &str) -> Result<u64, CliError> {
     match text {
         None => Ok(0),
         Some(text) => crate::clock::parse_duration(text)
@@ -290,7 +290,7 @@ pub fn exec(program: &str, common: Common, args: &[String]) -> i32 {
 
 /// Counts of results by status, for the summary line and the exit code.
 #[derive(Default, serde::Serialize)]
-struct Summary {
+pub(super) struct Summary {
     agents: u64,
     #[serde(flatten)]
     by_status: std::collections::BTreeMap<String, u64>,
@@ -304,7 +304,7 @@ struct Summary {
 const NOT_RUN: &[&str] = &["skipped", "unreachable", "no_state"];
 
 impl Summary {
-    fn add_agent(&mut self, agent_id: &str, status: &str, job_id: &str) {
+    pub(super) fn add_agent(&mut self, agent_id: &str, status: &str, job_id: &str) {
         self.agents += 1;
         *self.by_status.entry(status.to_string()).or_default() += 1;
         if self.job_id.is_empty() {
@@ -346,7 +346,7 @@ impl Summary {
     /// counts of `failing` statuses into the exit code. A targeted agent that did not run the
     /// job (quarantined, unreachable, no state) always fails the run, and the message says
     /// which and why.
-    fn finish(&self, output: Output, failing: &[&str]) -> Result<(), CliError> {
+    pub(super) fn finish(&self, output: Output, failing: &[&str]) -> Result<(), CliError> {
         match output {
             Output::Json => println!("{}", serde_json::json!({ "summary": self })),
             Output::Table => eprintln!("{}", self.line()),
@@ -630,7 +630,7 @@ fn settings(resource: &crate::state::Resource) -> String {
     parts.join(" ")
 }
 
-fn state_json(result: &proto::StateResult) -> serde_json::Value {
+pub(super) fn state_json(result: &proto::StateResult) -> serde_json::Value {
     let outcomes: Vec<serde_json::Value> = result
         .outcomes
         .iter()
@@ -649,7 +649,11 @@ fn state_json(result: &proto::StateResult) -> serde_json::Value {
     })
 }
 
-fn print_state_result(out: &mut impl Write, result: &proto::StateResult, operation: &str) {
+pub(super) fn print_state_result(
+    out: &mut impl Write,
+    result: &proto::StateResult,
+    operation: &str,
+) {
     let _ = writeln!(
         out,
         "== {}  {}  {} ms",

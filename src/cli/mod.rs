@@ -8,6 +8,8 @@
 
 pub mod audit;
 pub mod backup;
+pub mod blueprint;
+pub mod bootstrap;
 pub mod client;
 pub mod cluster;
 pub mod completion;
@@ -15,6 +17,7 @@ pub mod ctl;
 pub mod events;
 pub mod files;
 pub mod fleet;
+pub mod gitops;
 pub mod helptext;
 pub mod identity;
 pub mod manpage;

@@ -168,6 +168,17 @@ pub async fn list(domain: &Domain, principal: &Principal, target: &str) -> Resul
 }
 
 /// Registry entries of the enrolled agents `selector` matches.
+/// The ids of the enrolled agents `target` selects (any state), for views that filter stored
+/// rows by a selector.
+pub async fn matching_ids(domain: &Domain, target: &str) -> Result<Vec<String>> {
+    let selector = Selector::parse(target)?;
+    Ok(matching(domain, &selector)
+        .await?
+        .into_iter()
+        .map(|entry| AgentView::from(entry).id)
+        .collect())
+}
+
 async fn matching(domain: &Domain, selector: &Selector) -> Result<Vec<registry::Entry>> {
     let rows = domain.store.fleet().list_agents().await?;
     let registry = &domain.fleet.registry;

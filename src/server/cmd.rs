@@ -126,6 +126,14 @@ fn resolve(loaded: Loaded<ServerConfig>, dev: bool) -> Result<ServerConfig, Conf
     Ok(server_config)
 }
 
+/// What `svc-server --config PATH --check-config` reports, for svc-bootstrap's validate phase.
+pub fn check_config_file(path: &std::path::Path) -> Vec<String> {
+    match config::load_server(Some(path), &[]) {
+        Ok(loaded) => validate(&loaded.config, false),
+        Err(errors) => errors.0,
+    }
+}
+
 /// Every problem with a configuration, for `--check-config` and start-up.
 fn validate(config: &ServerConfig, dev: bool) -> Vec<String> {
     let mut problems = Vec::new();

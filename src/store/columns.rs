@@ -33,3 +33,9 @@ pub(crate) const EXECUTION_COLUMNS: &str = "id, runbook, status, parameters, def
      started_by, started_at, finished_at, trigger_event_id";
 pub(crate) const STEP_COLUMNS: &str = "execution_id, step_id, status, attempts, started_at, \
      finished_at, output, error, approved_by";
+pub(crate) const BLUEPRINT_COLUMNS: &str =
+    "name, version, description, sha256, manifest, bundle, installed_by, installed_at";
+pub(crate) const BLUEPRINT_APPLY_COLUMNS: &str =
+    "id, name, version, kind, target, parameters, plan, results, applied_by, applied_at";
+pub(crate) const BLUEPRINT_AGENT_COLUMNS: &str =
+    "name, agent_id, version, apply_id, status, applied_at";

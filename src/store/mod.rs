@@ -6,6 +6,7 @@
 //! The migrations in `migrations/` (SQLite) and `migrations/postgres/` (the same versions in
 //! PostgreSQL's dialect) are embedded in the binary and applied in order at start.
 
+mod blueprints;
 mod columns;
 pub mod copy;
 mod fleet;
@@ -24,6 +25,7 @@ use async_trait::async_trait;
 use crate::config::{StoreConfig, StoreDriver};
 use crate::Result;
 
+pub use blueprints::{BlueprintAgentRow, BlueprintApplyRow, BlueprintRow, BlueprintStore};
 pub use fleet::{AgentStateRow, FleetStore};
 pub use jwt::{JwtStore, JwtSvidRow};
 pub use postgres::PostgresStore;
@@ -47,6 +49,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         include_str!("migrations/0006_jwt_svids.sql"),
     ),
     (7, "cluster", include_str!("migrations/0007_cluster.sql")),
+    (
+        8,
+        "blueprints",
+        include_str!("migrations/0008_blueprints.sql"),
+    ),
     (
         9,
         "runbooks_webhooks",
@@ -223,6 +230,7 @@ pub trait Store: Send + Sync + 'static {
     fn webhooks(&self) -> &dyn WebhookStore;
     /// The runbook execution tables.
     fn runbooks(&self) -> &dyn RunbookStore;
+    fn blueprints(&self) -> &dyn BlueprintStore;
     /// The active (not retired) CA rows.
     async fn active_ca(&self) -> Result<Vec<CaRow>>;
     /// Replaces a CA row's sealed key (master-key rotation).

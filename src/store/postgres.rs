@@ -7,6 +7,7 @@
 //! under row locks. Migrations run at start under a session advisory lock, so two servers
 //! starting together apply each migration once.
 
+mod blueprints;
 pub mod cluster;
 mod export;
 mod fleet;
@@ -70,6 +71,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         7,
         "cluster",
         include_str!("migrations/postgres/0007_cluster.sql"),
+    ),
+    (
+        8,
+        "blueprints",
+        include_str!("migrations/postgres/0008_blueprints.sql"),
     ),
     (
         9,
@@ -1160,6 +1166,10 @@ impl Store for PostgresStore {
     }
 
     fn runbooks(&self) -> &dyn super::RunbookStore {
+        self
+    }
+
+    fn blueprints(&self) -> &dyn super::BlueprintStore {
         self
     }
 }

@@ -4,6 +4,7 @@
 //! (nothing awaits while a connection is checked out) instead of paying a `spawn_blocking`
 //! hop per call. WAL lets the pooled readers run beside the one writer.
 
+mod blueprints;
 mod fleet;
 mod jwt;
 mod secrets;
@@ -829,6 +830,10 @@ impl Store for SqliteStore {
     }
 
     fn runbooks(&self) -> &dyn super::RunbookStore {
+        self
+    }
+
+    fn blueprints(&self) -> &dyn super::BlueprintStore {
         self
     }
 }

@@ -254,6 +254,48 @@ pub const TABLES: &[Table] = &[
         primary_key: &["id"],
     },
     Table {
+        name: "blueprints",
+        columns: &[
+            text("name"),
+            text("version"),
+            text("description"),
+            text("sha256"),
+            text("manifest"),
+            text("bundle"),
+            text("installed_by"),
+            text("installed_at"),
+        ],
+        primary_key: &["name", "version"],
+    },
+    Table {
+        name: "blueprint_applies",
+        columns: &[
+            text("id"),
+            text("name"),
+            text("version"),
+            text("kind"),
+            text("target"),
+            text("parameters"),
+            text("plan"),
+            text("results"),
+            text("applied_by"),
+            text("applied_at"),
+        ],
+        primary_key: &["id"],
+    },
+    Table {
+        name: "blueprint_agents",
+        columns: &[
+            text("name"),
+            text("agent_id"),
+            text("version"),
+            text("apply_id"),
+            text("status"),
+            text("applied_at"),
+        ],
+        primary_key: &["name", "agent_id"],
+    },
+    Table {
         name: "webhooks",
         columns: &[
             text("id"),

@@ -53,7 +53,7 @@ fn exec_result(job_id: &str, result: AgentResult) -> proto::ExecResult {
     }
 }
 
-fn state_result(job_id: &str, result: AgentStateResult) -> proto::StateResult {
+pub(super) fn state_result(job_id: &str, result: AgentStateResult) -> proto::StateResult {
     proto::StateResult {
         agent_id: result.agent_id,
         status: result.status.to_string(),
@@ -74,12 +74,12 @@ fn state_result(job_id: &str, result: AgentStateResult) -> proto::StateResult {
     }
 }
 
-fn timeout(ms: u64) -> Option<Duration> {
+pub(super) fn timeout(ms: u64) -> Option<Duration> {
     (ms > 0).then(|| Duration::from_millis(ms))
 }
 
 /// A response stream fed by `receiver`, each item mapped with `map`.
-fn stream_of<T: Send + 'static, M: Send + 'static>(
+pub(super) fn stream_of<T: Send + 'static, M: Send + 'static>(
     receiver: mpsc::Receiver<T>,
     map: impl Fn(T) -> M + Send + 'static,
 ) -> BoxStream<M> {

@@ -6,6 +6,7 @@
 //! Health and reflection stay open, as /health does on REST.
 
 mod auth_layer;
+mod blueprint;
 mod cluster;
 mod events;
 mod fleet;
@@ -48,6 +49,7 @@ pub async fn serve(
         .build_v1alpha();
 
     use proto::{
+        blueprint_service_server::BlueprintServiceServer,
         cluster_service_server::ClusterServiceServer, event_service_server::EventServiceServer,
         fleet_service_server::FleetServiceServer, identity_service_server::IdentityServiceServer,
         policy_service_server::PolicyServiceServer, runbook_service_server::RunbookServiceServer,
@@ -84,6 +86,9 @@ pub async fn serve(
             context: context.clone(),
         }))
         .add_service(RunbookServiceServer::new(runbooks::Runbooks {
+            context: context.clone(),
+        }))
+        .add_service(BlueprintServiceServer::new(blueprint::Blueprints {
             context: context.clone(),
         }));
     let router = match (reflection_v1, reflection_v1alpha) {
@@ -135,6 +140,7 @@ const SERVICE_NAMES: &[&str] = &[
     "svc.v1.FleetService",
     "svc.v1.WebhookService",
     "svc.v1.RunbookService",
+    "svc.v1.BlueprintService",
 ];
 
 /// The principal the auth layer attached to a request.
