@@ -309,24 +309,32 @@ fn agents_are_owned_by_one_live_member_and_move_when_it_dies() {
         assert!(Instant::now() < deadline, "{:?}", owned(&members, 0));
         std::thread::sleep(Duration::from_millis(100));
     }
-    // Every member answers for every agent: all six are connected everywhere.
+    // Every member answers for every agent: all six are connected everywhere (each member
+    // sees an agent's first heartbeat on its own).
     for i in 0..3 {
-        let list = run(members.servers[i].cli("svcctl").args([
-            "--api-key",
-            &members.admin_key,
-            "-o",
-            "json",
-            "agent",
-            "list",
-        ]));
-        let list: serde_json::Value = serde_json::from_str(&list.stdout).unwrap();
-        let connected = list
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|a| a["state"] == "connected")
-            .count();
-        assert_eq!(connected, 6, "member {i}: {list}");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let list = run(members.servers[i].cli("svcctl").args([
+                "--api-key",
+                &members.admin_key,
+                "-o",
+                "json",
+                "agent",
+                "list",
+            ]));
+            let list: serde_json::Value = serde_json::from_str(&list.stdout).unwrap();
+            let connected = list
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|a| a["state"] == "connected")
+                .count();
+            if connected == 6 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "member {i}: {list}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
     let rebalanced = members.cluster_json(1, &["rebalance"]);
     assert_eq!(rebalanced["rebalanced"], true);
@@ -709,18 +717,34 @@ fn the_service_continues_when_a_nats_node_dies() {
             std::thread::sleep(Duration::from_millis(250));
         }
     }
-    let status = members.cluster_json(1, &["status"]);
-    assert_eq!(status["quorum"], true, "{status}");
+    // Quorum holds with two of three nodes (a member on the dead node reconnects first).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = members.cluster_cli(1, &["status"]);
+        if status.stdout.contains("\"quorum\": true") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{status:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let listed = events_json(
         &members,
         2,
         &["list", "--type", "command_completed", "--limit", "100"],
     );
-    let count = listed["items"]
+    // Every acknowledged emit is listed. A retried emit whose first try was stored but not
+    // acknowledged (an election) is listed twice: the client retried, as at-least-once allows.
+    let items = listed["items"]
         .as_array()
         .or(listed.as_array())
-        .map_or(0, |a| a.len());
-    assert_eq!(count, 6, "{listed}");
+        .cloned()
+        .unwrap_or_default();
+    for n in [0, 1, 2, 10, 11, 12] {
+        assert!(
+            items.iter().any(|e| e["payload"]["n"] == n),
+            "emit {n} lost: {listed}"
+        );
+    }
 }
 
 #[test]

@@ -627,12 +627,16 @@ fn is_transient(error: &jetstream::context::CreateStreamError) -> bool {
     use async_nats::jetstream::{context::CreateStreamErrorKind as Kind, ErrorCode};
     match error.kind() {
         Kind::TimedOut | Kind::JetStreamUnavailable | Kind::Response => true,
+        // "No suitable peers" is also what a cluster answers while its nodes are still
+        // joining the meta group; asking for more replicas than nodes fails the same way, once
+        // the retries run out, with the same message.
         Kind::JetStream(e) => matches!(
             e.error_code(),
             ErrorCode::CLUSTER_NOT_AVAILABLE
                 | ErrorCode::CLUSTER_NOT_LEADER
                 | ErrorCode::CLUSTER_INCOMPLETE
                 | ErrorCode::CLUSTER_NOT_ASSIGNED
+                | ErrorCode::CLUSTER_NO_PEERS
         ),
         _ => false,
     }
