@@ -205,7 +205,7 @@ pub fn document() -> Response<Body> {
     doc["paths"]["/api/v1/events/timeline"] = json!({"get": {"summary": "Events per minute over the last `minutes` minutes (default 60, at most 1440)", "security": [{"bearer": []}],
                 "parameters": with_params(&[], &[("minutes", "integer", "window length in minutes")]),
                 "responses": with_errors(json!({"200": {"description": "counts, oldest first", "content": {"application/json": {"schema": {"type": "object", "properties": {
-                    "since": {"type": "string", "format": "date-time"}, "bucket_seconds": {"type": "integer"}, "counts": {"type": "array", "items": {"type": "integer"}}}}}}}}), &[])}});
+                    "since": {"type": "string", "format": "date-time"}, "bucket_seconds": {"type": "integer"}, "counts": {"type": "array", "items": {"type": "integer"}}}}}}}}), &[("422", "minutes is not a number")])}});
     doc["paths"]["/api/v1/events/{id}"] = json!({"parameters": id_parameter.clone(),
                 "get": {"summary": "One event by id (ULID) or sequence number", "security": [{"bearer": []}],
                 "responses": with_errors(json!({"200": {"description": "the event", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Event"}}}}}), &[("404", "no such event")])}});
