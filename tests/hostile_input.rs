@@ -137,7 +137,13 @@ fn rest_bodies_never_get_a_server_error() {
             Some(&big),
         )
         .unwrap();
-        assert_eq!(response.status, 413, "{method} {path}");
+        // A route that needs no body answers for its path first: unquarantining an agent that
+        // does not exist is 404 whatever the body.
+        assert!(
+            response.status == 413 || (response.status == 404 && path.ends_with("/unquarantine")),
+            "{method} {path}: {}",
+            response.status
+        );
     }
     eprintln!("{sent} hostile bodies over {} routes", routes.len());
     assert_eq!(
