@@ -41,9 +41,15 @@ pub(super) fn run(
                 planned.0.insert(path.to_path_buf());
                 return Ok(Report::changed(format!("would create (mode {mode_text})")));
             }
-            create(path, &wanted)
-                .map_err(|error| format!("creating {}: {error}", path.display()))?;
-            Ok(Report::changed(format!("created (mode {mode_text})")))
+            match create(path, &wanted) {
+                Ok(()) => Ok(Report::changed(format!("created (mode {mode_text})"))),
+                // Made meanwhile by another writer (a second agent on this host): converge it
+                // as an existing directory, as `mkdir -p` would not fail either.
+                Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {
+                    existing(path, &wanted, mode)
+                }
+                Err(error) => Err(format!("creating {}: {error}", path.display())),
+            }
         }
         Err(error) => Err(inspect_error(error)),
         Ok(metadata) if !metadata.is_dir() => Err(format!(
@@ -51,21 +57,25 @@ pub(super) fn run(
             path.display(),
             describe(metadata.file_type())
         )),
-        Ok(_) => {
-            let opened = open_directory(path).map_err(inspect_error)?;
-            let current = opened.metadata().map_err(inspect_error)?;
-            let differences = wanted.differences(&current);
-            if differences.is_empty() {
-                return Ok(Report::unchanged("already in state"));
-            }
-            if mode == Mode::Apply {
-                wanted
-                    .apply(&opened, &current)
-                    .map_err(|error| format!("updating {}: {error}", path.display()))?;
-            }
-            Ok(Report::changed(differences.join("; ")))
-        }
+        Ok(_) => existing(path, &wanted, mode),
     }
+}
+
+/// An existing directory: its differences from `wanted`, put right when applying.
+fn existing(path: &Path, wanted: &Attributes, mode: Mode) -> Result<Report, String> {
+    let inspect_error = |error: io::Error| format!("inspecting {}: {error}", path.display());
+    let opened = open_directory(path).map_err(inspect_error)?;
+    let current = opened.metadata().map_err(inspect_error)?;
+    let differences = wanted.differences(&current);
+    if differences.is_empty() {
+        return Ok(Report::unchanged("already in state"));
+    }
+    if mode == Mode::Apply {
+        wanted
+            .apply(&opened, &current)
+            .map_err(|error| format!("updating {}: {error}", path.display()))?;
+    }
+    Ok(Report::changed(differences.join("; ")))
 }
 
 /// O_NOFOLLOW: a symlink swapped in since the lstat fails here instead of being followed.
