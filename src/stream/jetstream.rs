@@ -149,12 +149,20 @@ impl JetStreamLog {
         // A NATS cluster that is starting with us has no JetStream meta leader for a few
         // seconds: keep trying for a while rather than fail the server's start.
         let deadline = tokio::time::Instant::now() + OPEN_RETRY_FOR;
+        let started = tokio::time::Instant::now();
         let info = loop {
             match context
                 .create_or_update_stream(stream_config(name, config, replicas))
                 .await
             {
                 Ok(info) => break info,
+                // "No suitable peers" is also what a cluster answers while its nodes are still
+                // joining the meta group, so it gets a short grace; asking for more replicas
+                // than there are nodes still fails within seconds, naming the stream.
+                Err(e) if is_no_peers(&e) && started.elapsed() < NO_PEERS_GRACE => {
+                    tracing::warn!(stream = %name, jetstream = %stream_name, error = %e, "JetStream peers not all known yet; retrying");
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
                 Err(e) if !is_transient(&e) || tokio::time::Instant::now() >= deadline => {
                     return Err(failed("create or update", &e))
                 }
@@ -623,20 +631,24 @@ impl Stream for JetStreamLog {
 
 /// Whether a create/update failed for a reason that goes away by itself (no meta leader yet,
 /// no answer), rather than for the request (bad config, not enough servers for the replicas).
+/// How long "no suitable peers" is retried at open (a forming cluster).
+const NO_PEERS_GRACE: Duration = Duration::from_secs(3);
+
+fn is_no_peers(error: &jetstream::context::CreateStreamError) -> bool {
+    use async_nats::jetstream::{context::CreateStreamErrorKind as Kind, ErrorCode};
+    matches!(error.kind(), Kind::JetStream(e) if e.error_code() == ErrorCode::CLUSTER_NO_PEERS)
+}
+
 fn is_transient(error: &jetstream::context::CreateStreamError) -> bool {
     use async_nats::jetstream::{context::CreateStreamErrorKind as Kind, ErrorCode};
     match error.kind() {
         Kind::TimedOut | Kind::JetStreamUnavailable | Kind::Response => true,
-        // "No suitable peers" is also what a cluster answers while its nodes are still
-        // joining the meta group; asking for more replicas than nodes fails the same way, once
-        // the retries run out, with the same message.
         Kind::JetStream(e) => matches!(
             e.error_code(),
             ErrorCode::CLUSTER_NOT_AVAILABLE
                 | ErrorCode::CLUSTER_NOT_LEADER
                 | ErrorCode::CLUSTER_INCOMPLETE
                 | ErrorCode::CLUSTER_NOT_ASSIGNED
-                | ErrorCode::CLUSTER_NO_PEERS
         ),
         _ => false,
     }
