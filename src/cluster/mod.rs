@@ -146,10 +146,11 @@ pub fn config_problems(config: &ServerConfig) -> Vec<String> {
 }
 
 fn valid_member_id(id: &str) -> bool {
-    (1..=64).contains(&id.len())
-        && id
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+    (1..=64).contains(&id.len()) && id.chars().all(member_id_char)
+}
+
+fn member_id_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')
 }
 
 fn timing_of(config: &ServerConfig) -> Timing {
@@ -170,13 +171,7 @@ fn member_id(config: &ServerConfig) -> String {
         .unwrap_or_default();
     let cleaned: String = host
         .chars()
-        .map(|c| {
-            if valid_member_id(&c.to_string()) {
-                c
-            } else {
-                '-'
-            }
-        })
+        .map(|c| if member_id_char(c) { c } else { '-' })
         .take(64)
         .collect();
     if cleaned.is_empty() {
