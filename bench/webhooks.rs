@@ -4,6 +4,10 @@
 //! and event-to-delivery latency p50/p99 (the event's stored timestamp to the receiver
 //! reading the request, millisecond resolution).
 //!
+//! Beside it, in the same run, the transport's own ceiling: 16 sequential senders (as the 16
+//! subscriptions are) POSTing a body of the same size to a second receiver over a new
+//! connection each, as the server does, with nothing else (no store, no signing, no events).
+//!
 //! `SVC_BENCH_EVENTS=N` sets the number of events (default 2,000, so 32,000 deliveries);
 //! `SVC_BENCH_SERVER=/path/to/svc` runs another build of the server.
 
@@ -155,4 +159,47 @@ async fn run(server: &Server, events: usize) {
         at(0.99),
         latencies.last().copied().unwrap_or(0)
     );
+    let rate = seen.len() as f64 / elapsed.as_secs_f64();
+    let ceiling = ceiling(expected).await;
+    println!(
+        "ceiling: 16 sequential senders, a new connection per POST, same receiver: {ceiling:.0} POSTs/s; svc/ceiling = {:.2}x",
+        rate / ceiling
+    );
+}
+
+/// POSTs per second that 16 sequential senders reach against the same kind of receiver, a new
+/// connection per request: what the delivery pipelines would do with zero cost of their own.
+async fn ceiling(total: usize) -> f64 {
+    let (port, seen) = receiver().await;
+    let body = format!(
+        "{{\"id\":\"{}\",\"seq\":1,\"type\":\"command_completed\",\"category\":\"job\",\"severity\":\"info\",\"source\":\"bench\",\"timestamp\":\"{}\",\"payload\":{{}}}}",
+        svc::ids::random_base62(26),
+        svc::clock::format_rfc3339(svc::clock::now_millis())
+    );
+    let request = format!(
+        "POST /hook HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\ncontent-type: application/json\r\nwebhook-id: msg_x\r\nwebhook-timestamp: 0\r\nwebhook-signature: v1,x\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let request = Arc::new(request.into_bytes());
+    let started = Instant::now();
+    let mut senders = Vec::new();
+    for sender in 0..SUBSCRIPTIONS {
+        let request = request.clone();
+        senders.push(tokio::spawn(async move {
+            for _ in (sender..total).step_by(SUBSCRIPTIONS) {
+                let mut socket = tokio::net::TcpStream::connect(("127.0.0.1", port))
+                    .await
+                    .unwrap();
+                socket.write_all(&request).await.unwrap();
+                let mut reply = Vec::new();
+                let _ = socket.read_to_end(&mut reply).await;
+            }
+        }));
+    }
+    for sender in senders {
+        sender.await.unwrap();
+    }
+    let elapsed = started.elapsed();
+    let count = seen.lock().unwrap().len();
+    count as f64 / elapsed.as_secs_f64()
 }
