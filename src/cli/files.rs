@@ -2,7 +2,12 @@
 //! docs/files.md).
 //!
 //! It connects to the bus with the API key as the token (contract §12) and sends the declared
-//! principal as headers. Transfers are chunked with a bounded window of requests in flight
+//! principal as headers. Every request is also signed (`Svc-Auth`, `files::signature`) with a
+//! key derived from the API key, binding its subject, reply inbox, headers and payload: on an
+//! external NATS, where no broker of ours knows the connection's key, that signature is how
+//! the server learns the caller, and the key itself never crosses the bus. Replies come to
+//! one session inbox subscription (`_INBOX.<nuid>.*`), so each request's reply subject is
+//! known before it is signed. Transfers are chunked with a bounded window of requests in flight
 //! (`WINDOW`), not one round trip per chunk. A put hashes its input first (chunks and whole
 //! file), asks the server which chunks it lacks and sends only those, so a retried put resumes.
 //! A get checks every chunk's SHA-256 and the whole file's before the file appears: it is
@@ -28,6 +33,7 @@ use super::progress::Bar;
 use super::values::{log_filter, role};
 use super::{exit, CliError, Common, Output};
 use crate::bus::subjects;
+use crate::files::signature::{self, AUTH_HEADER, SIGNED_HEADERS};
 use crate::files::wire::{
     CHUNK_HEADER, ERROR_HEADER, MANIFEST_HEADER, PRINCIPAL_ID_HEADER, PRINCIPAL_ROLE_HEADER,
 };
@@ -266,6 +272,13 @@ fn timeout_value(value: &str) -> Result<Duration, String> {
 /// A connected client with what every request carries.
 struct Session {
     client: async_nats::Client,
+    /// The signing key (SHA-256 of the API key).
+    signing_key: [u8; 32],
+    /// `_INBOX.<nuid>`: replies arrive on `<inbox>.<n>`.
+    inbox: String,
+    next_reply: std::sync::atomic::AtomicU64,
+    /// Requests waiting for their reply, by reply subject.
+    waiting: Waiting,
     cluster: String,
     principal: HeaderMap,
     timeout: Duration,
@@ -274,6 +287,10 @@ struct Session {
     refusals: Arc<Mutex<Vec<String>>>,
     output: Output,
 }
+
+type Waiting = Arc<
+    Mutex<std::collections::HashMap<String, tokio::sync::oneshot::Sender<async_nats::Message>>>,
+>;
 
 fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|value| !value.is_empty())
@@ -317,7 +334,7 @@ async fn connect(common: &Common, flags: Flags) -> Result<Session, CliError> {
     };
     let refusals: Arc<Mutex<Vec<String>>> = Arc::default();
     let seen = refusals.clone();
-    let options = async_nats::ConnectOptions::with_token(key)
+    let options = async_nats::ConnectOptions::with_token(key.clone())
         .name("svc-files")
         .connection_timeout(timeout.min(Duration::from_secs(10)))
         .request_timeout(Some(timeout))
@@ -345,8 +362,30 @@ async fn connect(common: &Common, flags: Flags) -> Result<Session, CliError> {
             ),
         }
     })?;
+    let inbox = client.new_inbox();
+    let mut replies = client
+        .subscribe(format!("{inbox}.*"))
+        .await
+        .map_err(|e| CliError::new(exit::UNREACHABLE, format!("bus: cannot subscribe: {e}")))?;
+    let waiting: Waiting = Arc::default();
+    let routes = waiting.clone();
+    tokio::spawn(async move {
+        while let Some(message) = replies.next().await {
+            let sender = routes
+                .lock()
+                .expect("waiting lock")
+                .remove(message.subject.as_str());
+            if let Some(sender) = sender {
+                let _ = sender.send(message);
+            }
+        }
+    });
     Ok(Session {
         client,
+        signing_key: crate::files::signature::signing_key(&key),
+        inbox,
+        next_reply: std::sync::atomic::AtomicU64::new(0),
+        waiting,
         cluster,
         principal,
         timeout,
@@ -368,27 +407,59 @@ impl Session {
         for (name, value) in extra {
             headers.insert(*name, *value);
         }
-        let reply = tokio::select! {
-            reply = self.client.request_with_headers(subject.clone(), headers, body) => reply,
-            refusal = self.refused() => return Err(CliError::new(exit::DENIED, format!("the bus refused: {refusal}"))),
+        let reply = format!(
+            "{}.{}",
+            self.inbox,
+            self.next_reply
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        let values = SIGNED_HEADERS.map(|name| headers.get(name).map_or("", |v| v.as_str()));
+        let request = signature::Request {
+            subject: &subject,
+            reply: &reply,
+            headers: values,
+            payload: &body,
         };
-        let message = reply.map_err(|e| {
-            use async_nats::RequestErrorKind;
-            match e.kind() {
-                RequestErrorKind::NoResponders => CliError::new(
-                    exit::UNREACHABLE,
-                    format!("no file service answers on {subject} (is svc-server running?)"),
-                ),
-                RequestErrorKind::TimedOut => CliError::new(
-                    exit::UNREACHABLE,
-                    format!(
-                        "no answer on {subject} within {}",
-                        crate::clock::format_duration(self.timeout)
-                    ),
-                ),
-                _ => CliError::new(exit::UNREACHABLE, format!("bus request failed: {e}")),
-            }
-        })?;
+        let now = crate::clock::now_millis() / 1000;
+        let signed = signature::sign(&self.signing_key, &request, now, &signature::nonce());
+        headers.insert(AUTH_HEADER, signed.as_str());
+        let (sender, receiver) = tokio::sync::oneshot::channel();
+        self.waiting
+            .lock()
+            .expect("waiting lock")
+            .insert(reply.clone(), sender);
+        let exchange = async {
+            self.client
+                .publish_with_reply_and_headers(subject.clone(), reply.clone(), headers, body)
+                .await
+                .map_err(|e| {
+                    CliError::new(exit::UNREACHABLE, format!("bus request failed: {e}"))
+                })?;
+            tokio::time::timeout(self.timeout, receiver)
+                .await
+                .map_err(|_| {
+                    CliError::new(
+                        exit::UNREACHABLE,
+                        format!(
+                            "no answer on {subject} within {}",
+                            crate::clock::format_duration(self.timeout)
+                        ),
+                    )
+                })?
+                .map_err(|_| CliError::new(exit::UNREACHABLE, "the bus connection closed"))
+        };
+        let answer = tokio::select! {
+            answer = exchange => answer,
+            refusal = self.refused() => Err(CliError::new(exit::DENIED, format!("the bus refused: {refusal}"))),
+        };
+        self.waiting.lock().expect("waiting lock").remove(&reply);
+        let message = answer?;
+        if message.status == Some(async_nats::StatusCode::NO_RESPONDERS) {
+            return Err(CliError::new(
+                exit::UNREACHABLE,
+                format!("no file service answers on {subject} (is svc-server running?)"),
+            ));
+        }
         if let Some(code) = message
             .headers
             .as_ref()

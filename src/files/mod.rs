@@ -8,11 +8,15 @@
 //! here per operation.
 //!
 //! Backends: [`local::LocalStore`] keeps objects under `data_dir/files/<cluster>/` (the
-//! single-server mode). Cluster mode (the HA issue) adds a JetStream object-store backend
-//! that implements [`ObjectStore`] on the NATS cluster; [`Files::new`] takes any backend, so
-//! that is the one place to choose it (`server::files::start` picks local today).
+//! single-server mode); [`jetstream::JetStreamStore`] keeps them in a JetStream stream on the
+//! NATS cluster (cluster mode, `bus.external_urls`). `server::files::start` picks one.
+//!
+//! Who is calling: on the embedded broker, the key the broker stamps ([`key_principal`]); on
+//! an external NATS, the key that signed the request ([`signature`], [`signed_principal`]).
 
+pub mod jetstream;
 pub mod local;
+pub mod signature;
 
 use std::sync::Arc;
 
@@ -217,9 +221,9 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 /// whole (its chunks were written before), `delete` removes it whole; nothing else changes
 /// what `stat` and `list` see.
 ///
-/// Implementations: [`local::LocalStore`] (disk, single server). Cluster mode adds a
-/// JetStream object-store backend (chunks as object-store chunks or messages in a stream per
-/// cluster, metadata records as its object info, `kv://` in a JetStream KV bucket).
+/// Implementations: [`local::LocalStore`] (disk, single server) and
+/// [`jetstream::JetStreamStore`] (cluster mode: chunks and records as messages of one
+/// JetStream stream).
 #[async_trait]
 pub trait ObjectStore: Send + Sync {
     async fn stat(&self, cluster: &str, remote: &Remote) -> Result<Option<ObjectMeta>>;
@@ -544,6 +548,36 @@ pub async fn key_principal(store: &dyn crate::store::Store, key_id: &str) -> Res
         return Err(refused());
     }
     let row = store.get_api_key(key_id).await?.ok_or_else(refused)?;
+    row_principal(row)
+}
+
+/// The principal of the API key that signed a request (external NATS): the key is found by
+/// the signature's key id among the stored keys (every request: a deleted or expired key fails
+/// at once), then the MAC is checked with the stored hash.
+///
+/// The lookup reads every key row and tags each hash: the store has no index by tag, and the
+/// number of API keys is small. (A key cache in `auth` can replace the read.)
+pub async fn signed_principal(
+    store: &dyn crate::store::Store,
+    signature: &signature::Signature,
+    request: &signature::Request<'_>,
+) -> Result<Principal> {
+    let refused = || Error::Unauthenticated("the request's signing key is not an API key".into());
+    let (row, key) = store
+        .list_api_keys()
+        .await?
+        .into_iter()
+        .find_map(|row| {
+            let key = signature::signing_key_from_hash(&row.key_hash)?;
+            (signature::key_id(&key) == signature.key_id).then_some((row, key))
+        })
+        .ok_or_else(refused)?;
+    signature.verify(&key, request)?;
+    row_principal(row)
+}
+
+/// A key row as a principal, refused when expired.
+fn row_principal(row: crate::store::ApiKeyRow) -> Result<Principal> {
     if let Some(expiry) = row
         .expires_at
         .as_deref()

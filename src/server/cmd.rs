@@ -642,7 +642,8 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     tokio::spawn(enforce_retention(vec![events_log, audit_log]));
     tokio::spawn(super::enrol::serve(context.clone()));
     super::fleet::start(context.clone()).await?;
-    super::files::start(context.clone()).await?;
+    let replicas = jetstream_replicas(&context.config, &context.bus.client);
+    super::files::start(context.clone(), replicas).await?;
     crate::secrets::leases::spawn_reaper(context.domain.clone());
     crate::identity::spawn_token_cleanup(context.domain.clone());
     crate::cluster::spawn(context.domain.clone());
@@ -717,8 +718,7 @@ async fn shared_streams(
     client: &async_nats::Client,
     stream_config: &StreamConfig,
 ) -> Result<(Arc<dyn Stream>, Arc<dyn Stream>)> {
-    let advertised = client.server_info().connect_urls.len();
-    let replicas = advertised.max(config.bus.external_urls.len()).clamp(1, 3);
+    let replicas = jetstream_replicas(config, client);
     tracing::info!(
         replicas,
         "cluster mode: the events and audit streams are in JetStream"
@@ -728,6 +728,13 @@ async fn shared_streams(
     let audit = crate::stream::JetStreamLog::open(client.clone(), "audit", stream_config, replicas);
     let (events, audit) = tokio::try_join!(events, audit)?;
     Ok((events, audit))
+}
+
+/// Replicas for svc's JetStream streams: min(3, NATS cluster size), the size being what the
+/// cluster tells its clients (INFO's connect_urls) or the configured URLs, whichever is more.
+fn jetstream_replicas(config: &ServerConfig, client: &async_nats::Client) -> usize {
+    let advertised = client.server_info().connect_urls.len();
+    advertised.max(config.bus.external_urls.len()).clamp(1, 3)
 }
 
 async fn bind(address: &str, key: &str) -> Result<tokio::net::TcpListener> {

@@ -1,12 +1,16 @@
 //! The bus side of the file service: requests on `svc.files.<cluster>.<op>` (queue group
 //! `svc-server`, so the members of a cluster share them), answered by `files::Files`.
 //!
-//! Thin: the cluster and operation come from the subject, the caller from the broker-stamped
-//! `Svc-Bus-User` header (the API key the connection authenticated with; a client cannot set
-//! it, `BrokerConfig::sender_subjects`) plus the declared `Svc-Principal-Id` and
-//! `Svc-Principal-Role` headers, which are recorded and may only lower the role. With an
-//! external NATS cluster nothing stamps the sender, so every request is refused until cluster
-//! mode brings its own way to learn the caller (docs/files.md).
+//! Thin: the cluster and operation come from the subject, the caller from
+//! - on the embedded broker, the broker-stamped `Svc-Bus-User` header (the API key the
+//!   connection authenticated with; a client cannot set it, `BrokerConfig::sender_subjects`);
+//! - on an external NATS (`bus.external_urls`), where nothing stamps the sender, the
+//!   `Svc-Auth` request signature (`files::signature`): the key that signed it, checked
+//!   against the stored hash on every request, within a time window, a nonce used once;
+//!
+//! plus the declared `Svc-Principal-Id` and `Svc-Principal-Role` headers, which are recorded
+//! and may only lower the role. The backend is local disk on the embedded broker and the
+//! JetStream stream `SVC_FILES` on an external NATS (`files::jetstream`).
 //!
 //! Wire format (docs/files.md has the table): JSON bodies, except chunk bytes (`read` replies,
 //! `chunk` requests) and manifests (`put`, `commit` requests and `get` replies), whose chunk
@@ -23,18 +27,21 @@ use serde::Deserialize;
 use super::Context;
 use crate::auth::Role;
 use crate::bus::{subjects, SENDER_HEADER};
+use crate::files::signature::{self, Nonces, Signature, AUTH_HEADER, SIGNED_HEADERS};
 use crate::files::wire::{
     CHUNK_HEADER, ERROR_HEADER, MANIFEST_HEADER, PRINCIPAL_ID_HEADER, PRINCIPAL_ROLE_HEADER,
 };
-use crate::files::{local::LocalStore, Caller, Files, Manifest};
+use crate::files::Manifest;
+use crate::files::{jetstream::JetStreamStore, local::LocalStore, Caller, Files, ObjectStore};
 use crate::{Error, Result};
 
 const QUEUE_GROUP: &str = "svc-server";
 
 /// Starts the file service on the server's bus client; it runs until the client goes away.
-/// The local backend lives under `data_dir/files`; cluster mode's JetStream backend would be
-/// chosen here (`Files::new` takes any `ObjectStore`).
-pub async fn start(context: Arc<Context>) -> Result<()> {
+/// The backend: local disk under `data_dir/files` with the embedded broker; with an external
+/// NATS, the JetStream stream `SVC_FILES` with `replicas` replicas (what the events and audit
+/// streams get), shared by every member.
+pub async fn start(context: Arc<Context>, replicas: usize) -> Result<()> {
     let problems = context
         .config
         .files
@@ -42,8 +49,13 @@ pub async fn start(context: Arc<Context>) -> Result<()> {
     if !problems.is_empty() {
         return Err(Error::Invalid(problems.join("; ")));
     }
-    let store = LocalStore::new(context.data_dir.join("files"));
-    let files = Arc::new(Files::new(Arc::new(store), context.config.files.clone()));
+    let store: Arc<dyn ObjectStore> = if context.bus.is_embedded {
+        Arc::new(LocalStore::new(context.data_dir.join("files")))
+    } else {
+        Arc::new(JetStreamStore::open(context.bus.client.clone(), replicas).await?)
+    };
+    let files = Arc::new(Files::new(store, context.config.files.clone()));
+    let nonces = Arc::new(Nonces::default());
     let mut requests = context
         .bus
         .client
@@ -58,18 +70,19 @@ pub async fn start(context: Arc<Context>) -> Result<()> {
             };
             let context = context.clone();
             let files = files.clone();
+            let nonces = nonces.clone();
             let span = super::request_span("bus", &message.subject, &super::request_id());
             let task = async move {
-                let (headers, body) = match answer(&context, &files, trusts_sender, &message).await
-                {
-                    Ok(answer) => answer,
-                    Err(error) => {
-                        if let Error::Internal(cause) = &error {
-                            tracing::error!(%cause, "file request failed");
+                let (headers, body) =
+                    match answer(&context, &files, trusts_sender, &nonces, &message).await {
+                        Ok(answer) => answer,
+                        Err(error) => {
+                            if let Error::Internal(cause) = &error {
+                                tracing::error!(%cause, "file request failed");
+                            }
+                            error_reply(&error)
                         }
-                        error_reply(&error)
-                    }
-                };
+                    };
                 let sent = context
                     .bus
                     .client
@@ -108,6 +121,7 @@ async fn answer(
     context: &Context,
     files: &Files,
     trusts_sender: bool,
+    nonces: &Nonces,
     message: &async_nats::Message,
 ) -> Result<(HeaderMap, Bytes)> {
     let mut tokens = message.subject.split('.').skip(2);
@@ -117,7 +131,16 @@ async fn answer(
         ));
     };
     let headers = message.headers.clone().unwrap_or_default();
-    let caller = caller(context, trusts_sender, &headers).await?;
+    let key = if trusts_sender {
+        let user = headers
+            .get(SENDER_HEADER)
+            .map(|value| value.as_str().to_string())
+            .unwrap_or_default();
+        crate::files::key_principal(context.domain.store.as_ref(), &user).await?
+    } else {
+        signer(context, nonces, message, &headers).await?
+    };
+    let caller = caller(key, &headers)?;
     tracing::Span::current().record("key_id", caller.key.id.as_str());
     let domain = &context.domain;
     let body = &message.payload;
@@ -189,19 +212,40 @@ fn caller_admits_reads(caller: &Caller) -> Result<()> {
     caller.key.require(Role::Readonly)
 }
 
-/// The caller: the key the broker says the request came with, looked up now (no cache: a
-/// deleted or expired key fails its next request), and the declared principal.
-async fn caller(context: &Context, trusts_sender: bool, headers: &HeaderMap) -> Result<Caller> {
-    if !trusts_sender {
-        return Err(Error::Unauthenticated(
-            "the file service needs the embedded bus to learn the caller's API key".into(),
-        ));
-    }
-    let user = headers
-        .get(SENDER_HEADER)
-        .map(|value| value.as_str().to_string())
-        .unwrap_or_default();
-    let key = crate::files::key_principal(context.domain.store.as_ref(), &user).await?;
+/// The API key that signed the request (external NATS): the header parsed, the time checked,
+/// the key looked up and the MAC verified, then the nonce remembered (after verifying, so
+/// unsigned junk cannot fill the memory).
+async fn signer(
+    context: &Context,
+    nonces: &Nonces,
+    message: &async_nats::Message,
+    headers: &HeaderMap,
+) -> Result<crate::auth::Principal> {
+    let value = headers.get(AUTH_HEADER).ok_or_else(|| {
+        Error::Unauthenticated(format!(
+            "an API key is required: the request has no {AUTH_HEADER} signature (svc-files signs \
+             with --api-key)"
+        ))
+    })?;
+    let signature = Signature::parse(value.as_str())?;
+    let now = crate::clock::now_millis() / 1000;
+    signature.check_time(now)?;
+    let values = SIGNED_HEADERS.map(|name| headers.get(name).map_or("", |v| v.as_str()));
+    let request = signature::Request {
+        subject: message.subject.as_str(),
+        reply: message.reply.as_ref().map_or("", |r| r.as_str()),
+        headers: values,
+        payload: &message.payload,
+    };
+    let key =
+        crate::files::signed_principal(context.domain.store.as_ref(), &signature, &request).await?;
+    nonces.admit(&signature, now)?;
+    Ok(key)
+}
+
+/// The caller: the key (looked up for this request: no cache, so a deleted or expired key
+/// fails its next request) and the declared principal.
+fn caller(key: crate::auth::Principal, headers: &HeaderMap) -> Result<Caller> {
     let declared_id = headers
         .get(PRINCIPAL_ID_HEADER)
         .map(|value| value.as_str().to_string())

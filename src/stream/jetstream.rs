@@ -632,14 +632,14 @@ impl Stream for JetStreamLog {
 /// Whether a create/update failed for a reason that goes away by itself (no meta leader yet,
 /// no answer), rather than for the request (bad config, not enough servers for the replicas).
 /// How long "no suitable peers" is retried at open (a forming cluster).
-const NO_PEERS_GRACE: Duration = Duration::from_secs(3);
+pub(crate) const NO_PEERS_GRACE: Duration = Duration::from_secs(3);
 
-fn is_no_peers(error: &jetstream::context::CreateStreamError) -> bool {
+pub(crate) fn is_no_peers(error: &jetstream::context::CreateStreamError) -> bool {
     use async_nats::jetstream::{context::CreateStreamErrorKind as Kind, ErrorCode};
     matches!(error.kind(), Kind::JetStream(e) if e.error_code() == ErrorCode::CLUSTER_NO_PEERS)
 }
 
-fn is_transient(error: &jetstream::context::CreateStreamError) -> bool {
+pub(crate) fn is_transient(error: &jetstream::context::CreateStreamError) -> bool {
     use async_nats::jetstream::{context::CreateStreamErrorKind as Kind, ErrorCode};
     match error.kind() {
         Kind::TimedOut | Kind::JetStreamUnavailable | Kind::Response => true,

@@ -1,0 +1,168 @@
+//! svc-files throughput (issue 15): a put and a get of one file through the real `svc-files`
+//! CLI against a real single server (embedded broker, local disk), beside `cat FILE >
+//! /dev/null` and a JetStream object-store put and get of the same file with async-nats
+//! against Debian's `nats-server -js` (file storage in a temporary directory), in one run.
+//!
+//! Usage: `SVC_FILES_BENCH_MB=1024 cargo bench --bench files` (release; 1024 MiB is the
+//! default). On the shared builders, a debug smoke run: `SVC_FILES_BENCH_MB=32 cargo test
+//! --bench files` (a `harness = false` bench is just run by `cargo test`).
+//! `SVC_BENCH_SERVER=/path/to/svc` runs another build, for both the server and the CLI.
+//!
+//! Prints MB/s (10^6 bytes per second) for each, and the ratios svc/JetStream and svc against
+//! the 200 MB/s goal. The file lives in the target dir's temporary directory, so it and the
+//! server's data dir are on the same disk; it is in the page cache for every reader (`cat`
+//! says what reading it costs). Needs nats-server for the JetStream part (skipped without).
+
+#[path = "../tests/common/nats_cluster.rs"]
+#[allow(dead_code)]
+mod nats_cluster;
+
+mod common;
+
+use std::io::Write;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{server_binary, Server};
+
+fn main() {
+    let mb: u64 = std::env::var("SVC_FILES_BENCH_MB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1024);
+    let bytes = mb * 1024 * 1024;
+    let root = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("bench dir");
+    let file = root.path().join("input");
+    write_input(&file, bytes);
+    println!("svc-files bench: {mb} MiB ({bytes} bytes)");
+
+    let cat = timed(|| {
+        let status = Command::new("sh")
+            .arg("-c")
+            .arg(format!("cat '{}' > /dev/null", file.display()))
+            .status()
+            .expect("cat runs");
+        assert!(status.success());
+    });
+    report("cat FILE > /dev/null", bytes, cat);
+
+    let (put, get) = svc_files(root.path(), &file);
+    let svc_put = report("svc-files put", bytes, put);
+    let svc_get = report("svc-files get", bytes, get);
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let Some((put, get)) = runtime.block_on(object_store(&file, bytes)) else {
+        return;
+    };
+    let js_put = report("JetStream object store put (R1, file)", bytes, put);
+    let js_get = report("JetStream object store get", bytes, get);
+    println!(
+        "ratio svc/JetStream: put {:.2}x, get {:.2}x",
+        svc_put / js_put,
+        svc_get / js_get
+    );
+    println!(
+        "svc vs 200 MB/s: put {:.2}x, get {:.2}x",
+        svc_put / 200.0,
+        svc_get / 200.0
+    );
+}
+
+/// A file of `bytes` that no chunk of which repeats (so nothing is deduplicated).
+fn write_input(path: &Path, bytes: u64) {
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(path).unwrap());
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut block = vec![0u8; 1 << 20];
+    let mut left = bytes;
+    while left > 0 {
+        for word in block.chunks_mut(8) {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            word.copy_from_slice(&state.to_le_bytes());
+        }
+        let n = left.min(block.len() as u64) as usize;
+        out.write_all(&block[..n]).unwrap();
+        left -= n as u64;
+    }
+    out.flush().unwrap();
+}
+
+fn timed(f: impl FnOnce()) -> Duration {
+    let start = Instant::now();
+    f();
+    start.elapsed()
+}
+
+/// Prints and returns MB/s.
+fn report(what: &str, bytes: u64, took: Duration) -> f64 {
+    let rate = bytes as f64 / 1e6 / took.as_secs_f64();
+    println!("{what:<40} {:>8.2} s {rate:>9.1} MB/s", took.as_secs_f64());
+    rate
+}
+
+/// A put and a get through the CLI (the same binary as the server, by its `svc-files` name).
+fn svc_files(root: &Path, file: &Path) -> (Duration, Duration) {
+    let server = Server::start(tempfile::tempdir_in(root).expect("server dir"), "");
+    let names = tempfile::tempdir_in(root).expect("names dir");
+    let cli = names.path().join("svc-files");
+    std::os::unix::fs::symlink(server_binary(), &cli).expect("symlink");
+    let run = |args: &[&str]| {
+        let output = Command::new(&cli)
+            .env_clear()
+            .env("SVC_NATS_URL", &server.bus)
+            .env("SVC_API_KEY", &server.key)
+            .args(args)
+            .output()
+            .expect("svc-files runs");
+        assert!(
+            output.status.success(),
+            "svc-files {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    };
+    let file = file.to_str().unwrap();
+    let out = root.join("output");
+    let put = timed(|| run(&["put", file, "bench/input"]));
+    let get = timed(|| run(&["get", "bench/input", out.to_str().unwrap()]));
+    assert_eq!(
+        std::fs::metadata(&out).unwrap().len(),
+        std::fs::metadata(file).unwrap().len()
+    );
+    let _ = std::fs::remove_file(&out);
+    (put, get)
+}
+
+/// A put and a get of the same file through a JetStream object store bucket (R1, file
+/// storage) on a fresh nats-server with JetStream; None when nats-server is missing.
+async fn object_store(file: &Path, bytes: u64) -> Option<(Duration, Duration)> {
+    use async_nats::jetstream::object_store;
+    let nats = nats_cluster::NatsCluster::start(1).await?;
+    let client = async_nats::connect(nats.urls()).await.expect("connect");
+    let context = async_nats::jetstream::new(client);
+    let bucket = context
+        .create_object_store(object_store::Config {
+            bucket: "bench".into(),
+            storage: async_nats::jetstream::stream::StorageType::File,
+            max_bytes: (bytes as i64) * 2,
+            ..Default::default()
+        })
+        .await
+        .expect("create bucket");
+    let start = Instant::now();
+    let mut input = tokio::fs::File::open(file).await.expect("open input");
+    bucket.put("input", &mut input).await.expect("put");
+    let put = start.elapsed();
+    let start = Instant::now();
+    let mut object = bucket.get("input").await.expect("get");
+    let mut sink = tokio::io::sink();
+    let copied = tokio::io::copy(&mut object, &mut sink).await.expect("read");
+    let get = start.elapsed();
+    assert_eq!(copied, bytes);
+    Some((put, get))
+}
