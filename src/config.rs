@@ -436,6 +436,10 @@ pub struct LimitsConfig {
     /// answer before closing it.
     pub grpc_keepalive: ConfigDuration,
     pub grpc_keepalive_timeout: ConfigDuration,
+    /// How long a server stream (event subscribe and replay, exec and state results, audit
+    /// export, backup) may find its client reading nothing while it has a message to send;
+    /// past it the stream's connection is closed (`server::grpc::relay`).
+    pub grpc_stream_stall: ConfigDuration,
 }
 
 impl Default for LimitsConfig {
@@ -450,6 +454,7 @@ impl Default for LimitsConfig {
             max_grpc_streams: 256,
             grpc_keepalive: ConfigDuration(Duration::from_secs(60)),
             grpc_keepalive_timeout: ConfigDuration(Duration::from_secs(20)),
+            grpc_stream_stall: ConfigDuration(Duration::from_secs(30)),
         }
     }
 }

@@ -20,6 +20,8 @@ pub struct Metrics {
     http_requests: Mutex<BTreeMap<(&'static str, u16), u64>>,
     http_durations: Mutex<BTreeMap<&'static str, Histogram>>,
     grpc_requests: Mutex<BTreeMap<(String, &'static str), u64>>,
+    /// Server streams cut off because their client read nothing (`limits.grpc_stream_stall`).
+    grpc_streams_cut: AtomicU64,
 }
 
 #[derive(Default, Clone)]
@@ -66,6 +68,11 @@ impl Metrics {
             .expect("metrics lock poisoned")
             .entry((method.to_string(), code))
             .or_default() += 1;
+    }
+
+    /// Counts one server stream cut off for a client that stopped reading.
+    pub fn record_grpc_stream_cut(&self) {
+        self.grpc_streams_cut.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Writes the series this struct owns.
@@ -117,6 +124,17 @@ impl Metrics {
                 *count as f64,
             );
         }
+
+        out.family(
+            "svc_grpc_streams_cut_total",
+            "counter",
+            "gRPC server streams cut off because their client read nothing for limits.grpc_stream_stall.",
+        );
+        out.sample(
+            "svc_grpc_streams_cut_total",
+            &[],
+            self.grpc_streams_cut.load(Ordering::Relaxed) as f64,
+        );
 
         let name = "svc_http_request_duration_seconds";
         out.family(name, "histogram", "REST request latency by route.");

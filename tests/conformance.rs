@@ -191,3 +191,152 @@ fn rest_api_passes_schemathesis_for_every_role() {
         assert!(output.status.success(), "as {role}: {}", text(&output));
     }
 }
+
+/// grpcio's reflection client (PyPI `grpcio-reflection`; Debian 12 has no grpcurl) against the
+/// server: lists every service, resolves each one's descriptors by reflection alone, and calls
+/// one method of each with dynamic messages built from those descriptors. Prints one JSON line
+/// per service: `{"service", "method", "code", "response"}`, then one for a call without a key.
+const REFLECTION_CLIENT: &str = r#"
+import json, sys
+import grpc
+from google.protobuf import descriptor_pool, json_format, message_factory
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+    ProtoReflectionDescriptorDatabase,
+)
+
+address, key, calls = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+channel = grpc.insecure_channel(address)
+database = ProtoReflectionDescriptorDatabase(channel)
+pool = descriptor_pool.DescriptorPool(database)
+
+def call(service, method, request, metadata):
+    # Everything about the method comes from reflection: its path, its message types, and
+    # whether either side streams.
+    descriptor = pool.FindServiceByName(service).FindMethodByName(method)
+    request_class = message_factory.GetMessageClass(descriptor.input_type)
+    response_class = message_factory.GetMessageClass(descriptor.output_type)
+    message = json_format.ParseDict(request, request_class())
+    path = "/%s/%s" % (service, method)
+    kinds = (descriptor.client_streaming, descriptor.server_streaming)
+    make = {
+        (False, False): channel.unary_unary,
+        (False, True): channel.unary_stream,
+        (True, False): channel.stream_unary,
+        (True, True): channel.stream_stream,
+    }[kinds]
+    stub = make(path, request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=response_class.FromString)
+    argument = iter([message]) if descriptor.client_streaming else message
+    try:
+        answer = stub(argument, metadata=metadata, timeout=30)
+        if descriptor.server_streaming:
+            answer = next(iter(answer))
+        response = json_format.MessageToDict(answer)
+        code = "OK"
+    except grpc.RpcError as error:
+        response, code = error.details(), error.code().name
+    print(json.dumps({"service": service, "method": method, "code": code,
+                      "response": response}), flush=True)
+
+services = database.get_services()
+print(json.dumps({"services": services}), flush=True)
+auth = [("authorization", "Bearer " + key)]
+for service in services:
+    method, request = calls.get(service, [None, None])
+    if method is None:
+        print(json.dumps({"service": service, "method": None, "code": "NO_CALL"}), flush=True)
+        continue
+    call(service, method, request, auth)
+call("svc.v1.PolicyService", "AuditVerify", {}, [])
+"#;
+
+/// Every gRPC service, listed and called from outside through reflection (issue 20 item 4).
+#[test]
+fn every_grpc_service_answers_a_reflection_client() {
+    let probe = Command::new("python3")
+        .args(["-c", "import grpc, grpc_reflection"])
+        .output();
+    if !probe.is_ok_and(|output| output.status.success()) {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "python3 with grpcio and grpcio-reflection is required under CI \
+             (pip install grpcio grpcio-reflection)"
+        );
+        eprintln!(
+            "skipped: python3 with grpcio and grpcio-reflection is not installed \
+             (pip install grpcio grpcio-reflection)"
+        );
+        return;
+    }
+    let server = TestServer::start();
+    // One method per service, the request as proto3 JSON. A service the server adds without
+    // an entry here fails the test (NO_CALL below).
+    let calls = serde_json::json!({
+        "grpc.health.v1.Health": ["Check", {}],
+        // grpcio's client speaks v1alpha, whose listing names itself; the v1 service (the
+        // same registry) is what tests/grpc.rs lists with tonic's client.
+        "grpc.reflection.v1alpha.ServerReflection":
+            ["ServerReflectionInfo", {"listServices": ""}],
+        "svc.v1.EventService": ["Types", {}],
+        "svc.v1.PolicyService": ["AuditVerify", {}],
+        "svc.v1.IdentityService": ["CaInfo", {}],
+        // A change, so a write goes through reflection too.
+        "svc.v1.SecretsService":
+            ["TransitCreateKey", {"name": "conformance", "type": "aes256-gcm"}],
+        "svc.v1.ClusterService": ["Status", {}],
+        "svc.v1.FleetService": ["ListAgents", {}],
+        "svc.v1.WebhookService": ["List", {}],
+        "svc.v1.RunbookService": ["List", {}],
+        "svc.v1.BlueprintService": ["List", {}],
+    });
+    let output = Command::new("python3")
+        .args(["-c", REFLECTION_CLIENT, &server.grpc.to_string()])
+        .arg(&server.admin_key)
+        .arg(calls.to_string())
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", text(&output));
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let listed: Vec<&str> = lines[0]["services"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap())
+        .collect();
+    for expected in calls.as_object().unwrap().keys() {
+        assert!(
+            listed.contains(&expected.as_str()),
+            "{expected} not listed: {listed:?}"
+        );
+    }
+    let (answers, unauthenticated) = lines[1..].split_at(lines.len() - 2);
+    assert_eq!(answers.len(), listed.len());
+    for answer in answers {
+        eprintln!("{answer}");
+        assert_eq!(answer["code"], "OK", "{answer}");
+    }
+    let response = |service: &str| -> &serde_json::Value {
+        &answers.iter().find(|a| a["service"] == service).unwrap()["response"]
+    };
+    // Real answers, not empty defaults.
+    assert_eq!(response("grpc.health.v1.Health")["status"], "SERVING");
+    assert_eq!(response("svc.v1.PolicyService")["ok"], true);
+    assert!(response("svc.v1.EventService")["types"]
+        .as_array()
+        .is_some_and(|t| !t.is_empty()));
+    assert!(response("svc.v1.IdentityService")["rootCa"].is_object());
+    assert!(response("svc.v1.ClusterService")["health"].is_string());
+    assert_eq!(response("svc.v1.SecretsService")["latestVersion"], 1);
+    assert!(
+        response("grpc.reflection.v1alpha.ServerReflection")["listServicesResponse"].is_object()
+    );
+    // Without a key: refused, not answered.
+    assert_eq!(
+        unauthenticated[0]["code"], "UNAUTHENTICATED",
+        "{}",
+        unauthenticated[0]
+    );
+}

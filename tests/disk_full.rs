@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use common::{run, with_key, TestServer};
 use svc::proto::event_service_client::EventServiceClient;
+use svc::proto::identity_service_client::IdentityServiceClient;
 use svc::proto::policy_service_client::PolicyServiceClient;
 use svc::proto::secrets_service_client::SecretsServiceClient;
 use tonic::Code;
@@ -210,6 +211,23 @@ async fn a_full_data_dir_refuses_writes_clearly_and_recovers_when_freed() {
             .args(["--api-key", &key, "emit", "--type", "agent_enrolled"]));
     assert_eq!(cli.code, 1, "{cli:?}");
     assert!(cli.stderr.contains("no space left on data_dir"), "{cli:?}");
+    // The audit gate covers the other changes too: a transit key and a join token.
+    let transit_key = || svc::proto::TransitKeyRequest {
+        name: "while-full".into(),
+        r#type: "aes256-gcm".into(),
+        ..Default::default()
+    };
+    let refused = secrets
+        .transit_create_key(with_key(transit_key(), &key))
+        .await
+        .unwrap_err();
+    assert!(is_write_refusal(&refused), "{refused:?}");
+    let mut identity = IdentityServiceClient::new(channel.clone());
+    let refused = identity
+        .create_token(with_key(svc::proto::CreateTokenRequest::default(), &key))
+        .await
+        .unwrap_err();
+    assert!(is_write_refusal(&refused), "{refused:?}");
     // Readiness names the component.
     let ready = server.request("GET", "/health/ready", None, None);
     assert_eq!(ready.status, 503, "{}", ready.body);
@@ -284,6 +302,10 @@ async fn a_full_data_dir_refuses_writes_clearly_and_recovers_when_freed() {
         .await
         .unwrap();
     server.create_key("after-full", "readonly");
+    secrets
+        .transit_create_key(with_key(transit_key(), &key))
+        .await
+        .unwrap();
     let cli =
         run(server
             .cli("svc-events")

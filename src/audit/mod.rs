@@ -220,6 +220,18 @@ impl Auditor {
         }
     }
 
+    /// Performs `change` under the audit gate: refused (StorageFull or Unavailable, see
+    /// `admit`) without being started while the audit log cannot be written. This is the one
+    /// guard every domain function that changes something wraps its change in, before
+    /// recording its outcome; reads do not, and are never refused. Used by: API keys,
+    /// secrets and rotate-master, transit keys, leases, events, exec and state apply, fleet
+    /// labels and quarantine, identity (CA rotation, join tokens, JWTs, PSKs, enrolment),
+    /// files, webhooks, runbooks, blueprints, cluster operations and restore.
+    pub async fn gate<T>(&self, change: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+        self.admit()?;
+        change.await
+    }
+
     /// For readiness: whether the audit log is writable. While degraded it tries to write an
     /// `audit.recover` row (by the server), so the state clears once space is back even when
     /// no client sends a mutation (a balancer that stopped routing to an unready server sends
@@ -797,5 +809,141 @@ mod tests {
         let verification = verify(store.as_ref(), &admin).await.unwrap();
         assert!(verification.ok, "{verification:?}");
         assert_eq!(verification.rows, 6);
+    }
+}
+
+/// The audit gate over every kind of change (docs/reliability.md, "Disk full"): once a row
+/// cannot be written, each change below is refused before it starts, reads go on, and the
+/// first row written again (readiness's `audit.recover`) lets changes through.
+#[cfg(test)]
+mod gate_tests {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    use crate::auth::Principal;
+    use crate::Error;
+
+    fn is_refused<T: std::fmt::Debug>(what: &str, result: crate::Result<T>) {
+        match result {
+            Err(Error::Unavailable(message)) if message.contains("audit log cannot be written") => {
+            }
+            other => panic!("{what} was not refused by the audit gate: {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn every_kind_of_change_is_refused_while_the_audit_log_cannot_be_written() {
+        let (domain, dir, _) = crate::secrets::testing::domain().await;
+        let domain = Arc::new(domain);
+        let admin = Principal::server();
+        crate::secrets::transit::create_key(&domain, &admin, "k", "aes256-gcm")
+            .await
+            .unwrap();
+        let blocker = rusqlite::Connection::open(dir.path().join("svc.db")).unwrap();
+        blocker
+            .execute_batch(
+                "CREATE TRIGGER refuse_audit BEFORE INSERT ON audit_events \
+                 BEGIN SELECT RAISE(ABORT, 'audit refused by the test'); END;",
+            )
+            .unwrap();
+        // A read whose row fails: answered, and the auditor turns degraded.
+        let keys = crate::secrets::transit::list_keys(&domain, &admin).await;
+        assert_eq!(keys.unwrap().len(), 1);
+        assert!(domain.auditor.admit().is_err());
+
+        // Each would otherwise succeed or fail for its own reason (not found, not clustered):
+        // the gate answers first.
+        use crate::secrets::{leases, transit};
+        is_refused(
+            "transit create-key",
+            transit::create_key(&domain, &admin, "k2", "aes256-gcm").await,
+        );
+        is_refused(
+            "transit rotate",
+            transit::rotate(&domain, &admin, "k").await,
+        );
+        is_refused(
+            "transit config",
+            transit::set_min_decryption_version(&domain, &admin, "k", 1).await,
+        );
+        is_refused(
+            "lease revoke",
+            leases::revoke(&domain, &admin, "nope").await,
+        );
+        is_refused(
+            "lease revoke-prefix",
+            leases::revoke_prefix(&domain, &admin, "db/").await,
+        );
+        is_refused(
+            "token create",
+            crate::identity::create_token(&domain, &admin, Default::default()).await,
+        );
+        is_refused(
+            "token revoke",
+            crate::identity::revoke_token(&domain, &admin, "nope").await,
+        );
+        is_refused(
+            "token cleanup",
+            crate::identity::cleanup_tokens(&domain, &admin).await,
+        );
+        is_refused(
+            "jwt revoke",
+            crate::identity::jwt::revoke_jwt(&domain, &admin, "nope").await,
+        );
+        is_refused(
+            "ca rotate-signing",
+            crate::identity::rotate_signing(&domain, &admin).await,
+        );
+        is_refused("psk", crate::identity::psk(&domain, &admin, "web-1").await);
+        is_refused(
+            "agent quarantine",
+            crate::fleet::quarantine(&domain, &admin, "web-1", "test").await,
+        );
+        is_refused(
+            "webhook create",
+            crate::webhooks::create(
+                &domain,
+                &admin,
+                crate::webhooks::NewWebhook {
+                    url: "https://example.com/hook".into(),
+                    event_types: vec!["*".into()],
+                    category: String::new(),
+                    min_severity: String::new(),
+                    description: String::new(),
+                    secret: String::new(),
+                },
+            )
+            .await,
+        );
+        is_refused(
+            "webhook delete",
+            crate::webhooks::delete(&domain, &admin, "nope").await,
+        );
+        is_refused(
+            "runbook execute",
+            crate::runbooks::execute(&domain, &admin, "nope", BTreeMap::new(), false).await,
+        );
+        is_refused(
+            "blueprint remove",
+            crate::blueprint::catalogue::remove(&domain, &admin, "nope", false).await,
+        );
+        is_refused(
+            "cluster remove",
+            crate::cluster::ops::remove(&domain, &admin, "m2").await,
+        );
+        is_refused(
+            "cluster rebalance",
+            crate::cluster::ops::rebalance(&domain, &admin).await,
+        );
+        // Reads go on, and nothing was changed.
+        let keys = crate::secrets::transit::list_keys(&domain, &admin)
+            .await
+            .unwrap();
+        assert_eq!((keys.len(), keys[0].latest_version), (1, 1));
+
+        blocker.execute_batch("DROP TRIGGER refuse_audit;").unwrap();
+        domain.auditor.health().await.unwrap();
+        let rotated = transit::rotate(&domain, &admin, "k").await.unwrap();
+        assert_eq!(rotated.latest_version, 2);
     }
 }

@@ -77,7 +77,10 @@ pub async fn install(
     } else {
         "blueprint.install"
     };
-    let result = install_checked(domain, principal, bundle_bytes, is_update).await;
+    let result = domain
+        .auditor
+        .gate(install_checked(domain, principal, bundle_bytes, is_update))
+        .await;
     let (id, detail) = match &result {
         Ok(done) => (
             format!("{}@{}", done.name, done.version),
@@ -155,7 +158,10 @@ pub async fn remove(
     name: &str,
     force: bool,
 ) -> Result<u64> {
-    let result = remove_checked(domain, principal, name, force).await;
+    let result = domain
+        .auditor
+        .gate(remove_checked(domain, principal, name, force))
+        .await;
     domain
         .auditor
         .record(
@@ -293,6 +299,8 @@ pub async fn prepare_apply(
     principal: &Principal,
     request: ApplyRequest,
 ) -> Result<Run> {
+    // Not gated here: the apply goes through `fleet::state::prepare`, whose audit gate refuses
+    // an apply (and lets a dry run, a check, through) while the audit log cannot be written.
     let prepared = prepare_apply_checked(domain, principal, &request).await;
     if !request.is_dry_run {
         let detail = match &prepared {
@@ -380,7 +388,10 @@ pub async fn prepare_rollback(
     principal: &Principal,
     request: RollbackRequest,
 ) -> Result<Run> {
-    let prepared = prepare_rollback_checked(domain, principal, &request).await;
+    let prepared = domain
+        .auditor
+        .gate(prepare_rollback_checked(domain, principal, &request))
+        .await;
     let detail = match &prepared {
         Ok(run) => {
             let record = run.record.as_ref().expect("a rollback has a record");

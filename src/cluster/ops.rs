@@ -163,21 +163,23 @@ pub fn add(principal: &Principal) -> Result<()> {
 /// Evicts a member: its row goes, and the member (if alive) stops serving at its next
 /// heartbeat. Its agents go to the others at once.
 pub async fn remove(domain: &Domain, principal: &Principal, id: &str) -> Result<()> {
-    let result = async {
-        principal.require(Role::Admin)?;
-        let cluster = &domain.cluster;
-        if id.is_empty() {
-            return Err(Error::Invalid("remove needs a member id".into()));
-        }
-        if !cluster.db().await?.remove(id).await? {
-            return Err(Error::NotFound(format!("no cluster member '{id}'")));
-        }
-        cluster.notify("cluster:refresh").await;
-        // This member's own view is current when the answer goes back.
-        cluster.tick().await;
-        Ok(())
-    }
-    .await;
+    let result = domain
+        .auditor
+        .gate(async {
+            principal.require(Role::Admin)?;
+            let cluster = &domain.cluster;
+            if id.is_empty() {
+                return Err(Error::Invalid("remove needs a member id".into()));
+            }
+            if !cluster.db().await?.remove(id).await? {
+                return Err(Error::NotFound(format!("no cluster member '{id}'")));
+            }
+            cluster.notify("cluster:refresh").await;
+            // This member's own view is current when the answer goes back.
+            cluster.tick().await;
+            Ok(())
+        })
+        .await;
     domain
         .auditor
         .record(
@@ -192,20 +194,22 @@ pub async fn remove(domain: &Domain, principal: &Principal, id: &str) -> Result<
 /// Every member reads the member list now and recomputes which agents it owns (it also
 /// happens by itself whenever a member joins or dies). Returns agents per member.
 pub async fn rebalance(domain: &Domain, principal: &Principal) -> Result<BTreeMap<String, u64>> {
-    let result = async {
-        principal.require(Role::Admin)?;
-        let cluster = &domain.cluster;
-        if cluster.is_clustered() {
-            cluster.notify("cluster:refresh").await;
-            cluster.tick().await;
-        }
-        Ok(members_of(domain)
-            .into_iter()
-            .filter(|m| m.health == "healthy")
-            .map(|m| (m.id, m.agents))
-            .collect::<BTreeMap<_, _>>())
-    }
-    .await;
+    let result = domain
+        .auditor
+        .gate(async {
+            principal.require(Role::Admin)?;
+            let cluster = &domain.cluster;
+            if cluster.is_clustered() {
+                cluster.notify("cluster:refresh").await;
+                cluster.tick().await;
+            }
+            Ok(members_of(domain)
+                .into_iter()
+                .filter(|m| m.health == "healthy")
+                .map(|m| (m.id, m.agents))
+                .collect::<BTreeMap<_, _>>())
+        })
+        .await;
     let detail = match &result {
         Ok(spread) => serde_json::json!({ "agents": spread }),
         Err(_) => serde_json::json!({}),
@@ -228,7 +232,7 @@ pub async fn transfer_leader(
     principal: &Principal,
     to: &str,
 ) -> Result<MemberView> {
-    let result = transfer(domain, principal, to).await;
+    let result = domain.auditor.gate(transfer(domain, principal, to)).await;
     let target = match &result {
         Ok(member) => member.id.clone(),
         Err(_) => to.to_string(),

@@ -464,12 +464,13 @@ pub async fn emit(
     let action = crate::audit::Action::new("event.emit", "event", "").detail(
         serde_json::json!({"type": new.event_type, "severity": new.severity, "source": new.source}),
     );
-    let result = async {
-        principal.require(Role::Operator)?;
-        domain.auditor.admit()?;
-        domain.events.emit(new, &principal.name).await
-    }
-    .await;
+    let result = domain
+        .auditor
+        .gate(async {
+            principal.require(Role::Operator)?;
+            domain.events.emit(new, &principal.name).await
+        })
+        .await;
     let action = match &result {
         Ok(event) => crate::audit::Action {
             resource_id: event.id.clone(),

@@ -373,7 +373,10 @@ impl Files {
         path: &str,
         manifest: &Manifest,
     ) -> Result<Vec<usize>> {
-        let result = self.check_put(caller, cluster, path, manifest).await;
+        let result = domain
+            .auditor
+            .gate(self.check_put(caller, cluster, path, manifest))
+            .await;
         let result = match result {
             Ok(()) => self.store.missing_chunks(cluster, &manifest.chunks).await,
             Err(error) => Err(error),
@@ -465,7 +468,10 @@ impl Files {
         path: &str,
         manifest: &Manifest,
     ) -> Result<ObjectMeta> {
-        let result = self.commit_checked(caller, cluster, path, manifest).await;
+        let result = domain
+            .auditor
+            .gate(self.commit_checked(caller, cluster, path, manifest))
+            .await;
         let action = put_action(caller, cluster, path, manifest);
         domain.auditor.record(&caller.key, action, &result).await;
         result
@@ -516,16 +522,18 @@ impl Files {
         cluster: &str,
         path: &str,
     ) -> Result<()> {
-        let result = async {
-            self.admit(caller, cluster, Role::Operator)?;
-            let remote = Remote::parse(path)?;
-            if self.store.delete(cluster, &remote).await? {
-                Ok(())
-            } else {
-                Err(not_found(cluster, &remote))
-            }
-        }
-        .await;
+        let result = domain
+            .auditor
+            .gate(async {
+                self.admit(caller, cluster, Role::Operator)?;
+                let remote = Remote::parse(path)?;
+                if self.store.delete(cluster, &remote).await? {
+                    Ok(())
+                } else {
+                    Err(not_found(cluster, &remote))
+                }
+            })
+            .await;
         let action = Action::new("file.delete", "file", format!("{cluster}:{path}")).detail(
             serde_json::json!({
                 "cluster": cluster,

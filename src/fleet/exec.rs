@@ -64,10 +64,10 @@ pub struct Job {
 /// Checks and records an exec request.
 pub async fn prepare(domain: &Domain, principal: &Principal, request: ExecRequest) -> Result<Job> {
     let job_id = ids::ulid();
-    let result = match domain.auditor.admit() {
-        Ok(()) => prepare_checked(domain, principal, &request, &job_id).await,
-        Err(refused) => Err(refused),
-    };
+    let result = domain
+        .auditor
+        .gate(prepare_checked(domain, principal, &request, &job_id))
+        .await;
     let mut detail = serde_json::json!({
         "target": request.target, "argv": request.argv,
     });

@@ -246,23 +246,25 @@ async fn change_quarantine(
         ("agent.unquarantine", EventKind::AgentUnquarantined)
     };
     let reason = reason.trim();
-    let result = async {
-        principal.require(Role::Operator)?;
-        let row = domain
-            .store
-            .fleet()
-            .set_quarantine(
-                id,
-                quarantined,
-                (!reason.is_empty()).then_some(reason),
-                &clock::now_rfc3339(),
-            )
-            .await?
-            .ok_or_else(|| not_found(id))?;
-        domain.fleet.registry.update(row);
-        Ok::<_, Error>(())
-    }
-    .await;
+    let result = domain
+        .auditor
+        .gate(async {
+            principal.require(Role::Operator)?;
+            let row = domain
+                .store
+                .fleet()
+                .set_quarantine(
+                    id,
+                    quarantined,
+                    (!reason.is_empty()).then_some(reason),
+                    &clock::now_rfc3339(),
+                )
+                .await?
+                .ok_or_else(|| not_found(id))?;
+            domain.fleet.registry.update(row);
+            Ok::<_, Error>(())
+        })
+        .await;
     let detail = if quarantined {
         serde_json::json!({ "reason": reason })
     } else {
@@ -295,44 +297,46 @@ pub async fn set_labels(
     set: &BTreeMap<String, String>,
     remove: &[String],
 ) -> Result<AgentView> {
-    let result = async {
-        principal.require(Role::Operator)?;
-        if set.is_empty() && remove.is_empty() {
-            return Err(Error::Invalid(
-                "no label to set or remove (k=v to set, k- to remove)".into(),
-            ));
-        }
-        for (key, value) in set {
-            selector::check_label(key, value).map_err(Error::Invalid)?;
-        }
-        if let Some(key) = remove.iter().find(|key| set.contains_key(*key)) {
-            return Err(Error::Invalid(format!(
-                "label '{key}' is both set and removed"
-            )));
-        }
-        let row = domain
-            .store
-            .get_agent(id)
-            .await?
-            .ok_or_else(|| not_found(id))?;
-        let mut labels: BTreeMap<String, String> =
-            serde_json::from_str(&row.labels).unwrap_or_default();
-        let before = labels.clone();
-        for key in remove {
-            labels.remove(key);
-        }
-        labels.extend(set.iter().map(|(k, v)| (k.clone(), v.clone())));
-        let text = serde_json::to_string(&labels).map_err(Error::internal)?;
-        let row = domain
-            .store
-            .fleet()
-            .set_labels(id, &text)
-            .await?
-            .ok_or_else(|| not_found(id))?;
-        domain.fleet.registry.update(row);
-        Ok::<_, Error>((before, labels))
-    }
-    .await;
+    let result = domain
+        .auditor
+        .gate(async {
+            principal.require(Role::Operator)?;
+            if set.is_empty() && remove.is_empty() {
+                return Err(Error::Invalid(
+                    "no label to set or remove (k=v to set, k- to remove)".into(),
+                ));
+            }
+            for (key, value) in set {
+                selector::check_label(key, value).map_err(Error::Invalid)?;
+            }
+            if let Some(key) = remove.iter().find(|key| set.contains_key(*key)) {
+                return Err(Error::Invalid(format!(
+                    "label '{key}' is both set and removed"
+                )));
+            }
+            let row = domain
+                .store
+                .get_agent(id)
+                .await?
+                .ok_or_else(|| not_found(id))?;
+            let mut labels: BTreeMap<String, String> =
+                serde_json::from_str(&row.labels).unwrap_or_default();
+            let before = labels.clone();
+            for key in remove {
+                labels.remove(key);
+            }
+            labels.extend(set.iter().map(|(k, v)| (k.clone(), v.clone())));
+            let text = serde_json::to_string(&labels).map_err(Error::internal)?;
+            let row = domain
+                .store
+                .fleet()
+                .set_labels(id, &text)
+                .await?
+                .ok_or_else(|| not_found(id))?;
+            domain.fleet.registry.update(row);
+            Ok::<_, Error>((before, labels))
+        })
+        .await;
     let mut detail = serde_json::json!({ "set": set, "remove": remove });
     if let Ok((before, after)) = &result {
         detail["before"] = serde_json::json!(before);

@@ -93,13 +93,10 @@ pub async fn prepare(
 ) -> Result<Job> {
     let job_id = ids::ulid();
     // Only an apply changes hosts (and is audited); check and drift only read them.
-    let admitted = match operation {
-        Operation::Apply => domain.auditor.admit(),
-        Operation::Check | Operation::Drift => Ok(()),
-    };
-    let result = match admitted {
-        Ok(()) => prepare_checked(domain, principal, operation, &request, &job_id).await,
-        Err(refused) => Err(refused),
+    let prepared = prepare_checked(domain, principal, operation, &request, &job_id);
+    let result = match operation {
+        Operation::Apply => domain.auditor.gate(prepared).await,
+        Operation::Check | Operation::Drift => prepared.await,
     };
     if operation == Operation::Apply {
         let mut detail = serde_json::json!({"target": request.target});

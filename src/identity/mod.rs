@@ -241,15 +241,17 @@ pub async fn ca_info(domain: &Domain, principal: &Principal) -> Result<CaInfo> {
 /// one stop authenticating on the bus at once (the broker checks against the current one).
 pub async fn rotate_signing(domain: &Domain, principal: &Principal) -> Result<CaInfo> {
     let keys = &domain.identity_keys();
-    let result = async {
-        principal.require(Role::Admin)?;
-        let (root, old) = active(domain.store.as_ref()).await?;
-        let signing = ca::make_signing(&unseal(keys, &root)?)?;
-        let row = sealed_row(keys, SIGNING, &signing)?;
-        domain.store.insert_ca(&row).await?;
-        Ok((old.fingerprint, row.fingerprint))
-    }
-    .await;
+    let result = domain
+        .auditor
+        .gate(async {
+            principal.require(Role::Admin)?;
+            let (root, old) = active(domain.store.as_ref()).await?;
+            let signing = ca::make_signing(&unseal(keys, &root)?)?;
+            let row = sealed_row(keys, SIGNING, &signing)?;
+            domain.store.insert_ca(&row).await?;
+            Ok((old.fingerprint, row.fingerprint))
+        })
+        .await;
     let detail = match &result {
         Ok((old, new)) => serde_json::json!({"old_fingerprint": old, "new_fingerprint": new}),
         Err(_) => serde_json::json!({}),
@@ -418,12 +420,14 @@ fn is_valid_psk(keys: &Keys, agent_id: &str, psk: &str) -> bool {
 /// `psk AGENT_ID` (admin): the PSK is a credential, so showing it is audited.
 pub async fn psk(domain: &Domain, principal: &Principal, agent_id: &str) -> Result<String> {
     let keys = &domain.identity_keys();
-    let result = async {
-        principal.require(Role::Admin)?;
-        validate_agent_id(agent_id)?;
-        Ok(psk_for(keys, agent_id))
-    }
-    .await;
+    let result = domain
+        .auditor
+        .gate(async {
+            principal.require(Role::Admin)?;
+            validate_agent_id(agent_id)?;
+            Ok(psk_for(keys, agent_id))
+        })
+        .await;
     domain
         .auditor
         .record(
@@ -486,7 +490,10 @@ pub async fn enrol(domain: &Domain, request: EnrolRequest) -> Result<Enrolled> {
         "psk"
     };
     let mut credential_id = None;
-    let result = enrol_checked(domain, keys, &request, &mut credential_id).await;
+    let result = domain
+        .auditor
+        .gate(enrol_checked(domain, keys, &request, &mut credential_id))
+        .await;
     let mut detail = serde_json::json!({"method": method, "labels": request.labels});
     if let Some(id) = &credential_id {
         detail["credential_id"] = serde_json::json!(id);

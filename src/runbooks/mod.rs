@@ -241,7 +241,7 @@ pub async fn execute(
     let id = ids::ulid();
     let action = Action::new("runbook.execute", "runbook_execution", id.clone())
         .detail(json!({ "runbook": name, "parameters": set, "dry_run": dry_run }));
-    let result = async {
+    let started = async {
         principal.require(Role::Operator)?;
         let runbook = get(domain, principal, name)?;
         let values = definition::parameters(&runbook, &set)?;
@@ -263,8 +263,13 @@ pub async fn execute(
             steps,
             &step_order(&runbook),
         )))
-    }
-    .await;
+    };
+    // A dry run only plans: like a read, it is not held back by the audit gate.
+    let result = if dry_run {
+        started.await
+    } else {
+        domain.auditor.gate(started).await
+    };
     domain.auditor.record(principal, action, &result).await;
     if let Ok(Started::Execution(_)) = &result {
         engine::spawn(domain.clone(), id);
@@ -347,23 +352,25 @@ pub async fn audit(
 /// `svc-runbook cancel EXECUTION` (operator): running steps are stopped, the rest skipped.
 pub async fn cancel(domain: &Domain, principal: &Principal, id: &str) -> Result<ExecutionView> {
     let action = Action::new("runbook.cancel", "runbook_execution", id);
-    let result = async {
-        principal.require(Role::Operator)?;
-        let row = find(domain, id).await?;
-        if row.status != "running" {
-            return Err(Error::Conflict(format!(
-                "execution '{id}' is {}, not running",
-                row.status
-            )));
-        }
-        domain
-            .store
-            .runbooks()
-            .set_execution_status(id, "cancelled", Some(&clock::now_rfc3339()))
-            .await?;
-        status(domain, principal, id).await
-    }
-    .await;
+    let result = domain
+        .auditor
+        .gate(async {
+            principal.require(Role::Operator)?;
+            let row = find(domain, id).await?;
+            if row.status != "running" {
+                return Err(Error::Conflict(format!(
+                    "execution '{id}' is {}, not running",
+                    row.status
+                )));
+            }
+            domain
+                .store
+                .runbooks()
+                .set_execution_status(id, "cancelled", Some(&clock::now_rfc3339()))
+                .await?;
+            status(domain, principal, id).await
+        })
+        .await;
     domain.auditor.record(principal, action, &result).await;
     result
 }
@@ -378,31 +385,35 @@ pub async fn approve(
 ) -> Result<ExecutionView> {
     let action =
         Action::new("runbook.approve", "runbook_execution", id).detail(json!({ "step": step_id }));
-    let result = async {
-        principal.require(Role::Operator)?;
-        let row = find(domain, id).await?;
-        if row.started_by == principal.id {
-            return Err(Error::Forbidden(format!(
-                "execution '{id}' was started by this key; another principal must approve"
-            )));
-        }
-        let steps = domain.store.runbooks().list_steps(id).await?;
-        let mut step = steps
-            .into_iter()
-            .find(|s| s.step_id == step_id)
-            .ok_or_else(|| Error::NotFound(format!("execution '{id}' has no step '{step_id}'")))?;
-        if step.status != "waiting" {
-            return Err(Error::Conflict(format!(
-                "step '{step_id}' is {}, not waiting for approval",
-                step.status
-            )));
-        }
-        step.status = "approved".into();
-        step.approved_by = Some(principal.id.clone());
-        domain.store.runbooks().upsert_step(&step).await?;
-        status(domain, principal, id).await
-    }
-    .await;
+    let result = domain
+        .auditor
+        .gate(async {
+            principal.require(Role::Operator)?;
+            let row = find(domain, id).await?;
+            if row.started_by == principal.id {
+                return Err(Error::Forbidden(format!(
+                    "execution '{id}' was started by this key; another principal must approve"
+                )));
+            }
+            let steps = domain.store.runbooks().list_steps(id).await?;
+            let mut step = steps
+                .into_iter()
+                .find(|s| s.step_id == step_id)
+                .ok_or_else(|| {
+                    Error::NotFound(format!("execution '{id}' has no step '{step_id}'"))
+                })?;
+            if step.status != "waiting" {
+                return Err(Error::Conflict(format!(
+                    "step '{step_id}' is {}, not waiting for approval",
+                    step.status
+                )));
+            }
+            step.status = "approved".into();
+            step.approved_by = Some(principal.id.clone());
+            domain.store.runbooks().upsert_step(&step).await?;
+            status(domain, principal, id).await
+        })
+        .await;
     domain.auditor.record(principal, action, &result).await;
     result
 }

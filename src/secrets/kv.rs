@@ -122,10 +122,10 @@ pub async fn put(
 ) -> Result<Metadata> {
     let fields: Vec<&String> = data.keys().collect();
     let mut detail = json!({ "fields": fields });
-    let result = match domain.auditor.admit() {
-        Ok(()) => put_inner(domain, principal, path, &data).await,
-        Err(refused) => Err(refused),
-    };
+    let result = domain
+        .auditor
+        .gate(put_inner(domain, principal, path, &data))
+        .await;
     if let Ok(meta) = &result {
         detail["version"] = json!(meta.version);
     }
@@ -260,10 +260,10 @@ pub async fn delete(
     path: &str,
     deletion: &Deletion,
 ) -> Result<u64> {
-    let result = match domain.auditor.admit() {
-        Ok(()) => delete_inner(domain, principal, path, deletion).await,
-        Err(refused) => Err(refused),
-    };
+    let result = domain
+        .auditor
+        .gate(delete_inner(domain, principal, path, deletion))
+        .await;
     let (name, detail) = if deletion.destroy {
         ("secret.destroy", json!({ "versions": deletion.versions }))
     } else {

@@ -98,53 +98,56 @@ pub async fn create_credentials(
     backend: &str,
     ttl: Option<Duration>,
 ) -> Result<Credentials> {
-    let result = async {
-        principal.require(Role::Operator)?;
-        if backend != POSTGRES {
-            return Err(Error::Invalid(format!(
-                "unknown credentials backend '{backend}' (expected {POSTGRES})"
-            )));
-        }
-        let config = domain.secrets.config().postgres;
-        let max_ttl = config.max_ttl.0;
-        let ttl = ttl.unwrap_or(config.default_ttl.0).min(max_ttl);
-        if ttl.is_zero() {
-            return Err(Error::Invalid("a lease needs a positive TTL".into()));
-        }
-        let ulid = ids::ulid();
-        let username = postgres::new_role_name(&ulid);
-        let password = ids::random_base62(32);
-        let now = clock::now_millis();
-        let row = LeaseRow {
-            id: format!("{POSTGRES_PATH}/{ulid}"),
-            path: POSTGRES_PATH.into(),
-            backend: POSTGRES.into(),
-            backend_data: json!({ "username": username }).to_string(),
-            created_at: clock::format_rfc3339(now),
-            expires_at: at_offset(now, ttl),
-            max_expires_at: at_offset(now, max_ttl),
-            is_renewable: true,
-            revoked_at: None,
-            last_error: None,
-        };
-        // The lease is stored first: if the server dies right after the role is made, the
-        // reaper still knows the role and drops it at expiry.
-        store(domain).insert_lease(&row).await?;
-        if let Err(e) =
-            postgres::create_role(config.url.expose(), &username, &password, &row.expires_at).await
-        {
-            store(domain)
-                .mark_lease_revoked(&row.id, &clock::now_rfc3339())
-                .await?;
-            return Err(e);
-        }
-        Ok(Credentials {
-            lease: row.into(),
-            username,
-            password,
+    let result = domain
+        .auditor
+        .gate(async {
+            principal.require(Role::Operator)?;
+            if backend != POSTGRES {
+                return Err(Error::Invalid(format!(
+                    "unknown credentials backend '{backend}' (expected {POSTGRES})"
+                )));
+            }
+            let config = domain.secrets.config().postgres;
+            let max_ttl = config.max_ttl.0;
+            let ttl = ttl.unwrap_or(config.default_ttl.0).min(max_ttl);
+            if ttl.is_zero() {
+                return Err(Error::Invalid("a lease needs a positive TTL".into()));
+            }
+            let ulid = ids::ulid();
+            let username = postgres::new_role_name(&ulid);
+            let password = ids::random_base62(32);
+            let now = clock::now_millis();
+            let row = LeaseRow {
+                id: format!("{POSTGRES_PATH}/{ulid}"),
+                path: POSTGRES_PATH.into(),
+                backend: POSTGRES.into(),
+                backend_data: json!({ "username": username }).to_string(),
+                created_at: clock::format_rfc3339(now),
+                expires_at: at_offset(now, ttl),
+                max_expires_at: at_offset(now, max_ttl),
+                is_renewable: true,
+                revoked_at: None,
+                last_error: None,
+            };
+            // The lease is stored first: if the server dies right after the role is made, the
+            // reaper still knows the role and drops it at expiry.
+            store(domain).insert_lease(&row).await?;
+            if let Err(e) =
+                postgres::create_role(config.url.expose(), &username, &password, &row.expires_at)
+                    .await
+            {
+                store(domain)
+                    .mark_lease_revoked(&row.id, &clock::now_rfc3339())
+                    .await?;
+                return Err(e);
+            }
+            Ok(Credentials {
+                lease: row.into(),
+                username,
+                password,
+            })
         })
-    }
-    .await;
+        .await;
     let lease_id = result
         .as_ref()
         .map(|c| c.lease.id.clone())
@@ -207,30 +210,32 @@ pub async fn renew(
     id: &str,
     increment: Option<Duration>,
 ) -> Result<Lease> {
-    let result = async {
-        principal.require(Role::Operator)?;
-        let row = find(domain, id).await?;
-        if row.revoked_at.is_some() {
-            return Err(Error::NotFound(format!("lease '{id}' was revoked")));
-        }
-        let now = clock::now_millis();
-        if clock::parse_rfc3339(&row.expires_at).is_some_and(|at| at <= now) {
-            return Err(Error::Invalid(format!("lease '{id}' has expired")));
-        }
-        let increment = increment.unwrap_or(domain.secrets.config().postgres.default_ttl.0);
-        let wanted = at_offset(now, increment);
-        let expires_at = wanted.min(row.max_expires_at.clone());
-        if row.backend == POSTGRES {
-            let url = domain.secrets.config().postgres.url;
-            postgres::extend_role(url.expose(), &role_of(&row)?, &expires_at).await?;
-        }
-        store(domain).set_lease_expiry(id, &expires_at).await?;
-        Ok(Lease {
-            expires_at,
-            ..row.into()
+    let result = domain
+        .auditor
+        .gate(async {
+            principal.require(Role::Operator)?;
+            let row = find(domain, id).await?;
+            if row.revoked_at.is_some() {
+                return Err(Error::NotFound(format!("lease '{id}' was revoked")));
+            }
+            let now = clock::now_millis();
+            if clock::parse_rfc3339(&row.expires_at).is_some_and(|at| at <= now) {
+                return Err(Error::Invalid(format!("lease '{id}' has expired")));
+            }
+            let increment = increment.unwrap_or(domain.secrets.config().postgres.default_ttl.0);
+            let wanted = at_offset(now, increment);
+            let expires_at = wanted.min(row.max_expires_at.clone());
+            if row.backend == POSTGRES {
+                let url = domain.secrets.config().postgres.url;
+                postgres::extend_role(url.expose(), &role_of(&row)?, &expires_at).await?;
+            }
+            store(domain).set_lease_expiry(id, &expires_at).await?;
+            Ok(Lease {
+                expires_at,
+                ..row.into()
+            })
         })
-    }
-    .await;
+        .await;
     let detail = json!({ "increment": increment.map(clock::format_duration),
         "expires_at": result.as_ref().ok().map(|l| l.expires_at.clone()) });
     audited(
@@ -256,16 +261,18 @@ async fn revoke_row(domain: &Domain, row: &LeaseRow) -> Result<()> {
 
 /// `leases revoke ID`.
 pub async fn revoke(domain: &Domain, principal: &Principal, id: &str) -> Result<u64> {
-    let result = async {
-        principal.require(Role::Operator)?;
-        let row = find(domain, id).await?;
-        if row.revoked_at.is_some() {
-            return Ok(0);
-        }
-        revoke_row(domain, &row).await?;
-        Ok(1)
-    }
-    .await;
+    let result = domain
+        .auditor
+        .gate(async {
+            principal.require(Role::Operator)?;
+            let row = find(domain, id).await?;
+            if row.revoked_at.is_some() {
+                return Ok(0);
+            }
+            revoke_row(domain, &row).await?;
+            Ok(1)
+        })
+        .await;
     audited(
         domain,
         principal,
@@ -277,21 +284,23 @@ pub async fn revoke(domain: &Domain, principal: &Principal, id: &str) -> Result<
 
 /// `leases revoke --prefix P`: every unrevoked lease whose id starts with P.
 pub async fn revoke_prefix(domain: &Domain, principal: &Principal, prefix: &str) -> Result<u64> {
-    let result = async {
-        principal.require(Role::Operator)?;
-        if prefix.is_empty() {
-            return Err(Error::Invalid(
-                "revoke --prefix needs a non-empty prefix".into(),
-            ));
-        }
-        let mut count = 0;
-        for row in store(domain).list_leases(prefix).await? {
-            revoke_row(domain, &row).await?;
-            count += 1;
-        }
-        Ok(count)
-    }
-    .await;
+    let result = domain
+        .auditor
+        .gate(async {
+            principal.require(Role::Operator)?;
+            if prefix.is_empty() {
+                return Err(Error::Invalid(
+                    "revoke --prefix needs a non-empty prefix".into(),
+                ));
+            }
+            let mut count = 0;
+            for row in store(domain).list_leases(prefix).await? {
+                revoke_row(domain, &row).await?;
+                count += 1;
+            }
+            Ok(count)
+        })
+        .await;
     let detail = json!({ "revoked": result.as_ref().ok() });
     audited(
         domain,

@@ -152,10 +152,10 @@ pub async fn verify_master_key(
 /// check value under `new_key` in one store transaction, then switches the running server to
 /// it. Requests wait for the rotation (milliseconds per thousand keys); none fails.
 pub async fn rotate_master(domain: &Domain, principal: &Principal, new_key: &str) -> Result<u64> {
-    let result = match domain.auditor.admit() {
-        Ok(()) => rotate_master_inner(domain, principal, new_key).await,
-        Err(refused) => Err(refused),
-    };
+    let result = domain
+        .auditor
+        .gate(rotate_master_inner(domain, principal, new_key))
+        .await;
     let detail = match &result {
         Ok(count) => serde_json::json!({ "rewrapped": count }),
         Err(_) => serde_json::json!({}),

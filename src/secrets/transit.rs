@@ -268,25 +268,27 @@ pub async fn create_key(
     name: &str,
     key_type: &str,
 ) -> Result<KeyInfo> {
-    let result = async {
-        principal.require(Role::Operator)?;
-        validate_name(name)?;
-        let keyring = domain.secrets.keyring().await?;
-        let now = clock::now_rfc3339();
-        let row = TransitKeyRow {
-            name: name.to_string(),
-            key_type: key_type.to_string(),
-            latest_version: 1,
-            min_decryption_version: 1,
-            created_at: now.clone(),
-            updated_at: now,
-        };
-        let first = version_row(&keyring, name, 1, key_type)?;
-        store(domain).insert_transit_key(&row, &first).await?;
-        forget(domain, name);
-        Ok(KeyInfo::from(&row))
-    }
-    .await;
+    let result = domain
+        .auditor
+        .gate(async {
+            principal.require(Role::Operator)?;
+            validate_name(name)?;
+            let keyring = domain.secrets.keyring().await?;
+            let now = clock::now_rfc3339();
+            let row = TransitKeyRow {
+                name: name.to_string(),
+                key_type: key_type.to_string(),
+                latest_version: 1,
+                min_decryption_version: 1,
+                created_at: now.clone(),
+                updated_at: now,
+            };
+            let first = version_row(&keyring, name, 1, key_type)?;
+            store(domain).insert_transit_key(&row, &first).await?;
+            forget(domain, name);
+            Ok(KeyInfo::from(&row))
+        })
+        .await;
     let detail = json!({ "type": key_type });
     audited(
         domain,
@@ -299,25 +301,27 @@ pub async fn create_key(
 
 /// `transit rotate NAME`: adds a version and makes it the one that encrypts and signs.
 pub async fn rotate(domain: &Domain, principal: &Principal, name: &str) -> Result<KeyInfo> {
-    let result = async {
-        principal.require(Role::Operator)?;
-        let keyring = domain.secrets.keyring().await?;
-        let row = store(domain)
-            .get_transit_key(name)
-            .await?
-            .ok_or_else(|| Error::NotFound(format!("transit key '{name}' not found")))?;
-        let next = version_row(&keyring, name, row.latest_version + 1, &row.key_type)?;
-        store(domain)
-            .add_transit_version(&next, &clock::now_rfc3339())
-            .await?;
-        forget(domain, name);
-        let row = store(domain)
-            .get_transit_key(name)
-            .await?
-            .ok_or_else(|| Error::NotFound(format!("transit key '{name}' not found")))?;
-        Ok(KeyInfo::from(&row))
-    }
-    .await;
+    let result = domain
+        .auditor
+        .gate(async {
+            principal.require(Role::Operator)?;
+            let keyring = domain.secrets.keyring().await?;
+            let row = store(domain)
+                .get_transit_key(name)
+                .await?
+                .ok_or_else(|| Error::NotFound(format!("transit key '{name}' not found")))?;
+            let next = version_row(&keyring, name, row.latest_version + 1, &row.key_type)?;
+            store(domain)
+                .add_transit_version(&next, &clock::now_rfc3339())
+                .await?;
+            forget(domain, name);
+            let row = store(domain)
+                .get_transit_key(name)
+                .await?
+                .ok_or_else(|| Error::NotFound(format!("transit key '{name}' not found")))?;
+            Ok(KeyInfo::from(&row))
+        })
+        .await;
     let detail = json!({ "version": result.as_ref().ok().map(|k| k.latest_version) });
     audited(
         domain,
@@ -336,28 +340,30 @@ pub async fn set_min_decryption_version(
     name: &str,
     version: i64,
 ) -> Result<KeyInfo> {
-    let result = async {
-        principal.require(Role::Operator)?;
-        let row = store(domain)
-            .get_transit_key(name)
-            .await?
-            .ok_or_else(|| Error::NotFound(format!("transit key '{name}' not found")))?;
-        if version < 1 || version > row.latest_version {
-            return Err(Error::Invalid(format!(
-                "min_decryption_version must be between 1 and the latest version {}",
-                row.latest_version
-            )));
-        }
-        store(domain)
-            .set_transit_min_decryption(name, version, &clock::now_rfc3339())
-            .await?;
-        forget(domain, name);
-        Ok(KeyInfo {
-            min_decryption_version: version,
-            ..KeyInfo::from(&row)
+    let result = domain
+        .auditor
+        .gate(async {
+            principal.require(Role::Operator)?;
+            let row = store(domain)
+                .get_transit_key(name)
+                .await?
+                .ok_or_else(|| Error::NotFound(format!("transit key '{name}' not found")))?;
+            if version < 1 || version > row.latest_version {
+                return Err(Error::Invalid(format!(
+                    "min_decryption_version must be between 1 and the latest version {}",
+                    row.latest_version
+                )));
+            }
+            store(domain)
+                .set_transit_min_decryption(name, version, &clock::now_rfc3339())
+                .await?;
+            forget(domain, name);
+            Ok(KeyInfo {
+                min_decryption_version: version,
+                ..KeyInfo::from(&row)
+            })
         })
-    }
-    .await;
+        .await;
     let detail = json!({ "min_decryption_version": version });
     audited(
         domain,

@@ -169,9 +169,15 @@ fn validate(config: &ServerConfig, dev: bool) -> Vec<String> {
     if config.limits.max_connections == 0 || config.bus.max_connections == 0 {
         problems.push("limits.max_connections and bus.max_connections must be at least 1".into());
     }
-    if config.limits.handshake_timeout.0.is_zero() || config.limits.max_grpc_streams == 0 {
-        problems
-            .push("limits.handshake_timeout and limits.max_grpc_streams must be positive".into());
+    if config.limits.handshake_timeout.0.is_zero()
+        || config.limits.max_grpc_streams == 0
+        || config.limits.grpc_stream_stall.0.is_zero()
+    {
+        problems.push(
+            "limits.handshake_timeout, limits.max_grpc_streams and limits.grpc_stream_stall \
+             must be positive"
+                .into(),
+        );
     }
     if config.store.driver == crate::config::StoreDriver::Postgres {
         if let Err(e) = crate::store::postgres::Target::from_config(&config.store) {

@@ -15,12 +15,14 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use futures_util::task::AtomicWaker;
 use futures_util::Stream;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -50,7 +52,7 @@ pub fn incoming(
                     let deadline = listener.handshake;
                     tokio::spawn(async move {
                         if let Some(stream) = handshake(&acceptor, socket, peer, name, deadline).await {
-                            let _ = sender.send(Ok(Capped { io: stream, _slot: slot })).await;
+                            let _ = sender.send(Ok(Capped::new(stream, slot, peer))).await;
                         }
                     });
                 }
@@ -148,7 +150,7 @@ impl Listener {
                         let (name, deadline) = (self.name, self.handshake);
                         tokio::spawn(async move {
                             if first_byte(&socket, peer, name, deadline).await {
-                                let _ = sender.send(Ok(Capped { io: socket, _slot: slot })).await;
+                                let _ = sender.send(Ok(Capped::new(socket, slot, peer))).await;
                             }
                         });
                     }
@@ -179,10 +181,63 @@ async fn first_byte(
     }
 }
 
-/// A connection that holds a slot of its listener's cap until it is dropped.
+/// A connection that holds a slot of its listener's cap until it is dropped, and that can be
+/// closed from outside through its [`Connection`] handle.
 pub struct Capped<IO> {
     io: IO,
     _slot: OwnedSemaphorePermit,
+    connection: Connection,
+}
+
+impl<IO> Capped<IO> {
+    fn new(io: IO, slot: OwnedSemaphorePermit, peer: SocketAddr) -> Self {
+        Capped {
+            io,
+            _slot: slot,
+            connection: Connection {
+                peer,
+                cut: Arc::default(),
+            },
+        }
+    }
+
+    /// Once cut, every read and write fails, so the HTTP server serving the connection ends
+    /// it (and drops every stream on it); the task polling it is woken for that.
+    fn check_cut(&self, cx: &Context<'_>) -> io::Result<()> {
+        self.connection.cut.waker.register(cx.waker());
+        if self.connection.cut.is_cut.load(Ordering::Acquire) {
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "connection cut off by the server",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What gRPC handlers see of their connection (tonic puts it in every request's extensions):
+/// the peer, and a way to close the connection when one of its streams has to be cut off
+/// (`server::grpc::relay`). HTTP/2 gives a handler no way to reset its own stream while the
+/// connection waits for the client to open its flow-control window, so the connection goes.
+#[derive(Clone, Debug)]
+pub struct Connection {
+    pub peer: SocketAddr,
+    cut: Arc<Cut>,
+}
+
+#[derive(Debug, Default)]
+struct Cut {
+    is_cut: AtomicBool,
+    /// The task serving the connection, woken by `cut` so that it meets the error now.
+    waker: AtomicWaker,
+}
+
+impl Connection {
+    /// Closes the connection: its next read or write fails.
+    pub fn cut(&self) {
+        self.cut.is_cut.store(true, Ordering::Release);
+        self.cut.waker.wake();
+    }
 }
 
 impl<IO: AsyncRead + Unpin> AsyncRead for Capped<IO> {
@@ -191,6 +246,7 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Capped<IO> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        self.check_cut(cx)?;
         Pin::new(&mut self.io).poll_read(cx, buf)
     }
 }
@@ -201,6 +257,7 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Capped<IO> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
+        self.check_cut(cx)?;
         Pin::new(&mut self.io).poll_write(cx, buf)
     }
 
@@ -217,6 +274,7 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Capped<IO> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        self.check_cut(cx)?;
         Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
     }
 
@@ -225,11 +283,11 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Capped<IO> {
     }
 }
 
-impl<IO: tonic::transport::server::Connected> tonic::transport::server::Connected for Capped<IO> {
-    type ConnectInfo = IO::ConnectInfo;
+impl<IO> tonic::transport::server::Connected for Capped<IO> {
+    type ConnectInfo = Connection;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.io.connect_info()
+        self.connection.clone()
     }
 }
 

@@ -244,38 +244,40 @@ pub async fn create(
         &new.event_types,
         &new.category,
     ));
-    let result = async {
-        principal.require(Role::Operator)?;
-        let event_types = check_filter(&new.event_types, &new.category, &new.min_severity)?;
-        check_url(domain, &new.url)?;
-        let secret = if new.secret.is_empty() {
-            sign::generate_secret()
-        } else {
-            sign::secret_key(&new.secret)?;
-            new.secret.trim().to_string()
-        };
-        let now = clock::now_rfc3339();
-        let row = WebhookRow {
-            id: id.clone(),
-            url: new.url.clone(),
-            event_types,
-            category: new.category.clone(),
-            min_severity: new.min_severity.clone(),
-            description: new.description.clone(),
-            secret_sealed: seal_secret(domain, &id, &secret)?,
-            created_by: principal.id.clone(),
-            created_at: now.clone(),
-            updated_at: now,
-            // Events from now on: the cursor starts at the last durable one.
-            cursor_seq: delivery::current_seq(domain).await? as i64,
-        };
-        domain.store.webhooks().insert_webhook(&row).await?;
-        Ok(WebhookView {
-            secret: Some(secret),
-            ..view(&row, principal)
+    let result = domain
+        .auditor
+        .gate(async {
+            principal.require(Role::Operator)?;
+            let event_types = check_filter(&new.event_types, &new.category, &new.min_severity)?;
+            check_url(domain, &new.url)?;
+            let secret = if new.secret.is_empty() {
+                sign::generate_secret()
+            } else {
+                sign::secret_key(&new.secret)?;
+                new.secret.trim().to_string()
+            };
+            let now = clock::now_rfc3339();
+            let row = WebhookRow {
+                id: id.clone(),
+                url: new.url.clone(),
+                event_types,
+                category: new.category.clone(),
+                min_severity: new.min_severity.clone(),
+                description: new.description.clone(),
+                secret_sealed: seal_secret(domain, &id, &secret)?,
+                created_by: principal.id.clone(),
+                created_at: now.clone(),
+                updated_at: now,
+                // Events from now on: the cursor starts at the last durable one.
+                cursor_seq: delivery::current_seq(domain).await? as i64,
+            };
+            domain.store.webhooks().insert_webhook(&row).await?;
+            Ok(WebhookView {
+                secret: Some(secret),
+                ..view(&row, principal)
+            })
         })
-    }
-    .await;
+        .await;
     domain.auditor.record(principal, action, &result).await;
     if result.is_ok() {
         delivery::sync(domain).await;
@@ -320,36 +322,38 @@ pub async fn update(
         "min_severity": change.min_severity,
         "secret_changed": change.secret.is_some(),
     }));
-    let result = async {
-        principal.require(Role::Operator)?;
-        let mut row = find(domain, id).await?;
-        let event_types = match change.event_types {
-            Some(types) => types,
-            None => serde_json::from_str(&row.event_types).unwrap_or_default(),
-        };
-        let category = change.category.unwrap_or(row.category.clone());
-        let min_severity = change.min_severity.unwrap_or(row.min_severity.clone());
-        row.event_types = check_filter(&event_types, &category, &min_severity)?;
-        row.category = category;
-        row.min_severity = min_severity;
-        if let Some(url) = change.url {
-            check_url(domain, &url)?;
-            row.url = url;
-        }
-        if let Some(description) = change.description {
-            row.description = description;
-        }
-        if let Some(secret) = change.secret {
-            sign::secret_key(&secret)?;
-            row.secret_sealed = seal_secret(domain, id, secret.trim())?;
-        }
-        row.updated_at = clock::now_rfc3339();
-        if !domain.store.webhooks().update_webhook(&row).await? {
-            return Err(Error::NotFound(format!("webhook '{id}' not found")));
-        }
-        Ok(view(&row, principal))
-    }
-    .await;
+    let result = domain
+        .auditor
+        .gate(async {
+            principal.require(Role::Operator)?;
+            let mut row = find(domain, id).await?;
+            let event_types = match change.event_types {
+                Some(types) => types,
+                None => serde_json::from_str(&row.event_types).unwrap_or_default(),
+            };
+            let category = change.category.unwrap_or(row.category.clone());
+            let min_severity = change.min_severity.unwrap_or(row.min_severity.clone());
+            row.event_types = check_filter(&event_types, &category, &min_severity)?;
+            row.category = category;
+            row.min_severity = min_severity;
+            if let Some(url) = change.url {
+                check_url(domain, &url)?;
+                row.url = url;
+            }
+            if let Some(description) = change.description {
+                row.description = description;
+            }
+            if let Some(secret) = change.secret {
+                sign::secret_key(&secret)?;
+                row.secret_sealed = seal_secret(domain, id, secret.trim())?;
+            }
+            row.updated_at = clock::now_rfc3339();
+            if !domain.store.webhooks().update_webhook(&row).await? {
+                return Err(Error::NotFound(format!("webhook '{id}' not found")));
+            }
+            Ok(view(&row, principal))
+        })
+        .await;
     domain.auditor.record(principal, action, &result).await;
     if result.is_ok() {
         delivery::sync(domain).await;
@@ -360,14 +364,16 @@ pub async fn update(
 /// `svc-webhook outbound delete ID` (operator): the subscription and its deliveries.
 pub async fn delete(domain: &Arc<Domain>, principal: &Principal, id: &str) -> Result<()> {
     let action = Action::new("webhook.delete", "webhook", id);
-    let result = async {
-        principal.require(Role::Operator)?;
-        if !domain.store.webhooks().delete_webhook(id).await? {
-            return Err(Error::NotFound(format!("webhook '{id}' not found")));
-        }
-        Ok(())
-    }
-    .await;
+    let result = domain
+        .auditor
+        .gate(async {
+            principal.require(Role::Operator)?;
+            if !domain.store.webhooks().delete_webhook(id).await? {
+                return Err(Error::NotFound(format!("webhook '{id}' not found")));
+            }
+            Ok(())
+        })
+        .await;
     domain.auditor.record(principal, action, &result).await;
     if result.is_ok() {
         delivery::sync(domain).await;
@@ -379,15 +385,17 @@ pub async fn delete(domain: &Arc<Domain>, principal: &Principal, id: &str) -> Re
 /// (no retries), and records it as a delivery.
 pub async fn test(domain: &Arc<Domain>, principal: &Principal, id: &str) -> Result<DeliveryView> {
     let action = Action::new("webhook.test", "webhook", id);
-    let result = async {
-        principal.require(Role::Operator)?;
-        let row = find(domain, id).await?;
-        let key = open_secret(domain, &row)?;
-        delivery::ping(domain, &row, &key)
-            .await
-            .map(DeliveryView::from)
-    }
-    .await;
+    let result = domain
+        .auditor
+        .gate(async {
+            principal.require(Role::Operator)?;
+            let row = find(domain, id).await?;
+            let key = open_secret(domain, &row)?;
+            delivery::ping(domain, &row, &key)
+                .await
+                .map(DeliveryView::from)
+        })
+        .await;
     domain.auditor.record(principal, action, &result).await;
     result
 }
@@ -419,23 +427,26 @@ pub async fn redeliver(
     delivery_id: &str,
 ) -> Result<DeliveryView> {
     let action = Action::new("webhook.redeliver", "webhook_delivery", delivery_id);
-    let result = async {
-        principal.require(Role::Operator)?;
-        let mut row = domain
-            .store
-            .webhooks()
-            .get_delivery(delivery_id)
-            .await?
-            .ok_or_else(|| Error::NotFound(format!("delivery '{delivery_id}' not found")))?;
-        let now = clock::now_millis();
-        row.status = "pending".into();
-        row.next_attempt_at = clock::format_rfc3339(now);
-        row.deadline_at =
-            clock::format_rfc3339(now + domain.webhooks.config.max_retry_age.0.as_millis() as i64);
-        domain.store.webhooks().update_delivery(&row).await?;
-        Ok(DeliveryView::from(row))
-    }
-    .await;
+    let result = domain
+        .auditor
+        .gate(async {
+            principal.require(Role::Operator)?;
+            let mut row = domain
+                .store
+                .webhooks()
+                .get_delivery(delivery_id)
+                .await?
+                .ok_or_else(|| Error::NotFound(format!("delivery '{delivery_id}' not found")))?;
+            let now = clock::now_millis();
+            row.status = "pending".into();
+            row.next_attempt_at = clock::format_rfc3339(now);
+            row.deadline_at = clock::format_rfc3339(
+                now + domain.webhooks.config.max_retry_age.0.as_millis() as i64,
+            );
+            domain.store.webhooks().update_delivery(&row).await?;
+            Ok(DeliveryView::from(row))
+        })
+        .await;
     domain.auditor.record(principal, action, &result).await;
     if let Ok(delivery) = &result {
         delivery::wake(domain, &delivery.webhook_id);

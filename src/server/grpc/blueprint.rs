@@ -34,12 +34,18 @@ impl From<Installed> for proto::BlueprintInfo {
 }
 
 impl Blueprints {
-    fn stream(&self, run: Run) -> Response<BoxStream<proto::StateResult>> {
+    fn stream(
+        &self,
+        run: Run,
+        connection: Option<crate::server::tls::Connection>,
+        method: &'static str,
+    ) -> Response<BoxStream<proto::StateResult>> {
         let job_id = run.job_id.clone();
         let (sender, receiver) = mpsc::channel(64);
         let context = self.context.clone();
         tokio::spawn(async move { run.run(&context.domain, sender).await });
-        Response::new(stream_of(receiver, move |result| {
+        let relayed = super::relay(&self.context, connection, method, receiver);
+        Response::new(stream_of(relayed, move |result| {
             state_result(&job_id, result)
         }))
     }
@@ -122,6 +128,7 @@ impl proto::blueprint_service_server::BlueprintService for Blueprints {
         request: Request<proto::ApplyBlueprintRequest>,
     ) -> Result<Response<BoxStream<proto::StateResult>>, Status> {
         let caller = principal(&request)?;
+        let connection = super::connection(&request);
         let request = request.into_inner();
         let run = catalogue::prepare_apply(
             &self.context.domain,
@@ -136,7 +143,7 @@ impl proto::blueprint_service_server::BlueprintService for Blueprints {
             },
         )
         .await?;
-        Ok(self.stream(run))
+        Ok(self.stream(run, connection, "Apply"))
     }
 
     async fn applied(
@@ -166,6 +173,7 @@ impl proto::blueprint_service_server::BlueprintService for Blueprints {
         request: Request<proto::RollbackBlueprintRequest>,
     ) -> Result<Response<BoxStream<proto::StateResult>>, Status> {
         let caller = principal(&request)?;
+        let connection = super::connection(&request);
         let request = request.into_inner();
         let run = catalogue::prepare_rollback(
             &self.context.domain,
@@ -178,6 +186,6 @@ impl proto::blueprint_service_server::BlueprintService for Blueprints {
             },
         )
         .await?;
-        Ok(self.stream(run))
+        Ok(self.stream(run, connection, "Rollback"))
     }
 }

@@ -113,6 +113,7 @@ impl proto::cluster_service_server::ClusterService for Cluster {
         request: Request<proto::Empty>,
     ) -> Result<Response<tonic::codegen::BoxStream<proto::SnapshotChunk>>, Status> {
         let caller = principal(&request)?;
+        let connection = super::connection(&request);
         let context = &self.context;
         let source = take::Source {
             store: context.domain.store.clone(),
@@ -123,7 +124,8 @@ impl proto::cluster_service_server::ClusterService for Cluster {
         };
         let receiver = take::open_backup(&context.domain, &caller, source).await?;
         use tokio_stream::StreamExt;
-        let stream = tokio_stream::wrappers::ReceiverStream::new(receiver).map(|item| {
+        let relayed = super::relay(context, connection, "Backup", receiver);
+        let stream = relayed.map(|item| {
             item.map(|data| proto::SnapshotChunk { data, force: false })
                 .map_err(Status::from)
         });

@@ -41,15 +41,12 @@ fn filter_from(filter: Option<proto::EventFilter>) -> Result<Filter, Status> {
     )?)
 }
 
-/// The domain's event channel as a gRPC stream.
+/// The domain's event channel as a gRPC stream (relayed: cut off when its client stops reading).
 fn event_stream(
-    receiver: tokio::sync::mpsc::Receiver<crate::Result<Event>>,
+    relayed: tokio_stream::wrappers::ReceiverStream<crate::Result<Event>>,
 ) -> tonic::codegen::BoxStream<proto::Event> {
     use tokio_stream::StreamExt;
-    Box::pin(
-        tokio_stream::wrappers::ReceiverStream::new(receiver)
-            .map(|item| item.map(Into::into).map_err(Status::from)),
-    )
+    Box::pin(relayed.map(|item| item.map(Into::into).map_err(Status::from)))
 }
 
 #[tonic::async_trait]
@@ -113,9 +110,11 @@ impl proto::event_service_server::EventService for Events {
         request: Request<proto::SubscribeEventsRequest>,
     ) -> Result<Response<tonic::codegen::BoxStream<proto::Event>>, Status> {
         let caller = principal(&request)?;
+        let connection = super::connection(&request);
         let filter = filter_from(request.into_inner().filter)?;
         let receiver = events::open_stream(&self.context.domain, &caller, filter, true)?;
-        Ok(Response::new(event_stream(receiver)))
+        let relayed = super::relay(&self.context, connection, "Subscribe", receiver);
+        Ok(Response::new(event_stream(relayed)))
     }
 
     async fn replay(
@@ -123,9 +122,11 @@ impl proto::event_service_server::EventService for Events {
         request: Request<proto::ReplayEventsRequest>,
     ) -> Result<Response<tonic::codegen::BoxStream<proto::Event>>, Status> {
         let caller = principal(&request)?;
+        let connection = super::connection(&request);
         let filter = filter_from(request.into_inner().filter)?;
         let receiver = events::open_stream(&self.context.domain, &caller, filter, false)?;
-        Ok(Response::new(event_stream(receiver)))
+        let relayed = super::relay(&self.context, connection, "Replay", receiver);
+        Ok(Response::new(event_stream(relayed)))
     }
 
     async fn stats(

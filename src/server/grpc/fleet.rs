@@ -78,13 +78,13 @@ pub(super) fn timeout(ms: u64) -> Option<Duration> {
     (ms > 0).then(|| Duration::from_millis(ms))
 }
 
-/// A response stream fed by `receiver`, each item mapped with `map`.
+/// A response stream fed by `relayed` (`super::relay`), each item mapped with `map`.
 pub(super) fn stream_of<T: Send + 'static, M: Send + 'static>(
-    receiver: mpsc::Receiver<T>,
+    relayed: tokio_stream::wrappers::ReceiverStream<T>,
     map: impl Fn(T) -> M + Send + 'static,
 ) -> BoxStream<M> {
     use tokio_stream::StreamExt;
-    Box::pin(tokio_stream::wrappers::ReceiverStream::new(receiver).map(move |item| Ok(map(item))))
+    Box::pin(relayed.map(move |item| Ok(map(item))))
 }
 
 impl Fleet {
@@ -94,6 +94,7 @@ impl Fleet {
         operation: Operation,
     ) -> Result<Response<BoxStream<proto::StateResult>>, Status> {
         let caller = principal(&request)?;
+        let connection = super::connection(&request);
         let request = request.into_inner();
         let job = fleet::state::prepare(
             &self.context.domain,
@@ -111,7 +112,8 @@ impl Fleet {
         let (sender, receiver) = mpsc::channel(64);
         let context = self.context.clone();
         tokio::spawn(async move { job.run(&context.domain, sender).await });
-        Ok(Response::new(stream_of(receiver, move |result| {
+        let relayed = super::relay(&self.context, connection, "State", receiver);
+        Ok(Response::new(stream_of(relayed, move |result| {
             state_result(&job_id, result)
         })))
     }
@@ -183,6 +185,7 @@ impl proto::fleet_service_server::FleetService for Fleet {
         request: Request<proto::ExecRequest>,
     ) -> Result<Response<BoxStream<proto::ExecResult>>, Status> {
         let caller = principal(&request)?;
+        let connection = super::connection(&request);
         let request = request.into_inner();
         let job = fleet::exec::prepare(
             &self.context.domain,
@@ -199,7 +202,8 @@ impl proto::fleet_service_server::FleetService for Fleet {
         let (sender, receiver) = mpsc::channel(256);
         let context = self.context.clone();
         tokio::spawn(async move { job.run(&context.domain, sender).await });
-        Ok(Response::new(stream_of(receiver, move |result| {
+        let relayed = super::relay(&self.context, connection, "Exec", receiver);
+        Ok(Response::new(stream_of(relayed, move |result| {
             exec_result(&job_id, result)
         })))
     }

@@ -143,6 +143,68 @@ const SERVICE_NAMES: &[&str] = &[
     "svc.v1.BlueprintService",
 ];
 
+/// The messages a handler's task produces, relayed to a server stream's response, ending it
+/// when the client stops reading: a message that finds no room in the relay's small buffer for
+/// `limits.grpc_stream_stall` (30 s by default) means tonic has not taken one since, because
+/// HTTP/2 flow control says the client has not read. Then the stream is cut off: logged,
+/// counted (`svc_grpc_streams_cut_total`), and its connection closed, which frees the stream's
+/// buffers and ends the producing task (its channel closes); other connections go on. A client
+/// that reads slowly is never cut: each message it takes starts the wait over. Take
+/// `connection` from the request before `into_inner`.
+pub(super) fn relay<T: Send + 'static>(
+    context: &Arc<Context>,
+    connection: Option<super::tls::Connection>,
+    method: &'static str,
+    mut from: tokio::sync::mpsc::Receiver<T>,
+) -> tokio_stream::wrappers::ReceiverStream<T> {
+    use tokio::sync::mpsc::error::SendTimeoutError;
+    let (to, receiver) = tokio::sync::mpsc::channel(RELAY_BUFFER);
+    let stall = context.config.limits.grpc_stream_stall.0;
+    let context = context.clone();
+    tokio::spawn(async move {
+        loop {
+            let item = tokio::select! {
+                item = from.recv() => item,
+                // The client hung up while nothing was being produced.
+                () = to.closed() => return,
+            };
+            let Some(item) = item else { return };
+            match to.send_timeout(item, stall).await {
+                Ok(()) => {}
+                Err(SendTimeoutError::Closed(_)) => return,
+                Err(SendTimeoutError::Timeout(_)) => {
+                    context.metrics.record_grpc_stream_cut();
+                    let peer = connection.as_ref().map(|c| c.peer.to_string());
+                    tracing::warn!(
+                        method,
+                        peer = peer.as_deref().unwrap_or("?"),
+                        stall = ?stall,
+                        "gRPC stream cut off: its client read nothing for \
+                         limits.grpc_stream_stall; its connection is closed"
+                    );
+                    if let Some(connection) = connection {
+                        connection.cut();
+                    }
+                    return;
+                }
+            }
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(receiver)
+}
+
+/// Messages between a producing task and tonic's encoder: a few, so that a stalled client
+/// is noticed after a few messages and holds little memory.
+const RELAY_BUFFER: usize = 8;
+
+/// The connection a request came on (the listener's accept loop puts it there).
+pub(super) fn connection<T>(request: &tonic::Request<T>) -> Option<super::tls::Connection> {
+    request
+        .extensions()
+        .get::<super::tls::Connection>()
+        .cloned()
+}
+
 /// The principal the auth layer attached to a request.
 pub fn principal<T>(request: &tonic::Request<T>) -> Result<Principal, tonic::Status> {
     request

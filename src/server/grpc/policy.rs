@@ -150,6 +150,7 @@ impl proto::policy_service_server::PolicyService for Policy {
         request: Request<proto::AuditExportRequest>,
     ) -> Result<Response<tonic::codegen::BoxStream<proto::AuditExportChunk>>, Status> {
         let caller = principal(&request)?;
+        let connection = super::connection(&request);
         let wanted = request.into_inner();
         let format: audit::ExportFormat = wanted.format.parse()?;
         let receiver = audit::open_export(
@@ -160,7 +161,8 @@ impl proto::policy_service_server::PolicyService for Policy {
             optional(wanted.until),
         )?;
         use tokio_stream::StreamExt;
-        let stream = tokio_stream::wrappers::ReceiverStream::new(receiver).map(|item| {
+        let relayed = super::relay(&self.context, connection, "AuditExport", receiver);
+        let stream = relayed.map(|item| {
             item.map(|data| proto::AuditExportChunk { data })
                 .map_err(Status::from)
         });
