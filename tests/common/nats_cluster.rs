@@ -76,6 +76,10 @@ impl NatsCluster {
         assert!(nodes >= 1);
         let binary = nats_server_or_skip("this NATS cluster test")?;
         let dir = tempfile::tempdir().unwrap();
+        // Each node's file store cap: small for tests, `SVC_TEST_NATS_MAX_FILE_STORE` (e.g.
+        // 4GB) for a benchmark that stores more.
+        let max_file_store =
+            std::env::var("SVC_TEST_NATS_MAX_FILE_STORE").unwrap_or_else(|_| "1GB".into());
         let ports: Vec<(u16, u16)> = (0..nodes).map(|_| (free_port(), free_port())).collect();
         let mut list = Vec::new();
         for (i, (port, cluster_port)) in ports.iter().enumerate() {
@@ -85,7 +89,7 @@ impl NatsCluster {
             let log = dir.path().join(&name).join("nats.log");
             let mut config = format!(
                 "server_name: {name}\nlisten: \"127.0.0.1:{port}\"\nlog_file: \"{}\"\n\
-                 jetstream {{\n  store_dir: \"{}\"\n  max_memory_store: 64MB\n  max_file_store: 1GB\n}}\n",
+                 jetstream {{\n  store_dir: \"{}\"\n  max_memory_store: 64MB\n  max_file_store: {max_file_store}\n}}\n",
                 log.display(),
                 store.display()
             );
