@@ -205,7 +205,11 @@ impl SeenJobs {
             )));
         }
         if self.seen.len() > 10_000 {
+            // The file is cut back with the memory, so neither grows without bound.
             self.forget_expired(now_ms);
+            if let Err(error) = self.rewrite() {
+                tracing::warn!(%error, "seen job ids not rewritten");
+            }
         }
         self.seen
             .insert(command.job_id.clone(), command.issued_at_ms);
