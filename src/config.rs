@@ -473,6 +473,24 @@ pub struct AgentSection {
     pub labels: BTreeMap<String, String>,
     pub heartbeat_interval: ConfigDuration,
     pub state_dir: PathBuf,
+    /// Where commands run: `inline` (in the daemon, as root or not) or the path of the
+    /// privileged executor's unix socket (`svc-agent executor`, docs/fleet.md).
+    pub executor: String,
+    /// The server's command-signing certificate, written by bootstrap; empty:
+    /// `<state_dir>/command-key.pem`. With a socket executor it must be a root-owned file the
+    /// unprivileged daemon cannot change (e.g. /etc/svc/command-key.pem).
+    pub command_key: String,
+}
+
+impl AgentSection {
+    /// The command-signing certificate's path (see `command_key`).
+    pub fn command_key_path(&self) -> PathBuf {
+        if self.command_key.is_empty() {
+            self.state_dir.join("command-key.pem")
+        } else {
+            PathBuf::from(&self.command_key)
+        }
+    }
 }
 
 impl Default for AgentSection {
@@ -482,6 +500,8 @@ impl Default for AgentSection {
             labels: BTreeMap::new(),
             heartbeat_interval: ConfigDuration(Duration::from_secs(10)),
             state_dir: PathBuf::from("/var/lib/svc-agent"),
+            executor: "inline".into(),
+            command_key: String::new(),
         }
     }
 }

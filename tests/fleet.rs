@@ -840,6 +840,13 @@ fn agent_command_line_and_service_unit() {
     let exec_start = format!("--config {}", agent.config().display());
     assert!(unit.contains(&exec_start), "{unit}");
     assert!(unit.contains("[Install]"), "{unit}");
+    // And the split agent's executor, from the same config; `executor: inline` is warned about.
+    let executor = std::fs::read_to_string(units.join("svc-agent-executor.service")).unwrap();
+    assert!(
+        executor.contains(&format!("{exec_start} executor --socket")),
+        "{executor}"
+    );
+    assert!(install.stderr.contains("executor: inline"), "{install:?}");
     let status = run(server
         .names
         .command("svc-agent")
@@ -853,6 +860,7 @@ fn agent_command_line_and_service_unit() {
         .arg(&units));
     assert_eq!(removed.code, 0, "{removed:?}");
     assert!(!units.join("svc-agent.service").exists());
+    assert!(!units.join("svc-agent-executor.service").exists());
 }
 
 /// `svcctl state ...` with the server's addresses and a key, JSON output.

@@ -181,6 +181,7 @@ fn packages_have_the_expected_files_and_pass_lintian() {
     for file in [
         "/lib/systemd/system/svc-server.service",
         "/lib/systemd/system/svc-agent.service",
+        "/lib/systemd/system/svc-agent-executor.service",
         "/usr/share/zsh/vendor-completions/_svc",
         "/usr/share/doc/svc/copyright",
         "/usr/share/doc/svc/changelog.Debian.gz",
@@ -214,6 +215,7 @@ fn packages_have_the_expected_files_and_pass_lintian() {
     for file in [
         "/usr/lib/systemd/system/svc-server.service",
         "/usr/lib/systemd/system/svc-agent.service",
+        "/usr/lib/systemd/system/svc-agent-executor.service",
         "/usr/share/zsh/site-functions/_svc",
         "/usr/share/licenses/svc/LICENSE",
         "/etc/svc",
@@ -435,7 +437,11 @@ fn dpkg_round_trip(deb: &Path) {
         .flatten()
         .flatten()
     {
-        for unit in ["svc-server.service", "svc-agent.service"] {
+        for unit in [
+            "svc-server.service",
+            "svc-agent.service",
+            "svc-agent-executor.service",
+        ] {
             assert!(
                 !wants.path().join(unit).exists(),
                 "{unit} enabled in {}",

@@ -1,7 +1,9 @@
 //! `svc-agent bootstrap`: enrol this host. Makes the agent's key pair locally, sends a CSR on
 //! `svc.enroll` over an anonymous bus connection, and writes what comes back: key.pem (0600),
-//! cert.pem and ca.pem under state_dir, and the agent's settings into its config file
-//! (keeping every other key already there). No private key ever leaves the host.
+//! cert.pem and ca.pem under state_dir, the server's command-signing certificate at
+//! `agent.command_key` (default state_dir/command-key.pem, 0644), and the agent's settings into
+//! its config file (keeping every other key already there, and the file's group and mode, so
+//! that an unprivileged daemon's group may still read it). No private key ever leaves the host.
 //!
 //! Over `tls://` (or with `--ca-file`) the join token or PSK travels inside TLS; the CA file
 //! that made the handshake succeed is written to `nats.ca_file` so the daemon trusts the same.
@@ -381,6 +383,25 @@ async fn bootstrap(config_path: PathBuf, mut settings: Settings) -> Result<(), C
         0o600,
     )?;
 
+    let command_key = section(&mut config, "agent")
+        .get("command_key")
+        .and_then(Value::as_str)
+        .filter(|path| !path.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| state_dir.join("command-key.pem"));
+    if enrolled.command_key.is_empty() {
+        eprintln!(
+            "warning: this server does not sign commands, and the agent runs only signed ones:              upgrade svc-server, then bootstrap again"
+        );
+    } else {
+        if let Some(parent) = command_key.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(|e| {
+                CliError::failed(format!("cannot create {}: {e}", parent.display()))
+            })?;
+        }
+        write_file(&command_key, enrolled.command_key.as_bytes(), 0o644)?;
+    }
+
     let agent = section(&mut config, "agent");
     agent.insert("id".into(), settings.agent_id.clone().into());
     let mut labels = Mapping::new();
@@ -408,7 +429,19 @@ async fn bootstrap(config_path: PathBuf, mut settings: Settings) -> Result<(), C
         std::fs::create_dir_all(parent)
             .map_err(|e| CliError::failed(format!("cannot create {}: {e}", parent.display())))?;
     }
-    write_file(&config_path, text.as_bytes(), 0o600)?;
+    // A config made beforehand (the packages' 0644 template, which a split agent's
+    // unprivileged daemon reads; it holds no secret) keeps its group and read bits; a new one
+    // is the owner's only.
+    let existing = std::fs::metadata(&config_path).ok();
+    let mode = existing.as_ref().map_or(0o600, |meta| {
+        std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o644 | 0o600
+    });
+    write_file(&config_path, text.as_bytes(), mode)?;
+    if let Some(meta) = existing {
+        use std::os::unix::fs::MetadataExt;
+        // Only root may give a file away; for anyone else the group stays theirs.
+        let _ = std::os::unix::fs::chown(&config_path, None, Some(meta.gid()));
+    }
     eprintln!(
         "enrolled as '{}': certificate in {}, config in {}",
         settings.agent_id,

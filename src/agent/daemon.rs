@@ -1,7 +1,8 @@
 //! `svc-agent [--config PATH]`: the daemon. Connects to the bus as this agent (certificate +
 //! signed nonce; inside TLS for `tls://` URLs or with `nats.ca_file`), heartbeats every
-//! `heartbeat_interval`, and runs the commands the server sends on `svc.agent.<id>.cmd` (exec
-//! and state), answering on `svc.agent.<id>.result`.
+//! `heartbeat_interval`, and hands the commands the server sends on `svc.agent.<id>.cmd` (exec
+//! and state) to the executor (executor.rs: in this process with `executor: inline`, else the
+//! privileged `svc-agent executor` behind its socket), answering on `svc.agent.<id>.result`.
 //!
 //! One thread: a current-thread runtime keeps an idle agent at a few MB; command output is
 //! read asynchronously and state runs on the blocking pool.
@@ -16,9 +17,16 @@ use futures_util::StreamExt;
 use crate::bus::subjects;
 use crate::cli::{exit, CliError};
 use crate::config::{self, AgentConfig};
-use crate::fleet::protocol::{
-    Command, ExecOutcome, Heartbeat, Reply, ReplyOutcome, StateOutcome, Work,
-};
+use crate::fleet::protocol::{ExecOutcome, Heartbeat, Reply, ReplyOutcome};
+use crate::fleet::signature;
+
+use super::executor::{self, Executor};
+
+/// Where this daemon's commands run.
+enum Runner {
+    Inline(Executor),
+    Socket(PathBuf),
+}
 
 /// Jobs run at once; more wait their turn (a fan-out must not fork-bomb a host).
 const MAX_JOBS: usize = 16;
@@ -56,7 +64,7 @@ pub fn main(program: &str, config_path: Option<PathBuf>, args: RunArgs) -> i32 {
     crate::cli::run_async(program, run(config))
 }
 
-fn init_logging(level: &str) {
+pub(super) fn init_logging(level: &str) {
     use tracing_subscriber::EnvFilter;
     let filter = std::env::var("SVC_LOG")
         .or_else(|_| std::env::var("RUST_LOG"))
@@ -85,6 +93,16 @@ async fn run(config: AgentConfig) -> Result<(), CliError> {
         )))
         }
     }
+    let runner = Arc::new(if config.agent.executor.trim() == "inline" {
+        let seen = state_dir.join("seen-jobs");
+        let inline = Executor::open(&config.agent, Some(seen), false).map_err(CliError::failed)?;
+        if let Some(problem) = inline.problem() {
+            tracing::error!(problem, "every command will be refused");
+        }
+        Runner::Inline(inline)
+    } else {
+        Runner::Socket(PathBuf::from(config.agent.executor.trim()))
+    });
     let mut stop = StopSignals::install()?;
     let ca_file = (!config.nats.ca_file.is_empty()).then(|| PathBuf::from(&config.nats.ca_file));
     let options = || {
@@ -149,9 +167,10 @@ async fn run(config: AgentConfig) -> Result<(), CliError> {
                 let Some(message) = message else { break };
                 let Ok(permit) = slots.clone().acquire_owned().await else { break };
                 let (client, id, running) = (client.clone(), id.clone(), running.clone());
+                let runner = runner.clone();
                 tokio::spawn(async move {
                     running.fetch_add(1, Ordering::Relaxed);
-                    handle(&client, &id, &message.payload).await;
+                    handle(&client, &id, &runner, &message).await;
                     running.fetch_sub(1, Ordering::Relaxed);
                     drop(permit);
                 });
@@ -219,41 +238,46 @@ async fn heartbeats(
     }
 }
 
+/// gethostname(2), not /proc/sys/kernel/hostname: the unit hides /proc/sys (ProcSubset=pid).
 fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|name| name.trim().to_string())
-        .unwrap_or_default()
+    let mut buffer = [0u8; 256];
+    // SAFETY: gethostname writes at most buffer.len() bytes into the buffer we own.
+    if unsafe { libc::gethostname(buffer.as_mut_ptr().cast(), buffer.len()) } != 0 {
+        return String::new();
+    }
+    let end = buffer.iter().position(|&b| b == 0).unwrap_or(buffer.len());
+    String::from_utf8_lossy(&buffer[..end]).trim().to_string()
 }
 
-/// Runs one command and publishes its answer.
-async fn handle(client: &async_nats::Client, id: &str, payload: &[u8]) {
-    let command: Command = match serde_json::from_slice(payload) {
-        Ok(command) => command,
-        Err(e) => {
-            tracing::warn!(error = %e, "malformed command ignored");
-            return;
-        }
-    };
+/// Has one command run and publishes its answer. The daemon reads nothing of the command
+/// but what it needs to answer a failure: checking and running it is the executor's.
+async fn handle(
+    client: &async_nats::Client,
+    id: &str,
+    runner: &Runner,
+    message: &async_nats::Message,
+) {
     let started = Instant::now();
-    let timeout = Duration::from_millis(command.timeout_ms.max(1));
-    let outcome = match command.work {
-        Work::Exec { argv } => {
-            tracing::info!(job_id = %command.job_id, program = argv.first().map(String::as_str).unwrap_or(""), "exec");
-            let env = [
-                ("SVC_AGENT_ID", id),
-                ("SVC_JOB_ID", command.job_id.as_str()),
-            ];
-            ReplyOutcome::Exec(super::exec::run(&argv, &env, timeout).await)
-        }
-        Work::State { mode, plan } => {
-            tracing::info!(job_id = %command.job_id, ?mode, resources = plan.resources.len(), "state");
-            ReplyOutcome::State(run_state(plan, mode, timeout).await)
-        }
+    let signature = message
+        .headers
+        .as_ref()
+        .and_then(|headers| headers.get(signature::HEADER))
+        .map(|value| value.as_str().to_string())
+        .unwrap_or_default();
+    let bytes = &message.payload;
+    let reply = match runner {
+        Runner::Inline(executor) => executor.run(bytes, &signature).await,
+        Runner::Socket(socket) => match executor::forward(socket, bytes, &signature).await {
+            Ok(reply) => reply,
+            Err(why) => {
+                tracing::error!(error = %why, "command not run");
+                executor::refusal(bytes, &why, started)
+            }
+        },
     };
-    let mut reply = Reply {
-        job_id: command.job_id,
-        duration_ms: started.elapsed().as_millis() as u64,
-        outcome,
+    let Some(mut reply) = reply else {
+        tracing::warn!("malformed command ignored");
+        return;
     };
     let max = client.server_info().max_payload.max(64 * 1024);
     let bytes = encode_within(&mut reply, max);
@@ -300,42 +324,14 @@ fn encode_within(reply: &mut Reply, max: usize) -> Vec<u8> {
     }
 }
 
-async fn run_state(
-    plan: crate::state::Plan,
-    mode: crate::state::Mode,
-    timeout: Duration,
-) -> StateOutcome {
-    let work = tokio::task::spawn_blocking(move || crate::state::run(&plan, mode));
-    match tokio::time::timeout(timeout, work).await {
-        Ok(Ok(outcomes)) => StateOutcome {
-            outcomes,
-            ..StateOutcome::default()
-        },
-        Ok(Err(e)) => StateOutcome {
-            error: Some(format!("state run failed: {e}")),
-            ..StateOutcome::default()
-        },
-        // The resources already started keep going on the blocking pool; the server is told
-        // now rather than after an unknown time.
-        Err(_) => StateOutcome {
-            timed_out: true,
-            error: Some(format!(
-                "state run did not finish within {}",
-                crate::clock::format_duration(timeout)
-            )),
-            ..StateOutcome::default()
-        },
-    }
-}
-
 /// SIGTERM and SIGINT stop the daemon.
-struct StopSignals {
+pub(super) struct StopSignals {
     term: tokio::signal::unix::Signal,
     int: tokio::signal::unix::Signal,
 }
 
 impl StopSignals {
-    fn install() -> Result<Self, CliError> {
+    pub(super) fn install() -> Result<Self, CliError> {
         use tokio::signal::unix::{signal, SignalKind};
         let install =
             |kind| signal(kind).map_err(|e| CliError::failed(format!("signal handler: {e}")));
@@ -345,7 +341,7 @@ impl StopSignals {
         })
     }
 
-    async fn wait(&mut self) {
+    pub(super) async fn wait(&mut self) {
         tokio::select! {
             _ = self.term.recv() => {}
             _ = self.int.recv() => {}

@@ -1,6 +1,8 @@
 //! svc-agent: the host daemon. `bootstrap` enrols (bootstrap.rs), `run` (the default) is the
-//! daemon (daemon.rs: heartbeats, commands; exec.rs runs programs, `crate::state` applies
-//! states), `service` manages its systemd unit (service.rs), `jwt` prints the agent's own
+//! daemon (daemon.rs: bus, heartbeats, commands), `executor` the privileged half of a split
+//! agent (executor.rs: checks each command's server signature, then exec.rs runs programs and
+//! `crate::state` applies states; inline in the daemon by default), `service` manages its
+//! systemd unit (service.rs), `jwt` prints the agent's own
 //! JWT-SVID (jwt.rs). The bus credentials an enrolled
 //! agent connects with are here.
 //!
@@ -10,6 +12,7 @@
 mod bootstrap;
 mod daemon;
 mod exec;
+mod executor;
 pub mod jwt;
 mod service;
 
@@ -35,6 +38,7 @@ pub fn main(program: &str, args: Vec<String>) -> i32 {
         Some("bootstrap") => bootstrap::main(program, config, &rest[1..]),
         Some("service") => service::main(program, config, &rest[1..]),
         Some("jwt") => jwt::main(program, config, &rest[1..]),
+        Some("executor") => executor::main(program, config, &rest[1..]),
         Some("run") => run_daemon(program, config, &rest[1..]),
         None => run_daemon(program, config, &[]),
         Some(flag) if flag.starts_with("--") && !matches!(flag, "--help" | "--version") => {

@@ -114,6 +114,8 @@ async fn prepare_checked(
         command: Command {
             job_id: job_id.to_string(),
             timeout_ms: timeout.as_millis() as u64,
+            agent_id: String::new(),
+            issued_at_ms: 0,
             work: Work::Exec {
                 argv: request.argv.clone(),
             },
@@ -176,25 +178,24 @@ impl Job {
                 return;
             }
         }
-        let payload: bytes::Bytes = match serde_json::to_vec(&self.command) {
-            Ok(bytes) => bytes.into(),
-            Err(e) => {
-                tracing::error!(error = %e, "exec command not serializable");
-                return;
-            }
-        };
         let agents = self
             .targets
             .reachable
             .iter()
-            .map(|id| (id.clone(), payload.clone()))
+            .map(|id| (id.clone(), self.command.clone()))
             .collect();
+        let signer = crate::identity::command_signer(domain)
+            .await
+            .map_err(|e| e.to_string());
         let (sender, mut deliveries) = mpsc::channel(256);
         let dispatch = jobs::run(
             &domain.fleet,
             &self.job_id,
             Duration::from_millis(self.command.timeout_ms),
-            agents,
+            jobs::Outgoing {
+                commands: agents,
+                signer,
+            },
             self.concurrency,
             |agent| {
                 let payload =

@@ -14,7 +14,8 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::protocol::Reply;
+use super::protocol::{Command, Reply};
+use super::signature::{self, Signer};
 use super::Fleet;
 use crate::bus::subjects;
 use crate::events::EventKind;
@@ -56,6 +57,13 @@ impl Jobs {
     }
 }
 
+/// The commands of a job, by agent, and what signs them (the server's command key, or why it
+/// could not be had: then every agent's outcome is `NotSent` with that reason).
+pub struct Outgoing {
+    pub commands: Vec<(String, Command)>,
+    pub signer: std::result::Result<Signer, String>,
+}
+
 /// What became of the command for one agent.
 #[derive(Debug)]
 pub enum Delivery {
@@ -66,16 +74,15 @@ pub enum Delivery {
     NotSent(String),
 }
 
-/// Sends each agent its command (`agents`: id and payload, a serialized
-/// [`Command`](super::protocol::Command) for `job_id`), at most `concurrency` (0: all) at a time, and reports each agent's outcome on
-/// `out` as it comes. Returns when every agent has answered or timed out, or when `out` is
+/// Sends each agent its command (`outgoing`: id and the [`Command`] for `job_id`), signed for
+/// that agent at the moment it is published, at most `concurrency` (0: all) at a time, and reports each agent's outcome on `out` as it comes. Returns when every agent has answered or timed out, or when `out` is
 /// closed (the caller went away; agents still finish their work). `on_dispatch` is called for
 /// each agent right after its command is published.
 pub async fn run(
     fleet: &Fleet,
     job_id: &str,
     timeout: Duration,
-    agents: Vec<(String, bytes::Bytes)>,
+    outgoing: Outgoing,
     concurrency: usize,
     mut on_dispatch: impl FnMut(&str),
     out: mpsc::Sender<(String, Delivery)>,
@@ -88,24 +95,39 @@ pub async fn run(
         concurrency
     };
     let mut answers = fleet.jobs.register(job_id);
-    let mut queue = agents.into_iter();
+    let Outgoing { commands, signer } = outgoing;
+    let mut queue = commands.into_iter();
     let mut in_flight: HashMap<String, Instant> = HashMap::new();
     loop {
         while in_flight.len() < limit {
-            let Some((agent, payload)) = queue.next() else {
+            let Some((agent, command)) = queue.next() else {
                 break;
             };
-            match bus.publish(subjects::agent_command(&agent), payload).await {
+            let signed = match &signer {
+                Ok(signer) => signer.sign(&command, &agent).map_err(|e| e.to_string()),
+                Err(why) => Err(why.clone()),
+            };
+            let published = match signed {
+                Ok((payload, signature)) => {
+                    let mut headers = async_nats::HeaderMap::new();
+                    headers.insert(signature::HEADER, signature.as_str());
+                    bus.publish_with_headers(
+                        subjects::agent_command(&agent),
+                        headers,
+                        payload.into(),
+                    )
+                    .await
+                    .map_err(|e| e.to_string())
+                }
+                Err(why) => Err(why),
+            };
+            match published {
                 Ok(()) => {
                     on_dispatch(&agent);
                     in_flight.insert(agent, Instant::now() + wait);
                 }
                 Err(e) => {
-                    if out
-                        .send((agent, Delivery::NotSent(e.to_string())))
-                        .await
-                        .is_err()
-                    {
+                    if out.send((agent, Delivery::NotSent(e))).await.is_err() {
                         break;
                     }
                 }

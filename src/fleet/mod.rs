@@ -4,6 +4,7 @@
 //! - `registry.rs`: who is connected (heartbeats in memory, written to the store in batches);
 //! - `selector.rs`: `--target` selectors;
 //! - `protocol.rs`: the JSON the server and agents exchange on the bus;
+//! - `signature.rs`: signing commands (server) and checking them (agent);
 //! - `jobs.rs`: sending one command to many agents and collecting their answers by deadline;
 //! - `exec.rs`, `state.rs`: `svcctl exec` and `svcctl state check|apply|drift` on top of jobs.
 //!
@@ -15,6 +16,7 @@ pub mod jobs;
 pub mod protocol;
 pub mod registry;
 pub mod selector;
+pub mod signature;
 pub mod state;
 
 use std::collections::BTreeMap;

@@ -1,7 +1,8 @@
 //! What the server and agents say to each other on the bus (contract §7), as JSON:
 //!
 //! - agent → server `svc.agent.<id>.heartbeat`: [`Heartbeat`], every `heartbeat_interval`;
-//! - server → agent `svc.agent.<id>.cmd`: [`Command`] (exec or state);
+//! - server → agent `svc.agent.<id>.cmd`: [`Command`] (exec or state), signed by the server
+//!   (`Svc-Signature` header, `signature.rs`); the agent runs nothing unsigned;
 //! - agent → server `svc.agent.<id>.result`: [`Reply`], carrying the command's `job_id`.
 //!
 //! Results travel on the agent's own subject rather than to a reply inbox: the broker lets an
@@ -30,8 +31,18 @@ pub struct Command {
     pub job_id: String,
     /// How long the agent may take; it stops the work itself when this runs out.
     pub timeout_ms: u64,
+    /// The agent this copy is for, and when the server issued it (Unix ms): both are under
+    /// the signature, so a command cannot be sent to another agent or replayed later.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub agent_id: String,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub issued_at_ms: u64,
     #[serde(flatten)]
     pub work: Work,
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -99,6 +110,8 @@ mod tests {
         let command = Command {
             job_id: "J".into(),
             timeout_ms: 5000,
+            agent_id: String::new(),
+            issued_at_ms: 0,
             work: Work::Exec {
                 argv: vec!["uptime".into()],
             },

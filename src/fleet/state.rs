@@ -211,15 +211,14 @@ impl Job {
             let command = Command {
                 job_id: self.job_id.clone(),
                 timeout_ms: self.timeout.as_millis() as u64,
+                agent_id: String::new(),
+                issued_at_ms: 0,
                 work: Work::State {
                     mode,
                     plan: plan.clone(),
                 },
             };
-            match serde_json::to_vec(&command) {
-                Ok(bytes) => agents.push((agent_id.clone(), bytes.into())),
-                Err(e) => tracing::error!(error = %e, "state command not serializable"),
-            }
+            agents.push((agent_id.clone(), command));
             if self.operation == Operation::Apply {
                 plan_texts.insert(
                     agent_id.clone(),
@@ -234,7 +233,12 @@ impl Job {
             &domain.fleet,
             &self.job_id,
             self.timeout,
-            agents,
+            jobs::Outgoing {
+                commands: agents,
+                signer: crate::identity::command_signer(domain)
+                    .await
+                    .map_err(|e| e.to_string()),
+            },
             self.concurrency,
             |agent| {
                 if self.operation == Operation::Apply {

@@ -88,6 +88,26 @@ pub fn make_root() -> Result<Issued> {
     })
 }
 
+/// The server's command-signing key (`crate::fleet::signature`), as a self-signed
+/// certificate that is no CA: agents take only its public key from it, and its fingerprint
+/// and validity show in the `ca` table like the CA's.
+pub fn make_command_key() -> Result<Issued> {
+    let key = KeyPair::generate().map_err(rcgen_error)?;
+    let mut params = CertificateParams::default();
+    let mut name = DistinguishedName::new();
+    name.push(DnType::OrganizationName, "svc");
+    name.push(DnType::CommonName, "svc command signing");
+    params.distinguished_name = name;
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.serial_number = Some(random_serial());
+    validity(&mut params, ROOT_DAYS);
+    let cert = params.self_signed(&key).map_err(rcgen_error)?;
+    Ok(Issued {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+    })
+}
+
 /// A new signing CA under `root`. Its name carries the time it was made, so certificates
 /// from different generations never share an issuer name.
 pub fn make_signing(root: &Issued) -> Result<Issued> {

@@ -97,6 +97,8 @@ pub async fn reseal_ca(store: &dyn Store, old: &[u8; 32], new: &[u8; 32]) -> Res
 
 const ROOT: &str = "root";
 const SIGNING: &str = "signing";
+/// The command-signing key (not a CA; kept in the same table, sealed the same way).
+const COMMAND: &str = "command";
 
 fn seal_context(kind: &str, id: &str) -> String {
     format!("ca:{kind}:{id}")
@@ -218,7 +220,46 @@ pub async fn ensure_ca(store: &dyn Store, keys: &Keys) -> Result<()> {
     if let Some(row) = signing {
         unseal(keys, &row)?;
     }
+    // Data dirs from before signed commands get their key at the next start.
+    let command = match rows.iter().find(|row| row.kind == COMMAND) {
+        Some(row) => Some(row.clone()),
+        None => {
+            let theirs = store
+                .insert_first_ca(&sealed_row(keys, COMMAND, &ca::make_command_key()?)?)
+                .await?;
+            if theirs.is_none() {
+                tracing::info!("created the command-signing key");
+            }
+            theirs
+        }
+    };
+    if let Some(row) = command {
+        unseal(keys, &row)?;
+    }
     Ok(())
+}
+
+async fn command_row(store: &dyn Store) -> Result<CaRow> {
+    store
+        .active_ca()
+        .await?
+        .into_iter()
+        .find(|row| row.kind == COMMAND)
+        .ok_or_else(|| Error::Unavailable("the command-signing key is not initialised".into()))
+}
+
+/// The public half of the command-signing key (a certificate, PEM): what agents verify
+/// commands with. Given at enrolment.
+pub async fn command_key_pem(store: &dyn Store) -> Result<String> {
+    Ok(command_row(store).await?.cert_pem)
+}
+
+/// What signs the commands this server sends to agents (read and unsealed per job, as the CA
+/// is per use: see the module comment).
+pub async fn command_signer(domain: &Domain) -> Result<crate::fleet::signature::Signer> {
+    let row = command_row(domain.store.as_ref()).await?;
+    let issued = unseal(&domain.identity_keys(), &row)?;
+    crate::fleet::signature::Signer::from_pkcs8_pem(&issued.key_pem)
 }
 
 /// `ca info`: both certificates.
@@ -473,6 +514,10 @@ pub struct Enrolled {
     pub certificate: String,
     /// Signing CA then root, PEM.
     pub ca_chain: String,
+    /// The server's command-signing certificate (PEM): the agent runs only commands signed
+    /// with its key. Empty from servers older than signed commands.
+    #[serde(default)]
+    pub command_key: String,
 }
 
 /// Enrols an agent: checks the join token (or PSK), issues its certificate from the signing
@@ -554,6 +599,7 @@ async fn enrol_checked(
     };
     let (root, signing_row) = active(store).await?;
     let signing = unseal(keys, &signing_row)?;
+    let command_key = command_key_pem(store).await?;
     // Issue before burning the token: a bad CSR must not cost the operator a token.
     let certificate = ca::issue_agent(&signing, &request.agent_id, &request.csr)?;
     let fingerprint = ca::fingerprint(&ca::pem_to_der(&certificate)?);
@@ -580,6 +626,7 @@ async fn enrol_checked(
         Enrolled {
             certificate,
             ca_chain: format!("{}{}", signing_row.cert_pem, root.cert_pem),
+            command_key,
         },
         fingerprint,
     ))
