@@ -46,7 +46,7 @@ impl Drop for Registry {
 }
 
 fn start_registry(names: &Names, dir: &Path, token_file: &Path) -> Registry {
-    let mut child = names
+    let child = names
         .command("svc-registry")
         .args(["serve", "--listen", "127.0.0.1:0", "--dir"])
         .arg(dir)
@@ -56,17 +56,22 @@ fn start_registry(names: &Names, dir: &Path, token_file: &Path) -> Registry {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
+    // Owned by the guard at once, so a panic below still kills and reaps it.
+    let mut registry = Registry {
+        child,
+        url: String::new(),
+    };
     let mut line = String::new();
     let deadline = Instant::now() + Duration::from_secs(120);
-    let mut reader = BufReader::new(child.stdout.take().unwrap());
+    let mut reader = BufReader::new(registry.child.stdout.take().unwrap());
     while Instant::now() < deadline {
         line.clear();
         if reader.read_line(&mut line).unwrap() == 0 {
             panic!("svc-registry exited before listening");
         }
         if let Some(rest) = line.split("listening on ").nth(1) {
-            let url = rest.split_whitespace().next().unwrap().to_string();
-            return Registry { child, url };
+            registry.url = rest.split_whitespace().next().unwrap().to_string();
+            return registry;
         }
     }
     panic!("svc-registry did not start");

@@ -336,11 +336,12 @@ fn svc_builtins(builder: &mut GlobalsBuilder) {
             ));
         }
         let standard = standard_range();
-        let mut args = vec![eval.heap().alloc(a1)];
-        if let Some(a2) = a2 {
-            args.push(eval.heap().alloc(a2));
-        }
-        args.push(eval.heap().alloc(step));
+        // Always (start, stop, step): the standard range reads two arguments as start, stop.
+        let args = [
+            eval.heap().alloc(start as i32),
+            eval.heap().alloc(stop as i32),
+            eval.heap().alloc(step),
+        ];
         eval.eval_function(standard.to_value(), &args, &[])
             .map_err(|e| anyhow::anyhow!("{e}"))
     }
@@ -740,7 +741,7 @@ mod tests {
 
     #[test]
     fn resources_and_logs() {
-        let m = module("def f():\n    log('hi', 1)\n    return [file('/tmp/x', content = 'a'), package('nginx')]\n");
+        let m = module("def f():\n    log('hi', 1)\n    assert_eq(list(range(3)), [0, 1, 2])\n    assert_eq(list(range(1, 7, 2)), [1, 3, 5])\n    return [file('/tmp/x', content = 'a'), package('nginx')]\n");
         let run = call(
             &m,
             &BTreeMap::new(),
