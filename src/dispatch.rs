@@ -41,6 +41,8 @@ fn table() -> Vec<(&'static str, Entry)> {
         ("svc-blueprint", cli::blueprint::main),
         ("svc-bootstrap", cli::bootstrap::main),
         ("svc-gitops", cli::gitops::main),
+        ("svc-module", cli::module::main),
+        ("svc-registry", cli::registry::main),
     ];
     for tool in planned::TOOLS {
         match built.iter().find(|(name, _)| *name == tool.name) {

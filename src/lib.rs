@@ -24,6 +24,7 @@ pub mod fleet;
 pub mod identity;
 pub mod ids;
 pub mod metrics;
+pub mod modules;
 pub mod runbooks;
 pub mod secrets;
 pub mod server;

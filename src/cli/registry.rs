@@ -1,0 +1,95 @@
+//! `svc-registry`: the module registry's HTTP server (`serve`) and `version`; the routes and
+//! the publishing rules are in src/modules/registry.rs and docs/modules.md.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use argh::FromArgs;
+
+use super::{CliError, Common};
+use crate::modules::registry::{self, Auth, Registry};
+
+pub fn main(program: &str, args: Vec<String>) -> i32 {
+    super::run_partly_built(program, args, run)
+}
+
+fn run(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
+    let mut full = vec![command.to_string()];
+    full.extend_from_slice(args);
+    super::run_command::<Args, _>(program, program, &full, common, body)
+}
+
+#[derive(FromArgs)]
+/// Module registry.
+#[argh(help_triggers("-h", "--help"))]
+struct Args {
+    #[argh(subcommand)]
+    command: Command,
+}
+
+#[derive(FromArgs)]
+#[argh(subcommand)]
+enum Command {
+    Serve(ServeArgs),
+    Version(VersionArgs),
+}
+
+#[derive(FromArgs)]
+/// Serve the registry over HTTP: list modules and versions (with SHA-256), download ZIPs and
+/// signatures, publish with a token; versions are immutable. GET /openapi.json describes it.
+#[argh(subcommand, name = "serve", help_triggers("-h", "--help"))]
+struct ServeArgs {
+    /// address to listen on (default 127.0.0.1:8095)
+    #[argh(option, default = "String::from(\"127.0.0.1:8095\")")]
+    listen: String,
+    /// where modules are stored (default ./registry)
+    #[argh(option, default = "PathBuf::from(\"registry\")")]
+    dir: PathBuf,
+    /// a file of publish tokens, one a line (env SVC_REGISTRY_TOKEN_FILE)
+    #[argh(option)]
+    token_file: Option<PathBuf>,
+    /// an svc-server REST URL: its operator and admin API keys may publish too
+    #[argh(option)]
+    svc_url: Option<String>,
+}
+
+#[derive(FromArgs)]
+/// Print the registry's version.
+#[argh(subcommand, name = "version", help_triggers("-h", "--help"))]
+struct VersionArgs {}
+
+async fn body(common: Common, args: Args) -> Result<(), CliError> {
+    match args.command {
+        Command::Version(_) => {
+            let version = super::version_line("svc-registry");
+            if common.output == super::Output::Json {
+                super::output::print_json(
+                    &serde_json::json!({"version": env!("CARGO_PKG_VERSION"), "api": "v1", "line": version}),
+                )
+            } else {
+                println!("{version} (registry API v1)");
+                Ok(())
+            }
+        }
+        Command::Serve(a) => {
+            let listen: SocketAddr = a
+                .listen
+                .parse()
+                .map_err(|e| CliError::usage(format!("--listen '{}': {e}", a.listen)))?;
+            let token_file = a.token_file.or_else(|| {
+                std::env::var_os("SVC_REGISTRY_TOKEN_FILE")
+                    .filter(|v| !v.is_empty())
+                    .map(PathBuf::from)
+            });
+            let auth = Auth::load(token_file.as_deref(), a.svc_url)?;
+            if auth.token_hashes.is_empty() && auth.svc_url.is_none() {
+                eprintln!("svc-registry: no --token-file and no --svc-url: nobody can publish (reads are open)");
+            }
+            let _ = tracing_subscriber::fmt()
+                .with_writer(std::io::stderr)
+                .try_init();
+            registry::serve(listen, Registry { dir: a.dir, auth }).await?;
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,389 @@
+//! svc-module and svc-registry through the real binary: reproducible build, sign/verify,
+//! the step limit, a module test suite failing and passing, publish + resolve a dependency
+//! from a running registry, immutable versions, and a tampered dependency refused at
+//! install. (`run --target` on agents is not built yet.)
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{run, Names, Run};
+
+fn module(names: &Names, home: &Path, args: &[&str]) -> Run {
+    run(names
+        .command("svc-module")
+        .current_dir(home)
+        .env("HOME", home)
+        .env("SVC_MODULES_DIR", home.join("store"))
+        .args(args))
+}
+
+fn ok(run: Run) -> Run {
+    assert_eq!(run.code, 0, "{run:?}");
+    run
+}
+
+fn write(dir: &Path, files: &[(&str, &str)]) {
+    std::fs::create_dir_all(dir).unwrap();
+    for (name, text) in files {
+        std::fs::write(dir.join(name), text).unwrap();
+    }
+}
+
+struct Registry {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_registry(names: &Names, dir: &Path, token_file: &Path) -> Registry {
+    let child = names
+        .command("svc-registry")
+        .args(["serve", "--listen", "127.0.0.1:0", "--dir"])
+        .arg(dir)
+        .arg("--token-file")
+        .arg(token_file)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Owned by the guard at once, so a panic below still kills and reaps it.
+    let mut registry = Registry {
+        child,
+        url: String::new(),
+    };
+    let mut line = String::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut reader = BufReader::new(registry.child.stdout.take().unwrap());
+    while Instant::now() < deadline {
+        line.clear();
+        if reader.read_line(&mut line).unwrap() == 0 {
+            panic!("svc-registry exited before listening");
+        }
+        if let Some(rest) = line.split("listening on ").nth(1) {
+            registry.url = rest.split_whitespace().next().unwrap().to_string();
+            return registry;
+        }
+    }
+    panic!("svc-registry did not start");
+}
+
+#[test]
+fn build_sign_verify_test_and_limits() {
+    let names = Names::new();
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    ok(module(&names, h, &["init", "motd"]));
+    let dir = h.join("motd");
+    let v = ok(module(&names, h, &["validate", "motd", "-o", "json"]));
+    assert!(v.stdout.contains("\"valid\": true"), "{v:?}");
+
+    // Reproducible: two builds, same bytes and SHA-256, even after the files' mtimes change.
+    let first = ok(module(&names, h, &["build", "motd", "-o", "json"]));
+    let sha = |r: &Run| {
+        serde_json::from_str::<serde_json::Value>(&r.stdout).unwrap()["sha256"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    std::thread::sleep(Duration::from_millis(1100));
+    std::fs::write(
+        dir.join("main.star"),
+        std::fs::read(dir.join("main.star")).unwrap(),
+    )
+    .unwrap();
+    let second = ok(module(&names, h, &["build", "motd", "-o", "json"]));
+    assert_eq!(sha(&first), sha(&second));
+    let zip = dir.join("build/motd-0.1.0.zip");
+    assert!(zip.exists());
+
+    // Run: the resources come back, typed arguments checked.
+    let r = ok(module(
+        &names,
+        h,
+        &[
+            "run",
+            "motd",
+            "setup",
+            "--arg",
+            "message=hello",
+            "-o",
+            "json",
+        ],
+    ));
+    let value: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(value["resources"][0]["file"]["content"], "hello\n", "{r:?}");
+    assert_eq!(value["resources"][0]["file"]["path"], "/etc/motd");
+    let bad = module(&names, h, &["run", "motd", "setup", "--arg", "nope=1"]);
+    assert_eq!(bad.code, 2, "{bad:?}");
+    let target = module(&names, h, &["run", "motd", "setup", "--target", "*"]);
+    assert_eq!(target.code, 1);
+    assert!(target.stderr.contains("not implemented yet"), "{target:?}");
+
+    // Sign and verify; a changed ZIP or another key is refused.
+    ok(module(&names, h, &["keygen", "k1"]));
+    ok(module(&names, h, &["keygen", "k2"]));
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(h.join("k1.key")).unwrap().permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o600);
+    let zip_s = zip.to_str().unwrap();
+    ok(module(&names, h, &["sign", zip_s, "--key", "k1.key"]));
+    ok(module(&names, h, &["verify", zip_s, "--pubkey", "k1.pub"]));
+    let other = module(&names, h, &["verify", zip_s, "--pubkey", "k2.pub"]);
+    assert_eq!(other.code, 4, "{other:?}");
+    let mut bytes = std::fs::read(&zip).unwrap();
+    let last = bytes.len() - 30;
+    bytes[last] ^= 1;
+    let tampered = h.join("tampered.zip");
+    std::fs::write(&tampered, &bytes).unwrap();
+    std::fs::copy(
+        h.join("motd/build/motd-0.1.0.zip.sig"),
+        h.join("tampered.zip.sig"),
+    )
+    .unwrap();
+    let t = module(&names, h, &["verify", "tampered.zip", "--pubkey", "k1.pub"]);
+    assert_eq!(t.code, 4, "{t:?}");
+
+    // The step limit stops a runaway loop with a clear error.
+    write(
+        &h.join("spin"),
+        &[
+            (
+                "module.yaml",
+                "name: spin\nversion: 1.0.0\nexports:\n  forever: {}\n",
+            ),
+            (
+                "main.star",
+                "def forever():\n    for i in range(1000000000):\n        pass\n    return []\n",
+            ),
+        ],
+    );
+    let spin = module(
+        &names,
+        h,
+        &["run", "spin", "forever", "--max-steps", "100000"],
+    );
+    assert_eq!(spin.code, 1, "{spin:?}");
+    assert!(
+        spin.stderr.contains("step limit of 100000 exceeded"),
+        "{spin:?}"
+    );
+
+    // The sandbox has no file system: open() does not exist.
+    write(
+        &h.join("peek"),
+        &[
+            (
+                "module.yaml",
+                "name: peek\nversion: 1.0.0\nexports:\n  f: {}\n",
+            ),
+            ("main.star", "def f():\n    return open('/etc/passwd')\n"),
+        ],
+    );
+    let peek = module(&names, h, &["run", "peek", "f"]);
+    assert_eq!(peek.code, 1, "{peek:?}");
+
+    // A test suite: passing, then failing (exit 1, TAP "not ok").
+    let pass = ok(module(&names, h, &["test", "motd"]));
+    assert!(
+        pass.stdout
+            .contains("ok 1 - main_test.star: test_setup_writes_motd"),
+        "{pass:?}"
+    );
+    std::fs::write(
+        dir.join("broken_test.star"),
+        "load(\"main.star\", \"setup\")\n\ndef test_wrong_content():\n    assert_eq(setup(message = \"a\")[0][\"file\"][\"content\"], \"b\")\n",
+    )
+    .unwrap();
+    let fail = module(&names, h, &["test", "motd"]);
+    assert_eq!(fail.code, 1, "{fail:?}");
+    assert!(
+        fail.stdout
+            .contains("not ok 1 - broken_test.star: test_wrong_content"),
+        "{fail:?}"
+    );
+    assert!(fail.stdout.contains("ok 2 - main_test.star"), "{fail:?}");
+
+    ok(module(&names, h, &["clean", "motd"]));
+    assert!(!dir.join("build").exists());
+}
+
+#[test]
+fn registry_publish_resolve_install() {
+    let names = Names::new();
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    std::fs::write(h.join("tokens"), "secret-token\n").unwrap();
+    let registry = start_registry(&names, &h.join("registry"), &h.join("tokens"));
+    let url = registry.url.as_str();
+
+    // base 1.0.0 and 1.1.0 published; a dependency that app loads.
+    for (version, greeting) in [("1.0.0", "hello"), ("1.1.0", "hi")] {
+        let dir = h.join(format!("base-{version}"));
+        write(
+            &dir,
+            &[
+                ("module.yaml", &format!("name: base\nversion: {version}\n")),
+                ("main.star", ""),
+                (
+                    "lib.star",
+                    &format!("def greeting():\n    return \"{greeting}\"\n"),
+                ),
+            ],
+        );
+        ok(module(&names, h, &["build", dir.to_str().unwrap()]));
+        let zip = dir.join(format!("build/base-{version}.zip"));
+        ok(module(
+            &names,
+            h,
+            &[
+                "publish",
+                zip.to_str().unwrap(),
+                "--registry",
+                url,
+                "--token",
+                "secret-token",
+            ],
+        ));
+    }
+    let zip = h.join("base-1.0.0/build/base-1.0.0.zip");
+    // Immutable: publishing 1.0.0 again is refused; a bad token is refused.
+    let again = module(
+        &names,
+        h,
+        &[
+            "publish",
+            zip.to_str().unwrap(),
+            "--registry",
+            url,
+            "--token",
+            "secret-token",
+        ],
+    );
+    assert_eq!(again.code, 1, "{again:?}");
+    assert!(again.stderr.contains("immutable"), "{again:?}");
+    let denied = module(
+        &names,
+        h,
+        &[
+            "publish",
+            zip.to_str().unwrap(),
+            "--registry",
+            url,
+            "--token",
+            "wrong",
+        ],
+    );
+    assert_eq!(denied.code, 4, "{denied:?}");
+
+    // app depends on base ^1.0: resolve picks 1.1.0 from the registry and locks its hash.
+    let app = h.join("app");
+    write(&app, &[
+        ("module.yaml", "name: app\nversion: 0.1.0\ndependencies: {base: \"^1.0\"}\nexports:\n  motd: {}\n"),
+        ("main.star", "load(\"@base//lib.star\", \"greeting\")\n\ndef motd():\n    return [file(\"/etc/motd\", content = greeting())]\n"),
+    ]);
+    let resolved = ok(module(
+        &names,
+        h,
+        &["resolve", "app", "--registry", url, "-o", "json"],
+    ));
+    let lock: serde_json::Value = serde_json::from_str(&resolved.stdout).unwrap();
+    assert_eq!(
+        lock["dependencies"]["base"]["version"], "1.1.0",
+        "{resolved:?}"
+    );
+    assert!(app.join("module.lock").exists());
+    let tree = ok(module(&names, h, &["tree", "app"]));
+    assert!(tree.stdout.contains("└── base 1.1.0"), "{tree:?}");
+    let r = ok(module(&names, h, &["run", "app", "motd", "-o", "json"]));
+    assert!(r.stdout.contains("\"content\": \"hi\""), "{r:?}");
+
+    // The listing carries SHA-256; the OpenAPI document is served.
+    let addr: std::net::SocketAddr = url.trim_start_matches("http://").parse().unwrap();
+    let listing = common::http_request(addr, "GET", "/v1/modules/base", &[], None).unwrap();
+    let listing: serde_json::Value = listing.json();
+    assert_eq!(listing["versions"][1]["version"], "1.1.0", "{listing}");
+    assert_eq!(listing["versions"][1]["sha256"].as_str().unwrap().len(), 64);
+    let openapi = common::http_request(addr, "GET", "/openapi.json", &[], None).unwrap();
+    let openapi: serde_json::Value = openapi.json();
+    assert!(openapi["paths"]["/v1/modules"]["post"].is_object());
+
+    // Install app's ZIP in a fresh store: base comes from the registry by the lock's hash.
+    ok(module(&names, h, &["build", "app"]));
+    let app_zip = app.join("build/app-0.1.0.zip");
+    let fresh = h.join("fresh");
+    std::fs::create_dir_all(&fresh).unwrap();
+    let install = ok(run(names
+        .command("svc-module")
+        .env("SVC_MODULES_DIR", &fresh)
+        .args(["install", app_zip.to_str().unwrap(), "--registry", url])));
+    assert!(
+        install.stdout.contains("installed base 1.1.0"),
+        "{install:?}"
+    );
+
+    // Tampered: another store where base 1.1.0 has different bytes is refused.
+    let evil_dir = h.join("evil");
+    write(
+        &evil_dir,
+        &[
+            ("module.yaml", "name: base\nversion: 1.1.0\n"),
+            ("main.star", ""),
+            ("lib.star", "def greeting():\n    return \"pwned\"\n"),
+        ],
+    );
+    let other = h.join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    ok(run(names
+        .command("svc-module")
+        .env("SVC_MODULES_DIR", &other)
+        .args(["install", evil_dir.to_str().unwrap()])));
+    let refused = run(names
+        .command("svc-module")
+        .env("SVC_MODULES_DIR", &other)
+        .args(["install", app_zip.to_str().unwrap(), "--registry", url]));
+    assert_eq!(refused.code, 1, "{refused:?}");
+    assert!(refused.stderr.contains("tampered"), "{refused:?}");
+
+    // Signatures required: unsigned refused, signed by a trusted key accepted.
+    ok(module(&names, h, &["keygen", "trusted"]));
+    let public = std::fs::read_to_string(h.join("trusted.pub")).unwrap();
+    std::fs::write(
+        h.join("modules.yaml"),
+        format!(
+            "modules:\n  require_signature: true\n  trusted_keys: [\"{}\"]\n",
+            public.trim()
+        ),
+    )
+    .unwrap();
+    let strict = h.join("strict");
+    std::fs::create_dir_all(&strict).unwrap();
+    let base_zip = h.join("base-1.0.0/build/base-1.0.0.zip");
+    let unsigned = run(names
+        .command("svc-module")
+        .env("SVC_MODULES_DIR", &strict)
+        .env("SVC_MODULES_CONFIG", h.join("modules.yaml"))
+        .args(["install", base_zip.to_str().unwrap()]));
+    assert_eq!(unsigned.code, 4, "{unsigned:?}");
+    assert!(unsigned.stderr.contains("not signed"), "{unsigned:?}");
+    ok(module(
+        &names,
+        h,
+        &["sign", base_zip.to_str().unwrap(), "--key", "trusted.key"],
+    ));
+    ok(run(names
+        .command("svc-module")
+        .env("SVC_MODULES_DIR", &strict)
+        .env("SVC_MODULES_CONFIG", h.join("modules.yaml"))
+        .args(["install", base_zip.to_str().unwrap()])));
+}
