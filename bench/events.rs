@@ -9,6 +9,9 @@
 //!
 //! `SVC_BENCH_SERVER=/path/to/svc` runs another build of the server with the same clients (the
 //! set-up and the in-process audit-append figure always use this build's library).
+//! `SVC_BENCH_EMIT_ONLY=1` runs only the emit phase and its ceiling, on an empty data dir (for
+//! A/B runs in a short quiet window). Both phases also report the server's CPU per call (user +
+//! system time from /proc over the phase, divided by the calls answered).
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -37,19 +40,22 @@ fn main() {
         .build()
         .unwrap();
 
-    let started = Instant::now();
-    runtime.block_on(common::fill_events(&data, EVENTS));
-    println!(
-        "set-up: {EVENTS} events written to the stream log in {:.1?}",
-        started.elapsed()
-    );
-    let started = Instant::now();
-    common::fill_audit(&data, AUDIT_ROWS);
-    println!(
-        "set-up: {AUDIT_ROWS} audit rows written to SQLite in {:.1?}",
-        started.elapsed()
-    );
-    audit_overhead(&runtime, &data);
+    let emit_only = std::env::var_os("SVC_BENCH_EMIT_ONLY").is_some();
+    if !emit_only {
+        let started = Instant::now();
+        runtime.block_on(common::fill_events(&data, EVENTS));
+        println!(
+            "set-up: {EVENTS} events written to the stream log in {:.1?}",
+            started.elapsed()
+        );
+        let started = Instant::now();
+        common::fill_audit(&data, AUDIT_ROWS);
+        println!(
+            "set-up: {AUDIT_ROWS} audit rows written to SQLite in {:.1?}",
+            started.elapsed()
+        );
+        audit_overhead(&runtime, &data);
+    }
 
     let bin = root.path().join("bin");
     std::fs::create_dir_all(&bin).unwrap();
@@ -58,14 +64,23 @@ fn main() {
     }
     let mut server = Server::start(root, "");
     let (grpc, key) = (server.grpc_addr.clone(), server.key.clone());
+    let pid = server.child.id();
 
-    let (rate, per_client) = runtime.block_on(emit_throughput(&grpc, &key));
-    println!("emit (durable, audited) over gRPC, {EMITTERS} clients, {EMIT_PHASE:?}: {rate:.0} events/s (goal 30,000; slowest client {per_client} events)");
-    let ceiling = runtime.block_on(health_ceiling(&grpc));
+    let cpu = common::cpu_time(pid);
+    let (rate, per_client, emitted) = runtime.block_on(emit_throughput(&grpc, &key));
+    let emit_cpu = (common::cpu_time(pid) - cpu).as_secs_f64() * 1e6 / emitted.max(1) as f64;
+    println!("emit (durable, audited) over gRPC, {EMITTERS} clients, {EMIT_PHASE:?}: {rate:.0} events/s (goal 30,000; slowest client {per_client} events); server CPU {emit_cpu:.0} µs per emit");
+    let cpu = common::cpu_time(pid);
+    let (ceiling, checks) = runtime.block_on(health_ceiling(&grpc));
+    let check_cpu = (common::cpu_time(pid) - cpu).as_secs_f64() * 1e6 / checks.max(1) as f64;
     println!(
-        "gRPC health check (ceiling: no key, no store, no log), same clients, {EMIT_PHASE:?}: {ceiling:.0} calls/s; emit/ceiling = {:.2}",
+        "gRPC health check (ceiling: no key, no store, no log), same clients, {EMIT_PHASE:?}: {ceiling:.0} calls/s; server CPU {check_cpu:.0} µs per call; emit/ceiling = {:.2}",
         rate / ceiling
     );
+    if emit_only {
+        server.stop();
+        return;
+    }
 
     let started = Instant::now();
     let mut replay = Command::new(bin.join("svc-events"))
@@ -160,7 +175,8 @@ fn audit_overhead(runtime: &tokio::runtime::Runtime, data: &Path) {
     );
 }
 
-async fn emit_throughput(grpc: &str, key: &str) -> (f64, u64) {
+/// (events/s, the slowest client's count, events emitted).
+async fn emit_throughput(grpc: &str, key: &str) -> (f64, u64, u64) {
     let total = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + EMIT_PHASE;
     let mut tasks = Vec::new();
@@ -201,12 +217,14 @@ async fn emit_throughput(grpc: &str, key: &str) -> (f64, u64) {
                 .as_secs_f64()
                 .max(EMIT_PHASE.as_secs_f64()),
         slowest,
+        total.load(Ordering::Relaxed),
     )
 }
 
 /// The same clients calling the standard gRPC health check: what the machine allows a unary
 /// call at the moment, so that an emit figure taken under load can be read against it.
-async fn health_ceiling(grpc: &str) -> f64 {
+/// Returns (calls/s, calls).
+async fn health_ceiling(grpc: &str) -> (f64, u64) {
     use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
     let total = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + EMIT_PHASE;
@@ -235,9 +253,13 @@ async fn health_ceiling(grpc: &str) -> f64 {
     for task in tasks {
         task.await.unwrap();
     }
-    total.load(Ordering::Relaxed) as f64
-        / started
-            .elapsed()
-            .as_secs_f64()
-            .max(EMIT_PHASE.as_secs_f64())
+    let calls = total.load(Ordering::Relaxed);
+    (
+        calls as f64
+            / started
+                .elapsed()
+                .as_secs_f64()
+                .max(EMIT_PHASE.as_secs_f64()),
+        calls,
+    )
 }

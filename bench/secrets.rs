@@ -172,6 +172,11 @@ async fn kv_get(server: &Server) -> (Duration, Duration, Duration) {
     )
 }
 
+/// Microseconds of server CPU per call, for a phase of `elapsed` at `rate` calls/s.
+fn per_call(cpu: Duration, rate: f64, elapsed: Duration) -> f64 {
+    cpu.as_secs_f64() * 1e6 / (rate * elapsed.as_secs_f64()).max(1.0)
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let seconds = args
@@ -187,13 +192,19 @@ fn main() {
         .unwrap();
     let server = Server::start(tempfile::tempdir().unwrap(), "");
     runtime.block_on(async {
+        // The server's CPU per call over each phase (/proc: user + system time).
+        let pid = server.child.id();
+        let (cpu, started) = (common::cpu_time(pid), Instant::now());
         let ops = transit_encrypt(&server, seconds).await;
+        let transit_cpu = per_call(common::cpu_time(pid) - cpu, ops, started.elapsed());
         println!(
-            "transit encrypt 1 KiB, {CLIENTS} gRPC clients, {seconds} s: {ops:.0} ops/s (goal >= 20000)"
+            "transit encrypt 1 KiB, {CLIENTS} gRPC clients, {seconds} s: {ops:.0} ops/s (goal >= 20000); server CPU {transit_cpu:.0} µs per op"
         );
+        let (cpu, started) = (common::cpu_time(pid), Instant::now());
         let ceiling = health_ceiling(&server, seconds).await;
+        let check_cpu = per_call(common::cpu_time(pid) - cpu, ceiling, started.elapsed());
         println!(
-            "gRPC health check (ceiling), {CLIENTS} clients, {seconds} s: {ceiling:.0} ops/s; transit/ceiling = {:.2}",
+            "gRPC health check (ceiling), {CLIENTS} clients, {seconds} s: {ceiling:.0} ops/s; server CPU {check_cpu:.0} µs per call; transit/ceiling = {:.2}",
             ops / ceiling
         );
         let (p50, p99, max) = kv_get(&server).await;

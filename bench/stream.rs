@@ -6,6 +6,14 @@
 //! appends cannot exceed 16 / (fsync latency) per second however fast the code is. Batched
 //! appends show what the log does when callers hand it more per sync. Runs in about 20 seconds;
 //! files go under cargo's target tmp dir, on the same disk as the build, never on a tmpfs.
+//!
+//! For context (issue 21), the same 16-way load as raw JetStream publishes awaiting their ack,
+//! against Debian's nats-server (one node, file storage), in the same run when nats-server is
+//! installed. That nats-server syncs its files to disk every two minutes, not before each ack.
+
+#[path = "../tests/common/nats_cluster.rs"]
+#[allow(dead_code)]
+mod nats_cluster;
 
 use std::fs::OpenOptions;
 use std::io::Write;
@@ -42,6 +50,12 @@ fn main() {
         "append, {APPENDERS} tasks, 1 record/call:       {single:>9.0} records/s ({:.2} of the ceiling)",
         single / ceiling
     );
+    if let Some(rate) = runtime.block_on(jetstream_publish()) {
+        println!(
+            "JetStream publish+ack, nats-server R1 file storage, {APPENDERS} publishers: {rate:>9.0} records/s (svc log / JetStream = {:.2})",
+            single / rate
+        );
+    }
     let wide = runtime.block_on(append_for(&log, 4 * APPENDERS, 1));
     println!(
         "append, {} tasks, 1 record/call:       {wide:>9.0} records/s",
@@ -142,4 +156,42 @@ async fn append_for(log: &Arc<StreamLog>, tasks: usize, per_call: usize) -> f64 
         task.await.expect("appender");
     }
     appended.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
+}
+
+/// Raw async-nats JetStream publishes of `RECORD_BYTES`, each awaiting its ack, from
+/// `APPENDERS` tasks for one phase against a fresh one-node nats-server; None without
+/// nats-server.
+async fn jetstream_publish() -> Option<f64> {
+    let nats = nats_cluster::NatsCluster::start(1).await?;
+    let client = async_nats::connect(nats.urls()).await.expect("connect");
+    // The stream the events log would use (file storage, R1): created by the wrapper.
+    let _log =
+        svc::stream::JetStreamLog::open(client.clone(), "events", &StreamConfig::default(), 1)
+            .await
+            .expect("JetStream stream");
+    let context = async_nats::jetstream::new(client);
+    let stop = Arc::new(AtomicBool::new(false));
+    let published = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..APPENDERS)
+        .map(|_| {
+            let (context, stop, published) = (context.clone(), stop.clone(), published.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let ack = context
+                        .publish("svc.js.events", vec![1; RECORD_BYTES].into())
+                        .await
+                        .expect("publish");
+                    ack.await.expect("ack");
+                    published.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(PHASE).await;
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await.expect("publisher");
+    }
+    Some(published.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64())
 }

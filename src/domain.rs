@@ -46,6 +46,8 @@ pub struct Domain {
     /// and per-key requests in progress (`rate_limit.max_in_flight`), taken by
     /// [`Domain::admit`].
     limits: KeyLimits,
+    /// API keys already verified (`auth::cache`): on for SQLite only.
+    key_cache: auth::KeyCache,
 }
 
 /// The parts of the domain built from their own configuration alone.
@@ -66,16 +68,23 @@ impl Domain {
     /// Builds the whole domain over an open store, its logs and the server's bus client:
     /// unseals secrets (refusing a wrong master key), makes or opens the embedded CA, and
     /// loads the agent registry. `stopping` flips when the server stops, ending live streams.
+    /// With `broker` (the embedded one), stored events are fanned out into it in process
+    /// rather than through `bus`.
     pub async fn start(
         config: &ServerConfig,
         store: Arc<dyn Store>,
         logs: Logs,
         bus: async_nats::Client,
+        broker: Option<crate::bus::broker::LocalPublisher>,
         cluster: Arc<crate::cluster::Cluster>,
         stopping: watch::Receiver<bool>,
     ) -> Result<Arc<Domain>> {
         let keys = Keys::from_config(config)?;
-        let events = Arc::new(Events::new(logs.events, stopping, Some(bus.clone())));
+        let events = match broker {
+            Some(broker) => Events::new(logs.events, stopping, None).with_broker(broker),
+            None => Events::new(logs.events, stopping, Some(bus.clone())),
+        };
+        let events = Arc::new(events);
         let mut domain = Domain::assemble(
             store,
             config.policy_dir.clone(),
@@ -121,8 +130,11 @@ impl Domain {
         let auditor = Auditor::new(store.clone(), policy_dir)
             .with_events(events.clone())
             .with_mirror(audit_mirror);
+        // Only a store no one else writes may be cached (see auth::cache).
+        let key_cache = auth::KeyCache::new(store.driver() == "sqlite");
         Domain {
             store,
+            key_cache,
             auditor,
             events,
             secrets: Default::default(),
@@ -164,11 +176,12 @@ impl Domain {
     }
 
     /// The request chain of contract §4 up to the role check, which each domain function
-    /// makes itself: the bearer key must resolve to a principal (looked up in the store on
-    /// every call: no cache), then pass the key's rate limit.
+    /// makes itself: the bearer key must resolve to a principal (through the verified-key
+    /// cache, which a delete empties before it returns), then pass the key's rate limit.
     pub async fn authenticate(&self, authorization: Option<&str>) -> Result<Principal> {
         let key = auth::bearer_token(authorization)?;
-        let principal = auth::authenticate(self.store.as_ref(), key).await?;
+        let principal =
+            auth::authenticate_cached(self.store.as_ref(), &self.key_cache, key).await?;
         // The transport's request span (server::request_span) names the caller from here on.
         tracing::Span::current().record("key_id", principal.id.as_str());
         self.limits.rate.check(&principal.id)?;
@@ -183,6 +196,12 @@ impl Domain {
         let principal = self.authenticate(authorization).await?;
         let admission = self.limits.in_flight.admit(&principal.id)?;
         Ok((principal, admission))
+    }
+
+    /// Drops key `id`'s verified row (`auth::cache`): called after the store committed a
+    /// delete or change of it and before that is answered.
+    pub fn uncache_key(&self, id: &str) {
+        self.key_cache.forget(id);
     }
 
     /// Drops a deleted key's token bucket.

@@ -10,18 +10,21 @@ use rand::{Rng, RngCore};
 const CROCKFORD: &[u8; 32] = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ";
 const BASE62: &[u8; 62] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
 
-/// A new ULID as 26 characters.
+/// A new ULID as 26 characters. The 80 random bits come from the thread's generator
+/// (ChaCha, seeded from the OS RNG once per thread and reseeded by `rand`), not a `getrandom`
+/// call per id: ids are made on every emit and audit row, and they need to be unique and
+/// unguessable, which that generator is, not fresh from the kernel.
 pub fn ulid() -> String {
     let millis = crate::clock::now_millis().max(0) as u128 & ((1 << 48) - 1);
-    let mut random = [0u8; 10];
-    OsRng.fill_bytes(&mut random);
-    let mut value = millis << 80;
-    for (i, byte) in random.iter().enumerate() {
-        value |= u128::from(*byte) << (8 * (9 - i));
+    let mut random = [0u8; 16];
+    rand::thread_rng().fill_bytes(&mut random[6..]);
+    let value = millis << 80 | u128::from_be_bytes(random);
+    let mut text = [0u8; 26];
+    for (i, slot) in text.iter_mut().enumerate() {
+        *slot = CROCKFORD[((value >> (5 * (25 - i))) & 31) as usize];
     }
-    (0..26)
-        .map(|i| CROCKFORD[((value >> (5 * (25 - i))) & 31) as usize] as char)
-        .collect()
+    // Every byte is from the Crockford alphabet: ASCII.
+    String::from_utf8(text.to_vec()).expect("ULID alphabet is ASCII")
 }
 
 /// The creation time (Unix milliseconds) a ULID carries, or None if `id` is not a ULID.
@@ -68,6 +71,21 @@ mod tests {
         let millis = ulid_millis(&ulid()).unwrap();
         assert!((millis - now).abs() < 1000);
         assert_eq!(ulid_millis("not-a-ulid"), None);
+    }
+
+    #[test]
+    fn ulid_text_decodes_to_its_time_and_is_crockford() {
+        for _ in 0..1000 {
+            let before = crate::clock::now_millis();
+            let id = ulid();
+            let after = crate::clock::now_millis();
+            assert_eq!(id.len(), 26);
+            assert!(id.bytes().all(|b| CROCKFORD.contains(&b)), "{id}");
+            let millis = ulid_millis(&id).unwrap();
+            assert!(before <= millis && millis <= after, "{id}");
+        }
+        let many: std::collections::HashSet<String> = (0..10_000).map(|_| ulid()).collect();
+        assert_eq!(many.len(), 10_000);
     }
 
     #[test]

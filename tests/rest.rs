@@ -1488,3 +1488,52 @@ fn silent_floods_under_a_low_file_limit_leave_every_port_serving() {
     }
     assert!(grpc_health(&server), "gRPC serves after both floods");
 }
+
+/// The verified-key cache (issue 21) under concurrent use: while other clients keep using a
+/// key, a change to it applies to every request sent after the change returned — a demotion
+/// at once, a delete with 401 — and never a request answered from a stale cached row.
+#[test]
+fn key_changes_apply_to_every_request_after_they_return_under_concurrent_use() {
+    use std::sync::atomic::{AtomicU8, Ordering};
+    let server = TestServer::start();
+    let (id, key) = server.create_key("busy", "admin");
+    // 0: admin; 1: demoted to readonly; 2: deleted. Read before each request is sent.
+    let phase = AtomicU8::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..4 {
+            scope.spawn(|| loop {
+                let seen = phase.load(Ordering::SeqCst);
+                let status = server
+                    .request("GET", "/api/v1/apikeys", Some(&key), None)
+                    .status;
+                // A request sent earlier may be answered after a later change: only answers
+                // older than what the client already saw are wrong.
+                match seen {
+                    0 => assert!([200, 403, 401, 429].contains(&status), "{status}"),
+                    1 => assert!(
+                        [403, 401, 429].contains(&status),
+                        "after demotion: {status}"
+                    ),
+                    _ => {
+                        assert_eq!(status, 401, "a request after the delete");
+                        return;
+                    }
+                }
+            });
+        }
+        // No assertion until the phase reaches 2, so the clients always stop.
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let patched = server.request(
+            "PATCH",
+            &format!("/api/v1/apikeys/{id}"),
+            Some(&server.admin_key),
+            Some(r#"{"role":"readonly"}"#),
+        );
+        phase.store(1, Ordering::SeqCst);
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let deleted = delete(&server, &server.admin_key, &id);
+        phase.store(2, Ordering::SeqCst);
+        assert_eq!(patched.status, 200, "{}", patched.body);
+        assert_eq!(deleted.status, 204, "{}", deleted.body);
+    });
+}

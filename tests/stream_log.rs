@@ -627,3 +627,64 @@ async fn a_snapshot_is_the_log_as_it_stood() {
     fill(&reopened, 2).await;
     assert_eq!(reopened.last_seq(), 20);
 }
+
+/// A follower at the tail (what a live subscriber does): every read continues where the last
+/// one stopped (issue 21), through segment rolls, retention dropping the segment it stopped
+/// in, damage right after where it stopped, and other readers moving the read position.
+#[tokio::test]
+async fn reads_that_continue_at_the_tail_see_every_record_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = config(SMALL_SEGMENT);
+    settings.max_bytes = Some(3 * SMALL_SEGMENT);
+    let log = StreamLog::open(dir.path(), settings).unwrap();
+    let mut next = 1;
+    for round in 0..40u64 {
+        fill(&log, round % 3 + 1).await;
+        // Another reader elsewhere in the log moves the read position in between.
+        if round % 5 == 0 {
+            let _ = log.read(log.first_seq(), 2).unwrap();
+        }
+        if round % 7 == 6 {
+            log.enforce_retention().unwrap();
+        }
+        loop {
+            let records = log.read(next, 1 + (round % 2) as usize).unwrap();
+            let Some(last) = records.last() else { break };
+            for record in &records {
+                assert_eq!(record.seq, next, "round {round}");
+                assert_eq!(record.payload, payload(record.seq));
+                next += 1;
+            }
+            assert_eq!(last.seq, next - 1);
+        }
+        assert_eq!(next, log.last_seq() + 1, "round {round}");
+    }
+    // The position kept by a read must not outlive the segment it points into.
+    let old_first = log.first_seq();
+    assert!(old_first > 1, "retention dropped old segments");
+    assert_eq!(seqs_read(&log, old_first, 2), [old_first, old_first + 1]);
+    fill(&log, 12).await;
+    assert!(log.enforce_retention().unwrap() > 0);
+    let first = log.first_seq();
+    assert!(first > old_first + 2, "{first}");
+    assert_eq!(seqs_read(&log, old_first + 2, 1), [first]);
+
+    // Damage just past where a read stopped: found at reopen, stepped over by the next read.
+    // Segments hold 4 records from 1, 5, 9, ...: fill the newest one up, then damage its
+    // second record, which good ones follow.
+    fill(&log, 4 + (4 - log.last_seq() % 4) % 4).await;
+    let last = log.last_seq();
+    drop(log);
+    let files = segment_files(dir.path());
+    let newest = files.last().unwrap();
+    assert_eq!(std::fs::metadata(newest).unwrap().len(), SMALL_SEGMENT);
+    let damaged = last - 2;
+    edit_file(newest, |b| {
+        b[(FILE_HEADER_LEN + RECORD_LEN + 30) as usize] ^= 0x10
+    });
+    let log = StreamLog::open(dir.path(), config(SMALL_SEGMENT)).unwrap();
+    let before = damaged - 1;
+    assert_eq!(seqs_read(&log, before, 1), [before]);
+    let rest: Vec<u64> = (damaged + 1..=last).collect();
+    assert_eq!(seqs_read(&log, damaged, 100), rest);
+}

@@ -7,6 +7,7 @@ use sha2::{Digest, Sha256};
 
 use serde_json::json;
 
+use super::cache::KeyCache;
 use super::{Principal, Role};
 use crate::audit::Action;
 use crate::domain::Domain;
@@ -95,15 +96,33 @@ fn validate_name(name: &str) -> Result<String> {
     Ok(name.to_string())
 }
 
-/// Resolves a presented key to its principal, or `Unauthenticated`.
+/// Resolves a presented key to its principal, or `Unauthenticated`, reading the store.
 pub async fn authenticate(store: &dyn Store, key: &str) -> Result<Principal> {
+    authenticate_cached(store, &KeyCache::new(false), key).await
+}
+
+/// [`authenticate`] through the verified-key cache (`auth::cache`): a key found there is not
+/// read from the store again; expiry is still checked against the clock on every call.
+pub async fn authenticate_cached(
+    store: &dyn Store,
+    cache: &KeyCache,
+    key: &str,
+) -> Result<Principal> {
     if !looks_like_api_key(key) {
         return Err(Error::Unauthenticated("invalid API key".into()));
     }
-    let row = store
-        .find_api_key_by_hash(&hash_key(key))
-        .await?
-        .ok_or_else(|| Error::Unauthenticated("invalid API key".into()))?;
+    let hash = hash_key(key);
+    let row = match cache.get(&hash) {
+        Ok(row) => row,
+        Err(epoch) => {
+            let row = store
+                .find_api_key_by_hash(&hash)
+                .await?
+                .ok_or_else(|| Error::Unauthenticated("invalid API key".into()))?;
+            cache.keep(epoch, &row);
+            row
+        }
+    };
     let now = clock::now_millis();
     if let Some(expiry) = row.expires_at.as_deref().and_then(clock::parse_rfc3339) {
         if expiry <= now {
@@ -116,9 +135,9 @@ pub async fn authenticate(store: &dyn Store, key: &str) -> Result<Principal> {
         .and_then(clock::parse_rfc3339)
         .is_none_or(|last| now - last >= TOUCH_INTERVAL_MS);
     if stale {
-        store
-            .touch_api_key(&row.id, &clock::format_rfc3339(now))
-            .await?;
+        let used_at = clock::format_rfc3339(now);
+        store.touch_api_key(&row.id, &used_at).await?;
+        cache.touched(&hash, &used_at);
     }
     let role = row.role.parse::<Role>()?;
     Ok(Principal {
@@ -248,6 +267,9 @@ pub async fn update_key(
         Ok(()) => update_key_checked(domain.store.as_ref(), principal, id, update).await,
         Err(refused) => Err(refused),
     };
+    // A new role or expiry applies from the next request: the cached row goes before the
+    // answer does.
+    domain.uncache_key(id);
     domain.auditor.record(principal, action, &result).await;
     result
 }
@@ -290,11 +312,11 @@ pub async fn delete_key(domain: &Domain, principal: &Principal, id: &str) -> Res
     let result = async {
         principal.require(Role::Admin)?;
         domain.auditor.admit()?;
-        match domain
-            .store
-            .delete_api_key(id, &clock::now_rfc3339())
-            .await?
-        {
+        let deleted = domain.store.delete_api_key(id, &clock::now_rfc3339()).await;
+        // Before the answer, and before the audit row: the key's next request reads the
+        // store and finds nothing.
+        domain.uncache_key(id);
+        match deleted? {
             KeyWrite::Done(()) => Ok(()),
             KeyWrite::NotFound => Err(Error::NotFound(format!("API key '{id}' not found"))),
             KeyWrite::LastAdmin => Err(last_admin(id, "deleting it")),

@@ -1,10 +1,13 @@
 //! Authentication and authorization: API keys, roles, the `Principal`, rate limiting.
 //!
 //! Every request passes one chain (contract §4): key → role check → rate limit. Keys are
-//! looked up by their SHA-256 in the store on every request, with no cache, so a deleted
-//! key fails its very next request on every server that shares the store.
+//! looked up by their SHA-256; on SQLite a key already verified is answered from a cache that
+//! every delete or change through this server empties before it returns (`cache`), and on
+//! PostgreSQL (shared with other members) the store is read on every request. Either way a
+//! deleted key fails its very next request.
 
 pub mod access;
+mod cache;
 mod keys;
 mod rate_limit;
 
@@ -14,10 +17,11 @@ use std::str::FromStr;
 use crate::{Error, Result};
 
 pub use access::{bus_permissions, Access};
+pub use cache::KeyCache;
 pub use keys::{
-    authenticate, create_key, delete_key, ensure_bootstrap_key, get_key, hash_key, list_keys,
-    looks_like_api_key, recover_admin_key, update_key, write_private_file, ApiKey, KeyUpdate,
-    NewKey, BOOTSTRAP_KEY_NAME,
+    authenticate, authenticate_cached, create_key, delete_key, ensure_bootstrap_key, get_key,
+    hash_key, list_keys, looks_like_api_key, recover_admin_key, update_key, write_private_file,
+    ApiKey, KeyUpdate, NewKey, BOOTSTRAP_KEY_NAME,
 };
 pub use rate_limit::{Admission, InFlight, KeyLimits, RateLimiter};
 

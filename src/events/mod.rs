@@ -135,13 +135,46 @@ fn unknown_type(name: &str) -> Error {
     ))
 }
 
+/// The live form of a stored event: the stored JSON with `"seq":N` spliced in after the id,
+/// which is the text `serde_json` gives for the event with its sequence set (fields in
+/// declaration order: id, seq, type, ...; a test holds the two equal). Saves the second
+/// serialization of every emit (issue 21). Anything unexpected is serialized again.
+fn live_copy(stored: &[u8], event: &Event) -> Vec<u8> {
+    let id = event.id.as_bytes();
+    // `{"id":"` + id (a ULID: nothing to escape) + `",`
+    let head = 7 + id.len() + 2;
+    let spliceable = stored.len() > head
+        && stored.starts_with(b"{\"id\":\"")
+        && &stored[7..7 + id.len()] == id
+        && &stored[7 + id.len()..head] == b"\","
+        && id.iter().all(u8::is_ascii_alphanumeric);
+    if !spliceable {
+        return serde_json::to_vec(event).unwrap_or_default();
+    }
+    let mut out = Vec::with_capacity(stored.len() + 28);
+    out.extend_from_slice(&stored[..head]);
+    out.extend_from_slice(b"\"seq\":");
+    out.extend_from_slice(event.seq.to_string().as_bytes());
+    out.push(b',');
+    out.extend_from_slice(&stored[head..]);
+    out
+}
+
 /// Events waiting to be published live; beyond it an event is stored but not fanned out.
 const LIVE_QUEUE: usize = 4096;
 
+/// Where stored events are fanned out live.
+enum Live {
+    /// A bus client (an external NATS cluster): one task publishes in emit order.
+    Client(mpsc::Sender<(String, Vec<u8>)>),
+    /// The embedded broker, published into in process (no client connection in between).
+    Broker(crate::bus::broker::LocalPublisher),
+}
+
 pub struct Events {
     log: Arc<dyn Stream>,
-    /// The live fan-out: one task publishes on the bus in emit order (None without a bus).
-    live: Option<mpsc::Sender<(String, Vec<u8>)>>,
+    /// The live fan-out (None without a bus).
+    live: Option<Live>,
     counts: std::sync::Mutex<std::collections::BTreeMap<EventKind, u64>>,
     /// Flips when the server stops, so live subscriptions end instead of holding shutdown.
     stopping: watch::Receiver<bool>,
@@ -171,7 +204,7 @@ impl Events {
                     }
                 }
             });
-            sender
+            Live::Client(sender)
         });
         Events {
             log,
@@ -179,6 +212,13 @@ impl Events {
             counts: Default::default(),
             stopping,
         }
+    }
+
+    /// Fans out live through the embedded broker in process instead of a bus client: the
+    /// same subscribers get the same messages without the loopback hop (issue 21).
+    pub fn with_broker(mut self, publisher: crate::bus::broker::LocalPublisher) -> Self {
+        self.live = Some(Live::Broker(publisher));
+        self
     }
 
     pub fn log(&self) -> &Arc<dyn Stream> {
@@ -224,6 +264,8 @@ impl Events {
                 "event is larger than {MAX_PAYLOAD_BYTES} bytes"
             )));
         }
+        // Kept for the live copy (`live_copy`), so the event is serialized once.
+        let stored = self.live.as_ref().map(|_| bytes.clone());
         event.seq = self.log.append(now, bytes).await?;
         *self
             .counts
@@ -232,10 +274,20 @@ impl Events {
             .entry(event.event_type)
             .or_default() += 1;
         // The live copy carries the sequence number, which the stored one cannot know yet.
-        if let (Some(live), Ok(bytes)) = (&self.live, serde_json::to_vec(&event)) {
+        if let (Some(live), Some(stored)) = (&self.live, stored) {
+            let bytes = live_copy(&stored, &event);
             let subject = crate::bus::subjects::event(event.event_type.as_str());
-            if live.try_send((subject, bytes)).is_err() {
-                tracing::warn!("live event queue full: event stored but not fanned out live");
+            match live {
+                Live::Broker(broker) => {
+                    broker.publish(&subject, &bytes);
+                }
+                Live::Client(queue) => {
+                    if queue.try_send((subject, bytes)).is_err() {
+                        tracing::warn!(
+                            "live event queue full: event stored but not fanned out live"
+                        );
+                    }
+                }
             }
         }
         Ok(event)
@@ -568,4 +620,59 @@ pub fn open_stream_after(
             .await
     });
     Ok(receiver)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The spliced live copy is byte for byte what serializing the event with its sequence
+    /// gives, for payloads with escapes, nesting and non-ASCII text.
+    #[test]
+    fn live_copy_is_the_serialized_event_with_its_seq() {
+        let payloads = [
+            serde_json::json!({}),
+            serde_json::json!({"a": "x\"y\\z\n", "nested": {"seq": 1, "id": "q"}, "n": [1, 2.5]}),
+            serde_json::json!({"text": "é — 日本"}),
+        ];
+        for (i, payload) in payloads.into_iter().enumerate() {
+            for seq in [1, 9, 10, 12_345_678_901, u64::MAX] {
+                let mut event = Event {
+                    id: ids::ulid(),
+                    seq: 0,
+                    event_type: EventKind::AgentConnected,
+                    category: "custom".into(),
+                    severity: Severity::Info,
+                    source: format!("src-{i}\t\"q\""),
+                    timestamp: clock::format_rfc3339(clock::now_millis()),
+                    payload: payload.clone(),
+                };
+                let stored = serde_json::to_vec(&event).unwrap();
+                event.seq = seq;
+                let expected = serde_json::to_vec(&event).unwrap();
+                assert_eq!(
+                    String::from_utf8(live_copy(&stored, &event)).unwrap(),
+                    String::from_utf8(expected).unwrap()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn live_copy_of_an_unexpected_shape_serializes_again() {
+        let event = Event {
+            id: "not a ulid".into(),
+            seq: 3,
+            event_type: EventKind::AgentConnected,
+            category: "custom".into(),
+            severity: Severity::Info,
+            source: "s".into(),
+            timestamp: "t".into(),
+            payload: serde_json::json!({}),
+        };
+        assert_eq!(
+            live_copy(b"{\"id\":\"other\"}", &event),
+            serde_json::to_vec(&event).unwrap()
+        );
+    }
 }

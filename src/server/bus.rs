@@ -92,6 +92,12 @@ pub struct Bus {
 }
 
 impl Bus {
+    /// Publishes into the embedded broker in process; None with an external bus.
+    pub fn local_publisher(&self) -> Option<crate::bus::broker::LocalPublisher> {
+        let broker = self.broker.lock().expect("bus lock");
+        broker.as_ref().map(BrokerHandle::local_publisher)
+    }
+
     /// Emits bus_healthy / bus_degraded as the server's own connection comes and goes (once;
     /// later calls do nothing).
     pub fn report_health(&self, events: Arc<crate::events::Events>) {

@@ -629,6 +629,7 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
         store,
         logs,
         bus.client.clone(),
+        bus.local_publisher(),
         cluster,
         stop.clone(),
     )

@@ -337,6 +337,13 @@ impl Shared {
 pub struct StreamLog {
     shared: Arc<Shared>,
     config: StreamConfig,
+    /// Where the last read stopped: (the next sequence, its segment's base, its offset). A
+    /// follower at the tail reads from there instead of from the index block, which is up to
+    /// `INDEX_INTERVAL` of records to decode and checksum again on every wake (issue 21: that
+    /// was most of what an emit cost with the runbook trigger following the log). A segment's
+    /// bytes never change while it exists, so the offset stays right as long as the segment
+    /// does; a wrong one could only fail a checksum, never return another record.
+    read_hint: Mutex<Option<(u64, u64, u64)>>,
     dir: PathBuf,
     requests: Option<mpsc::Sender<AppendRequest>>,
     writer: Option<JoinHandle<()>>,
@@ -397,6 +404,7 @@ impl StreamLog {
         Ok(Arc::new(StreamLog {
             shared,
             config,
+            read_hint: Mutex::new(None),
             dir: dir.to_path_buf(),
             requests: Some(requests),
             writer: Some(writer),
@@ -442,6 +450,11 @@ impl StreamLog {
         let mut records: Vec<Record> = Vec::new();
         // The segment scanned last (its base) and the length it had then.
         let mut previous: Option<(u64, u64)> = None;
+        let hint = *self
+            .read_hint
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut stopped: Option<(u64, u64, u64)> = None;
         while records.len() < max {
             let next_seq = records.last().map_or(from_seq, |record| record.seq + 1);
             let picked = {
@@ -451,9 +464,17 @@ impl StreamLog {
                         let position = segments
                             .partition_point(|s| s.base_seq <= next_seq)
                             .saturating_sub(1);
-                        segments
-                            .get(position)
-                            .map(|s| (SegmentView::of(s), s.offset_for_seq(next_seq)))
+                        segments.get(position).map(|s| {
+                            let start = match hint {
+                                Some((seq, base, offset))
+                                    if seq == next_seq && base == s.base_seq && offset <= s.len =>
+                                {
+                                    offset
+                                }
+                                _ => s.offset_for_seq(next_seq),
+                            };
+                            (SegmentView::of(s), start)
+                        })
                     }
                     Some((base, scanned_len)) => {
                         let position = segments.partition_point(|s| s.base_seq <= base);
@@ -476,7 +497,7 @@ impl StreamLog {
             let Some((view, start)) = picked else {
                 break;
             };
-            view.scan(
+            let last = view.scan(
                 &self.shared.name,
                 start,
                 view.len,
@@ -491,7 +512,16 @@ impl StreamLog {
                     records.len() < max
                 },
             )?;
+            if let Some((seq, end)) = last {
+                stopped = Some((seq + 1, view.base_seq, end));
+            }
             previous = Some((view.base_seq, view.len));
+        }
+        if stopped.is_some() {
+            *self
+                .read_hint
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = stopped;
         }
         Ok(records)
     }
@@ -687,29 +717,33 @@ impl SegmentView {
     }
 
     /// Calls `visit` with each record in `[start, end)`, stepping over damage known since open,
-    /// until `visit` returns false.
+    /// until `visit` returns false. Returns the last visited record's sequence and the offset
+    /// just past it.
     fn scan(
         &self,
         stream: &str,
         start: u64,
         end: u64,
         mut visit: impl FnMut(u64, i64, &[u8]) -> bool,
-    ) -> Result<()> {
+    ) -> Result<Option<(u64, u64)>> {
         let mut cursor = Cursor::new(&self.file, end);
         let mut offset = start;
+        let mut last = None;
         loop {
             let reason = match cursor.decode_at(offset)? {
-                Step::End => return Ok(()),
+                Step::End => return Ok(last),
                 Step::Record {
                     seq,
                     timestamp_ms,
                     payload,
                     len,
                 } => {
-                    if !visit(seq, timestamp_ms, payload) {
-                        return Ok(());
-                    }
+                    let more = visit(seq, timestamp_ms, payload);
                     offset += len;
+                    last = Some((seq, offset));
+                    if !more {
+                        return Ok(last);
+                    }
                     continue;
                 }
                 Step::Incomplete => "record cut short",

@@ -849,7 +849,11 @@ impl Session {
 /// The message with `SENDER_HEADER: user` as its only sender header: any the client sent
 /// (in any letter case) is dropped, a message without headers gets a header block. Returns
 /// the new header length and the whole new payload.
-fn stamp_sender(header_len: Option<usize>, payload: &[u8], user: &str) -> (usize, Vec<u8>) {
+pub(crate) fn stamp_sender(
+    header_len: Option<usize>,
+    payload: &[u8],
+    user: &str,
+) -> (usize, Vec<u8>) {
     let (headers, body) = match header_len {
         Some(length) if length <= payload.len() => payload.split_at(length),
         _ => (&b""[..], payload),

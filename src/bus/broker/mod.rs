@@ -8,6 +8,7 @@
 
 mod auth;
 mod connection;
+mod local;
 mod outbound;
 mod protocol;
 pub(crate) mod router;
@@ -24,6 +25,7 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+pub use local::LocalPublisher;
 pub use router::IndexStats;
 pub use view::{BrokerView, ConnectionView, SubscriptionView};
 
@@ -411,6 +413,11 @@ pub struct BrokerHandle {
 }
 
 impl BrokerHandle {
+    /// Publishes into this broker from inside the process (`local`).
+    pub fn local_publisher(&self) -> LocalPublisher {
+        LocalPublisher::new(self.shared.clone())
+    }
+
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
     }

@@ -1,0 +1,132 @@
+//! Publishing into the embedded broker from the process that embeds it (issue 21): the
+//! server's live event fan-out delivers straight to the matching subscriptions' outbound
+//! buffers, instead of encoding a PUB on its own client connection, crossing loopback TCP and
+//! being parsed back by the broker. Delivery is what a PUB from a client with every right
+//! gets: each matching plain subscription and one member of each queue group, the same MSG
+//! frames, the same per-subscription limits (auto-unsubscribe, deny lists), the same broker
+//! counters and slow-consumer rules (the outbound buffer's).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use super::outbound::Queued;
+use super::router::{Claim, Subscription};
+use super::Shared;
+
+/// A handle that publishes into one broker in process; cheap to clone.
+#[derive(Clone)]
+pub struct LocalPublisher {
+    shared: Arc<Shared>,
+    /// Spreads queue-group choices (the value only needs to vary).
+    turn: Arc<AtomicU64>,
+}
+
+/// The user an in-process publish is stamped with on `sender_subjects`.
+const LOCAL_USER: &str = "server";
+
+impl LocalPublisher {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        LocalPublisher {
+            shared,
+            turn: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Publishes `payload` on `subject` (a valid literal subject, no reply, no headers).
+    /// Returns whether any subscriber got it.
+    pub fn publish(&self, subject: &str, payload: &[u8]) -> bool {
+        let shared = &self.shared;
+        let stamped = shared
+            .config
+            .sender_subjects
+            .as_deref()
+            .filter(|pattern| crate::bus::subjects::subject_matches(pattern, subject))
+            .map(|_| super::connection::stamp_sender(None, payload, LOCAL_USER));
+        let (header_len, payload) = match &stamped {
+            Some((header_len, stamped)) => (Some(*header_len), &stamped[..]),
+            None => (None, payload),
+        };
+        shared.stats.messages_in.fetch_add(1, Ordering::Relaxed);
+        shared
+            .stats
+            .bytes_in
+            .fetch_add(payload.len() as u64, Ordering::Relaxed);
+        let matches = shared.router.lookup(subject);
+        let mut head = Vec::with_capacity(subject.len() + 32);
+        let mut delivered = 0u64;
+        for subscription in &matches.plain {
+            delivered +=
+                u64::from(self.deliver(subscription, &mut head, subject, header_len, payload));
+        }
+        for group in &matches.groups {
+            let start = self.turn.fetch_add(1, Ordering::Relaxed) as usize % group.len();
+            for offset in 0..group.len() {
+                let subscription = &group[(start + offset) % group.len()];
+                if self.deliver(subscription, &mut head, subject, header_len, payload) {
+                    delivered += 1;
+                    break;
+                }
+            }
+        }
+        if delivered > 0 {
+            shared
+                .stats
+                .messages_out
+                .fetch_add(delivered, Ordering::Relaxed);
+            shared
+                .stats
+                .bytes_out
+                .fetch_add(delivered * payload.len() as u64, Ordering::Relaxed);
+        }
+        delivered > 0
+    }
+
+    /// One MSG/HMSG frame to one subscription, as a connection's `deliver_to` writes it.
+    fn deliver(
+        &self,
+        subscription: &Arc<Subscription>,
+        head: &mut Vec<u8>,
+        subject: &str,
+        header_len: Option<usize>,
+        payload: &[u8],
+    ) -> bool {
+        if !subscription.deny.is_empty() && subscription.is_denied(subject) {
+            return false;
+        }
+        let claim = subscription.claim();
+        if claim == Claim::Exhausted {
+            return false;
+        }
+        head.clear();
+        head.extend_from_slice(if header_len.is_some() {
+            b"HMSG "
+        } else {
+            b"MSG "
+        });
+        head.extend_from_slice(subject.as_bytes());
+        head.push(b' ');
+        head.extend_from_slice(&subscription.sid);
+        head.push(b' ');
+        let mut number = itoa::Buffer::new();
+        if let Some(header_len) = header_len {
+            head.extend_from_slice(number.format(header_len).as_bytes());
+            head.push(b' ');
+        }
+        head.extend_from_slice(number.format(payload.len()).as_bytes());
+        head.extend_from_slice(b"\r\n");
+        let queued = subscription
+            .outbound
+            .push_message(&[head, payload, b"\r\n"], payload.len());
+        if claim == Claim::DeliverLast {
+            self.shared.router.remove(subscription);
+        }
+        match queued {
+            Queued::Closed => false,
+            Queued::Wake => {
+                subscription.outbound.wake();
+                true
+            }
+            Queued::Pending => true,
+        }
+    }
+}
