@@ -9,7 +9,7 @@
 //!
 //! Backends: [`local::LocalStore`] keeps objects under `data_dir/files/<cluster>/` (the
 //! single-server mode); [`jetstream::JetStreamStore`] keeps them in a JetStream stream on the
-//! NATS cluster (cluster mode, `bus.external_urls`). `server::files::start` picks one.
+//! NATS cluster (cluster mode, `cluster.enabled`). `server::files::start` picks one.
 //!
 //! Who is calling: on the embedded broker, the key the broker stamps ([`key_principal`]); on
 //! an external NATS, the key that signed the request ([`signature`], [`signed_principal`]).

@@ -9,8 +9,8 @@
 //!   against the stored hash on every request, within a time window, a nonce used once;
 //!
 //! plus the declared `Svc-Principal-Id` and `Svc-Principal-Role` headers, which are recorded
-//! and may only lower the role. The backend is local disk on the embedded broker and the
-//! JetStream stream `SVC_FILES` on an external NATS (`files::jetstream`).
+//! and may only lower the role. The backend is local disk on a single server and the
+//! JetStream stream `SVC_FILES` in cluster mode (`files::jetstream`).
 //!
 //! Wire format (docs/files.md has the table): JSON bodies, except chunk bytes (`read` replies,
 //! `chunk` requests) and manifests (`put`, `commit` requests and `get` replies), whose chunk
@@ -38,9 +38,9 @@ use crate::{Error, Result};
 const QUEUE_GROUP: &str = "svc-server";
 
 /// Starts the file service on the server's bus client; it runs until the client goes away.
-/// The backend: local disk under `data_dir/files` with the embedded broker; with an external
-/// NATS, the JetStream stream `SVC_FILES` with `replicas` replicas (what the events and audit
-/// streams get), shared by every member.
+/// The backend: local disk under `data_dir/files` on a single server (embedded broker or
+/// external NATS); in cluster mode, the JetStream stream `SVC_FILES` with `replicas` replicas
+/// (what the events and audit streams get), shared by every member.
 pub async fn start(context: Arc<Context>, replicas: usize) -> Result<()> {
     let problems = context
         .config
@@ -49,10 +49,14 @@ pub async fn start(context: Arc<Context>, replicas: usize) -> Result<()> {
     if !problems.is_empty() {
         return Err(Error::Invalid(problems.join("; ")));
     }
-    let store: Arc<dyn ObjectStore> = if context.bus.is_embedded {
-        Arc::new(LocalStore::new(context.data_dir.join("files")))
-    } else {
+    // JetStream only in cluster mode, where the events and audit streams are JetStream too and
+    // several members must see one store. A single server on an external NATS keeps its
+    // objects on local disk: that NATS need not run JetStream (requests are signed there all
+    // the same, below).
+    let store: Arc<dyn ObjectStore> = if context.config.cluster.enabled {
         Arc::new(JetStreamStore::open(context.bus.client.clone(), replicas).await?)
+    } else {
+        Arc::new(LocalStore::new(context.data_dir.join("files")))
     };
     let files = Arc::new(Files::new(store, context.config.files.clone()));
     let nonces = Arc::new(Nonces::default());
