@@ -392,8 +392,8 @@ fn wrong_master_key_is_refused_and_rotation_needs_no_restart() {
         ],
     ));
     assert_eq!(
-        rotated["rewrapped"], 5,
-        "check value, one data key, one transit key, and the two CA keys"
+        rotated["rewrapped"], 6,
+        "check value, one data key, one transit key, the two CA keys and the command-signing key"
     );
     assert_eq!(
         ok(&server, &admin, &["get", "db/prod", "--field", "password"]).stdout,

@@ -50,7 +50,7 @@ enum Command {
     Resolve(ResolveArgs),
     Tree(TreeArgs),
     Install(InstallArgs),
-    Update(InstallArgs),
+    Update(UpdateArgs),
     List(ListArgs),
     Publish(PublishArgs),
     Clean(CleanArgs),
@@ -215,10 +215,10 @@ struct TreeArgs {
 }
 
 #[derive(FromArgs)]
-/// Install (update: a newer version of an installed module) from a ZIP (its signature from
-/// ZIP.sig when present), a directory (built first), or NAME[@RANGE] from a registry. The
-/// dependencies module.lock pins are installed too, each checked against its SHA-256; with
-/// modules.require_signature every module needs a signature by a trusted key.
+/// Install a module from a ZIP (its signature from ZIP.sig when present), a directory (built
+/// first), or NAME[@RANGE] from a registry. The dependencies module.lock pins are installed
+/// too, each checked against its SHA-256; with modules.require_signature every module needs a
+/// signature by a trusted key.
 #[argh(subcommand, name = "install", help_triggers("-h", "--help"))]
 struct InstallArgs {
     /// a ZIP, a directory or NAME[@RANGE]
@@ -236,6 +236,40 @@ struct InstallArgs {
     /// the module configuration (env SVC_MODULES_CONFIG)
     #[argh(option)]
     config: Option<PathBuf>,
+}
+
+#[derive(FromArgs)]
+/// Update an installed module to a newer version: the same sources and checks as install.
+#[argh(subcommand, name = "update", help_triggers("-h", "--help"))]
+struct UpdateArgs {
+    /// a ZIP, a directory or NAME[@RANGE]
+    #[argh(positional)]
+    source: String,
+    /// a registry URL (repeatable; env SVC_MODULE_REGISTRY)
+    #[argh(option)]
+    registry: Vec<String>,
+    /// the signature file (default: ZIP.sig when it exists)
+    #[argh(option)]
+    signature: Option<PathBuf>,
+    /// installed modules (env SVC_MODULES_DIR)
+    #[argh(option)]
+    modules_dir: Option<PathBuf>,
+    /// the module configuration (env SVC_MODULES_CONFIG)
+    #[argh(option)]
+    config: Option<PathBuf>,
+}
+
+impl From<UpdateArgs> for InstallArgs {
+    // argh needs one struct per subcommand name; update takes exactly install's arguments.
+    fn from(a: UpdateArgs) -> InstallArgs {
+        InstallArgs {
+            source: a.source,
+            registry: a.registry,
+            signature: a.signature,
+            modules_dir: a.modules_dir,
+            config: a.config,
+        }
+    }
 }
 
 #[derive(FromArgs)]
@@ -558,7 +592,7 @@ async fn body(common: Common, args: Args) -> Result<(), CliError> {
             Ok(())
         }
         Command::Install(a) => install(a, json, false).await,
-        Command::Update(a) => install(a, json, true).await,
+        Command::Update(a) => install(a.into(), json, true).await,
         Command::List(a) => {
             let installed = Store::open(a.modules_dir).installed()?;
             if json {
