@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::auth::{AuthRequest, Permissions};
 use super::outbound::{Batch, Close, Outbound, Queued, IDLE_CAPACITY};
-use super::protocol::{ClientOp, Parsed, Parser, Publish};
+use super::protocol::{write_msg_head, ClientOp, Parsed, Parser, Publish};
 use super::router::{Claim, Matches, Subscription};
 use super::{ClientMeta, ConnectMeta, Shared};
 use crate::bus::subjects::{is_valid_literal, is_valid_pattern, subject_matches};
@@ -595,27 +595,14 @@ impl Session {
             return false;
         }
         let head = &mut self.scratch;
-        head.clear();
-        head.extend_from_slice(if header_len.is_some() {
-            b"HMSG "
-        } else {
-            b"MSG "
-        });
-        head.extend_from_slice(subject.as_bytes());
-        head.push(b' ');
-        head.extend_from_slice(&subscription.sid);
-        head.push(b' ');
-        if let Some(reply) = reply {
-            head.extend_from_slice(reply);
-            head.push(b' ');
-        }
-        let mut number = itoa::Buffer::new();
-        if let Some(header_len) = header_len {
-            head.extend_from_slice(number.format(header_len).as_bytes());
-            head.push(b' ');
-        }
-        head.extend_from_slice(number.format(payload.len()).as_bytes());
-        head.extend_from_slice(b"\r\n");
+        write_msg_head(
+            head,
+            subject,
+            &subscription.sid,
+            reply,
+            header_len,
+            payload.len(),
+        );
         let queued = subscription
             .outbound
             .push_message(&[head, payload, b"\r\n"], payload.len());

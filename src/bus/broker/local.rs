@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::outbound::Queued;
+use super::protocol::write_msg_head;
 use super::router::{Claim, Subscription};
 use super::Shared;
 
@@ -97,23 +98,14 @@ impl LocalPublisher {
         if claim == Claim::Exhausted {
             return false;
         }
-        head.clear();
-        head.extend_from_slice(if header_len.is_some() {
-            b"HMSG "
-        } else {
-            b"MSG "
-        });
-        head.extend_from_slice(subject.as_bytes());
-        head.push(b' ');
-        head.extend_from_slice(&subscription.sid);
-        head.push(b' ');
-        let mut number = itoa::Buffer::new();
-        if let Some(header_len) = header_len {
-            head.extend_from_slice(number.format(header_len).as_bytes());
-            head.push(b' ');
-        }
-        head.extend_from_slice(number.format(payload.len()).as_bytes());
-        head.extend_from_slice(b"\r\n");
+        write_msg_head(
+            head,
+            subject,
+            &subscription.sid,
+            None,
+            header_len,
+            payload.len(),
+        );
         let queued = subscription
             .outbound
             .push_message(&[head, payload, b"\r\n"], payload.len());

@@ -762,3 +762,38 @@ mod prop {
         }
     }
 }
+
+/// Writes the control line of a MSG (or, with `header_len`, HMSG) frame into `head`
+/// (cleared first): `MSG <subject> <sid> [reply] <#bytes>\r\n` or
+/// `HMSG <subject> <sid> [reply] <#header bytes> <#total bytes>\r\n`. The one place both
+/// deliveries, over a connection and in process, build it.
+pub(super) fn write_msg_head(
+    head: &mut Vec<u8>,
+    subject: &str,
+    sid: &[u8],
+    reply: Option<&[u8]>,
+    header_len: Option<usize>,
+    payload_len: usize,
+) {
+    head.clear();
+    head.extend_from_slice(if header_len.is_some() {
+        b"HMSG "
+    } else {
+        b"MSG "
+    });
+    head.extend_from_slice(subject.as_bytes());
+    head.push(b' ');
+    head.extend_from_slice(sid);
+    head.push(b' ');
+    if let Some(reply) = reply {
+        head.extend_from_slice(reply);
+        head.push(b' ');
+    }
+    let mut number = itoa::Buffer::new();
+    if let Some(header_len) = header_len {
+        head.extend_from_slice(number.format(header_len).as_bytes());
+        head.push(b' ');
+    }
+    head.extend_from_slice(number.format(payload_len).as_bytes());
+    head.extend_from_slice(b"\r\n");
+}
