@@ -464,6 +464,9 @@ impl Default for LimitsConfig {
 pub struct AgentConfig {
     pub agent: AgentSection,
     pub nats: NatsSection,
+    /// Which modules the agent runs (`svc-module run --target`): `require_signature` and
+    /// `trusted_keys`, as in svc-module's own configuration.
+    pub modules: crate::modules::sign::Policy,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -1,7 +1,8 @@
 //! svc-module and svc-registry through the real binary: reproducible build, sign/verify,
 //! the step limit, a module test suite failing and passing, publish + resolve a dependency
 //! from a running registry, immutable versions, and a tampered dependency refused at
-//! install. (`run --target` on agents is not built yet.)
+//! install, and `run --target` on real agents (a dependency sent along, resources applied
+//! like state and remembered for drift, the agent's signature policy, the step limit there).
 
 mod common;
 
@@ -10,7 +11,8 @@ use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{run, Names, Run};
+use common::agent::Agent;
+use common::{json_of, run, Names, Run, TestServer};
 
 fn module(names: &Names, home: &Path, args: &[&str]) -> Run {
     run(names
@@ -125,9 +127,9 @@ fn build_sign_verify_test_and_limits() {
     assert_eq!(value["resources"][0]["file"]["path"], "/etc/motd");
     let bad = module(&names, h, &["run", "motd", "setup", "--arg", "nope=1"]);
     assert_eq!(bad.code, 2, "{bad:?}");
-    let target = module(&names, h, &["run", "motd", "setup", "--target", "*"]);
-    assert_eq!(target.code, 1);
-    assert!(target.stderr.contains("not implemented yet"), "{target:?}");
+    let stray = module(&names, h, &["run", "motd", "setup", "--check"]);
+    assert_eq!(stray.code, 2, "{stray:?}");
+    assert!(stray.stderr.contains("go with --target"), "{stray:?}");
 
     // Sign and verify; a changed ZIP or another key is refused.
     ok(module(&names, h, &["keygen", "k1"]));
@@ -386,4 +388,361 @@ fn registry_publish_resolve_install() {
         .env("SVC_MODULES_DIR", &strict)
         .env("SVC_MODULES_CONFIG", h.join("modules.yaml"))
         .args(["install", base_zip.to_str().unwrap()])));
+}
+
+/// `svc-module` with the server's address and `key`, in `home` (its store).
+fn module_on(server: &TestServer, key: &str, home: &Path, args: &[&str]) -> Run {
+    run(server
+        .cli("svc-module")
+        .current_dir(home)
+        .env("HOME", home)
+        .env("SVC_MODULES_DIR", home.join("store"))
+        .args(["--api-key", key, "-o", "json"])
+        .args(args))
+}
+
+/// The one agent's JSON result line of a `run --target -o json`.
+fn agent_result(run: &Run) -> serde_json::Value {
+    let line = run
+        .stdout
+        .lines()
+        .find(|l| l.contains("\"agent_id\""))
+        .unwrap_or_else(|| panic!("no agent result: {run:?}"));
+    serde_json::from_str(line).unwrap()
+}
+
+fn wait_connected(server: &TestServer, ids: &[&str]) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let listed = run(server.cli("svcctl").args([
+            "--api-key",
+            &server.admin_key,
+            "-o",
+            "json",
+            "agent",
+            "list",
+        ]));
+        assert_eq!(listed.code, 0, "{listed:?}");
+        let agents = json_of(&listed);
+        let connected = |id: &&str| {
+            agents
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|a| a["id"] == *id && a["state"] == "connected")
+        };
+        if ids.iter().all(connected) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "agents not connected: {listed:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn run_on_real_agents_applies_like_state() {
+    let server = TestServer::start();
+    let names = &server.names;
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    ok(module(names, h, &["keygen", "k1"]));
+    ok(module(names, h, &["keygen", "k2"]));
+
+    // web-01 runs any module; web-02 only modules signed by k1.
+    let web1 = Agent::start(&server, "web-01", "role=web");
+    let mut web2 = Agent::new("web-02");
+    let config = std::fs::read_to_string(web2.config()).unwrap();
+    let trusted = h.join("k1.pub");
+    std::fs::write(
+        web2.config(),
+        format!(
+            "{config}modules:\n  require_signature: true\n  trusted_keys: [{}]\n",
+            trusted.display()
+        ),
+    )
+    .unwrap();
+    let enrolled = web2.bootstrap(&server, &["--server", &server.bus, "--labels", "role=db"]);
+    assert_eq!(enrolled.code, 0, "{enrolled:?}");
+    web2.spawn(names);
+    let (_, operator) = server.create_key("ops", "operator");
+    let (_, readonly) = server.create_key("viewer", "readonly");
+    wait_connected(&server, &["web-01", "web-02"]);
+
+    // A dependency, installed here, that travels with the module.
+    write(
+        &h.join("paths"),
+        &[
+            ("module.yaml", "name: paths\nversion: 1.2.0\n"),
+            (
+                "lib.star",
+                "def under(root, name):\n    return root + \"/\" + name\n",
+            ),
+        ],
+    );
+    ok(module(names, h, &["install", "paths"]));
+    write(
+        &h.join("site"),
+        &[
+            (
+                "module.yaml",
+                "name: site\nversion: 1.0.0\ndependencies:\n  paths: \"^1.0\"\n\
+                 exports:\n  setup:\n    parameters:\n      root: {type: string}\n      message: {type: string, default: hello}\n",
+            ),
+            (
+                "main.star",
+                "load(\"@paths//lib.star\", \"under\")\n\n\
+                 def setup(root, message):\n    log(\"on \" + facts()[\"hostname\"])\n    \
+                 return [directory(under(root, \"app\")), file(under(root, \"app/motd\"), content = message + \" from \" + facts()[\"os\"] + \"\\n\")]\n",
+            ),
+        ],
+    );
+    let out = tempfile::tempdir().unwrap();
+    let root1 = out.path().join("one");
+    std::fs::create_dir(&root1).unwrap();
+    let root1_arg = format!("root={}", root1.display());
+
+    // check: what would change; nothing changes.
+    let checked = module_on(
+        &server,
+        &operator,
+        h,
+        &[
+            "run", "site", "setup", "--arg", &root1_arg, "--target", "web-01", "--check",
+        ],
+    );
+    assert_eq!(checked.code, 0, "{checked:?}\n{}", web1.log());
+    let result = agent_result(&checked);
+    assert_eq!(result["status"], "changed", "{result}");
+    assert!(
+        result["logs"][0].as_str().unwrap().starts_with("on "),
+        "{result}"
+    );
+    assert!(!root1.join("app").exists(), "check changed the host");
+
+    // A readonly key may not run modules.
+    let denied = module_on(
+        &server,
+        &readonly,
+        h,
+        &["run", "site", "setup", "--arg", &root1_arg, "-t", "web-01"],
+    );
+    assert_eq!(denied.code, 4, "{denied:?}");
+
+    // apply: the file is there with the agent's facts; again, nothing changes.
+    let applied = module_on(
+        &server,
+        &operator,
+        h,
+        &[
+            "run",
+            "site",
+            "setup",
+            "--arg",
+            &root1_arg,
+            "--arg",
+            "message=hi",
+            "-t",
+            "web-01",
+        ],
+    );
+    assert_eq!(applied.code, 0, "{applied:?}\n{}", web1.log());
+    let result = agent_result(&applied);
+    assert_eq!(result["status"], "changed", "{result}");
+    assert_eq!(result["outcomes"].as_array().unwrap().len(), 2, "{result}");
+    assert_eq!(
+        std::fs::read_to_string(root1.join("app/motd")).unwrap(),
+        "hi from linux\n"
+    );
+    let again = module_on(
+        &server,
+        &operator,
+        h,
+        &[
+            "run",
+            "site",
+            "setup",
+            "--arg",
+            &root1_arg,
+            "--arg",
+            "message=hi",
+            "-t",
+            "web-01",
+        ],
+    );
+    assert_eq!(agent_result(&again)["status"], "ok", "{again:?}");
+
+    // What the module applied is the agent's last applied state: drift sees a change.
+    std::fs::write(root1.join("app/motd"), "edited\n").unwrap();
+    let drift = run(server.cli("svcctl").args([
+        "--api-key",
+        &operator,
+        "-o",
+        "json",
+        "state",
+        "drift",
+        "-t",
+        "web-01",
+    ]));
+    assert_eq!(drift.code, 1, "{drift:?}");
+    assert!(
+        drift
+            .stdout
+            .contains(&format!("file:{}/app/motd", root1.display())),
+        "{drift:?}"
+    );
+
+    // Audited once per apply, with the module's hash.
+    let rows = common::audit_rows(&server, &["--action", "module.run"]);
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    assert!(
+        rows.iter().any(|r| r.to_string().contains("site-1.0.0")),
+        "{rows:?}"
+    );
+
+    // web-02 refuses the unsigned module, and one signed by a key it does not trust.
+    let root2 = out.path().join("two");
+    std::fs::create_dir(&root2).unwrap();
+    let root2_arg = format!("root={}", root2.display());
+    ok(module(names, h, &["build", "site", "-O", "site.zip"]));
+    let unsigned = module_on(
+        &server,
+        &operator,
+        h,
+        &[
+            "run", "site.zip", "setup", "--arg", &root2_arg, "-t", "web-02",
+        ],
+    );
+    assert_eq!(unsigned.code, 1, "{unsigned:?}");
+    let result = agent_result(&unsigned);
+    assert_eq!(result["status"], "failed", "{result}");
+    assert!(
+        result["error"].as_str().unwrap().contains("not signed"),
+        "{result}"
+    );
+    ok(module(names, h, &["sign", "site.zip", "--key", "k2.key"]));
+    let untrusted = module_on(
+        &server,
+        &operator,
+        h,
+        &[
+            "run", "site.zip", "setup", "--arg", &root2_arg, "-t", "web-02",
+        ],
+    );
+    assert_eq!(untrusted.code, 1, "{untrusted:?}");
+    assert!(
+        agent_result(&untrusted)["error"]
+            .as_str()
+            .unwrap()
+            .contains("not by a trusted key"),
+        "{untrusted:?}"
+    );
+    assert!(!root2.join("app").exists());
+    // The dependency is unsigned too: web-02 refuses until it is signed as installed.
+    ok(module(names, h, &["sign", "site.zip", "--key", "k1.key"]));
+    let dep_unsigned = module_on(
+        &server,
+        &operator,
+        h,
+        &[
+            "run", "site.zip", "setup", "--arg", &root2_arg, "-t", "web-02",
+        ],
+    );
+    assert!(
+        agent_result(&dep_unsigned)["error"]
+            .as_str()
+            .unwrap()
+            .contains("paths-1.2.0 is not signed"),
+        "{dep_unsigned:?}"
+    );
+    let dep_zip = h.join("store/paths/1.2.0/module.zip");
+    assert!(dep_zip.exists(), "store layout changed");
+    ok(module(
+        names,
+        h,
+        &[
+            "sign",
+            dep_zip.to_str().unwrap(),
+            "--key",
+            "k1.key",
+            "-O",
+            h.join("store/paths/1.2.0/module.zip.sig").to_str().unwrap(),
+        ],
+    ));
+    let signed = module_on(
+        &server,
+        &operator,
+        h,
+        &[
+            "run", "site.zip", "setup", "--arg", &root2_arg, "-t", "web-02",
+        ],
+    );
+    assert_eq!(signed.code, 0, "{signed:?}\n{}", web2.log());
+    assert_eq!(
+        std::fs::read_to_string(root2.join("app/motd")).unwrap(),
+        "hello from linux\n"
+    );
+
+    // A runaway module is stopped on the agent by the step limit; nothing is applied.
+    write(
+        &h.join("spin"),
+        &[
+            (
+                "module.yaml",
+                "name: spin\nversion: 1.0.0\nexports:\n  forever: {}\n",
+            ),
+            (
+                "main.star",
+                "def forever():\n    for i in range(1000000000):\n        pass\n    return []\n",
+            ),
+        ],
+    );
+    let spin = module_on(
+        &server,
+        &operator,
+        h,
+        &[
+            "run",
+            "spin",
+            "forever",
+            "--max-steps",
+            "100000",
+            "-t",
+            "web-01",
+        ],
+    );
+    assert_eq!(spin.code, 1, "{spin:?}");
+    assert!(
+        agent_result(&spin)["error"]
+            .as_str()
+            .unwrap()
+            .contains("step limit of 100000 exceeded"),
+        "{spin:?}"
+    );
+
+    // Bad input is refused by the server before any agent sees it.
+    let missing = module_on(
+        &server,
+        &operator,
+        h,
+        &["run", "site", "nope", "-t", "web-01"],
+    );
+    assert_eq!(missing.code, 5, "{missing:?}");
+    assert!(
+        missing.stderr.contains("exports no function 'nope'"),
+        "{missing:?}"
+    );
+    let mistyped = module_on(
+        &server,
+        &operator,
+        h,
+        &["run", "site", "setup", "--arg", "bogus=1", "-t", "web-01"],
+    );
+    assert_ne!(mistyped.code, 0, "{mistyped:?}");
+    assert!(
+        mistyped.stderr.contains("no parameter 'bogus'"),
+        "{mistyped:?}"
+    );
 }

@@ -95,7 +95,8 @@ async fn run(config: AgentConfig) -> Result<(), CliError> {
     }
     let runner = Arc::new(if config.agent.executor.trim() == "inline" {
         let seen = state_dir.join("seen-jobs");
-        let inline = Executor::open(&config.agent, Some(seen), false).map_err(CliError::failed)?;
+        let inline = Executor::open(&config.agent, config.modules.clone(), Some(seen), false)
+            .map_err(CliError::failed)?;
         if let Some(problem) = inline.problem() {
             tracing::error!(problem, "every command will be refused");
         }
@@ -318,6 +319,14 @@ fn encode_within(reply: &mut Reply, max: usize) -> Vec<u8> {
                 for o in &mut outcome.outcomes {
                     o.detail.clear();
                 }
+            }
+            // A module's resources (file contents) go before its log lines; the server then
+            // has no plan to remember for drift, and says so.
+            ReplyOutcome::State(outcome) if !outcome.resources.is_empty() => {
+                outcome.resources.clear();
+            }
+            ReplyOutcome::State(outcome) if !outcome.logs.is_empty() => {
+                outcome.logs.clear();
             }
             _ => return bytes,
         }

@@ -2,7 +2,9 @@
 //!
 //! [`Executor`] is the one code path that runs a command: it checks the server's signature,
 //! the agent id, the freshness window and that the job id is new (`crate::fleet::signature`),
-//! then runs the exec (exec.rs) or the state (`crate::state`) and gives the [`Reply`]. The
+//! then runs the exec (exec.rs), the state (`crate::state`) or the module
+//! (`crate::modules::bundle`, which also checks the module's own signature) and gives the
+//! [`Reply`]. The
 //! daemon uses it in-process (`executor: inline`), or `svc-agent executor --socket PATH` runs
 //! it as root behind a unix socket while the daemon, which talks to the network, runs as an
 //! unprivileged user (`executor: PATH`; the units in systemd/, docs/fleet.md). A daemon
@@ -24,6 +26,9 @@ use crate::cli::{exit, CliError};
 use crate::config::{self, AgentSection};
 use crate::fleet::protocol::{Command, ExecOutcome, Reply, ReplyOutcome, StateOutcome, Work};
 use crate::fleet::signature::{Refused, SeenJobs, Verifier};
+use crate::modules::bundle::{self, Call};
+use crate::modules::sandbox::Limits;
+use crate::modules::sign::Policy;
 
 /// The longest request or answer line (a state plan, or two capped outputs JSON-escaped).
 const MAX_LINE: u64 = 16 * 1024 * 1024;
@@ -57,6 +62,8 @@ pub struct Executor {
     verifier: Result<Verifier, String>,
     seen: Mutex<SeenJobs>,
     agent_id: String,
+    /// The signatures a module must carry to run here (`modules:` of the agent's config).
+    modules: Arc<Policy>,
 }
 
 impl Executor {
@@ -65,6 +72,7 @@ impl Executor {
     /// (the executor running as root beside an unprivileged daemon).
     pub fn open(
         agent: &AgentSection,
+        modules: Policy,
         seen_file: Option<PathBuf>,
         root_owned_key: bool,
     ) -> Result<Executor, String> {
@@ -89,6 +97,7 @@ impl Executor {
             verifier,
             seen: Mutex::new(seen),
             agent_id: agent.id.clone(),
+            modules: Arc::new(modules),
         })
     }
 
@@ -134,6 +143,39 @@ impl Executor {
                 tracing::info!(job_id = %command.job_id, ?mode, resources = plan.resources.len(), "state");
                 ReplyOutcome::State(run_state(plan, mode, timeout).await)
             }
+            Work::Module {
+                mode,
+                module,
+                function,
+                args,
+                max_steps,
+                max_memory,
+            } => {
+                tracing::info!(job_id = %command.job_id, ?mode, sha256 = %module.sha256, function, "module");
+                let defaults = Limits::default();
+                let limits = Limits {
+                    max_steps: if max_steps == 0 {
+                        defaults.max_steps
+                    } else {
+                        max_steps
+                    },
+                    max_heap_bytes: if max_memory == 0 {
+                        defaults.max_heap_bytes
+                    } else {
+                        max_memory as usize
+                    },
+                };
+                let policy = self.modules.clone();
+                let work = move || {
+                    let call = Call {
+                        function: &function,
+                        args: &args,
+                        limits,
+                    };
+                    bundle::run_on_host(&module, &policy, &call, mode)
+                };
+                ReplyOutcome::State(run_blocking(work, timeout).await)
+            }
         };
         Some(Reply {
             job_id: command.job_id,
@@ -157,7 +199,7 @@ pub fn refusal(bytes: &[u8], why: &str, started: Instant) -> Option<Reply> {
             error: Some(why.to_string()),
             ..ExecOutcome::default()
         }),
-        Work::State { .. } => ReplyOutcome::State(StateOutcome {
+        Work::State { .. } | Work::Module { .. } => ReplyOutcome::State(StateOutcome {
             error: Some(why.to_string()),
             ..StateOutcome::default()
         }),
@@ -174,12 +216,20 @@ async fn run_state(
     mode: crate::state::Mode,
     timeout: Duration,
 ) -> StateOutcome {
-    let work = tokio::task::spawn_blocking(move || crate::state::run(&plan, mode));
-    match tokio::time::timeout(timeout, work).await {
-        Ok(Ok(outcomes)) => StateOutcome {
-            outcomes,
-            ..StateOutcome::default()
-        },
+    let work = move || StateOutcome {
+        outcomes: crate::state::run(&plan, mode),
+        ..StateOutcome::default()
+    };
+    run_blocking(work, timeout).await
+}
+
+/// Runs a state or module run on the blocking pool, within `timeout`.
+async fn run_blocking(
+    work: impl FnOnce() -> StateOutcome + Send + 'static,
+    timeout: Duration,
+) -> StateOutcome {
+    match tokio::time::timeout(timeout, tokio::task::spawn_blocking(work)).await {
+        Ok(Ok(outcome)) => outcome,
         Ok(Err(e)) => StateOutcome {
             error: Some(format!("state run failed: {e}")),
             ..StateOutcome::default()
@@ -300,6 +350,7 @@ pub fn main(program: &str, config_path: Option<PathBuf>, args: &[String]) -> i32
         }
     };
     let agent = loaded.config.agent;
+    let modules = loaded.config.modules;
     if agent.id.is_empty() {
         eprintln!("{program}: agent.id is not set: enrol first with `{program} bootstrap`");
         return exit::FAILED;
@@ -311,7 +362,12 @@ pub fn main(program: &str, config_path: Option<PathBuf>, args: &[String]) -> i32
         .or_else(|| std::env::var_os("STATE_DIRECTORY").map(PathBuf::from));
     // SAFETY: geteuid has no preconditions.
     let is_root = unsafe { libc::geteuid() } == 0;
-    let executor = match Executor::open(&agent, state_dir.map(|d| d.join(SEEN_FILE)), is_root) {
+    let executor = match Executor::open(
+        &agent,
+        modules,
+        state_dir.map(|d| d.join(SEEN_FILE)),
+        is_root,
+    ) {
         Ok(executor) => executor,
         Err(e) => {
             eprintln!("{program}: {e}");

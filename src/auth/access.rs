@@ -118,6 +118,7 @@ pub const GRPC: &[(&str, Access)] = &[
     ("svc.v1.FleetService/StateCheck", Least(Operator)),
     ("svc.v1.FleetService/StateApply", Least(Operator)),
     ("svc.v1.FleetService/StateDrift", Least(Operator)),
+    ("svc.v1.FleetService/ModuleRun", Least(Operator)),
     ("svc.v1.WebhookService/Create", Least(Operator)),
     ("svc.v1.WebhookService/List", Least(Readonly)),
     ("svc.v1.WebhookService/Get", Least(Readonly)),

@@ -584,18 +584,28 @@ async fn state_command(common: Common, args: StateArgs) -> Result<(), CliError> 
     };
     let mut client = client(&common).await?;
     let request = authorized(&common, request)?;
-    let mut stream = match operation {
+    let stream = match operation {
         "check" => client.state_check(request).await?,
         "apply" => client.state_apply(request).await?,
         _ => client.state_drift(request).await?,
     }
     .into_inner();
+    print_state_stream(common.output, stream, operation).await
+}
+
+/// Prints each agent's state result as it arrives, then the summary; an error when any
+/// agent failed, timed out or was unreachable (or drifted, for drift).
+pub(super) async fn print_state_stream(
+    output: Output,
+    mut stream: tonic::Streaming<proto::StateResult>,
+    operation: &str,
+) -> Result<(), CliError> {
     let mut summary = Summary::default();
     let stdout = std::io::stdout();
     while let Some(result) = stream.message().await? {
         summary.add_agent(&result.agent_id, &result.status, &result.job_id);
         let mut out = stdout.lock();
-        match common.output {
+        match output {
             Output::Json => {
                 let _ = writeln!(out, "{}", state_json(&result));
             }
@@ -607,7 +617,7 @@ async fn state_command(common: Common, args: StateArgs) -> Result<(), CliError> 
     if operation == "drift" {
         failing.push("drift");
     }
-    summary.finish(common.output, &failing)
+    summary.finish(output, &failing)
 }
 
 /// A resource's settings other than what its label shows, as `key=value` (content as a size).
@@ -645,7 +655,7 @@ pub(super) fn state_json(result: &proto::StateResult) -> serde_json::Value {
         "agent_id": result.agent_id, "status": result.status, "outcomes": outcomes,
         "drift": result.drift, "duration_ms": result.duration_ms,
         "error": (!result.error.is_empty()).then_some(&result.error),
-        "job_id": result.job_id,
+        "job_id": result.job_id, "logs": result.logs,
     })
 }
 
@@ -661,6 +671,9 @@ pub(super) fn print_state_result(
     );
     if !result.error.is_empty() {
         let _ = writeln!(out, "  error: {}", result.error);
+    }
+    for line in &result.logs {
+        let _ = writeln!(out, "  log: {line}");
     }
     let rows: Vec<Vec<String>> = result
         .outcomes

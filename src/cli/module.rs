@@ -1,7 +1,7 @@
 //! `svc-module`: modules on this machine (docs/modules.md): init, validate, build, test, run,
 //! sign, verify, keygen, resolve, tree, install, update, list, publish, clean. Only
-//! `publish`, `resolve`, `install` and `update` with a registry talk to the network; none
-//! talks to svc-server (`run --target` is not built yet).
+//! `publish`, `resolve`, `install` and `update` with a registry talk to the network, and
+//! `run --target` to svc-server (FleetService.ModuleRun), which sends the module to agents.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use argh::FromArgs;
 
+use super::client::{authorized, grpc_channel};
 use super::output::{print_json, print_table};
 use super::{CliError, Common, Output};
 use crate::modules::registry::{by_version, RegistryClient};
@@ -17,6 +18,7 @@ use crate::modules::sandbox::{self, Facts, Limits};
 use crate::modules::sign::{self, Policy};
 use crate::modules::store::{self, Added, Store};
 use crate::modules::{self, sha256_hex, Module, BUILD_DIR, LOCK};
+use crate::proto::{self, fleet_service_client::FleetServiceClient};
 
 pub fn main(program: &str, args: Vec<String>) -> i32 {
     super::run_partly_built(program, args, run)
@@ -114,9 +116,14 @@ struct TestArgs {
 }
 
 #[derive(FromArgs)]
-/// Call an exported function here and print the resources it returns (nothing is applied).
-/// MODULE is a directory, a ZIP, or NAME[@RANGE] of an installed module. --target (run on
-/// agents through the fleet) is not implemented yet.
+/// Call an exported function and print the resources it returns. MODULE is a directory, a
+/// ZIP, or NAME[@RANGE] of an installed module. Without --target the call runs here and
+/// nothing is applied. With --target the server sends the module, its dependencies and
+/// their signatures (ZIP.sig beside a ZIP, or --signature) to the selected agents; each
+/// checks the module's SHA-256 and signature (modules.require_signature in the agent's
+/// config), calls the function with its own host's facts and applies the resources like
+/// `svcctl state apply` (--check: only reports what would change). Exits 1 if any agent
+/// failed.
 #[argh(subcommand, name = "run", help_triggers("-h", "--help"))]
 struct RunArgs {
     /// the module
@@ -128,9 +135,22 @@ struct RunArgs {
     /// an argument KEY=VALUE, typed by module.yaml (repeatable; lists as a,b,c)
     #[argh(option)]
     arg: Vec<String>,
-    /// run on these agents (not implemented yet)
+    /// run on these agents through svc-server: a selector (id, label=value, all)
     #[argh(option, short = 't')]
     target: Option<String>,
+    /// with --target: report what would change, apply nothing
+    #[argh(switch)]
+    check: bool,
+    /// with --target: the module's signature file (default: ZIP.sig beside a ZIP, the
+    /// installed signature of an installed module)
+    #[argh(option)]
+    signature: Option<PathBuf>,
+    /// with --target: how long each agent may take (default 10m)
+    #[argh(option)]
+    timeout: Option<String>,
+    /// with --target: agents at once (default: all)
+    #[argh(option)]
+    concurrency: Option<u32>,
     /// statements the run may execute (default 10000000)
     #[argh(option)]
     max_steps: Option<u64>,
@@ -328,6 +348,67 @@ fn sig_path(zip: &Path) -> PathBuf {
     PathBuf::from(path)
 }
 
+/// `run --target`: the module's exact bytes and signature, and its dependencies' as
+/// installed, sent to svc-server; the agents' results printed as `svcctl state apply` does.
+async fn run_on_agents(common: &Common, a: RunArgs) -> Result<(), CliError> {
+    let store = Store::open(a.modules_dir.clone());
+    let path = Path::new(&a.module);
+    let (module, zip, mut signature) = if path.is_file() {
+        let zip = read(path)?;
+        let module = Module::from_zip(&zip)
+            .map_err(|e| CliError::failed(format!("{}: {e}", path.display())))?;
+        let beside = sig_path(path);
+        let signature = beside.exists().then(|| read_text(&beside)).transpose()?;
+        (module, zip, signature)
+    } else if path.exists() {
+        let module = Module::load_dir(path)
+            .map_err(|e| CliError::failed(format!("{}: {e}", path.display())))?;
+        let zip = module.to_zip()?;
+        (module, zip, None)
+    } else {
+        let (name, range) = match a.module.split_once('@') {
+            Some((n, r)) => (n, Some(r)),
+            None => (a.module.as_str(), None),
+        };
+        let (module, zip) = store.load(name, range)?;
+        let signature = store.signature(name, &module.manifest.version);
+        (module, zip, signature)
+    };
+    if let Some(file) = &a.signature {
+        signature = Some(read_text(file)?);
+    }
+    let dependencies = store::dependencies(&module, &store)?
+        .values()
+        .map(|dep| {
+            let (name, version) = (&dep.manifest.name, &dep.manifest.version);
+            Ok(proto::ModuleZip {
+                zip: store.zip(name, version)?,
+                signature: store.signature(name, version).unwrap_or_default(),
+            })
+        })
+        .collect::<Result<Vec<_>, crate::Error>>()?;
+    let request = proto::ModuleRunRequest {
+        target: a.target.unwrap_or_default(),
+        module: Some(proto::ModuleZip {
+            zip,
+            signature: signature.map(|s| s.trim().to_string()).unwrap_or_default(),
+        }),
+        dependencies,
+        function: a.function,
+        args: a.arg,
+        check: a.check,
+        timeout_ms: super::fleet::duration(&a.timeout, "--timeout")?,
+        concurrency: a.concurrency.unwrap_or(0),
+        max_steps: a.max_steps.unwrap_or(0),
+        max_memory: a.max_memory.unwrap_or(0) as u64,
+    };
+    let operation = if a.check { "check" } else { "apply" };
+    let mut client = FleetServiceClient::new(grpc_channel(common).await?);
+    let request = authorized(common, request)?;
+    let stream = client.module_run(request).await?.into_inner();
+    super::fleet::print_state_stream(common.output, stream, operation).await
+}
+
 /// A module from a directory, a ZIP, or NAME[@RANGE] installed.
 fn load(spec: &str, store: &Store) -> Result<Module, CliError> {
     let path = Path::new(spec);
@@ -442,9 +523,12 @@ async fn body(common: Common, args: Args) -> Result<(), CliError> {
             }
             Ok(())
         }
+        Command::Run(a) if a.target.is_some() => run_on_agents(&common, a).await,
         Command::Run(a) => {
-            if a.target.is_some() {
-                return Err(CliError::failed("run --target (on agents through the fleet) is not implemented yet; run without --target to see the resources here"));
+            if a.check || a.signature.is_some() || a.timeout.is_some() || a.concurrency.is_some() {
+                return Err(CliError::usage(
+                    "--check, --signature, --timeout and --concurrency go with --target",
+                ));
             }
             let store = Store::open(a.modules_dir);
             let module = load(&a.module, &store)?;

@@ -6,13 +6,15 @@
 //! - `protocol.rs`: the JSON the server and agents exchange on the bus;
 //! - `signature.rs`: signing commands (server) and checking them (agent);
 //! - `jobs.rs`: sending one command to many agents and collecting their answers by deadline;
-//! - `exec.rs`, `state.rs`: `svcctl exec` and `svcctl state check|apply|drift` on top of jobs.
+//! - `exec.rs`, `state.rs`: `svcctl exec` and `svcctl state check|apply|drift` on top of jobs;
+//! - `module.rs`: `svc-module run --target`, a module run on agents as a state job.
 //!
 //! Transports (gRPC FleetService, the server's bus subscriptions) call the functions here with
 //! a `Principal`; the bus client that carries commands is the fleet's from the start.
 
 pub mod exec;
 pub mod jobs;
+pub mod module;
 pub mod protocol;
 pub mod registry;
 pub mod selector;
@@ -49,6 +51,14 @@ impl Fleet {
             jobs: jobs::Jobs::default(),
             bus,
         }
+    }
+
+    /// The largest message the bus takes (None without a bus).
+    pub fn max_payload(&self) -> Option<usize> {
+        self.bus
+            .as_ref()
+            .map(|b| b.server_info().max_payload)
+            .filter(|max| *max > 0)
     }
 
     fn bus(&self) -> Result<&async_nats::Client> {

@@ -1,7 +1,7 @@
 //! What the server and agents say to each other on the bus (contract §7), as JSON:
 //!
 //! - agent → server `svc.agent.<id>.heartbeat`: [`Heartbeat`], every `heartbeat_interval`;
-//! - server → agent `svc.agent.<id>.cmd`: [`Command`] (exec or state), signed by the server
+//! - server → agent `svc.agent.<id>.cmd`: [`Command`] (exec, state or module), signed by the server
 //!   (`Svc-Signature` header, `signature.rs`); the agent runs nothing unsigned;
 //! - agent → server `svc.agent.<id>.result`: [`Reply`], carrying the command's `job_id`.
 //!
@@ -11,7 +11,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::state::{Mode, Outcome, Plan};
+use crate::state::{Mode, Outcome, Plan, Resource};
 
 /// Most output an agent returns per stream (stdout, stderr); the rest is cut and flagged, so
 /// that a result always fits in one bus message.
@@ -52,6 +52,35 @@ pub enum Work {
     Exec { argv: Vec<String> },
     /// Check or apply a compiled state.
     State { mode: Mode, plan: Plan },
+    /// Run a module's exported function on the host (its facts are the host's), then check
+    /// or apply the resources it returned like a state. Answered with a state outcome that
+    /// also carries those resources and the module's log lines.
+    Module {
+        mode: Mode,
+        module: ModuleBundle,
+        function: String,
+        /// `KEY=VALUE`, typed by the module's manifest on the agent.
+        #[serde(default)]
+        args: Vec<String>,
+        #[serde(default)]
+        max_steps: u64,
+        #[serde(default)]
+        max_memory: u64,
+    },
+}
+
+/// A module ZIP as it travels to an agent: its bytes (base64), their SHA-256, the author's
+/// detached signature (checked against the agent's `modules.trusted_keys`), and the
+/// dependencies it loads, each in the same shape.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ModuleBundle {
+    pub zip_base64: String,
+    pub sha256: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signature: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub dependencies: Vec<ModuleBundle>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -89,6 +118,12 @@ pub struct ExecOutcome {
 pub struct StateOutcome {
     pub outcomes: Vec<Outcome>,
     pub timed_out: bool,
+    /// A module run: the resources the function returned (what was checked or applied).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub resources: Vec<Resource>,
+    /// A module run: the lines it logged.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub logs: Vec<String>,
     /// The plan could not run at all.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,

@@ -16,7 +16,7 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 
 use super::jobs::{self, Delivery, EventSink};
-use super::protocol::{Command, ReplyOutcome, Work};
+use super::protocol::{Command, Reply, ReplyOutcome, Work};
 use super::{JobStatus, Skip, Targets};
 use crate::audit::Action;
 use crate::auth::{Principal, Role};
@@ -59,15 +59,18 @@ pub struct AgentStateResult {
     pub duration_ms: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// A module run: the lines the module logged.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub logs: Vec<String>,
 }
 
-/// A state run ready to go.
+/// A state run ready to go (a compiled plan, or a module that makes one on each host).
 pub struct Job {
     pub job_id: String,
     operation: Operation,
     timeout: Duration,
-    /// Per reachable agent: the plan it gets.
-    plans: Vec<(String, Plan)>,
+    /// Per reachable agent: what it gets (`Work::State` or `Work::Module`).
+    work: Vec<(String, Work)>,
     /// Targets that get nothing, with the result to report for them.
     skipped: Vec<AgentStateResult>,
     concurrency: usize,
@@ -101,10 +104,13 @@ pub async fn prepare(
     if operation == Operation::Apply {
         let mut detail = serde_json::json!({"target": request.target});
         if let Ok(job) = &result {
-            detail["agents"] = serde_json::json!(job.plans.len());
+            detail["agents"] = serde_json::json!(job.work.len());
             detail["skipped"] = serde_json::json!(job.skipped.len());
-            detail["resources"] =
-                serde_json::json!(job.plans.first().map_or(0, |(_, p)| p.resources.len()));
+            let resources = match job.work.first() {
+                Some((_, Work::State { plan, .. })) => plan.resources.len(),
+                _ => 0,
+            };
+            detail["resources"] = serde_json::json!(resources);
         }
         domain
             .auditor
@@ -134,27 +140,16 @@ async fn prepare_checked(
         None => DEFAULT_TIMEOUT,
         some => super::exec::check_timeout(some)?,
     };
-    let Targets { reachable, skipped } = super::targets(domain, &request.target).await?;
-    let mut job = Job {
-        job_id: job_id.to_string(),
+    let targets = super::targets(domain, &request.target).await?;
+    let (mut job, reachable) = Job::new(
+        job_id,
         operation,
         timeout,
-        plans: Vec::with_capacity(reachable.len()),
-        skipped: skipped
-            .into_iter()
-            .map(|(agent_id, skip)| AgentStateResult {
-                agent_id,
-                status: match skip {
-                    Skip::Quarantined => JobStatus::Skipped,
-                    Skip::NotConnected { .. } => JobStatus::Unreachable,
-                },
-                error: Some(skip.message()),
-                ..AgentStateResult::default()
-            })
-            .collect(),
-        concurrency: request.concurrency as usize,
-        by: principal.name.clone(),
-    };
+        targets,
+        request.concurrency,
+        principal,
+    );
+    let mode = operation.mode();
     for agent_id in reachable {
         let plan = match &plan {
             Some(plan) => plan.clone(),
@@ -171,9 +166,19 @@ async fn prepare_checked(
                 }
             },
         };
-        job.plans.push((agent_id, plan));
+        job.work.push((agent_id, Work::State { mode, plan }));
     }
     Ok(job)
+}
+
+impl Operation {
+    /// What the agent does: only an apply changes the host.
+    pub(super) fn mode(self) -> Mode {
+        match self {
+            Operation::Apply => Mode::Apply,
+            Operation::Check | Operation::Drift => Mode::Check,
+        }
+    }
 }
 
 async fn last_applied(domain: &Domain, agent_id: &str) -> Result<Option<Plan>> {
@@ -186,6 +191,50 @@ async fn last_applied(domain: &Domain, agent_id: &str) -> Result<Option<Plan>> {
 }
 
 impl Job {
+    /// A job with no work yet, the targets that get none already answered for; returns the
+    /// reachable agents for the caller to give work to (`work`).
+    pub(super) fn new(
+        job_id: &str,
+        operation: Operation,
+        timeout: Duration,
+        targets: Targets,
+        concurrency: u32,
+        principal: &Principal,
+    ) -> (Job, Vec<String>) {
+        let Targets { reachable, skipped } = targets;
+        let job = Job {
+            job_id: job_id.to_string(),
+            operation,
+            timeout,
+            work: Vec::with_capacity(reachable.len()),
+            skipped: skipped
+                .into_iter()
+                .map(|(agent_id, skip)| AgentStateResult {
+                    agent_id,
+                    status: match skip {
+                        Skip::Quarantined => JobStatus::Skipped,
+                        Skip::NotConnected { .. } => JobStatus::Unreachable,
+                    },
+                    error: Some(skip.message()),
+                    ..AgentStateResult::default()
+                })
+                .collect(),
+            concurrency: concurrency as usize,
+            by: principal.name.clone(),
+        };
+        (job, reachable)
+    }
+
+    /// Gives `agent_id` its work.
+    pub(super) fn add(&mut self, agent_id: String, work: Work) {
+        self.work.push((agent_id, work));
+    }
+
+    /// How many agents get work.
+    pub(super) fn agents(&self) -> usize {
+        self.work.len()
+    }
+
     pub async fn run(self, domain: &Domain, out: mpsc::Sender<AgentStateResult>) {
         let sink = EventSink::start(domain.events.clone());
         for result in &self.skipped {
@@ -201,33 +250,21 @@ impl Job {
                 return;
             }
         }
-        let mode = match self.operation {
-            Operation::Apply => Mode::Apply,
-            Operation::Check | Operation::Drift => Mode::Check,
-        };
-        let mut agents = Vec::with_capacity(self.plans.len());
-        let mut plan_texts: HashMap<String, String> = HashMap::new();
-        for (agent_id, plan) in &self.plans {
-            let command = Command {
-                job_id: self.job_id.clone(),
-                timeout_ms: self.timeout.as_millis() as u64,
-                agent_id: String::new(),
-                issued_at_ms: 0,
-                work: Work::State {
-                    mode,
-                    plan: plan.clone(),
-                },
-            };
-            agents.push((agent_id.clone(), command));
-            if self.operation == Operation::Apply {
-                plan_texts.insert(
-                    agent_id.clone(),
-                    serde_json::to_string(plan).unwrap_or_default(),
-                );
-            }
-        }
-        let plans: HashMap<&str, &Plan> =
-            self.plans.iter().map(|(id, p)| (id.as_str(), p)).collect();
+        let agents: Vec<(String, Command)> = self
+            .work
+            .iter()
+            .map(|(agent_id, work)| {
+                let command = Command {
+                    job_id: self.job_id.clone(),
+                    timeout_ms: self.timeout.as_millis() as u64,
+                    agent_id: String::new(),
+                    issued_at_ms: 0,
+                    work: work.clone(),
+                };
+                (agent_id.clone(), command)
+            })
+            .collect();
+        let work: HashMap<&str, &Work> = self.work.iter().map(|(id, w)| (id.as_str(), w)).collect();
         let (sender, mut deliveries) = mpsc::channel(256);
         let dispatch = jobs::run(
             &domain.fleet,
@@ -250,11 +287,18 @@ impl Job {
         );
         let collect = async {
             while let Some((agent_id, delivery)) = deliveries.recv().await {
-                let answered = matches!(delivery, Delivery::Answered(_));
-                let plan = plans.get(agent_id.as_str()).copied();
+                let sent = work.get(agent_id.as_str()).copied();
+                let applied = match (&delivery, self.operation) {
+                    (Delivery::Answered(reply), Operation::Apply) => applied_plan(sent, reply),
+                    _ => None,
+                };
+                let plan = match sent {
+                    Some(Work::State { plan, .. }) => Some(plan),
+                    _ => None,
+                };
                 let result = self.result(agent_id, delivery, plan);
-                if answered && self.operation == Operation::Apply {
-                    self.remember(domain, &result.agent_id, &plan_texts).await;
+                if let Some(applied) = applied {
+                    self.remember(domain, &result.agent_id, applied).await;
                 }
                 self.emit_events(&sink, &result);
                 if out.send(result).await.is_err() {
@@ -303,6 +347,7 @@ impl Job {
             }
         };
         result.error = outcome.error;
+        result.logs = outcome.logs;
         if self.operation == Operation::Drift {
             if let Some(plan) = plan {
                 result.drift = drifted(plan, &outcome.outcomes);
@@ -330,13 +375,10 @@ impl Job {
     }
 
     /// Stores the plan as the agent's last applied state (what drift compares against).
-    async fn remember(&self, domain: &Domain, agent_id: &str, plans: &HashMap<String, String>) {
-        let Some(plan) = plans.get(agent_id) else {
-            return;
-        };
+    async fn remember(&self, domain: &Domain, agent_id: &str, plan: String) {
         let row = AgentStateRow {
             agent_id: agent_id.to_string(),
-            plan: plan.clone(),
+            plan,
             job_id: self.job_id.clone(),
             applied_by: self.by.clone(),
             applied_at: clock::now_rfc3339(),
@@ -378,6 +420,21 @@ impl Job {
             _ => {}
         }
     }
+}
+
+/// The plan an agent answered an apply for, as JSON: the one sent, or the resources a module
+/// returned (None when the answer had to leave them out to fit in a bus message).
+fn applied_plan(sent: Option<&Work>, reply: &Reply) -> Option<String> {
+    let plan = match (sent?, &reply.outcome) {
+        (Work::State { plan, .. }, _) => plan.clone(),
+        (Work::Module { .. }, ReplyOutcome::State(outcome)) if !outcome.resources.is_empty() => {
+            Plan {
+                resources: outcome.resources.clone(),
+            }
+        }
+        _ => return None,
+    };
+    serde_json::to_string(&plan).ok()
 }
 
 /// The resources of `plan` whose check says they would change, leaving out commands that

@@ -6,7 +6,8 @@
 //! from a directory or a ZIP) and validation. `zip.rs` is the archive format, `sandbox.rs`
 //! runs Starlark with svc's builtins and the step and memory limits, `sign.rs` is ed25519
 //! signing, `store.rs` the installed modules, `module.lock` and dependency resolution, and
-//! `registry.rs` the registry's HTTP server and its client.
+//! `registry.rs` the registry's HTTP server and its client, `bundle.rs` a module sent to agents
+//! (`run --target`) and run there.
 
 use std::collections::BTreeMap;
 use std::path::{Component, Path};
@@ -18,6 +19,7 @@ use sha2::{Digest, Sha256};
 use crate::blueprint::version::{Range, Version};
 use crate::{Error, Result};
 
+pub mod bundle;
 pub mod registry;
 pub mod sandbox;
 pub mod sign;

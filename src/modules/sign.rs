@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use ring::signature::{Ed25519KeyPair, KeyPair, UnparsedPublicKey, ED25519};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::{Error, Result};
 
@@ -53,8 +53,9 @@ pub fn verify(zip: &[u8], signature: &str, public_key: &str) -> Result<()> {
 }
 
 /// `modules:` of the module configuration (`--config`, env SVC_MODULES_CONFIG, default
-/// /etc/svc/modules.yaml when it exists).
-#[derive(Clone, Debug, Default, Deserialize)]
+/// /etc/svc/modules.yaml when it exists), and of the agent's configuration (what modules
+/// sent by `run --target` must be signed by).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Policy {
     /// Refuse modules without a valid signature by one of `trusted_keys`.

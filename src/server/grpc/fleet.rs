@@ -11,6 +11,7 @@ use tonic::{Request, Response, Status};
 
 use super::principal;
 use crate::fleet::exec::{AgentResult, ExecRequest};
+use crate::fleet::module::ModuleRequest;
 use crate::fleet::state::{AgentStateResult, Operation, StateRequest};
 use crate::fleet::{self, AgentView};
 use crate::proto;
@@ -71,6 +72,7 @@ pub(super) fn state_result(job_id: &str, result: AgentStateResult) -> proto::Sta
         duration_ms: result.duration_ms,
         error: result.error.unwrap_or_default(),
         job_id: job_id.to_string(),
+        logs: result.logs,
     }
 }
 
@@ -108,14 +110,23 @@ impl Fleet {
             },
         )
         .await?;
+        Ok(self.stream_state(job, connection))
+    }
+
+    /// Runs a state job in a task of its own, its results streamed as they come.
+    fn stream_state(
+        &self,
+        job: fleet::state::Job,
+        connection: Option<crate::server::tls::Connection>,
+    ) -> Response<BoxStream<proto::StateResult>> {
         let job_id = job.job_id.clone();
         let (sender, receiver) = mpsc::channel(64);
         let context = self.context.clone();
         tokio::spawn(async move { job.run(&context.domain, sender).await });
         let relayed = super::relay(&self.context, connection, "State", receiver);
-        Ok(Response::new(stream_of(relayed, move |result| {
+        Response::new(stream_of(relayed, move |result| {
             state_result(&job_id, result)
-        })))
+        }))
     }
 }
 
@@ -227,5 +238,41 @@ impl proto::fleet_service_server::FleetService for Fleet {
         request: Request<proto::StateRequest>,
     ) -> Result<Response<BoxStream<proto::StateResult>>, Status> {
         self.state(request, Operation::Drift).await
+    }
+
+    async fn module_run(
+        &self,
+        request: Request<proto::ModuleRunRequest>,
+    ) -> Result<Response<BoxStream<proto::StateResult>>, Status> {
+        let caller = principal(&request)?;
+        let connection = super::connection(&request);
+        let request = request.into_inner();
+        let zip = |m: proto::ModuleZip| (m.zip, Some(m.signature).filter(|s| !s.is_empty()));
+        let (module, signature) = zip(request
+            .module
+            .ok_or_else(|| Status::invalid_argument("no module: give the module's ZIP"))?);
+        let job = fleet::module::prepare(
+            &self.context.domain,
+            &caller,
+            ModuleRequest {
+                target: request.target,
+                zip: module,
+                signature,
+                dependencies: request.dependencies.into_iter().map(zip).collect(),
+                function: request.function,
+                args: request.args,
+                operation: if request.check {
+                    Operation::Check
+                } else {
+                    Operation::Apply
+                },
+                timeout: timeout(request.timeout_ms),
+                concurrency: request.concurrency,
+                max_steps: request.max_steps,
+                max_memory: request.max_memory,
+            },
+        )
+        .await?;
+        Ok(self.stream_state(job, connection))
     }
 }

@@ -1,0 +1,146 @@
+//! `svc-module run MODULE FUNCTION --target SEL`: a module sent to the targeted agents, run
+//! there against each host's facts, and the resources it returns checked or applied like a
+//! state (`state.rs` runs the job: events, results, the last applied state for drift).
+//!
+//! The server opens the module only to refuse early what every agent would refuse (a ZIP
+//! that is not a module, a function it does not export, arguments its manifest does not
+//! take); the author's signature is checked by each agent against its own trusted keys
+//! (`crate::modules::bundle`), since that is whose trust the run needs.
+
+use std::time::Duration;
+
+use super::protocol::{ModuleBundle, Work};
+use super::state::{Job, Operation, DEFAULT_TIMEOUT};
+use crate::audit::Action;
+use crate::auth::{Principal, Role};
+use crate::domain::Domain;
+use crate::modules::bundle::{self, Call, Packed};
+use crate::modules::sandbox::Limits;
+use crate::modules::sign::Policy;
+use crate::{ids, Error, Result};
+
+/// Room left in a bus message for the command's other fields and headers.
+const COMMAND_OVERHEAD: usize = 4096;
+
+pub struct ModuleRequest {
+    pub target: String,
+    pub zip: Vec<u8>,
+    pub signature: Option<String>,
+    /// ZIP and signature of each dependency.
+    pub dependencies: Vec<(Vec<u8>, Option<String>)>,
+    pub function: String,
+    pub args: Vec<String>,
+    /// Check (a dry run) or Apply.
+    pub operation: Operation,
+    pub timeout: Option<Duration>,
+    pub concurrency: u32,
+    /// 0: the sandbox's defaults.
+    pub max_steps: u64,
+    pub max_memory: u64,
+}
+
+/// Checks the request and picks the agents; an apply is audited (`module.run`).
+pub async fn prepare(
+    domain: &Domain,
+    principal: &Principal,
+    request: ModuleRequest,
+) -> Result<Job> {
+    let job_id = ids::ulid();
+    let bundle = bundle::pack(
+        Packed {
+            zip: &request.zip,
+            signature: request.signature.as_deref(),
+        },
+        &request
+            .dependencies
+            .iter()
+            .map(|(zip, signature)| Packed {
+                zip,
+                signature: signature.as_deref(),
+            })
+            .collect::<Vec<_>>(),
+    );
+    let prepared = prepare_checked(domain, principal, &request, &bundle, &job_id);
+    let result = match request.operation {
+        Operation::Apply => domain.auditor.gate(prepared).await,
+        _ => prepared.await,
+    };
+    if request.operation == Operation::Apply {
+        let mut detail = serde_json::json!({
+            "target": request.target, "sha256": bundle.sha256, "function": request.function,
+            "signed": bundle.signature.is_some(),
+        });
+        if let Ok(module) = crate::modules::Module::from_zip(&request.zip) {
+            detail["module"] = serde_json::json!(module.id());
+        }
+        if let Ok(job) = &result {
+            detail["agents"] = serde_json::json!(job.agents());
+        }
+        domain
+            .auditor
+            .record(
+                principal,
+                Action::new("module.run", "job", &job_id).detail(detail),
+                &result,
+            )
+            .await;
+    }
+    result
+}
+
+async fn prepare_checked(
+    domain: &Domain,
+    principal: &Principal,
+    request: &ModuleRequest,
+    bundle: &ModuleBundle,
+    job_id: &str,
+) -> Result<Job> {
+    principal.require(Role::Operator)?;
+    if request.operation == Operation::Drift {
+        return Err(Error::Invalid(
+            "a module is checked or applied; drift is `svcctl state drift`".into(),
+        ));
+    }
+    // What every agent would refuse, refused once here. No signature policy: that is the
+    // agents' (an empty policy checks nothing).
+    let opened = bundle::open(bundle, &Policy::default())?;
+    let call = Call {
+        function: &request.function,
+        args: &request.args,
+        limits: Limits::default(),
+    };
+    bundle::arguments(&opened.module, &call)?;
+    let timeout = match request.timeout {
+        None => DEFAULT_TIMEOUT,
+        some => super::exec::check_timeout(some)?,
+    };
+    let work = Work::Module {
+        mode: request.operation.mode(),
+        module: bundle.clone(),
+        function: request.function.clone(),
+        args: request.args.clone(),
+        max_steps: request.max_steps,
+        max_memory: request.max_memory,
+    };
+    if let Some(max) = domain.fleet.max_payload() {
+        let size = serde_json::to_vec(&work).map_err(Error::internal)?.len() + COMMAND_OVERHEAD;
+        if size > max {
+            return Err(Error::TooLarge(format!(
+                "the module and its dependencies make a {size}-byte command; the bus carries at most {max} bytes per message"
+            )));
+        }
+    }
+    let targets = super::targets(domain, &request.target).await?;
+    let (mut job, reachable) = Job::new(
+        job_id,
+        request.operation,
+        timeout,
+        targets,
+        request.concurrency,
+        principal,
+    );
+    for agent_id in reachable {
+        job.add(agent_id, work.clone());
+    }
+    Ok(job)
+}
