@@ -114,6 +114,39 @@ async fn replay_order_across_segments_and_reopen_continues() {
     log.health().unwrap();
 }
 
+/// The writer allocates a segment's space ahead of its records: the zeros past them are the
+/// end of the log on reopen (no damage, nothing truncated), and a sealed segment holds its
+/// records only.
+#[tokio::test]
+async fn space_allocated_ahead_is_read_as_the_end_and_cut_at_a_roll() {
+    let dir = tempfile::tempdir().unwrap();
+    let segment_bytes = FILE_HEADER_LEN + 100 * RECORD_LEN;
+    let log = StreamLog::open(dir.path(), config(segment_bytes)).unwrap();
+    fill(&log, 10).await;
+    let files = segment_files(dir.path());
+    assert_eq!(files.len(), 1);
+    let len = std::fs::metadata(&files[0]).unwrap().len();
+    assert!(
+        len > FILE_HEADER_LEN + 10 * RECORD_LEN && len <= segment_bytes,
+        "{len}"
+    );
+    drop(log);
+
+    let log = StreamLog::open(dir.path(), config(segment_bytes)).unwrap();
+    assert_eq!(log.last_seq(), 10);
+    assert!(log.damaged_ranges().is_empty());
+    assert_eq!(log.bytes(), FILE_HEADER_LEN + 10 * RECORD_LEN);
+    fill(&log, 150).await;
+    let files = segment_files(dir.path());
+    assert_eq!(files.len(), 2);
+    assert_eq!(std::fs::metadata(&files[0]).unwrap().len(), segment_bytes);
+    assert_eq!(seqs_read(&log, 1, 1000), (1..=160).collect::<Vec<_>>());
+    drop(log);
+    let log = StreamLog::open(dir.path(), config(segment_bytes)).unwrap();
+    assert_eq!(seqs_read(&log, 1, 1000), (1..=160).collect::<Vec<_>>());
+    assert!(log.damaged_ranges().is_empty());
+}
+
 #[tokio::test]
 async fn batches_get_consecutive_sequences_and_limits_hold() {
     let dir = tempfile::tempdir().unwrap();
@@ -149,7 +182,7 @@ async fn batches_get_consecutive_sequences_and_limits_hold() {
 async fn torn_tail_is_truncated_and_sequences_continue() {
     // How the tail of the one segment is damaged after ten good records.
     type Damage = fn(&mut Vec<u8>);
-    let cases: [(&str, Damage, u64); 6] = [
+    let cases: [(&str, Damage, u64); 7] = [
         ("last byte cut", |b| b.truncate(b.len() - 1), 9),
         (
             "cut inside the last header",
@@ -176,13 +209,30 @@ async fn torn_tail_is_truncated_and_sequences_continue() {
             |b| *b.last_mut().unwrap() ^= 1,
             9,
         ),
+        (
+            "torn record in allocated space",
+            |b| {
+                b.extend_from_slice(&[0xA5; 30]);
+                b.extend_from_slice(&[0; 8192]);
+            },
+            10,
+        ),
     ];
     for (name, damage, expected_last) in cases {
         let dir = tempfile::tempdir().unwrap();
         let log = StreamLog::open(dir.path(), config(1 << 20)).unwrap();
         fill(&log, 10).await;
         drop(log);
-        edit_file(&segment_files(dir.path())[0], damage);
+        let segment = &segment_files(dir.path())[0];
+        // The writer allocates space ahead of its records (zeros); the damage is made to the
+        // records, so cut that space off first.
+        let records_end = FILE_HEADER_LEN + 10 * RECORD_LEN;
+        assert!(
+            std::fs::metadata(segment).unwrap().len() > records_end,
+            "{name}: allocated ahead"
+        );
+        edit_file(segment, |b| b.truncate(records_end as usize));
+        edit_file(segment, damage);
 
         let log = StreamLog::open(dir.path(), config(1 << 20)).unwrap();
         assert_eq!(log.last_seq(), expected_last, "{name}");

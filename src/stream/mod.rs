@@ -378,11 +378,15 @@ impl StreamLog {
         }
         let active = segments.last().expect("an active segment was just ensured");
         let last_seq = active.last_seq;
+        // Writes go at `active_len` (not O_APPEND): the file may hold allocated zeros past it.
+        let active_file = OpenOptions::new().write(true).open(&active.path)?;
+        let allocated = active_file.metadata()?.len().max(active.len);
         let writer_state = Writer {
             dir: dir.to_path_buf(),
             segment_bytes: config.segment_bytes,
-            active: OpenOptions::new().append(true).open(&active.path)?,
+            active: active_file,
             active_len: active.len,
+            allocated,
             active_has_records: active.records > 0,
             next_seq: last_seq + 1,
             received: 0,

@@ -276,6 +276,21 @@ impl<'f> Cursor<'f> {
     }
 }
 
+/// Whether every byte of `file` from `offset` to `end` is zero.
+fn zeros_to_end(file: &File, offset: u64, end: u64) -> io::Result<bool> {
+    let mut buffer = vec![0u8; MAX_READ];
+    let mut at = offset;
+    while at < end {
+        let size = (end - at).min(MAX_READ as u64) as usize;
+        file.read_exact_at(&mut buffer[..size], at)?;
+        if buffer[..size].iter().any(|&b| b != 0) {
+            return Ok(false);
+        }
+        at += size as u64;
+    }
+    Ok(true)
+}
+
 /// A verified segment and, if its end held no valid record, where the bad bytes start.
 pub struct Scanned {
     pub segment: Segment,
@@ -316,6 +331,11 @@ pub fn scan(base_seq: u64, path: PathBuf, file: Arc<File>) -> io::Result<Scanned
             Step::Incomplete => "record cut short",
             Step::Corrupt(reason) => reason,
         };
+        // The rest of the file never written: space the writer allocated ahead of its
+        // records (see writer.rs), not damage.
+        if zeros_to_end(&file, offset, file_len)? {
+            break None;
+        }
         match cursor.resync(offset + 1, segment.last_seq)? {
             Some(resume_offset) => {
                 segment.damage.push(Damage {

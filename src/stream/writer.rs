@@ -11,6 +11,14 @@
 //! what reached the disk is unknown, and a retried fsync can report success for pages the
 //! kernel already dropped. Reopening the log (a restart) recovers from what is really on disk.
 //!
+//! Space ahead of the records is allocated in steps of `ALLOCATE_STEP` (fallocate, which
+//! also extends the file's size), so most syncs find the size already committed and have
+//! only the data and the extents' written state to make durable: on the disk measured
+//! (bench/fsync_prealloc.py) that made an fdatasync after a small write about 30% cheaper.
+//! The unwritten rest reads as zeros; recovery takes zeros up to the end of a segment for the
+//! end of its records (segment.rs), and a segment is cut back to its records when it is
+//! sealed. Where fallocate is not supported or finds no space, the writer appends as before.
+//!
 //! A `write` refused for lack of space (ENOSPC, EDQUOT) is different: nothing of the batch was
 //! synced, so the writer cuts the active segment back to its last durable length (dropping a
 //! partial write), refuses that batch with `Error::StorageFull`, and takes the next batch as
@@ -19,6 +27,8 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
@@ -30,6 +40,10 @@ use super::frame;
 use super::segment::{self, Segment};
 use super::Shared;
 use crate::{Error, Result};
+
+/// How far ahead of its records the active segment's space is allocated, at most (never past
+/// the segment's size): the space an idle stream holds beyond its records.
+pub(super) const ALLOCATE_STEP: u64 = 4 * 1024 * 1024;
 
 /// A batch stops growing at this size so one slow sync does not hold an unbounded buffer.
 const MAX_BATCH_BYTES: usize = 8 * 1024 * 1024;
@@ -50,6 +64,8 @@ pub(super) struct Writer {
     /// The last segment, opened for appending.
     pub active: File,
     pub active_len: u64,
+    /// The active segment's size on disk: allocated, zero past `active_len`.
+    pub allocated: u64,
     pub active_has_records: bool,
     pub next_seq: u64,
     /// Requests taken off the channel so far; with `Shared::submitted` it tells how many wait.
@@ -183,7 +199,11 @@ impl Writer {
         if buffer.is_empty() {
             return Ok(());
         }
-        if let Err(error) = self.active.write_all(buffer) {
+        let end = self.active_len + buffer.len() as u64;
+        if end > self.allocated {
+            self.allocate(end);
+        }
+        if let Err(error) = self.active.write_all_at(buffer, self.active_len) {
             if !crate::error::is_no_space(&error) {
                 return Err(Failure::Fatal(error.into()));
             }
@@ -192,6 +212,7 @@ impl Writer {
             self.active
                 .set_len(self.active_len)
                 .map_err(|e| Failure::Fatal(e.into()))?;
+            self.allocated = self.active_len;
             return Err(Failure::NoSpace(error));
         }
         // fdatasync: also persists the new file size, which is all the metadata a read needs.
@@ -212,10 +233,35 @@ impl Writer {
         Ok(())
     }
 
+    /// Allocates the active segment's space up to at least `end`: a step ahead, never past
+    /// the segment's size unless one record is bigger. The size it sets is committed by the
+    /// next sync. Best effort: without the space, writes extend the file as appends do.
+    fn allocate(&mut self, end: u64) {
+        let target = (self.active_len + ALLOCATE_STEP)
+            .min(self.segment_bytes)
+            .max(end);
+        match allocate(&self.active, self.allocated, target) {
+            Ok(()) => self.allocated = target,
+            Err(error) => {
+                tracing::debug!(stream = %self.shared.name, %error, "no space allocated ahead; appending");
+                // Whatever a failed fallocate left is cut off again; a failure to cut is
+                // harmless (zeros after the records), and the write below will tell.
+                let _ = self.active.set_len(self.active_len);
+                self.allocated = self.active_len;
+            }
+        }
+    }
+
     /// Starts a new segment named after the next sequence. The file and its directory entry
     /// are synced before any record goes in, so recovery never meets a record in a file that
-    /// might vanish.
+    /// might vanish. The sealed segment is first cut back to its records (not synced: if a
+    /// crash undoes the cut, recovery reads the zeros as the end).
     fn roll(&mut self) -> Result<(), Failure> {
+        if self.allocated > self.active_len {
+            if let Err(error) = self.active.set_len(self.active_len) {
+                tracing::warn!(stream = %self.shared.name, %error, "sealed segment keeps its unused space");
+            }
+        }
         let path = self.dir.join(segment::file_name(self.next_seq));
         let (active, reader) = match create_segment(&self.dir, &path) {
             Ok(handles) => handles,
@@ -230,6 +276,7 @@ impl Writer {
         };
         self.active = active;
         self.active_len = segment::FILE_HEADER_LEN;
+        self.allocated = segment::FILE_HEADER_LEN;
         self.active_has_records = false;
         let segment = Segment::empty(self.next_seq, path, Arc::new(reader));
         self.shared.segments_mut().push(segment);
@@ -237,11 +284,28 @@ impl Writer {
     }
 }
 
-/// Creates an empty segment (magic only), durably. Returns an append handle and a read handle.
+/// Allocates `file`'s space from `from` to `to` (fallocate; the size becomes at least `to`).
+fn allocate(file: &File, from: u64, to: u64) -> std::io::Result<()> {
+    if to <= from {
+        return Ok(());
+    }
+    let (offset, len) = (
+        libc::off_t::try_from(from).map_err(std::io::Error::other)?,
+        libc::off_t::try_from(to - from).map_err(std::io::Error::other)?,
+    );
+    // SAFETY: fallocate on an open descriptor with a valid range; mode 0 allocates and
+    // extends the size, it never touches existing data.
+    if unsafe { libc::fallocate(file.as_raw_fd(), 0, offset, len) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Creates an empty segment (magic only), durably. Returns a write handle and a read handle.
 pub(super) fn create_segment(dir: &Path, path: &Path) -> Result<(File, File)> {
     let mut file = OpenOptions::new()
         .read(true)
-        .append(true)
+        .write(true)
         .create_new(true)
         .open(path)?;
     file.write_all(segment::MAGIC)?;
