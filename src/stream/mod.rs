@@ -14,7 +14,9 @@
 //! (`segment` explains why the index is rebuilt rather than stored). In the last segment, bad
 //! bytes with no good record after them are a torn tail (a write that a crash cut short, never
 //! acknowledged): they are truncated away with a warning and sequences continue from the last
-//! good record. Bad bytes *followed* by a good record, in any segment, are damage: they are kept
+//! good record; zeros from there to the end of the file are the space the writer allocates
+//! ahead of its records (writer.rs), the end rather than a tear. Bad bytes *followed* by a
+//! good record, in any segment, are damage: they are kept
 //! on disk for forensics, logged as errors, listed by [`StreamLog::damaged_ranges`], and readers
 //! step over them, so a reader sees a gap in sequences and never a corrupt record. A bad tail of
 //! an older segment is treated the same way. Bytes that fail their checksum at read time (damage
@@ -829,7 +831,7 @@ fn recover(dir: &Path, name: &str) -> Result<Vec<Segment>> {
         }
         let file = Arc::new(file);
         let file_len = file.metadata()?.len();
-        let scanned = segment::scan(base_seq, path.clone(), Arc::clone(&file))?;
+        let scanned = segment::scan(base_seq, path.clone(), Arc::clone(&file), is_last)?;
         let mut segment = scanned.segment;
         if let Some((offset, reason)) = scanned.bad_tail {
             if is_last {

@@ -300,7 +300,14 @@ pub struct Scanned {
 /// Reads a whole segment, checking every checksum and that sequences follow each other. Bad
 /// bytes followed by a good record become [`Damage`] that readers step over; bad bytes with
 /// nothing good after them are reported as `bad_tail` for the caller to truncate or keep.
-pub fn scan(base_seq: u64, path: PathBuf, file: Arc<File>) -> io::Result<Scanned> {
+/// With `zero_tail_is_end` (the segment being written, whose space is allocated ahead of its
+/// records), zeros from the first bad byte to the end of the file are the end, not a bad tail.
+pub fn scan(
+    base_seq: u64,
+    path: PathBuf,
+    file: Arc<File>,
+    zero_tail_is_end: bool,
+) -> io::Result<Scanned> {
     let file_len = file.metadata()?.len();
     let mut segment = Segment::empty(base_seq, path, Arc::clone(&file));
     let mut cursor = Cursor::new(&file, file_len);
@@ -333,7 +340,7 @@ pub fn scan(base_seq: u64, path: PathBuf, file: Arc<File>) -> io::Result<Scanned
         };
         // The rest of the file never written: space the writer allocated ahead of its
         // records (see writer.rs), not damage.
-        if zeros_to_end(&file, offset, file_len)? {
+        if zero_tail_is_end && zeros_to_end(&file, offset, file_len)? {
             break None;
         }
         match cursor.resync(offset + 1, segment.last_seq)? {

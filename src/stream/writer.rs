@@ -15,9 +15,9 @@
 //! also extends the file's size), so most syncs find the size already committed and have
 //! only the data and the extents' written state to make durable: on the disk measured
 //! (bench/fsync_prealloc.py) that made an fdatasync after a small write about 30% cheaper.
-//! The unwritten rest reads as zeros; recovery takes zeros up to the end of a segment for the
-//! end of its records (segment.rs), and a segment is cut back to its records when it is
-//! sealed. Where fallocate is not supported or finds no space, the writer appends as before.
+//! The unwritten rest reads as zeros; recovery takes zeros up to the end of the last segment
+//! for the end of its records (segment.rs), and a segment is cut back to its records, durably,
+//! when it is sealed. Where fallocate is not supported or finds no space, the writer appends as before.
 //!
 //! A `write` refused for lack of space (ENOSPC, EDQUOT) is different: nothing of the batch was
 //! synced, so the writer cuts the active segment back to its last durable length (dropping a
@@ -254,13 +254,15 @@ impl Writer {
 
     /// Starts a new segment named after the next sequence. The file and its directory entry
     /// are synced before any record goes in, so recovery never meets a record in a file that
-    /// might vanish. The sealed segment is first cut back to its records (not synced: if a
-    /// crash undoes the cut, recovery reads the zeros as the end).
+    /// might vanish. The sealed segment is first cut back to its records, durably: only the
+    /// last segment may end in zeros (an older one's zeros are damage to recovery).
     fn roll(&mut self) -> Result<(), Failure> {
         if self.allocated > self.active_len {
-            if let Err(error) = self.active.set_len(self.active_len) {
-                tracing::warn!(stream = %self.shared.name, %error, "sealed segment keeps its unused space");
-            }
+            self.active
+                .set_len(self.active_len)
+                .and_then(|()| self.active.sync_data())
+                .map_err(|e| Failure::Fatal(e.into()))?;
+            self.allocated = self.active_len;
         }
         let path = self.dir.join(segment::file_name(self.next_seq));
         let (active, reader) = match create_segment(&self.dir, &path) {
