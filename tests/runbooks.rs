@@ -452,3 +452,75 @@ fn cancel_stops_an_execution() {
     let source = format!("runbook:{id}");
     assert!(events_from(&server, &operator, "command_completed", &source).is_empty());
 }
+
+/// The trigger tail reads events only while a runbook has `on:` (issue 21): a server that
+/// starts with none still fires a trigger added later and reloaded with SIGHUP, for events
+/// from then on, and stops when it is removed again.
+#[test]
+fn a_trigger_added_on_sighup_fires_and_one_removed_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("slow.yaml"), SLOW).unwrap();
+    let server = TestServer::start_with(Options {
+        config_yaml: format!("runbook_dir: {}\n", dir.path().display()),
+        ..Options::default()
+    });
+    let key = &server.admin_key;
+    let emit = || {
+        let emitted = run(server.cli("svc-events").args([
+            "--api-key",
+            key,
+            "emit",
+            "--type",
+            "agent_disconnected",
+            "--payload",
+            "{\"reason\":\"drill\"}",
+        ]));
+        assert_eq!(emitted.code, 0, "{emitted:?}");
+    };
+    let executions = || {
+        let listed = runbook(&server, key, &["-o", "json", "list-executions"]);
+        json_of(&listed)
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["runbook"] == "on-disconnect")
+            .count()
+    };
+    let reload = || {
+        // SAFETY: signalling the test's own child process.
+        unsafe { libc::kill(server.pid() as i32, libc::SIGHUP) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let wanted = dir.path().join("triggered.yaml").exists();
+        loop {
+            let listed = runbook(&server, key, &["-o", "json", "list"]);
+            if listed.stdout.contains("on-disconnect") == wanted {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "SIGHUP did not reload: {listed:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // The tail starts (or stops) a moment after the reload is visible.
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    emit();
+    std::fs::write(dir.path().join("triggered.yaml"), TRIGGERED).unwrap();
+    reload();
+    assert_eq!(executions(), 0, "an event from before the trigger existed");
+    emit();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while executions() < 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the trigger added on SIGHUP did not fire"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::fs::remove_file(dir.path().join("triggered.yaml")).unwrap();
+    reload();
+    emit();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(executions(), 1, "a removed trigger fired");
+}

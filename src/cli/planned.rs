@@ -251,7 +251,7 @@ pub const TOOLS: &[Planned] = &[
             ("validate", "schema, sources parse, exports defined: [DIR|ZIP]"),
             ("build", "reproducible ZIP: [DIR] [-O FILE]"),
             ("test", "run *_test.star, TAP output: [DIR|ZIP]"),
-            ("run", "call a function here, print the resources: MODULE FUNCTION [--arg k=v]... (--target SEL is not implemented yet)"),
+            ("run", "call a function here and print the resources, or on agents with --target SEL (applied like state): MODULE FUNCTION [--arg k=v]..."),
             ("sign", "detached ed25519 signature: ZIP --key KEY"),
             ("verify", "check a signature: ZIP --pubkey PUB [--signature FILE]"),
             ("keygen", "make a key pair: [NAME] (NAME.key 0600, NAME.pub)"),

@@ -619,40 +619,73 @@ async fn wait_for_event(
 /// Starts the trigger tail: every event stored from now on is offered to the loaded
 /// runbooks' `on:`; a match starts an execution at most once per event (a unique index on
 /// (runbook, event id)), unless the runbook's triggered executions already running reach
-/// its `on.concurrency`.
+/// its `on.concurrency`. The tail reads the events log only while some loaded runbook has a
+/// trigger: reading costs a decode of every event (issue 21), and without a trigger there is
+/// nothing to offer it to. A trigger that appears later (SIGHUP) sees events from then on.
 pub fn spawn_triggers(domain: Arc<Domain>) {
     tokio::spawn(async move {
-        let filter = Filter {
-            since_ms: Some(clock::now_millis()),
-            ..Filter::default()
-        };
-        let (sender, mut receiver) = mpsc::channel::<Result<Event>>(256);
-        {
-            let domain = domain.clone();
-            tokio::spawn(async move { domain.events.stream(filter, true, sender).await });
-        }
-        while let Some(event) = receiver.recv().await {
-            let Ok(event) = event else { continue };
-            // Events a runbook step emitted never trigger: a runbook that emits what it is
-            // triggered by would otherwise start itself forever.
-            if !domain.cluster.is_leader() || event.source.starts_with("runbook:") {
-                continue;
+        let mut triggered = domain.runbooks.watch_triggered();
+        loop {
+            // (the guard `wait_for` returns is not Send: only whether it failed is kept)
+            let closed = triggered.wait_for(|any| *any).await.is_err();
+            if closed {
+                return;
             }
-            for runbook in domain.runbooks.all() {
-                let Some(trigger) = &runbook.trigger else {
-                    continue;
-                };
-                if trigger.event != event.event_type.as_str()
-                    || !definition::filter_matches(&trigger.filter, &event)
-                {
-                    continue;
+            let filter = Filter {
+                since_ms: Some(clock::now_millis()),
+                ..Filter::default()
+            };
+            let (sender, mut receiver) = mpsc::channel::<Result<Event>>(256);
+            let reader = {
+                let domain = domain.clone();
+                tokio::spawn(async move { domain.events.stream(filter, true, sender).await })
+            };
+            let ended = loop {
+                tokio::select! {
+                    event = receiver.recv() => match event {
+                        Some(Ok(event)) => offer(&domain, &event).await,
+                        Some(Err(_)) => {}
+                        None => break true,
+                    },
+                    closed = async { triggered.wait_for(|any| !*any).await.is_err() } => {
+                        if closed {
+                            reader.abort();
+                            return;
+                        }
+                        break false;
+                    }
                 }
-                if let Err(e) = start_triggered(&domain, &runbook, &event).await {
-                    tracing::warn!(runbook = %runbook.name, event = %event.id, error = %e, "trigger did not start the runbook");
-                }
+            };
+            reader.abort();
+            if ended {
+                // The events stream stopped (the server is stopping, or the log failed): try
+                // again later rather than in a tight loop.
+                tokio::time::sleep(Duration::from_secs(1)).await;
             }
         }
     });
+}
+
+/// Offers one stored event to every loaded runbook's trigger.
+async fn offer(domain: &Arc<Domain>, event: &Event) {
+    // Events a runbook step emitted never trigger: a runbook that emits what it is
+    // triggered by would otherwise start itself forever.
+    if !domain.cluster.is_leader() || event.source.starts_with("runbook:") {
+        return;
+    }
+    for runbook in domain.runbooks.all() {
+        let Some(trigger) = &runbook.trigger else {
+            continue;
+        };
+        if trigger.event != event.event_type.as_str()
+            || !definition::filter_matches(&trigger.filter, event)
+        {
+            continue;
+        }
+        if let Err(e) = start_triggered(domain, &runbook, event).await {
+            tracing::warn!(runbook = %runbook.name, event = %event.id, error = %e, "trigger did not start the runbook");
+        }
+    }
 }
 
 async fn start_triggered(domain: &Arc<Domain>, runbook: &Runbook, event: &Event) -> Result<()> {

@@ -28,6 +28,9 @@ pub use definition::Runbook;
 pub struct Runbooks {
     dir: PathBuf,
     loaded: RwLock<BTreeMap<String, Runbook>>,
+    /// Whether any loaded runbook has a trigger (`on:`): the trigger tail reads the events
+    /// log only while one does.
+    triggered: tokio::sync::watch::Sender<bool>,
 }
 
 impl Runbooks {
@@ -36,6 +39,7 @@ impl Runbooks {
         let runbooks = Runbooks {
             dir,
             loaded: RwLock::default(),
+            triggered: tokio::sync::watch::Sender::new(false),
         };
         runbooks.reload();
         runbooks
@@ -56,6 +60,7 @@ impl Runbooks {
                     tracing::warn!(dir = %self.dir.display(), error = %e, "runbook_dir unreadable");
                 }
                 *self.loaded.write().expect("runbooks lock poisoned") = loaded;
+                self.triggered.send_replace(false);
                 return 0;
             }
         };
@@ -82,8 +87,15 @@ impl Runbooks {
             }
         }
         let count = loaded.len();
+        let triggered = loaded.values().any(|r| r.trigger.is_some());
         *self.loaded.write().expect("runbooks lock poisoned") = loaded;
+        self.triggered.send_replace(triggered);
         count
+    }
+
+    /// Follows whether any loaded runbook has a trigger.
+    pub fn watch_triggered(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.triggered.subscribe()
     }
 
     pub fn get(&self, name: &str) -> Option<Runbook> {
