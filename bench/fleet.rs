@@ -32,7 +32,7 @@ use svc::proto::fleet_service_client::FleetServiceClient;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 mod common;
-use common::{authorized, Server, HMAC_SECRET};
+use common::{authorized, enrol_real_agent, psk, Server};
 
 const HEARTBEAT: Duration = Duration::from_secs(10);
 const ROUNDS: usize = 5;
@@ -69,11 +69,6 @@ struct Identity {
     id: String,
     cert_pem: String,
     key: EcdsaKeyPair,
-}
-
-fn psk(agent_id: &str) -> String {
-    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, HMAC_SECRET.as_bytes());
-    hex::encode(ring::hmac::sign(&key, agent_id.as_bytes()).as_ref())
 }
 
 /// Enrols agents `range` over `svc.enroll` with the label `sim=GROUP`, 32 at a time.
@@ -352,24 +347,8 @@ fn rss_kib(pid: u32) -> u64 {
 
 /// The real svc-agent: enrol with its PSK, run it, read its RSS after 5 s idle.
 fn real_agent_rss(server: &Server) -> (u64, u64) {
-    let home = server.root.path().join("real-agent");
-    std::fs::create_dir_all(&home).unwrap();
-    let config = home.join("agent.yaml");
-    std::fs::write(
-        &config,
-        format!("agent:\n  state_dir: {}\n", home.join("state").display()),
-    )
-    .unwrap();
+    let config = enrol_real_agent(server, "real-agent");
     let binary = env!("CARGO_BIN_EXE_svc");
-    let enrolled = Command::new(binary)
-        .env_clear()
-        .args(["agent", "--config"])
-        .arg(&config)
-        .args(["bootstrap", "--non-interactive", "--server", &server.bus])
-        .args(["--agent-id", "real-agent", "--psk", &psk("real-agent")])
-        .output()
-        .unwrap();
-    assert!(enrolled.status.success(), "{enrolled:?}");
     let mut agent = Command::new(binary)
         .env_clear()
         .args(["agent", "--config"])

@@ -23,7 +23,7 @@ use svc::proto::fleet_service_client::FleetServiceClient;
 use svc::proto::{self, ExecRequest, ModuleRunRequest, ModuleZip, StateRequest};
 
 mod common;
-use common::{authorized, Server, HMAC_SECRET};
+use common::{authorized, enrol_real_agent, Server};
 
 fn main() {
     let mut calls = 10_000usize;
@@ -70,11 +70,6 @@ fn main() {
     on_agent(&module, rounds);
 }
 
-fn psk(agent_id: &str) -> String {
-    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, HMAC_SECRET.as_bytes());
-    hex::encode(ring::hmac::sign(&key, agent_id.as_bytes()).as_ref())
-}
-
 fn median(mut values: Vec<Duration>) -> Duration {
     values.sort();
     values[values.len() / 2]
@@ -95,25 +90,8 @@ impl Drop for Agent {
 }
 
 fn start_agent(server: &Server, id: &str) -> Agent {
-    let home = server.root.path().join(id);
-    std::fs::create_dir_all(&home).unwrap();
-    let config = home.join("agent.yaml");
-    std::fs::write(
-        &config,
-        format!("agent:\n  state_dir: {}\n", home.join("state").display()),
-    )
-    .unwrap();
-    let binary = env!("CARGO_BIN_EXE_svc");
-    let enrolled = Command::new(binary)
-        .env_clear()
-        .args(["agent", "--config"])
-        .arg(&config)
-        .args(["bootstrap", "--non-interactive", "--server", &server.bus])
-        .args(["--agent-id", id, "--psk", &psk(id)])
-        .output()
-        .unwrap();
-    assert!(enrolled.status.success(), "{enrolled:?}");
-    let child = Command::new(binary)
+    let config = enrol_real_agent(server, id);
+    let child = Command::new(env!("CARGO_BIN_EXE_svc"))
         .env_clear()
         .args(["agent", "--config"])
         .arg(&config)

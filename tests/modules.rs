@@ -503,6 +503,15 @@ fn run_on_real_agents_applies_like_state() {
     let root1 = out.path().join("one");
     std::fs::create_dir(&root1).unwrap();
     let root1_arg = format!("root={}", root1.display());
+    // `run site setup` with these arguments, as `key`, on `target`.
+    let site = |key: &str, zip: &str, args: &[&str], target: &str| {
+        let mut all = vec!["run", zip, "setup"];
+        for arg in args {
+            all.extend(["--arg", arg]);
+        }
+        all.extend(["-t", target]);
+        module_on(&server, key, h, &all)
+    };
 
     // check: what would change; nothing changes.
     let checked = module_on(
@@ -523,31 +532,11 @@ fn run_on_real_agents_applies_like_state() {
     assert!(!root1.join("app").exists(), "check changed the host");
 
     // A readonly key may not run modules.
-    let denied = module_on(
-        &server,
-        &readonly,
-        h,
-        &["run", "site", "setup", "--arg", &root1_arg, "-t", "web-01"],
-    );
+    let denied = site(&readonly, "site", &[&root1_arg], "web-01");
     assert_eq!(denied.code, 4, "{denied:?}");
 
     // apply: the file is there with the agent's facts; again, nothing changes.
-    let applied = module_on(
-        &server,
-        &operator,
-        h,
-        &[
-            "run",
-            "site",
-            "setup",
-            "--arg",
-            &root1_arg,
-            "--arg",
-            "message=hi",
-            "-t",
-            "web-01",
-        ],
-    );
+    let applied = site(&operator, "site", &[&root1_arg, "message=hi"], "web-01");
     assert_eq!(applied.code, 0, "{applied:?}\n{}", web1.log());
     let result = agent_result(&applied);
     assert_eq!(result["status"], "changed", "{result}");
@@ -556,22 +545,7 @@ fn run_on_real_agents_applies_like_state() {
         std::fs::read_to_string(root1.join("app/motd")).unwrap(),
         "hi from linux\n"
     );
-    let again = module_on(
-        &server,
-        &operator,
-        h,
-        &[
-            "run",
-            "site",
-            "setup",
-            "--arg",
-            &root1_arg,
-            "--arg",
-            "message=hi",
-            "-t",
-            "web-01",
-        ],
-    );
+    let again = site(&operator, "site", &[&root1_arg, "message=hi"], "web-01");
     assert_eq!(agent_result(&again)["status"], "ok", "{again:?}");
 
     // What the module applied is the agent's last applied state: drift sees a change.
@@ -607,14 +581,7 @@ fn run_on_real_agents_applies_like_state() {
     std::fs::create_dir(&root2).unwrap();
     let root2_arg = format!("root={}", root2.display());
     ok(module(names, h, &["build", "site", "-O", "site.zip"]));
-    let unsigned = module_on(
-        &server,
-        &operator,
-        h,
-        &[
-            "run", "site.zip", "setup", "--arg", &root2_arg, "-t", "web-02",
-        ],
-    );
+    let unsigned = site(&operator, "site.zip", &[&root2_arg], "web-02");
     assert_eq!(unsigned.code, 1, "{unsigned:?}");
     let result = agent_result(&unsigned);
     assert_eq!(result["status"], "failed", "{result}");
@@ -623,14 +590,7 @@ fn run_on_real_agents_applies_like_state() {
         "{result}"
     );
     ok(module(names, h, &["sign", "site.zip", "--key", "k2.key"]));
-    let untrusted = module_on(
-        &server,
-        &operator,
-        h,
-        &[
-            "run", "site.zip", "setup", "--arg", &root2_arg, "-t", "web-02",
-        ],
-    );
+    let untrusted = site(&operator, "site.zip", &[&root2_arg], "web-02");
     assert_eq!(untrusted.code, 1, "{untrusted:?}");
     assert!(
         agent_result(&untrusted)["error"]
@@ -642,14 +602,7 @@ fn run_on_real_agents_applies_like_state() {
     assert!(!root2.join("app").exists());
     // The dependency is unsigned too: web-02 refuses until it is signed as installed.
     ok(module(names, h, &["sign", "site.zip", "--key", "k1.key"]));
-    let dep_unsigned = module_on(
-        &server,
-        &operator,
-        h,
-        &[
-            "run", "site.zip", "setup", "--arg", &root2_arg, "-t", "web-02",
-        ],
-    );
+    let dep_unsigned = site(&operator, "site.zip", &[&root2_arg], "web-02");
     assert!(
         agent_result(&dep_unsigned)["error"]
             .as_str()
@@ -671,14 +624,7 @@ fn run_on_real_agents_applies_like_state() {
             h.join("store/paths/1.2.0/module.zip.sig").to_str().unwrap(),
         ],
     ));
-    let signed = module_on(
-        &server,
-        &operator,
-        h,
-        &[
-            "run", "site.zip", "setup", "--arg", &root2_arg, "-t", "web-02",
-        ],
-    );
+    let signed = site(&operator, "site.zip", &[&root2_arg], "web-02");
     assert_eq!(signed.code, 0, "{signed:?}\n{}", web2.log());
     assert_eq!(
         std::fs::read_to_string(root2.join("app/motd")).unwrap(),

@@ -286,3 +286,34 @@ pub fn fill_audit(data: &Path, rows: i64) {
     }
     tx.commit().unwrap();
 }
+
+/// The bootstrap PSK of `agent_id` on a bench server (derived from its HMAC secret).
+#[allow(dead_code)]
+pub fn psk(agent_id: &str) -> String {
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, HMAC_SECRET.as_bytes());
+    hex::encode(ring::hmac::sign(&key, agent_id.as_bytes()).as_ref())
+}
+
+/// Enrols a real svc-agent of this build as `id` on `server` (its home under the server's
+/// root) and returns the path of its agent.yaml, for `svc agent --config PATH`.
+#[allow(dead_code)]
+pub fn enrol_real_agent(server: &Server, id: &str) -> PathBuf {
+    let home = server.root.path().join(id);
+    std::fs::create_dir_all(&home).unwrap();
+    let config = home.join("agent.yaml");
+    std::fs::write(
+        &config,
+        format!("agent:\n  state_dir: {}\n", home.join("state").display()),
+    )
+    .unwrap();
+    let enrolled = Command::new(env!("CARGO_BIN_EXE_svc"))
+        .env_clear()
+        .args(["agent", "--config"])
+        .arg(&config)
+        .args(["bootstrap", "--non-interactive", "--server", &server.bus])
+        .args(["--agent-id", id, "--psk", &psk(id)])
+        .output()
+        .unwrap();
+    assert!(enrolled.status.success(), "{enrolled:?}");
+    config
+}
