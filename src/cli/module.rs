@@ -366,10 +366,7 @@ async fn run_on_agents(common: &Common, a: RunArgs) -> Result<(), CliError> {
         let zip = module.to_zip()?;
         (module, zip, None)
     } else {
-        let (name, range) = match a.module.split_once('@') {
-            Some((n, r)) => (n, Some(r)),
-            None => (a.module.as_str(), None),
-        };
+        let (name, range) = name_and_range(&a.module);
         let (module, zip) = store.load(name, range)?;
         let signature = store.signature(name, &module.manifest.version);
         (module, zip, signature)
@@ -415,11 +412,17 @@ fn load(spec: &str, store: &Store) -> Result<Module, CliError> {
     if path.exists() {
         return Module::load(path).map_err(|e| CliError::failed(format!("{spec}: {e}")));
     }
-    let (name, range) = match spec.split_once('@') {
-        Some((n, r)) => (n, Some(r)),
-        None => (spec, None),
-    };
+    let (name, range) = name_and_range(spec);
     Ok(store.load(name, range)?.0)
+}
+
+/// `NAME[@RANGE]`: a module by name, with an optional version range (installed or in a
+/// registry).
+fn name_and_range(spec: &str) -> (&str, Option<&str>) {
+    match spec.split_once('@') {
+        Some((name, range)) => (name, Some(range)),
+        None => (spec, None),
+    }
 }
 
 fn registries(given: &[String]) -> Vec<RegistryClient> {
@@ -812,11 +815,9 @@ async fn install(a: InstallArgs, json: bool, update: bool) -> Result<(), CliErro
         };
         (read(path)?, signature)
     } else {
-        let (name, range) = match a.source.split_once('@') {
-            Some((n, r)) => (n.to_string(), r.to_string()),
-            None => (a.source.clone(), "*".to_string()),
-        };
-        let range = crate::blueprint::version::Range::parse(&range).map_err(CliError::usage)?;
+        let (name, range) = name_and_range(&a.source);
+        let range = crate::blueprint::version::Range::parse(range.unwrap_or("*"))
+            .map_err(CliError::usage)?;
         if registries.is_empty() {
             return Err(CliError::usage(format!(
                 "{} is not a file or directory; to install it from a registry give --registry URL",

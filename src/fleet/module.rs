@@ -9,13 +9,13 @@
 
 use std::time::Duration;
 
-use super::protocol::{ModuleBundle, Work};
+use super::protocol::Work;
 use super::state::{Job, Operation, DEFAULT_TIMEOUT};
 use crate::audit::Action;
 use crate::auth::{Principal, Role};
 use crate::domain::Domain;
-use crate::modules::bundle::{self, Call, Packed};
-use crate::modules::sandbox::Limits;
+use crate::modules::bundle::{self, Opened, Packed};
+use crate::modules::sha256_hex;
 use crate::modules::sign::Policy;
 use crate::{ids, Error, Result};
 
@@ -30,13 +30,25 @@ pub struct ModuleRequest {
     pub dependencies: Vec<(Vec<u8>, Option<String>)>,
     pub function: String,
     pub args: Vec<String>,
-    /// Check (a dry run) or Apply.
-    pub operation: Operation,
+    /// A dry run: report what the resources would change (else apply them).
+    pub check: bool,
     pub timeout: Option<Duration>,
     pub concurrency: u32,
     /// 0: the sandbox's defaults.
     pub max_steps: u64,
     pub max_memory: u64,
+}
+
+impl ModuleRequest {
+    fn packed(&self) -> (Packed<'_>, Vec<Packed<'_>>) {
+        (
+            Packed::new(&self.zip, self.signature.as_deref()),
+            self.dependencies
+                .iter()
+                .map(|(zip, signature)| Packed::new(zip, signature.as_deref()))
+                .collect(),
+        )
+    }
 }
 
 /// Checks the request and picks the agents; an apply is audited (`module.run`).
@@ -46,32 +58,29 @@ pub async fn prepare(
     request: ModuleRequest,
 ) -> Result<Job> {
     let job_id = ids::ulid();
-    let bundle = bundle::pack(
-        Packed {
-            zip: &request.zip,
-            signature: request.signature.as_deref(),
-        },
-        &request
-            .dependencies
-            .iter()
-            .map(|(zip, signature)| Packed {
-                zip,
-                signature: signature.as_deref(),
-            })
-            .collect::<Vec<_>>(),
-    );
-    let prepared = prepare_checked(domain, principal, &request, &bundle, &job_id);
-    let result = match request.operation {
+    let operation = if request.check {
+        Operation::Check
+    } else {
+        Operation::Apply
+    };
+    let (root, dependencies) = request.packed();
+    // What every agent would refuse, found once here (after the role check, below). No
+    // signature policy: that is the agents' (an empty policy checks nothing).
+    let opened = bundle::open_packed(root, &dependencies, &Policy::default());
+    let module_id = opened.as_ref().ok().map(|o| o.module.id());
+    let prepared = prepare_checked(domain, principal, &request, operation, opened, &job_id);
+    let result = match operation {
         Operation::Apply => domain.auditor.gate(prepared).await,
         _ => prepared.await,
     };
-    if request.operation == Operation::Apply {
+    if operation == Operation::Apply {
         let mut detail = serde_json::json!({
-            "target": request.target, "sha256": bundle.sha256, "function": request.function,
-            "signed": bundle.signature.is_some(),
+            "target": request.target, "sha256": sha256_hex(&request.zip),
+            "function": request.function,
+            "signed": request.signature.as_deref().is_some_and(|s| !s.trim().is_empty()),
         });
-        if let Ok(module) = crate::modules::Module::from_zip(&request.zip) {
-            detail["module"] = serde_json::json!(module.id());
+        if let Some(module_id) = module_id {
+            detail["module"] = serde_json::json!(module_id);
         }
         if let Ok(job) = &result {
             detail["agents"] = serde_json::json!(job.agents());
@@ -92,31 +101,21 @@ async fn prepare_checked(
     domain: &Domain,
     principal: &Principal,
     request: &ModuleRequest,
-    bundle: &ModuleBundle,
+    operation: Operation,
+    opened: Result<Opened>,
     job_id: &str,
 ) -> Result<Job> {
     principal.require(Role::Operator)?;
-    if request.operation == Operation::Drift {
-        return Err(Error::Invalid(
-            "a module is checked or applied; drift is `svcctl state drift`".into(),
-        ));
-    }
-    // What every agent would refuse, refused once here. No signature policy: that is the
-    // agents' (an empty policy checks nothing).
-    let opened = bundle::open(bundle, &Policy::default())?;
-    let call = Call {
-        function: &request.function,
-        args: &request.args,
-        limits: Limits::default(),
-    };
-    bundle::arguments(&opened.module, &call)?;
+    let opened = opened?;
+    bundle::arguments(&opened.module, &request.function, &request.args)?;
     let timeout = match request.timeout {
         None => DEFAULT_TIMEOUT,
         some => super::exec::check_timeout(some)?,
     };
+    let (root, dependencies) = request.packed();
     let work = Work::Module {
-        mode: request.operation.mode(),
-        module: bundle.clone(),
+        mode: operation.mode(),
+        module: bundle::pack(root, &dependencies),
         function: request.function.clone(),
         args: request.args.clone(),
         max_steps: request.max_steps,
@@ -133,7 +132,7 @@ async fn prepare_checked(
     let targets = super::targets(domain, &request.target).await?;
     let (mut job, reachable) = Job::new(
         job_id,
-        request.operation,
+        operation,
         timeout,
         targets,
         request.concurrency,

@@ -25,6 +25,12 @@ pub struct Packed<'a> {
     pub signature: Option<&'a str>,
 }
 
+impl<'a> Packed<'a> {
+    pub fn new(zip: &'a [u8], signature: Option<&'a str>) -> Packed<'a> {
+        Packed { zip, signature }
+    }
+}
+
 /// Packs a module and its dependencies for the wire (SHA-256 of each computed here).
 pub fn pack(root: Packed, dependencies: &[Packed]) -> ModuleBundle {
     let one = |p: &Packed| ModuleBundle {
@@ -47,31 +53,52 @@ pub struct Opened {
     pub dependencies: BTreeMap<String, Module>,
 }
 
-/// Decodes every ZIP of `bundle`, checks each against its SHA-256 and the signature
-/// `policy`, the dependencies against the module's `module.lock` when it has one, and that
-/// no dependency is missing or given twice.
+/// Decodes every ZIP of `bundle`, checks each against the SHA-256 it was sent with, then
+/// opens them as [`open_packed`] does (the agent's side).
 pub fn open(bundle: &ModuleBundle, policy: &Policy) -> Result<Opened> {
-    let module = open_one(bundle, policy, "the module")?;
-    let mut dependencies = BTreeMap::new();
+    let root = decode(bundle, "the module")?;
+    let dependencies = bundle
+        .dependencies
+        .iter()
+        .map(|dep| decode(dep, "a dependency"))
+        .collect::<Result<Vec<_>>>()?;
+    let packed: Vec<Packed> = dependencies
+        .iter()
+        .zip(&bundle.dependencies)
+        .map(|(zip, dep)| Packed::new(zip, dep.signature.as_deref()))
+        .collect();
+    open_packed(
+        Packed::new(&root, bundle.signature.as_deref()),
+        &packed,
+        policy,
+    )
+}
+
+/// Opens a module and its dependencies from their bytes: each checked against the signature
+/// `policy`, the dependencies against the module's `module.lock` when it has one, none
+/// missing or given twice (the server's side, before anything is encoded for the wire).
+pub fn open_packed(root: Packed, dependencies: &[Packed], policy: &Policy) -> Result<Opened> {
+    let module = open_one(&root, policy)?;
+    let mut opened = BTreeMap::new();
     let mut hashes = BTreeMap::new();
-    for dep in &bundle.dependencies {
-        let opened = open_one(dep, policy, "a dependency")?;
-        let name = opened.manifest.name.clone();
-        hashes.insert(name.clone(), dep.sha256.as_str());
-        if dependencies.insert(name.clone(), opened).is_some() {
+    for dep in dependencies {
+        let module = open_one(dep, policy)?;
+        let name = module.manifest.name.clone();
+        hashes.insert(name.clone(), sha256_hex(dep.zip));
+        if opened.insert(name.clone(), module).is_some() {
             return Err(Error::Invalid(format!("dependency {name} is given twice")));
         }
     }
     if let Some(lock) = module.lock()? {
         for (name, locked) in &lock.dependencies {
-            match dependencies.get(name) {
+            match opened.get(name) {
                 None => {
                     return Err(Error::Invalid(format!(
                         "{name} {} (from module.lock) was not sent with the module",
                         locked.version
                     )))
                 }
-                Some(_) if hashes.get(name) == Some(&locked.sha256.as_str()) => {}
+                Some(_) if hashes.get(name) == Some(&locked.sha256) => {}
                 Some(m) => {
                     return Err(Error::Invalid(format!(
                         "{name} {} is not module.lock's {} (SHA-256 {}): refusing",
@@ -83,11 +110,12 @@ pub fn open(bundle: &ModuleBundle, policy: &Policy) -> Result<Opened> {
     }
     Ok(Opened {
         module,
-        dependencies,
+        dependencies: opened,
     })
 }
 
-fn open_one(bundle: &ModuleBundle, policy: &Policy, what: &str) -> Result<Module> {
+/// One ZIP of a bundle, base64-decoded and checked against its SHA-256.
+fn decode(bundle: &ModuleBundle, what: &str) -> Result<Vec<u8>> {
     let zip = base64::engine::general_purpose::STANDARD
         .decode(bundle.zip_base64.as_bytes())
         .map_err(|e| Error::Invalid(format!("{what}'s ZIP is not base64: {e}")))?;
@@ -98,8 +126,12 @@ fn open_one(bundle: &ModuleBundle, policy: &Policy, what: &str) -> Result<Module
             bundle.sha256
         )));
     }
-    let module = Module::from_zip(&zip)?;
-    policy.check(&module.id(), &zip, bundle.signature.as_deref())?;
+    Ok(zip)
+}
+
+fn open_one(packed: &Packed, policy: &Policy) -> Result<Module> {
+    let module = Module::from_zip(packed.zip)?;
+    policy.check(&module.id(), packed.zip, packed.signature)?;
     Ok(module)
 }
 
@@ -110,10 +142,16 @@ pub struct Call<'a> {
     pub limits: Limits,
 }
 
-/// Types `call.args` by the module's manifest (unknown, missing and mistyped ones refused).
-pub fn arguments(module: &Module, call: &Call) -> Result<BTreeMap<String, serde_json::Value>> {
-    let given = super::parse_args(call.args)?;
-    module.manifest.arguments(call.function, &given)
+/// Types `KEY=VALUE` arguments of `function` by the module's manifest (unknown, missing and
+/// mistyped ones refused).
+pub fn arguments(
+    module: &Module,
+    function: &str,
+    args: &[String],
+) -> Result<BTreeMap<String, serde_json::Value>> {
+    module
+        .manifest
+        .arguments(function, &super::parse_args(args)?)
 }
 
 /// On the agent (blocking: run it off the async threads): opens the bundle, calls the
@@ -133,7 +171,7 @@ pub fn run_on_host(
         Ok(opened) => opened,
         Err(e) => return failed(e),
     };
-    let run = arguments(&opened.module, call).and_then(|args| {
+    let run = arguments(&opened.module, call.function, call.args).and_then(|args| {
         sandbox::call(
             &opened.module,
             &opened.dependencies,

@@ -260,11 +260,7 @@ impl proto::fleet_service_server::FleetService for Fleet {
                 dependencies: request.dependencies.into_iter().map(zip).collect(),
                 function: request.function,
                 args: request.args,
-                operation: if request.check {
-                    Operation::Check
-                } else {
-                    Operation::Apply
-                },
+                check: request.check,
                 timeout: timeout(request.timeout_ms),
                 concurrency: request.concurrency,
                 max_steps: request.max_steps,
