@@ -826,7 +826,7 @@ async fn install(a: InstallArgs, json: bool, update: bool) -> Result<(), CliErro
         }
         let mut best = None;
         for registry in &registries {
-            match registry.module(&name).await {
+            match registry.module(name).await {
                 Ok(info) => {
                     if let Some((version, v)) = by_version(&info)
                         .into_iter()
@@ -850,7 +850,7 @@ async fn install(a: InstallArgs, json: bool, update: bool) -> Result<(), CliErro
                 format!("no version of {} in the registries", a.source),
             )
         })?;
-        registry.download(&name, &v.version, &v.sha256).await?
+        registry.download(name, &v.version, &v.sha256).await?
     };
     if update {
         let module = Module::from_zip(&zip)?;
