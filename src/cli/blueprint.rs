@@ -18,14 +18,7 @@ use crate::proto;
 use crate::proto::blueprint_service_client::BlueprintServiceClient;
 
 pub fn main(program: &str, args: Vec<String>) -> i32 {
-    super::run_partly_built(program, args, run)
-}
-
-fn run(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
-    // One argh struct with a subcommand per command: the command word goes back in front.
-    let mut full = vec![command.to_string()];
-    full.extend_from_slice(args);
-    super::run_command::<Args, _>(program, program, &full, common, body)
+    super::run_subcommands::<Args, _>(program, args, body)
 }
 
 #[derive(FromArgs)]

@@ -27,13 +27,7 @@ use crate::proto::fleet_service_client::FleetServiceClient;
 use crate::state::{Plan, Resource};
 
 pub fn main(program: &str, args: Vec<String>) -> i32 {
-    super::run_partly_built(program, args, run)
-}
-
-fn run(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
-    let mut full = vec![command.to_string()];
-    full.extend_from_slice(args);
-    super::run_command::<Args, _>(program, program, &full, common, body)
+    super::run_subcommands::<Args, _>(program, args, body)
 }
 
 #[derive(FromArgs)]

@@ -230,7 +230,7 @@ pub fn parse_args<T: FromArgs>(program: &str, args: &[String]) -> Result<T, i32>
 pub fn run_partly_built(
     name: &str,
     args: Vec<String>,
-    run: fn(&str, &str, Common, &[String]) -> i32,
+    run: impl FnOnce(&str, &str, Common, &[String]) -> i32,
 ) -> i32 {
     let planned = planned::find(name).expect("every partly built CLI has a planned row");
     let mut rest = args.clone();
@@ -247,6 +247,24 @@ pub fn run_partly_built(
         }
         _ => planned::run(planned, &args),
     }
+}
+
+/// [`run_partly_built`] for a CLI whose built commands are the subcommands of one argh
+/// struct `A`: the command word goes back in front of its arguments, and `body` gets it all.
+pub fn run_subcommands<A, F>(
+    name: &str,
+    args: Vec<String>,
+    body: impl FnOnce(Common, A) -> F,
+) -> i32
+where
+    A: FromArgs,
+    F: std::future::Future<Output = Result<(), CliError>>,
+{
+    run_partly_built(name, args, |program, command, common, rest| {
+        let mut full = vec![command.to_string()];
+        full.extend_from_slice(rest);
+        run_command::<A, _>(program, program, &full, common, body)
+    })
 }
 
 /// Parses one command's arguments and runs its body: the usual shape of a built command.

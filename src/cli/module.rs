@@ -21,13 +21,7 @@ use crate::modules::{self, sha256_hex, Module, BUILD_DIR, LOCK};
 use crate::proto::{self, fleet_service_client::FleetServiceClient};
 
 pub fn main(program: &str, args: Vec<String>) -> i32 {
-    super::run_partly_built(program, args, run)
-}
-
-fn run(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
-    let mut full = vec![command.to_string()];
-    full.extend_from_slice(args);
-    super::run_command::<Args, _>(program, program, &full, common, body)
+    super::run_subcommands::<Args, _>(program, args, body)
 }
 
 #[derive(FromArgs)]

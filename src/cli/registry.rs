@@ -10,13 +10,7 @@ use super::{CliError, Common};
 use crate::modules::registry::{self, Auth, Registry};
 
 pub fn main(program: &str, args: Vec<String>) -> i32 {
-    super::run_partly_built(program, args, run)
-}
-
-fn run(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
-    let mut full = vec![command.to_string()];
-    full.extend_from_slice(args);
-    super::run_command::<Args, _>(program, program, &full, common, body)
+    super::run_subcommands::<Args, _>(program, args, body)
 }
 
 #[derive(FromArgs)]

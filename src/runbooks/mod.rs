@@ -52,6 +52,16 @@ impl Runbooks {
     /// Re-reads every `*.yaml`/`*.yml` file; a file that does not validate is logged and
     /// left out (the others still load). Returns how many loaded.
     pub fn reload(&self) -> usize {
+        let loaded = self.read_dir();
+        let count = loaded.len();
+        let triggered = loaded.values().any(|r| r.trigger.is_some());
+        *self.loaded.write().expect("runbooks lock poisoned") = loaded;
+        self.triggered.send_replace(triggered);
+        count
+    }
+
+    /// The runbooks in `dir` that validate (none when it is missing or unreadable).
+    fn read_dir(&self) -> BTreeMap<String, Runbook> {
         let mut loaded = BTreeMap::new();
         let entries = match std::fs::read_dir(&self.dir) {
             Ok(entries) => entries,
@@ -59,9 +69,7 @@ impl Runbooks {
                 if e.kind() != std::io::ErrorKind::NotFound {
                     tracing::warn!(dir = %self.dir.display(), error = %e, "runbook_dir unreadable");
                 }
-                *self.loaded.write().expect("runbooks lock poisoned") = loaded;
-                self.triggered.send_replace(false);
-                return 0;
+                return loaded;
             }
         };
         let mut paths: Vec<PathBuf> = entries
@@ -86,11 +94,7 @@ impl Runbooks {
                 Err(e) => tracing::warn!(error = %e, "runbook left out"),
             }
         }
-        let count = loaded.len();
-        let triggered = loaded.values().any(|r| r.trigger.is_some());
-        *self.loaded.write().expect("runbooks lock poisoned") = loaded;
-        self.triggered.send_replace(triggered);
-        count
+        loaded
     }
 
     /// Follows whether any loaded runbook has a trigger.
