@@ -16,7 +16,7 @@ use futures_util::StreamExt;
 
 use crate::bus::subjects;
 use crate::cli::{exit, CliError};
-use crate::config::{self, AgentConfig};
+use crate::config::AgentConfig;
 use crate::fleet::protocol::{ExecOutcome, Heartbeat, Reply, ReplyOutcome};
 use crate::fleet::signature;
 
@@ -42,16 +42,10 @@ pub struct RunArgs {
 }
 
 pub fn main(program: &str, config_path: Option<PathBuf>, args: RunArgs) -> i32 {
-    let loaded = match config::load_agent(config_path.as_deref(), &config::process_env()) {
-        Ok(loaded) => loaded,
-        Err(errors) => {
-            for problem in &errors.0 {
-                eprintln!("{program}: {problem}");
-            }
-            return exit::FAILED;
-        }
+    let config = match super::load_config(program, config_path.as_deref()) {
+        Ok(config) => config,
+        Err(code) => return code,
     };
-    let config = loaded.config;
     if config.agent.id.is_empty() {
         eprintln!("{program}: agent.id is not set: enrol first with `{program} bootstrap`");
         return exit::FAILED;

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 use crate::cli::{exit, CliError};
-use crate::config::{self, AgentSection};
+use crate::config::AgentSection;
 use crate::fleet::protocol::{Command, ExecOutcome, Reply, ReplyOutcome, StateOutcome, Work};
 use crate::fleet::signature::{Refused, SeenJobs, Verifier};
 use crate::modules::bundle::{self, Call};
@@ -340,17 +340,12 @@ pub fn main(program: &str, config_path: Option<PathBuf>, args: &[String]) -> i32
         Ok(args) => args,
         Err(code) => return code,
     };
-    let loaded = match config::load_agent(config_path.as_deref(), &config::process_env()) {
-        Ok(loaded) => loaded,
-        Err(errors) => {
-            for problem in &errors.0 {
-                eprintln!("{program}: {problem}");
-            }
-            return exit::FAILED;
-        }
+    let config = match super::load_config(program, config_path.as_deref()) {
+        Ok(config) => config,
+        Err(code) => return code,
     };
-    let agent = loaded.config.agent;
-    let modules = loaded.config.modules;
+    let agent = config.agent;
+    let modules = config.modules;
     if agent.id.is_empty() {
         eprintln!("{program}: agent.id is not set: enrol first with `{program} bootstrap`");
         return exit::FAILED;

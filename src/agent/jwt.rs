@@ -106,16 +106,11 @@ pub fn main(program: &str, config_path: Option<PathBuf>, args: &[String]) -> i32
             return usage(format!("invalid --ttl '{ttl}' (e.g. 30m, 1h)"));
         }
     }
-    let loaded = match config::load_agent(config_path.as_deref(), &config::process_env()) {
-        Ok(loaded) => loaded,
-        Err(errors) => {
-            for problem in &errors.0 {
-                eprintln!("{program}: {problem}");
-            }
-            return exit::FAILED;
-        }
+    let config = match super::load_config(program, config_path.as_deref()) {
+        Ok(config) => config,
+        Err(code) => return code,
     };
-    run_async(program, run(loaded.config, args))
+    run_async(program, run(config, args))
 }
 
 async fn run(config: config::AgentConfig, args: Args) -> std::result::Result<(), CliError> {

@@ -77,6 +77,22 @@ fn take_config(args: Vec<String>) -> Result<(Option<PathBuf>, Vec<String>), Stri
     Ok((config, rest))
 }
 
+/// The agent's configuration for a command of `program`; its problems printed as
+/// `program: problem`, and the exit code to return, when it does not load.
+pub(crate) fn load_config(
+    program: &str,
+    path: Option<&Path>,
+) -> Result<crate::config::AgentConfig, i32> {
+    crate::config::load_agent(path, &crate::config::process_env())
+        .map(|loaded| loaded.config)
+        .map_err(|errors| {
+            for problem in &errors.0 {
+                eprintln!("{program}: {problem}");
+            }
+            exit::FAILED
+        })
+}
+
 /// Bus credentials of an enrolled agent: its certificate (PEM, in CONNECT `jwt`) and a
 /// signature of the INFO nonce with its key (base64url, in `sig`'s place: CONNECT `pass`,
 /// since async-nats sends `sig` only with its nkeys feature). The server checks the

@@ -363,15 +363,22 @@ pub fn parse_sets(sets: &[String]) -> Result<BTreeMap<String, String>> {
 
 /// A relative path inside a blueprint: no `..`, not absolute, `/`-separated, UTF-8.
 pub fn check_relative(path: &str) -> Result<()> {
-    let p = Path::new(path);
+    check_relative_inside(path, "blueprint")
+}
+
+/// `path` as a plain relative path (normal components only, no backslashes) inside an
+/// archive of `what` (a blueprint, a module); `what` names it in the error.
+pub fn check_relative_inside(path: &str, what: &str) -> Result<()> {
     let fine = !path.is_empty()
-        && p.components().all(|c| matches!(c, Component::Normal(_)))
+        && Path::new(path)
+            .components()
+            .all(|c| matches!(c, Component::Normal(_)))
         && !path.contains('\\');
     if fine {
         Ok(())
     } else {
         Err(Error::Invalid(format!(
-            "'{path}' is not a plain relative path inside the blueprint"
+            "'{path}' is not a plain relative path inside the {what}"
         )))
     }
 }

@@ -10,7 +10,7 @@
 //! (`run --target`) and run there.
 
 use std::collections::BTreeMap;
-use std::path::{Component, Path};
+use std::path::Path;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -154,18 +154,7 @@ fn check_name(what: &str, name: &str) -> Result<()> {
 
 /// A module's path must stay inside it: plain relative components, no backslashes.
 pub fn check_relative(path: &str) -> Result<()> {
-    let fine = !path.is_empty()
-        && Path::new(path)
-            .components()
-            .all(|c| matches!(c, Component::Normal(_)))
-        && !path.contains('\\');
-    if fine {
-        Ok(())
-    } else {
-        Err(Error::Invalid(format!(
-            "'{path}' is not a plain relative path inside the module"
-        )))
-    }
+    crate::blueprint::check_relative_inside(path, "module")
 }
 
 impl Manifest {
