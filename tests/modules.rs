@@ -228,6 +228,14 @@ fn registry_publish_resolve_install() {
     std::fs::write(h.join("tokens"), "secret-token\n").unwrap();
     let registry = start_registry(&names, &h.join("registry"), &h.join("tokens"));
     let url = registry.url.as_str();
+    let publish = |zip: &Path, token: &str| {
+        let zip = zip.to_str().unwrap();
+        module(
+            &names,
+            h,
+            &["publish", zip, "--registry", url, "--token", token],
+        )
+    };
 
     // base 1.0.0 and 1.1.0 published; a dependency that app loads.
     for (version, greeting) in [("1.0.0", "hello"), ("1.1.0", "hi")] {
@@ -245,47 +253,14 @@ fn registry_publish_resolve_install() {
         );
         ok(module(&names, h, &["build", dir.to_str().unwrap()]));
         let zip = dir.join(format!("build/base-{version}.zip"));
-        ok(module(
-            &names,
-            h,
-            &[
-                "publish",
-                zip.to_str().unwrap(),
-                "--registry",
-                url,
-                "--token",
-                "secret-token",
-            ],
-        ));
+        ok(publish(&zip, "secret-token"));
     }
     let zip = h.join("base-1.0.0/build/base-1.0.0.zip");
     // Immutable: publishing 1.0.0 again is refused; a bad token is refused.
-    let again = module(
-        &names,
-        h,
-        &[
-            "publish",
-            zip.to_str().unwrap(),
-            "--registry",
-            url,
-            "--token",
-            "secret-token",
-        ],
-    );
+    let again = publish(&zip, "secret-token");
     assert_eq!(again.code, 1, "{again:?}");
     assert!(again.stderr.contains("immutable"), "{again:?}");
-    let denied = module(
-        &names,
-        h,
-        &[
-            "publish",
-            zip.to_str().unwrap(),
-            "--registry",
-            url,
-            "--token",
-            "wrong",
-        ],
-    );
+    let denied = publish(&zip, "wrong");
     assert_eq!(denied.code, 4, "{denied:?}");
 
     // app depends on base ^1.0: resolve picks 1.1.0 from the registry and locks its hash.
