@@ -11,6 +11,8 @@
 //! against Debian's nats-server (one node, file storage), in the same run when nats-server is
 //! installed. That nats-server syncs its files to disk every two minutes, not before each ack.
 
+#[path = "js_publish.rs"]
+mod js_publish;
 #[path = "../tests/common/nats_cluster.rs"]
 #[allow(dead_code)]
 mod nats_cluster;
@@ -169,29 +171,5 @@ async fn jetstream_publish() -> Option<f64> {
         svc::stream::JetStreamLog::open(client.clone(), "events", &StreamConfig::default(), 1)
             .await
             .expect("JetStream stream");
-    let context = async_nats::jetstream::new(client);
-    let stop = Arc::new(AtomicBool::new(false));
-    let published = Arc::new(AtomicU64::new(0));
-    let started = Instant::now();
-    let tasks: Vec<_> = (0..APPENDERS)
-        .map(|_| {
-            let (context, stop, published) = (context.clone(), stop.clone(), published.clone());
-            tokio::spawn(async move {
-                while !stop.load(Ordering::Relaxed) {
-                    let ack = context
-                        .publish("svc.js.events", vec![1; RECORD_BYTES].into())
-                        .await
-                        .expect("publish");
-                    ack.await.expect("ack");
-                    published.fetch_add(1, Ordering::Relaxed);
-                }
-            })
-        })
-        .collect();
-    tokio::time::sleep(PHASE).await;
-    stop.store(true, Ordering::Relaxed);
-    for task in tasks {
-        task.await.expect("publisher");
-    }
-    Some(published.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64())
+    Some(js_publish::publish_rate(client, APPENDERS, RECORD_BYTES, PHASE).await)
 }

@@ -12,6 +12,8 @@
 //! `cargo test --bench stream_jetstream` (debug client; the servers are nats-server's own
 //! release build either way).
 
+#[path = "js_publish.rs"]
+mod js_publish;
 #[path = "../tests/common/nats_cluster.rs"]
 #[allow(dead_code)]
 mod nats_cluster;
@@ -51,7 +53,7 @@ async fn run() {
         .expect("open");
     let rate = append_for(log.clone(), 1).await;
     println!("JetStreamLog R1, append, {APPENDERS} tasks:            {rate:>8.0} records/s");
-    let rate = raw_publish_for(client.clone()).await;
+    let rate = js_publish::publish_rate(client.clone(), APPENDERS, RECORD_BYTES, PHASE).await;
     println!("raw JetStream publish+ack R1, {APPENDERS} tasks:       {rate:>8.0} records/s");
     let rate = append_for(log.clone(), 32).await;
     println!("JetStreamLog R1, append_batch 32, {APPENDERS} tasks:   {rate:>8.0} records/s");
@@ -134,35 +136,6 @@ async fn append_for(log: Arc<dyn Stream>, per_call: usize) -> f64 {
     stop.store(true, Ordering::Relaxed);
     for task in tasks {
         task.await.expect("appender");
-    }
-    appended.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
-}
-
-/// The same load as raw JetStream publishes on the stream's subject, each awaiting its ack.
-async fn raw_publish_for(client: async_nats::Client) -> f64 {
-    let context = async_nats::jetstream::new(client);
-    let stop = Arc::new(AtomicBool::new(false));
-    let appended = Arc::new(AtomicU64::new(0));
-    let started = Instant::now();
-    let tasks: Vec<_> = (0..APPENDERS)
-        .map(|_| {
-            let (context, stop, appended) = (context.clone(), stop.clone(), appended.clone());
-            tokio::spawn(async move {
-                while !stop.load(Ordering::Relaxed) {
-                    let ack = context
-                        .publish("svc.js.events", vec![1; RECORD_BYTES].into())
-                        .await
-                        .expect("publish");
-                    ack.await.expect("ack");
-                    appended.fetch_add(1, Ordering::Relaxed);
-                }
-            })
-        })
-        .collect();
-    tokio::time::sleep(PHASE).await;
-    stop.store(true, Ordering::Relaxed);
-    for task in tasks {
-        task.await.expect("publisher");
     }
     appended.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
 }
