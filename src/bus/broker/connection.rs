@@ -24,8 +24,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::auth::{AuthRequest, Permissions};
 use super::outbound::{Batch, Close, Outbound, Queued, IDLE_CAPACITY};
-use super::protocol::{write_msg_head, ClientOp, Parsed, Parser, Publish};
-use super::router::{Claim, Matches, Subscription};
+use super::protocol::{ClientOp, Parsed, Parser, Publish};
+use super::router::{Matches, Subscription};
 use super::{ClientMeta, ConnectMeta, Shared};
 use crate::bus::subjects::{is_valid_literal, is_valid_pattern, subject_matches};
 
@@ -587,32 +587,18 @@ impl Session {
         header_len: Option<usize>,
         payload: &[u8],
     ) -> bool {
-        if !subscription.deny.is_empty() && subscription.is_denied(subject) {
-            return false;
-        }
-        let claim = subscription.claim();
-        if claim == Claim::Exhausted {
-            return false;
-        }
-        let head = &mut self.scratch;
-        write_msg_head(
-            head,
+        let queued = subscription.offer(
+            &self.shared.router,
+            &mut self.scratch,
             subject,
-            &subscription.sid,
             reply,
             header_len,
-            payload.len(),
+            payload,
         );
-        let queued = subscription
-            .outbound
-            .push_message(&[head, payload, b"\r\n"], payload.len());
-        if claim == Claim::DeliverLast {
-            self.shared.router.remove(subscription);
-        }
         match queued {
-            Queued::Closed => return false,
-            Queued::Wake => self.wakes.push(subscription.outbound.clone()),
-            Queued::Pending => {}
+            None | Some(Queued::Closed) => return false,
+            Some(Queued::Wake) => self.wakes.push(subscription.outbound.clone()),
+            Some(Queued::Pending) => {}
         }
         self.counters.messages_out += 1;
         self.counters.bytes_out += payload.len() as u64;

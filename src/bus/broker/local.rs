@@ -10,8 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::outbound::Queued;
-use super::protocol::write_msg_head;
-use super::router::{Claim, Subscription};
+use super::router::Subscription;
 use super::Shared;
 
 /// A handle that publishes into one broker in process; cheap to clone.
@@ -82,7 +81,8 @@ impl LocalPublisher {
         delivered > 0
     }
 
-    /// One MSG/HMSG frame to one subscription, as a connection's `deliver_to` writes it.
+    /// One MSG/HMSG frame to one subscription (`Subscription::offer`, which a connection's
+    /// delivery uses too), its writer woken at once.
     fn deliver(
         &self,
         subscription: &Arc<Subscription>,
@@ -91,34 +91,21 @@ impl LocalPublisher {
         header_len: Option<usize>,
         payload: &[u8],
     ) -> bool {
-        if !subscription.deny.is_empty() && subscription.is_denied(subject) {
-            return false;
-        }
-        let claim = subscription.claim();
-        if claim == Claim::Exhausted {
-            return false;
-        }
-        write_msg_head(
+        let queued = subscription.offer(
+            &self.shared.router,
             head,
             subject,
-            &subscription.sid,
             None,
             header_len,
-            payload.len(),
+            payload,
         );
-        let queued = subscription
-            .outbound
-            .push_message(&[head, payload, b"\r\n"], payload.len());
-        if claim == Claim::DeliverLast {
-            self.shared.router.remove(subscription);
-        }
         match queued {
-            Queued::Closed => false,
-            Queued::Wake => {
+            None | Some(Queued::Closed) => false,
+            Some(Queued::Wake) => {
                 subscription.outbound.wake();
                 true
             }
-            Queued::Pending => true,
+            Some(Queued::Pending) => true,
         }
     }
 }

@@ -12,7 +12,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
 
-use super::outbound::Outbound;
+use super::outbound::{Outbound, Queued};
+use super::protocol::write_msg_head;
 
 /// Cached subjects kept before the cache is dropped wholesale; bounds memory under subject
 /// churn (unique inbox replies) without an LRU's bookkeeping on every publish.
@@ -99,6 +100,35 @@ impl Subscription {
         self.deny
             .iter()
             .any(|pattern| crate::bus::subjects::subject_matches(pattern, subject))
+    }
+    /// Frames one MSG/HMSG (in `head`) for this subscription and queues it with `payload`:
+    /// None when its deny rules withhold `subject` or its auto-unsubscribe count is spent; the
+    /// last message it may take also removes it from `router`. The caller wakes the writer
+    /// on `Queued::Wake`, now or after the publish (a connection batches its wakes).
+    pub(crate) fn offer(
+        self: &Arc<Self>,
+        router: &Router,
+        head: &mut Vec<u8>,
+        subject: &str,
+        reply: Option<&[u8]>,
+        header_len: Option<usize>,
+        payload: &[u8],
+    ) -> Option<Queued> {
+        if !self.deny.is_empty() && self.is_denied(subject) {
+            return None;
+        }
+        let claim = self.claim();
+        if claim == Claim::Exhausted {
+            return None;
+        }
+        write_msg_head(head, subject, &self.sid, reply, header_len, payload.len());
+        let queued = self
+            .outbound
+            .push_message(&[head, payload, b"\r\n"], payload.len());
+        if claim == Claim::DeliverLast {
+            router.remove(self);
+        }
+        Some(queued)
     }
 }
 
