@@ -1,13 +1,16 @@
 //! Group commit of audit rows, and the mirror copy that follows them in chain order.
 //!
-//! A caller queues its row and starts a commit task, which waits for the commit lock (tokio's
-//! mutex is fair, first come first served). The holder takes every row queued so far and
-//! appends them, in queue order, with one `Store::append_audit_batch`: one write transaction,
-//! and one WAL write of each touched page, for all of them, then answers each caller. A task
-//! that finds the queue empty (an earlier holder took its row) has nothing to do. Every caller
-//! still returns only once its own row is stored; the batch is simply what arrived while the
-//! previous transaction ran, so it is bounded by the number of concurrent callers (each has
-//! one row queued at most).
+//! A caller queues its row and, unless a commit task is already running, starts one. The task
+//! takes every row queued so far and appends them, in queue order, with one
+//! `Store::append_audit_batch`: one write transaction, and one WAL write of each touched page,
+//! for all of them, then answers each caller, and goes on with whatever queued meanwhile until
+//! it finds the queue empty. Every caller still returns only once its own row is stored; a batch
+//! is simply what arrived while the previous transaction ran, so it is bounded by the number of
+//! concurrent callers (each has one row queued at most).
+//!
+//! One task per burst, not one per row: sixteen requests woken by one events-log sync used to
+//! spawn sixteen tasks that took turns on a lock only for fifteen of them to find nothing left,
+//! each turn a wake-up and often a hop to the other core.
 //!
 //! Queue order is chain order. The commit runs in its own task, not in the caller's future, so
 //! a caller that goes away while waiting (a client that hangs up) neither leaves its row
@@ -15,10 +18,10 @@
 //!
 //! The mirror (the `audit` stream log) is a copy for stream consumers, written in the
 //! background so it adds no fsync to an operation. The commit hands each batch's entries to the
-//! mirror under the commit lock, so they queue in chain order; one drain task at a time appends
-//! whatever has queued with one `append_batch`, at most once per `MIRROR_INTERVAL`, instead of
-//! one task and one fdatasync per row. As before, the copy is best effort: the store row is the
-//! record, and copies still queued when the runtime stops are not written.
+//! mirror in chain order; one drain task at a time appends whatever has queued with one
+//! `append_batch`, at most once per `MIRROR_INTERVAL`, instead of one task and one fdatasync
+//! per row. As before, the copy is best effort: the store row is the record, and copies still
+//! queued when the runtime stops are not written.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -30,11 +33,17 @@ use crate::store::{AuditRow, Store};
 use crate::stream::Stream;
 use crate::{clock, Error, Result};
 
-/// Rows waiting for a commit, and the lock whose holder commits them.
+/// Rows waiting for a commit, and whether a commit task is running to take them.
 #[derive(Default)]
 pub(super) struct Queue {
-    rows: Mutex<Vec<Queued>>,
-    commit: tokio::sync::Mutex<()>,
+    state: Mutex<QueueState>,
+}
+
+#[derive(Default)]
+struct QueueState {
+    rows: Vec<Queued>,
+    /// A commit task is running: it takes everything queued until it finds nothing.
+    is_committing: bool,
 }
 
 struct Queued {
@@ -54,29 +63,53 @@ impl Queue {
         detail: Value,
     ) -> Result<Entry> {
         let (reply, answer) = oneshot::channel();
-        self.queued().push(Queued { row, detail, reply });
-        let (queue, store, mirror) = (self.clone(), store.clone(), mirror.cloned());
-        tokio::spawn(async move { queue.commit_queued(store.as_ref(), mirror.as_ref()).await });
+        let start = {
+            let mut state = self.state();
+            state.rows.push(Queued { row, detail, reply });
+            !std::mem::replace(&mut state.is_committing, true)
+        };
+        if start {
+            let (queue, store, mirror) = (self.clone(), store.clone(), mirror.cloned());
+            tokio::spawn(async move { queue.commit_queued(store.as_ref(), mirror.as_ref()).await });
+        }
         answer.await.unwrap_or_else(|_| Err(abandoned()))
     }
 
-    /// Under the commit lock, writes whatever is queued (possibly nothing).
+    /// Commits batches until the queue is empty, then says no commit task is running.
     async fn commit_queued(&self, store: &dyn Store, mirror: Option<&Arc<Mirror>>) {
-        let _commit = self.commit.lock().await;
+        // Whatever ends this task (a panic in the store included), the next caller must find
+        // `is_committing` false and start another, or its row would wait forever.
+        struct Running<'a>(&'a Queue);
+        impl Drop for Running<'_> {
+            fn drop(&mut self) {
+                self.0.state().is_committing = false;
+            }
+        }
+        let running = Running(self);
         // Let the tasks already runnable on this worker go first: requests woken together
         // (say, by one events-log sync) then reach the queue before the batch is taken, instead
-        // of each paying for its own transaction while the others wait behind it. With nothing
-        // else runnable this costs one trip through the scheduler.
+        // of the first paying for a transaction of its own while the others wait behind it.
+        // With nothing else runnable this costs one trip through the scheduler.
         tokio::task::yield_now().await;
-        let batch = std::mem::take(&mut *self.queued());
-        if !batch.is_empty() {
+        loop {
+            let batch = {
+                let mut state = self.state();
+                if state.rows.is_empty() {
+                    // Cleared under the same lock that saw the queue empty, so a row pushed
+                    // after this starts a new task.
+                    state.is_committing = false;
+                    std::mem::forget(running);
+                    return;
+                }
+                std::mem::take(&mut state.rows)
+            };
             commit(store, mirror, batch).await;
         }
     }
 
-    fn queued(&self) -> std::sync::MutexGuard<'_, Vec<Queued>> {
+    fn state(&self) -> std::sync::MutexGuard<'_, QueueState> {
         // A panic while pushing or taking leaves a whole vector: keep going with it.
-        self.rows.lock().unwrap_or_else(PoisonError::into_inner)
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -301,12 +334,10 @@ mod tests {
             detail: "{}".into(),
             ..AuditRow::default()
         };
-        // The lock is busy, so the caller's row waits; then the caller is dropped, as tonic
-        // drops a handler whose client hung up.
-        let busy = queue.commit.lock().await;
+        // The caller queues its row and is dropped before the commit task (not yet run on
+        // this single-threaded runtime) took it, as tonic drops a handler whose client hung up.
         let caller = queue.append(&store, None, row, Value::Object(Default::default()));
         assert!(caller.now_or_never().is_none());
-        drop(busy);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while store.audit_chain(0, 10).await.unwrap().is_empty() {
             assert!(
