@@ -36,8 +36,7 @@ mod writer;
 use std::fs::{self, File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -46,7 +45,7 @@ use tokio::sync::{oneshot, watch};
 use crate::clock;
 use crate::{Error, Result};
 use segment::{Cursor, HeaderState, Segment, Step};
-use writer::{AppendRequest, Writer};
+use writer::{AppendRequest, Inbox, Writer};
 
 pub use frame::MAX_PAYLOAD;
 pub use jetstream::JetStreamLog;
@@ -294,8 +293,6 @@ pub(crate) struct Shared {
     /// Set while the last append was refused for lack of space; cleared by the next append
     /// that succeeds, or by `health` once the filesystem has room again.
     no_space: Mutex<Option<String>>,
-    /// Requests ever sent to the writer, which batches by how many are still coming.
-    submitted: AtomicU64,
 }
 
 impl Shared {
@@ -347,7 +344,7 @@ pub struct StreamLog {
     /// does; a wrong one could only fail a checksum, never return another record.
     read_hint: Mutex<Option<(u64, u64, u64)>>,
     dir: PathBuf,
-    requests: Option<mpsc::Sender<AppendRequest>>,
+    inbox: Arc<Inbox>,
     writer: Option<JoinHandle<()>>,
 }
 
@@ -391,28 +388,27 @@ impl StreamLog {
             allocated,
             active_has_records: active.records > 0,
             next_seq: last_seq + 1,
-            received: 0,
             shared: Arc::new(Shared {
                 name: name.clone(),
                 segments: RwLock::new(segments),
                 durable: watch::channel(last_seq).0,
                 failure: Mutex::new(None),
                 no_space: Mutex::new(None),
-                submitted: AtomicU64::new(0),
             }),
         };
         let shared = Arc::clone(&writer_state.shared);
-        let (requests, queue) = mpsc::channel();
+        let inbox = Arc::new(Inbox::default());
+        let writer_inbox = Arc::clone(&inbox);
         let writer = std::thread::Builder::new()
             .name(format!("stream-{name}"))
-            .spawn(move || writer_state.run(queue))?;
+            .spawn(move || writer_state.run(&writer_inbox))?;
         tracing::info!(stream = %name, last_seq, "stream log open");
         Ok(Arc::new(StreamLog {
             shared,
             config,
             read_hint: Mutex::new(None),
             dir: dir.to_path_buf(),
-            requests: Some(requests),
+            inbox,
             writer: Some(writer),
         }))
     }
@@ -440,11 +436,8 @@ impl StreamLog {
         }
         let (reply, acknowledged) = oneshot::channel();
         let closed = || Error::Unavailable(format!("stream {} is closed", self.shared.name));
-        let requests = self.requests.as_ref().ok_or_else(closed)?;
-        // Counted before sending, so the writer never sees more received than submitted.
-        self.shared.submitted.fetch_add(1, Ordering::AcqRel);
-        requests
-            .send(AppendRequest { items, reply })
+        self.inbox
+            .push(AppendRequest { items, reply })
             .map_err(|_| closed())?;
         acknowledged.await.map_err(|_| closed())?
     }
@@ -692,8 +685,8 @@ impl StreamLog {
 
 impl Drop for StreamLog {
     fn drop(&mut self) {
-        // Closing the channel ends the writer once the queue is drained.
-        self.requests.take();
+        // Closing the inbox ends the writer once the queue is drained.
+        self.inbox.close();
         if let Some(writer) = self.writer.take() {
             if writer.join().is_err() {
                 tracing::error!(stream = %self.shared.name, "stream writer panicked");

@@ -1,6 +1,6 @@
 //! The writer thread: the only code that writes segment files, and where group commit happens.
 //!
-//! Appenders send their records down a channel and wait on a oneshot. The thread takes whatever
+//! Appenders push their records into the `Inbox` and wait on a oneshot. The thread takes whatever
 //! is queued, frames it into one buffer, writes it with one `write` and makes it durable with one
 //! `fdatasync`, and only then publishes the new length to readers, moves the durable sequence
 //! and answers every appender. One sync per batch is what makes throughput scale with the number
@@ -19,6 +19,11 @@
 //! for the end of its records (segment.rs), and a segment is cut back to its records, durably,
 //! when it is sealed. Where fallocate is not supported or finds no space, the writer appends as before.
 //!
+//! The inbox is a queue under a mutex rather than a channel so the thread is woken once per
+//! batch, not once per request: while a batch lingers for the appenders just acknowledged, a
+//! channel woke it at each arrival, and on two cores every such wake-up takes CPU from the
+//! appenders it is waiting for.
+//!
 //! A `write` refused for lack of space (ENOSPC, EDQUOT) is different: nothing of the batch was
 //! synced, so the writer cuts the active segment back to its last durable length (dropping a
 //! partial write), refuses that batch with `Error::StorageFull`, and takes the next batch as
@@ -30,8 +35,8 @@ use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
-use std::sync::{mpsc, Arc};
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
@@ -48,8 +53,17 @@ pub(super) const ALLOCATE_STEP: u64 = 4 * 1024 * 1024;
 /// A batch stops growing at this size so one slow sync does not hold an unbounded buffer.
 const MAX_BATCH_BYTES: usize = 8 * 1024 * 1024;
 
-/// The longest a batch waits for appenders expected back (half a sync, at most this), so a
-/// slow disk cannot stretch latency by more than the linger it would have saved.
+/// How long a batch may wait for the appenders expected back, in durations of the last
+/// commit. An appender acknowledged by a sync comes back only after its caller's own work
+/// (an emit's audit row, its answer, the client's next request); measured with 16 gRPC
+/// emitters on two cores (docs/performance.md, issue 21), that took longer than the half a
+/// sync once allowed, so batches left with 5–6 of the 16 and each paid a sync of its own.
+/// Four syncs let them gather (batches of about 10) and cut the server's CPU per emit by
+/// about 15%; the wait ends as soon as they are all there.
+const LINGER_SYNCS: u32 = 4;
+
+/// The longest a batch waits for appenders expected back, whatever the sync took, so a slow
+/// disk cannot stretch latency by more than this.
 const MAX_LINGER: Duration = Duration::from_millis(1);
 
 pub(super) struct AppendRequest {
@@ -68,8 +82,95 @@ pub(super) struct Writer {
     pub allocated: u64,
     pub active_has_records: bool,
     pub next_seq: u64,
-    /// Requests taken off the channel so far; with `Shared::submitted` it tells how many wait.
-    pub received: u64,
+}
+
+/// Where appenders leave requests for the writer thread.
+#[derive(Default)]
+pub(super) struct Inbox {
+    state: Mutex<InboxState>,
+    arrived: Condvar,
+}
+
+#[derive(Default)]
+struct InboxState {
+    requests: VecDeque<AppendRequest>,
+    /// While the writer sleeps: how many queued requests wake it (0 while it is awake).
+    wake_at: usize,
+    /// No more requests are taken; the writer ends once the queue is empty.
+    closed: bool,
+}
+
+impl Inbox {
+    fn state(&self) -> MutexGuard<'_, InboxState> {
+        // Nothing panics while holding it; if something did, the queue is still whole.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queues a request; gives it back if the log is closed.
+    pub(super) fn push(&self, request: AppendRequest) -> Result<(), AppendRequest> {
+        let mut state = self.state();
+        if state.closed {
+            return Err(request);
+        }
+        state.requests.push_back(request);
+        if state.wake_at != 0 && state.requests.len() >= state.wake_at {
+            state.wake_at = 0;
+            self.arrived.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Takes no more requests; the writer commits what is queued, then ends.
+    pub(super) fn close(&self) {
+        self.state().closed = true;
+        self.arrived.notify_one();
+    }
+
+    /// Waits for a first request, then until `want` are queued or `linger_until` passes, and
+    /// takes a batch of them (up to `MAX_BATCH_BYTES`, the first whatever its size). `None`
+    /// once the inbox is closed and empty.
+    fn take(&self, want: usize, linger_until: Instant) -> Option<Vec<AppendRequest>> {
+        let mut state = self.state();
+        loop {
+            let queued = state.requests.len();
+            if queued == 0 {
+                if state.closed {
+                    return None;
+                }
+                state.wake_at = 1;
+                state = self
+                    .arrived
+                    .wait(state)
+                    .unwrap_or_else(PoisonError::into_inner);
+                continue;
+            }
+            let now = Instant::now();
+            if queued >= want || state.closed || now >= linger_until {
+                break;
+            }
+            state.wake_at = want;
+            state = self
+                .arrived
+                .wait_timeout(state, linger_until - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        state.wake_at = 0;
+        let mut batch_bytes = 0;
+        let mut batch = Vec::new();
+        while let Some(request) = state.requests.front() {
+            if !batch.is_empty() && batch_bytes >= MAX_BATCH_BYTES {
+                break;
+            }
+            batch_bytes += request_bytes(request);
+            batch.extend(state.requests.pop_front());
+        }
+        Some(batch)
+    }
+
+    fn queued(&self) -> usize {
+        self.state().requests.len()
+    }
 }
 
 /// Why a commit failed: for lack of space (the batch is refused, the log goes on), or
@@ -89,35 +190,15 @@ struct Framed {
 }
 
 impl Writer {
-    pub fn run(mut self, requests: mpsc::Receiver<AppendRequest>) {
+    pub fn run(mut self, inbox: &Inbox) {
         // What the last commit left behind, to decide how long the next batch may linger.
-        let mut expected_next = 0;
+        // Appenders just acknowledged usually append again soon; a batch that left without
+        // them would make them wait out a whole extra sync. So wait for the expected ones,
+        // but never past `LINGER_SYNCS` syncs or `MAX_LINGER`.
+        let mut expected_next = 1;
         let mut linger_until = Instant::now();
-        while let Ok(first) = requests.recv() {
-            let mut batch_bytes = request_bytes(&first);
-            let mut batch = vec![first];
-            while batch_bytes < MAX_BATCH_BYTES {
-                // Appenders just acknowledged usually append again within microseconds; a
-                // batch that left without them would make them wait out a whole extra sync.
-                // So wait for the expected ones, but never past a fraction of a sync.
-                let next = match requests.try_recv() {
-                    Ok(request) => Ok(request),
-                    Err(mpsc::TryRecvError::Empty) if batch.len() < expected_next => {
-                        let now = Instant::now();
-                        if now >= linger_until {
-                            break;
-                        }
-                        requests.recv_timeout(linger_until - now).map_err(|_| ())
-                    }
-                    Err(_) => Err(()),
-                };
-                let Ok(request) = next else {
-                    break;
-                };
-                batch_bytes += request_bytes(&request);
-                batch.push(request);
-            }
-            self.received += batch.len() as u64;
+        while let Some(batch) = inbox.take(expected_next, linger_until) {
+            expected_next = 1;
             if let Some(failure) = self.shared.failure() {
                 reply_all(batch, &failure);
                 continue;
@@ -147,9 +228,8 @@ impl Writer {
                 }
                 Ok(seqs) => {
                     self.shared.set_no_space(None);
-                    let linger = (started.elapsed() / 2).min(MAX_LINGER);
-                    let queued = self.shared.submitted.load(Ordering::Acquire) - self.received;
-                    expected_next = queued as usize + batch.len();
+                    let linger = (started.elapsed() * LINGER_SYNCS).min(MAX_LINGER);
+                    expected_next = inbox.queued() + batch.len();
                     self.shared.durable.send_replace(self.next_seq - 1);
                     for (request, seqs) in batch.into_iter().zip(seqs) {
                         // An appender that stopped waiting still has its records stored.
