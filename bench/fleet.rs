@@ -19,7 +19,7 @@
 //! wall-clock figures of (1) but not in the server CPU of (2).
 
 use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,7 +32,7 @@ use svc::proto::fleet_service_client::FleetServiceClient;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 mod common;
-use common::{authorized, enrol_real_agent, psk, Server};
+use common::{authorized, psk, spawn_real_agent, Server};
 
 const HEARTBEAT: Duration = Duration::from_secs(10);
 const ROUNDS: usize = 5;
@@ -347,20 +347,11 @@ fn rss_kib(pid: u32) -> u64 {
 
 /// The real svc-agent: enrol with its PSK, run it, read its RSS after 5 s idle.
 fn real_agent_rss(server: &Server) -> (u64, u64) {
-    let config = enrol_real_agent(server, "real-agent");
-    let binary = env!("CARGO_BIN_EXE_svc");
-    let mut agent = Command::new(binary)
-        .env_clear()
-        .args(["agent", "--config"])
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut agent = spawn_real_agent(server, "real-agent");
     std::thread::sleep(Duration::from_secs(5));
     let idle = rss_kib(agent.id());
     // One command through it, then idle again: what a working agent settles at.
-    let ran = Command::new(binary)
+    let ran = Command::new(env!("CARGO_BIN_EXE_svc"))
         .env_clear()
         .args(["ctl", "--server", &server.grpc_addr])
         .args([

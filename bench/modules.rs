@@ -14,7 +14,6 @@
 //! Usage: cargo bench --bench modules [-- --calls N --rounds R]
 
 use std::collections::BTreeMap;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use svc::modules::sandbox::{self, Facts, Limits, Loaded};
@@ -23,7 +22,7 @@ use svc::proto::fleet_service_client::FleetServiceClient;
 use svc::proto::{self, ExecRequest, ModuleRunRequest, ModuleZip, StateRequest};
 
 mod common;
-use common::{authorized, enrol_real_agent, Server};
+use common::{authorized, spawn_real_agent, Server};
 
 fn main() {
     let mut calls = 10_000usize;
@@ -90,16 +89,7 @@ impl Drop for Agent {
 }
 
 fn start_agent(server: &Server, id: &str) -> Agent {
-    let config = enrol_real_agent(server, id);
-    let child = Command::new(env!("CARGO_BIN_EXE_svc"))
-        .env_clear()
-        .args(["agent", "--config"])
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    Agent(child)
+    Agent(spawn_real_agent(server, id))
 }
 
 /// The cold start of a module run on a real agent, beside a state apply and an exec.

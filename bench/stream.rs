@@ -11,15 +11,14 @@
 //! against Debian's nats-server (one node, file storage), in the same run when nats-server is
 //! installed. That nats-server syncs its files to disk every two minutes, not before each ack.
 
-#[path = "js_publish.rs"]
-mod js_publish;
+#[path = "load.rs"]
+mod load;
 #[path = "../tests/common/nats_cluster.rs"]
 #[allow(dead_code)]
 mod nats_cluster;
 
 use std::fs::OpenOptions;
 use std::io::Write;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -126,40 +125,6 @@ fn measure_fdatasync(path: &std::path::Path) -> Duration {
     samples[samples.len() / 2]
 }
 
-/// Runs `tasks` appenders, `per_call` records per call, for one phase; returns records/s.
-async fn append_for(log: &Arc<StreamLog>, tasks: usize, per_call: usize) -> f64 {
-    let stop = Arc::new(AtomicBool::new(false));
-    let appended = Arc::new(AtomicU64::new(0));
-    let started = Instant::now();
-    let tasks: Vec<_> = (0..tasks)
-        .map(|_| {
-            let (log, stop, appended) = (Arc::clone(log), Arc::clone(&stop), Arc::clone(&appended));
-            tokio::spawn(async move {
-                while !stop.load(Ordering::Relaxed) {
-                    let now = svc::clock::now_millis();
-                    if per_call == 1 {
-                        log.append(now, vec![1; RECORD_BYTES])
-                            .await
-                            .expect("append");
-                    } else {
-                        let items = (0..per_call)
-                            .map(|_| (now, vec![1; RECORD_BYTES]))
-                            .collect();
-                        log.append_batch(items).await.expect("append_batch");
-                    }
-                    appended.fetch_add(per_call as u64, Ordering::Relaxed);
-                }
-            })
-        })
-        .collect();
-    tokio::time::sleep(PHASE).await;
-    stop.store(true, Ordering::Relaxed);
-    for task in tasks {
-        task.await.expect("appender");
-    }
-    appended.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
-}
-
 /// Raw async-nats JetStream publishes of `RECORD_BYTES`, each awaiting its ack, from
 /// `APPENDERS` tasks for one phase against a fresh one-node nats-server; None without
 /// nats-server.
@@ -171,5 +136,10 @@ async fn jetstream_publish() -> Option<f64> {
         svc::stream::JetStreamLog::open(client.clone(), "events", &StreamConfig::default(), 1)
             .await
             .expect("JetStream stream");
-    Some(js_publish::publish_rate(client, APPENDERS, RECORD_BYTES, PHASE).await)
+    Some(load::publish_rate(client, APPENDERS, RECORD_BYTES, PHASE).await)
+}
+
+/// `tasks` appenders, `per_call` records per call, for one phase; records/s.
+async fn append_for(log: &Arc<StreamLog>, tasks: usize, per_call: usize) -> f64 {
+    load::append_rate(log.clone(), tasks, per_call, RECORD_BYTES, PHASE).await
 }

@@ -12,13 +12,12 @@
 //! `cargo test --bench stream_jetstream` (debug client; the servers are nats-server's own
 //! release build either way).
 
-#[path = "js_publish.rs"]
-mod js_publish;
+#[path = "load.rs"]
+mod load;
 #[path = "../tests/common/nats_cluster.rs"]
 #[allow(dead_code)]
 mod nats_cluster;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -53,7 +52,7 @@ async fn run() {
         .expect("open");
     let rate = append_for(log.clone(), 1).await;
     println!("JetStreamLog R1, append, {APPENDERS} tasks:            {rate:>8.0} records/s");
-    let rate = js_publish::publish_rate(client.clone(), APPENDERS, RECORD_BYTES, PHASE).await;
+    let rate = load::publish_rate(client.clone(), APPENDERS, RECORD_BYTES, PHASE).await;
     println!("raw JetStream publish+ack R1, {APPENDERS} tasks:       {rate:>8.0} records/s");
     let rate = append_for(log.clone(), 32).await;
     println!("JetStreamLog R1, append_batch 32, {APPENDERS} tasks:   {rate:>8.0} records/s");
@@ -106,36 +105,7 @@ async fn time_reads(log: &dyn Stream, from: u64, n: usize) -> Duration {
     samples[samples.len() / 2]
 }
 
-/// Runs the appenders for one phase; returns records/s.
+/// `APPENDERS` appenders, `per_call` records per call, for one phase; records/s.
 async fn append_for(log: Arc<dyn Stream>, per_call: usize) -> f64 {
-    let stop = Arc::new(AtomicBool::new(false));
-    let appended = Arc::new(AtomicU64::new(0));
-    let started = Instant::now();
-    let tasks: Vec<_> = (0..APPENDERS)
-        .map(|_| {
-            let (log, stop, appended) = (log.clone(), stop.clone(), appended.clone());
-            tokio::spawn(async move {
-                while !stop.load(Ordering::Relaxed) {
-                    let now = svc::clock::now_millis();
-                    if per_call == 1 {
-                        log.append(now, vec![1; RECORD_BYTES])
-                            .await
-                            .expect("append");
-                    } else {
-                        let items = (0..per_call)
-                            .map(|_| (now, vec![1; RECORD_BYTES]))
-                            .collect();
-                        log.append_batch(items).await.expect("append_batch");
-                    }
-                    appended.fetch_add(per_call as u64, Ordering::Relaxed);
-                }
-            })
-        })
-        .collect();
-    tokio::time::sleep(PHASE).await;
-    stop.store(true, Ordering::Relaxed);
-    for task in tasks {
-        task.await.expect("appender");
-    }
-    appended.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
+    load::append_rate(log, APPENDERS, per_call, RECORD_BYTES, PHASE).await
 }

@@ -317,3 +317,18 @@ pub fn enrol_real_agent(server: &Server, id: &str) -> PathBuf {
     assert!(enrolled.status.success(), "{enrolled:?}");
     config
 }
+
+/// Enrols a real svc-agent as `id` ([`enrol_real_agent`]) and starts it, its output
+/// discarded; the caller stops it.
+#[allow(dead_code)]
+pub fn spawn_real_agent(server: &Server, id: &str) -> std::process::Child {
+    let config = enrol_real_agent(server, id);
+    Command::new(env!("CARGO_BIN_EXE_svc"))
+        .env_clear()
+        .args(["agent", "--config"])
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
