@@ -96,7 +96,8 @@ impl Queue {
                 let mut state = self.state();
                 if state.rows.is_empty() {
                     // Cleared under the same lock that saw the queue empty, so a row pushed
-                    // after this starts a new task.
+                    // after this starts a new task. The guard is forgotten, not dropped: its
+                    // drop would take this lock again, and clear the flag a new task has set.
                     state.is_committing = false;
                     std::mem::forget(running);
                     return;
