@@ -273,6 +273,14 @@ async fn change_quarantine(
                 )
                 .await?
                 .ok_or_else(|| not_found(id))?;
+            // The event is stored before the registry (what heartbeats are judged by) sees the
+            // change, so what the change causes (the agent's reconnection once the quarantine
+            // is lifted, its rejected heartbeats once it is set) always follows it in the log.
+            let mut payload = serde_json::json!({"agent_id": id, "by": principal.name});
+            if quarantined {
+                payload["reason"] = serde_json::json!(reason);
+            }
+            domain.events.emit_system(event_type, id, payload).await;
             domain.fleet.registry.update(row);
             Ok::<_, Error>(())
         })
@@ -291,11 +299,6 @@ async fn change_quarantine(
         )
         .await;
     result?;
-    let mut payload = serde_json::json!({"agent_id": id, "by": principal.name});
-    if quarantined {
-        payload["reason"] = serde_json::json!(reason);
-    }
-    domain.events.emit_system(event_type, id, payload).await;
     get(domain, principal, id).await
 }
 
