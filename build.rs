@@ -49,8 +49,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// Sets SVC_RUSTC_VERSION (`rust1.85.0`) for the bus INFO's `go` field, where nats-server
+/// Sets BUILT_RUSTC_VERSION (`rust1.85.0`) for the bus INFO's `go` field, where nats-server
 /// names its runtime (`go1.19.8`).
+///
+/// Every value this script sets is named BUILT_*, never SVC_*: Cargo also puts `rustc-env`
+/// values in the environment of what `cargo run` and `cargo test` start, and the server and
+/// the agent read SVC_* variables as configuration and refuse a key they do not know.
 fn stamp_rustc_version() {
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".to_string());
     let version = Command::new(rustc)
@@ -61,7 +65,7 @@ fn stamp_rustc_version() {
         .and_then(|out| String::from_utf8(out.stdout).ok())
         .and_then(|text| text.split_whitespace().nth(1).map(str::to_string))
         .unwrap_or_else(|| "unknown".to_string());
-    println!("cargo:rustc-env=SVC_RUSTC_VERSION=rust{version}");
+    println!("cargo:rustc-env=BUILT_RUSTC_VERSION=rust{version}");
 }
 
 /// Sets BUILT_GIT_COMMIT and BUILT_DATE for the `-v/--version` line.

@@ -860,7 +860,11 @@ fn overlay_environment(
                 Err(_) => Value::String(raw.clone()),
             },
             (false, None) => {
-                problems.push(format!("environment {name}: unknown key '{dotted}'"));
+                // Cargo passes a build script's `rustc-env` values to the programs it runs, so a
+                // stray variable may come from a build as well as from a typo.
+                problems.push(format!(
+                    "environment {name}: unknown key '{dotted}' (unset {name} or fix its name)"
+                ));
                 continue;
             }
         };
@@ -948,7 +952,10 @@ mod tests {
             "{errors:?}"
         );
         assert!(
-            errors.contains(&"environment SVC_LISTEN__NOPE: unknown key 'listen.nope'".to_string()),
+            errors.contains(
+                &"environment SVC_LISTEN__NOPE: unknown key 'listen.nope' (unset SVC_LISTEN__NOPE or fix its name)"
+                    .to_string()
+            ),
             "{errors:?}"
         );
     }

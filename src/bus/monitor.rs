@@ -177,7 +177,7 @@ impl Monitor {
             "server_name": config.server_name,
             "version": NATS_VERSION,
             "proto": 1,
-            "go": env!("SVC_RUSTC_VERSION"),
+            "go": env!("BUILT_RUSTC_VERSION"),
             "host": view.host(),
             "port": view.port(),
             "max_connections": config.max_connections,

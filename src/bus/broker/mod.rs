@@ -328,7 +328,7 @@ impl Shared {
             server_name: &self.config.server_name,
             version: connection::NATS_VERSION,
             proto: 1,
-            go: env!("SVC_RUSTC_VERSION"),
+            go: env!("BUILT_RUSTC_VERSION"),
             host: &self.host,
             port: self.port,
             headers: true,
