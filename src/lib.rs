@@ -31,6 +31,7 @@ pub mod server;
 pub mod state;
 pub mod store;
 pub mod stream;
+pub mod template;
 pub mod tls;
 pub mod webhooks;
 

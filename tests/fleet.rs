@@ -868,6 +868,117 @@ fn state(server: &TestServer, key: &str, args: &[&str]) -> Run {
     svcctl(server, key, &[&["-o", "json", "state"], args].concat())
 }
 
+/// Templates with the host's facts and the plan's vars, `--set`/`--set-secret`, `--diff`,
+/// and a trigger that runs only when the file it watches changed, through a real agent.
+#[test]
+fn state_templates_triggers_and_diffs_on_a_real_agent() {
+    let server = TestServer::start();
+    let web1 = Agent::start(&server, "web-01", "role=web");
+    wait_for_state(&server, &web1.id, "connected", Duration::from_secs(10));
+    let (_, operator) = server.create_key("ops", "operator");
+    let work = tempfile::tempdir().unwrap();
+    let root = work.path().join("host");
+    std::fs::create_dir(&root).unwrap();
+    let files = work.path().join("states");
+    std::fs::create_dir(&files).unwrap();
+    std::fs::write(
+        files.join("app.conf.j2"),
+        "# {{ facts.hostname }}\nport = {{ port }}\ntoken = {{ token }}\n",
+    )
+    .unwrap();
+    let yaml = format!(
+        "vars: {{port: 80}}\n\
+         resources:\n\
+         - command: {{run: \"echo reload >> {r}/reloads\", onchanges: conf}}\n\
+         - file: {{id: conf, path: {r}/app.conf, template: app.conf.j2, mode: \"0600\"}}\n",
+        r = root.display()
+    );
+    let state_file = files.join("app.yaml");
+    std::fs::write(&state_file, yaml).unwrap();
+    let file = state_file.to_str().unwrap();
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let reloads = || std::fs::read_to_string(root.join("reloads")).unwrap_or_default();
+
+    // A name the template uses and nothing defines: refused before anything is sent.
+    let undefined = state(&server, &operator, &["check", file]);
+    assert_eq!(undefined.code, 1, "{undefined:?}");
+    assert!(
+        undefined
+            .stderr
+            .contains("line 4: file: app.conf.j2 line 3: template: undefined name 'token'"),
+        "{undefined:?}"
+    );
+
+    let with_token = ["--set-secret", "token=s3cret", "-t", "web-01"];
+    let checked = state(
+        &server,
+        &operator,
+        &[&["check", file, "--diff"], &with_token[..]].concat(),
+    );
+    assert_eq!(checked.code, 0, "{checked:?}");
+    let result = &by_agent(&json_lines(&checked))["web-01"];
+    let outcomes = result["outcomes"].as_array().unwrap();
+    // The file comes first (the command waits for it) and shows its diff; the secret does not.
+    let diff = outcomes[0]["diff"].as_str().unwrap();
+    assert!(
+        diff.contains(&format!("+# {}", hostname.trim())) && diff.contains("+port = 80\n"),
+        "{result}"
+    );
+    assert!(
+        diff.contains("+token = <redacted>") && !checked.stdout.contains("s3cret"),
+        "{result}"
+    );
+    assert_eq!(outcomes[1]["detail"], "would run", "{result}");
+    assert!(!root.join("app.conf").exists(), "check changed the host");
+    // The table form prints the diff under the results.
+    let table = svcctl(
+        &server,
+        &operator,
+        &[&["state", "check", file, "--diff"], &with_token[..]].concat(),
+    );
+    assert!(table.stdout.contains("  diff file:"), "{table:?}");
+
+    let applied = state(
+        &server,
+        &operator,
+        &[&["apply", file], &with_token[..]].concat(),
+    );
+    assert_eq!(applied.code, 0, "{applied:?}\n{}", web1.log());
+    assert_eq!(
+        std::fs::read_to_string(root.join("app.conf")).unwrap(),
+        format!("# {}\nport = 80\ntoken = s3cret\n", hostname.trim())
+    );
+    assert_eq!(reloads(), "reload\n");
+    // Unchanged: the trigger stays quiet, and nothing counts as drift.
+    let again = state(
+        &server,
+        &operator,
+        &[&["apply", file], &with_token[..]].concat(),
+    );
+    let result = &by_agent(&json_lines(&again))["web-01"];
+    assert_eq!(result["status"], "ok", "{result}");
+    assert_eq!(
+        result["outcomes"][1]["detail"], "not run: no change in conf",
+        "{result}"
+    );
+    assert_eq!(reloads(), "reload\n");
+    assert_eq!(
+        state(&server, &operator, &["drift", "-t", "web-01"]).code,
+        0
+    );
+    // --set changes the rendered file, so the trigger runs once more.
+    let moved = state(
+        &server,
+        &operator,
+        &[&["apply", file, "--set", "port=8080"], &with_token[..]].concat(),
+    );
+    assert_eq!(moved.code, 0, "{moved:?}");
+    assert!(std::fs::read_to_string(root.join("app.conf"))
+        .unwrap()
+        .contains("port = 8080\n"));
+    assert_eq!(reloads(), "reload\nreload\n");
+}
+
 #[test]
 fn state_compile_check_apply_drift_on_real_agents() {
     let server = TestServer::start();

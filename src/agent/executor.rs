@@ -139,9 +139,9 @@ impl Executor {
                 ];
                 ReplyOutcome::Exec(super::exec::run(&argv, &env, timeout).await)
             }
-            Work::State { mode, plan } => {
+            Work::State { mode, plan, diff } => {
                 tracing::info!(job_id = %command.job_id, ?mode, resources = plan.resources.len(), "state");
-                ReplyOutcome::State(run_state(plan, mode, timeout).await)
+                ReplyOutcome::State(run_state(plan, mode, diff, timeout).await)
             }
             Work::Module {
                 mode,
@@ -214,11 +214,20 @@ pub fn refusal(bytes: &[u8], why: &str, started: Instant) -> Option<Reply> {
 async fn run_state(
     plan: crate::state::Plan,
     mode: crate::state::Mode,
+    diff: bool,
     timeout: Duration,
 ) -> StateOutcome {
-    let work = move || StateOutcome {
-        outcomes: crate::state::run(&plan, mode),
-        ..StateOutcome::default()
+    let work = move || {
+        // Read at each run: templates see the host as it is now.
+        let options = crate::state::RunOptions {
+            facts: serde_json::to_value(crate::modules::sandbox::Facts::of_this_host())
+                .unwrap_or_default(),
+            diff,
+        };
+        StateOutcome {
+            outcomes: crate::state::run(&plan, mode, &options),
+            ..StateOutcome::default()
+        }
     };
     run_blocking(work, timeout).await
 }

@@ -358,6 +358,7 @@ async fn prepare_apply_checked(
             plan: plan_text.clone(),
             timeout: request.timeout,
             concurrency: 0,
+            diff: false,
         },
     )
     .await?;
@@ -469,6 +470,7 @@ async fn prepare_rollback_checked(
             plan: plan_text.clone(),
             timeout: request.timeout,
             concurrency: 0,
+            diff: false,
         },
     )
     .await?;
@@ -505,12 +507,12 @@ fn rollback_plan(previous: &Plan, current: &Plan) -> Plan {
             continue;
         }
         match resource {
-            Resource::File(_) => plan.resources.push(Resource::File(FileResource {
+            Resource::File(_) => plan.push(Resource::File(FileResource {
                 path: path.to_string(),
                 state: Some(Presence::Absent),
                 ..FileResource::default()
             })),
-            Resource::Symlink(s) => plan.resources.push(Resource::Symlink(SymlinkResource {
+            Resource::Symlink(s) => plan.push(Resource::Symlink(SymlinkResource {
                 path: path.to_string(),
                 target: s.target.clone(),
                 state: Some(Presence::Absent),
@@ -521,7 +523,7 @@ fn rollback_plan(previous: &Plan, current: &Plan) -> Plan {
     }
     directories.sort_by_key(|p| std::cmp::Reverse(p.matches('/').count()));
     for path in directories {
-        plan.resources.push(Resource::Directory(DirectoryResource {
+        plan.push(Resource::Directory(DirectoryResource {
             path,
             state: Some(Presence::Absent),
             ..DirectoryResource::default()
@@ -654,6 +656,7 @@ mod tests {
     fn rollback_removes_what_the_newer_version_added() {
         let old = Plan {
             resources: vec![file("/a")],
+            ..Plan::default()
         };
         let new = Plan {
             resources: vec![
@@ -664,6 +667,7 @@ mod tests {
                 file("/a"),
                 file("/d/b"),
             ],
+            ..Plan::default()
         };
         let plan = rollback_plan(&old, &new);
         let labels: Vec<String> = plan

@@ -439,13 +439,12 @@ impl Blueprint {
                 "no state files (states/*.yaml) in the blueprint".into(),
             ));
         }
-        let env = template_environment();
+        let env = crate::template::environment();
         for (path, bytes) in &self.files {
             if path.starts_with("templates/") || states.contains(&path.as_str()) {
                 let text = std::str::from_utf8(bytes)
                     .map_err(|_| Error::Invalid(format!("{path}: a template must be UTF-8")))?;
-                env.template_from_named_str(path.as_str(), text)
-                    .map_err(|e| template_error(path, &e))?;
+                crate::template::check_syntax(&env, path, text).map_err(Error::Invalid)?;
             }
         }
         Ok(())
@@ -460,7 +459,7 @@ impl Blueprint {
                 "no state files (states/*.yaml) in the blueprint".into(),
             ));
         }
-        let env = template_environment();
+        let env = crate::template::environment();
         let context = minijinja::Value::from_serialize(values);
         // compile() reads `source:` from disk, so the rendered tree goes to a private
         // temporary directory that is removed when this returns.
@@ -486,7 +485,7 @@ impl Blueprint {
                 .map_err(|e| Error::Internal(e.to_string()))?;
             let plan = crate::state::compile(&text, &scratch.path)
                 .map_err(|e| Error::Invalid(format!("{state}: {e}")))?;
-            whole.resources.extend(plan.resources.iter().cloned());
+            whole.append(plan.clone());
             each.push((state.to_string(), plan));
         }
         crate::state::validate(&whole).map_err(Error::Invalid)?;
@@ -560,33 +559,13 @@ fn world_writable(mode: Option<&str>) -> bool {
         .is_some_and(|m| m & 0o002 != 0)
 }
 
-/// minijinja with strict undefined, bounded work (fuel) (a missing variable is an error, never an empty string),
-/// no auto-escaping (these are config files, not HTML), and no loader: a template can include
-/// nothing, and templates run no code beyond minijinja's expressions and filters.
-fn template_environment() -> minijinja::Environment<'static> {
-    let mut env = minijinja::Environment::new();
-    env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
-    env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
-    env.set_keep_trailing_newline(true);
-    // A template cannot loop for ever or build a huge output: each render gets this much work.
-    env.set_fuel(Some(1_000_000));
-    env
-}
-
 fn render_text(
     env: &minijinja::Environment<'static>,
     path: &str,
     text: &str,
     context: &minijinja::Value,
 ) -> Result<String> {
-    env.render_named_str(path, text, context)
-        .map_err(|e| template_error(path, &e))
-}
-
-fn template_error(path: &str, e: &minijinja::Error) -> Error {
-    let line = e.line().map(|l| format!(" line {l}")).unwrap_or_default();
-    let detail = e.detail().map(|d| format!(": {d}")).unwrap_or_default();
-    Error::Invalid(format!("{path}{line}: template: {}{detail}", e.kind()))
+    crate::template::render(env, path, text, context).map_err(Error::Invalid)
 }
 
 fn read_tree(

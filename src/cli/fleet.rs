@@ -471,6 +471,12 @@ struct CompileArgs {
     /// the state file (YAML list of resources)
     #[argh(positional)]
     file: PathBuf,
+    /// a template parameter NAME=VALUE, over the file's vars (repeatable)
+    #[argh(option, long = "set")]
+    set: Vec<String>,
+    /// a secret template parameter NAME=VALUE: redacted from diffs (repeatable)
+    #[argh(option, long = "set-secret")]
+    set_secret: Vec<String>,
 }
 
 // Flags shared by check and apply (argh has no flatten, so apply repeats them). A plain
@@ -491,6 +497,15 @@ struct RunArgs {
     /// how many agents work at once (default: all)
     #[argh(option)]
     concurrency: Option<u32>,
+    /// a template parameter NAME=VALUE, over the file's vars (repeatable)
+    #[argh(option, long = "set")]
+    set: Vec<String>,
+    /// a secret template parameter NAME=VALUE: redacted from diffs (repeatable)
+    #[argh(option, long = "set-secret")]
+    set_secret: Vec<String>,
+    /// show a unified diff of each file that would change
+    #[argh(switch)]
+    diff: bool,
 }
 
 #[derive(FromArgs)]
@@ -510,6 +525,12 @@ struct ApplyArgs {
     /// how many agents work at once (default: all)
     #[argh(option)]
     concurrency: Option<u32>,
+    /// a template parameter NAME=VALUE, over the file's vars (repeatable)
+    #[argh(option, long = "set")]
+    set: Vec<String>,
+    /// a secret template parameter NAME=VALUE (repeatable)
+    #[argh(option, long = "set-secret")]
+    set_secret: Vec<String>,
 }
 
 #[derive(FromArgs)]
@@ -535,22 +556,55 @@ pub fn state(program: &str, common: Common, args: &[String]) -> i32 {
     )
 }
 
-/// Compiles a state file on this machine (sources relative to its directory).
-fn compile(file: &Path) -> Result<crate::state::Plan, CliError> {
+/// Compiles a state file on this machine (sources and templates relative to its directory),
+/// with `--set` and `--set-secret` as template parameters.
+fn compile(
+    file: &Path,
+    set: &[String],
+    set_secret: &[String],
+) -> Result<crate::state::Plan, CliError> {
     let text = std::fs::read_to_string(file)
         .map_err(|e| CliError::failed(format!("cannot read {}: {e}", file.display())))?;
     let base = file
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    crate::state::compile(&text, base)
+    let mut settings = Vec::new();
+    for (values, secret) in [(set, false), (set_secret, true)] {
+        for value in values {
+            let flag = if secret { "--set-secret" } else { "--set" };
+            let Some((name, value)) = value.split_once('=').filter(|(name, _)| !name.is_empty())
+            else {
+                return Err(CliError::usage(format!(
+                    "{flag} '{}': expected NAME=VALUE",
+                    if secret { "..." } else { value.as_str() }
+                )));
+            };
+            settings.push(crate::state::Setting {
+                name: name.to_string(),
+                value: value.to_string(),
+                secret,
+            });
+        }
+    }
+    crate::state::compile_with(&text, base, &settings)
         .map_err(|e| CliError::failed(format!("{}: {e}", file.display())))
 }
 
+/// What check, apply and drift send.
+struct StateRun {
+    operation: &'static str,
+    plan: Option<crate::state::Plan>,
+    target: Option<String>,
+    timeout: Option<String>,
+    concurrency: Option<u32>,
+    diff: bool,
+}
+
 async fn state_command(common: Common, args: StateArgs) -> Result<(), CliError> {
-    let (operation, file, target, timeout, concurrency) = match args.command {
+    let run = match args.command {
         StateCommand::Compile(args) => {
-            let plan = compile(&args.file)?;
+            let plan = compile(&args.file, &args.set, &args.set_secret)?;
             return match common.output {
                 Output::Json => print_json(&plan),
                 Output::Table => {
@@ -559,7 +613,11 @@ async fn state_command(common: Common, args: StateArgs) -> Result<(), CliError> 
                         .iter()
                         .enumerate()
                         .map(|(i, resource)| {
-                            vec![(i + 1).to_string(), resource.label(), settings(resource)]
+                            let mut settings = settings(resource);
+                            if let Some(links) = plan.links_of(i).filter(|l| !l.is_empty()) {
+                                settings.push_str(&links_text(links));
+                            }
+                            vec![(i + 1).to_string(), resource.label(), settings]
                         })
                         .collect();
                     print_table(&["#", "RESOURCE", "SETTINGS"], &rows);
@@ -567,21 +625,44 @@ async fn state_command(common: Common, args: StateArgs) -> Result<(), CliError> 
                 }
             };
         }
-        StateCommand::Check(a) => ("check", Some(a.file), a.target, a.timeout, a.concurrency),
-        StateCommand::Apply(a) => ("apply", Some(a.file), a.target, a.timeout, a.concurrency),
-        StateCommand::Drift(a) => ("drift", None, a.target, a.timeout, None),
+        StateCommand::Check(a) => StateRun {
+            operation: "check",
+            plan: Some(compile(&a.file, &a.set, &a.set_secret)?),
+            target: a.target,
+            timeout: a.timeout,
+            concurrency: a.concurrency,
+            diff: a.diff,
+        },
+        StateCommand::Apply(a) => StateRun {
+            operation: "apply",
+            plan: Some(compile(&a.file, &a.set, &a.set_secret)?),
+            target: a.target,
+            timeout: a.timeout,
+            concurrency: a.concurrency,
+            diff: false,
+        },
+        StateCommand::Drift(a) => StateRun {
+            operation: "drift",
+            plan: None,
+            target: a.target,
+            timeout: a.timeout,
+            concurrency: None,
+            diff: false,
+        },
     };
-    let plan = match &file {
-        Some(file) => serde_json::to_string(&compile(file)?)
+    let plan = match &run.plan {
+        Some(plan) => serde_json::to_string(plan)
             .map_err(|e| CliError::failed(format!("cannot encode the plan: {e}")))?,
         None => String::new(),
     };
     let request = proto::StateRequest {
-        target: target.unwrap_or_default(),
+        target: run.target.unwrap_or_default(),
         plan,
-        timeout_ms: duration(&timeout, "--timeout")?,
-        concurrency: concurrency.unwrap_or(0),
+        timeout_ms: duration(&run.timeout, "--timeout")?,
+        concurrency: run.concurrency.unwrap_or(0),
+        diff: run.diff,
     };
+    let operation = run.operation;
     let mut client = client(&common).await?;
     let request = authorized(&common, request)?;
     let stream = match operation {
@@ -640,6 +721,20 @@ fn settings(resource: &crate::state::Resource) -> String {
     parts.join(" ")
 }
 
+/// ` id=x require=a,b onchanges=c`, for the compile table.
+fn links_text(links: &crate::state::Links) -> String {
+    let mut text = String::new();
+    if let Some(id) = &links.id {
+        text.push_str(&format!(" id={id}"));
+    }
+    for (key, ids) in [("require", &links.require), ("onchanges", &links.onchanges)] {
+        if !ids.is_empty() {
+            text.push_str(&format!(" {key}={}", ids.join(",")));
+        }
+    }
+    text
+}
+
 pub(super) fn state_json(result: &proto::StateResult) -> serde_json::Value {
     let outcomes: Vec<serde_json::Value> = result
         .outcomes
@@ -648,6 +743,7 @@ pub(super) fn state_json(result: &proto::StateResult) -> serde_json::Value {
             serde_json::json!({
                 "resource": o.resource, "changed": o.changed, "detail": o.detail,
                 "error": (!o.error.is_empty()).then_some(&o.error),
+                "diff": (!o.diff.is_empty()).then_some(&o.diff),
             })
         })
         .collect();
@@ -700,6 +796,12 @@ pub(super) fn print_state_result(
             "{}",
             super::output::format_table(&["  RESULT", "RESOURCE", "DETAIL"], &rows)
         );
+    }
+    for outcome in result.outcomes.iter().filter(|o| !o.diff.is_empty()) {
+        let _ = writeln!(out, "  diff {}:", outcome.resource);
+        for line in outcome.diff.lines() {
+            let _ = writeln!(out, "    {line}");
+        }
     }
 }
 

@@ -253,6 +253,7 @@ async fn verify(common: &Common, args: VerifyArgs) -> Result<(), CliError> {
             plan: plan_text,
             timeout_ms,
             concurrency: 0,
+            diff: false,
         };
         let mut stream = fleet
             .state_check(authorized(common, request)?)
@@ -359,6 +360,7 @@ async fn rollback(common: &Common, args: RollbackArgs) -> Result<(), CliError> {
             plan: plan_text,
             timeout_ms,
             concurrency: 0,
+            diff: false,
         };
         let mut stream = fleet
             .state_apply(authorized(common, request)?)

@@ -50,8 +50,14 @@ fn is_zero(value: &u64) -> bool {
 pub enum Work {
     /// Run a program (no shell): argv[0] looked up on PATH.
     Exec { argv: Vec<String> },
-    /// Check or apply a compiled state.
-    State { mode: Mode, plan: Plan },
+    /// Check or apply a compiled state; `diff` (check only) asks for each changed file's
+    /// unified diff.
+    State {
+        mode: Mode,
+        plan: Plan,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        diff: bool,
+    },
     /// Run a module's exported function on the host (its facts are the host's), then check
     /// or apply the resources it returned like a state. Answered with a state outcome that
     /// also carries those resources and the module's log lines.

@@ -43,6 +43,8 @@ pub struct StateRequest {
     pub plan: String,
     pub timeout: Option<Duration>,
     pub concurrency: u32,
+    /// Check: each file that would change comes with a unified diff.
+    pub diff: bool,
 }
 
 /// One agent's answer.
@@ -166,7 +168,8 @@ async fn prepare_checked(
                 }
             },
         };
-        job.work.push((agent_id, Work::State { mode, plan }));
+        let diff = request.diff && mode == Mode::Check;
+        job.work.push((agent_id, Work::State { mode, plan, diff }));
     }
     Ok(job)
 }
@@ -428,9 +431,7 @@ fn applied_plan(sent: Option<&Work>, reply: &Reply) -> Option<String> {
     let plan = match (sent?, &reply.outcome) {
         (Work::State { plan, .. }, _) => plan.clone(),
         (Work::Module { .. }, ReplyOutcome::State(outcome)) if !outcome.resources.is_empty() => {
-            Plan {
-                resources: outcome.resources.clone(),
-            }
+            Plan::of(outcome.resources.clone())
         }
         _ => return None,
     };
@@ -444,7 +445,12 @@ fn drifted(plan: &Plan, outcomes: &[Outcome]) -> Vec<String> {
         .iter()
         .zip(outcomes)
         .filter(|(resource, outcome)| {
-            let unguarded = matches!(resource, Resource::Command(c) if c.unless.is_none() && c.creates.is_none());
+            // Restarted and reloaded services act on every run that reaches them.
+            let unguarded = match resource {
+                Resource::Command(c) => c.unless.is_none() && c.creates.is_none(),
+                Resource::Service(s) => s.state.is_some_and(|state| state.is_action()),
+                _ => false,
+            };
             outcome.changed && !unguarded
         })
         .map(|(_, outcome)| outcome.resource.clone())
@@ -474,6 +480,7 @@ mod tests {
                     ..Default::default()
                 }),
             ],
+            ..Plan::default()
         };
         let changed = |resource: &str| Outcome {
             resource: resource.into(),

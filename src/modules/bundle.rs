@@ -185,16 +185,18 @@ pub fn run_on_host(
         Ok(run) => run,
         Err(e) => return failed(e),
     };
-    let plan = Plan {
-        resources: run.resources,
-    };
+    let plan = Plan::of(run.resources);
     if let Err(e) = state::validate(&plan) {
         return failed(Error::Invalid(format!(
             "{} returned resources that are not a valid state: {e}",
             call.function
         )));
     }
-    let outcomes = state::run(&plan, mode);
+    let options = state::RunOptions {
+        facts: serde_json::to_value(Facts::of_this_host()).unwrap_or_default(),
+        diff: false,
+    };
+    let outcomes = state::run(&plan, mode, &options);
     StateOutcome {
         outcomes,
         resources: plan.resources,

@@ -205,9 +205,7 @@ fn resource<'v>(
 }
 
 fn check_resources(resources: &[Resource]) -> Result<()> {
-    let plan = Plan {
-        resources: resources.to_vec(),
-    };
+    let plan = Plan::of(resources.to_vec());
     state::validate(&plan).map_err(Error::Invalid)?;
     if let Some(file) = plan.resources.iter().find_map(|r| match r {
         Resource::File(f) if f.source.is_some() => Some(f),

@@ -525,6 +525,7 @@ async fn run_kind(
                 plan: serde_json::to_string(&plan).map_err(|e| e.to_string())?,
                 timeout: step.timeout(),
                 concurrency: 0,
+                diff: false,
             };
             let job = crate::fleet::state::prepare(
                 domain,

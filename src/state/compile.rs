@@ -7,7 +7,13 @@
 //! attaches the position of that mapping. That is also why sources are inlined during
 //! deserialization rather than after it. A first pass checks only the syntax, so a syntax error
 //! points at its own line instead of its item's.
+//!
+//! A file is either that list or a mapping `{vars: {...}, resources: [...]}`. After parsing,
+//! ids are resolved and the resources sorted so that each comes after what it requires
+//! (`order`); an error found then (an unknown id, a cycle) is put on its item's line by
+//! parsing again with [`LineProbe`], which fails at that item.
 
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::fs;
 use std::path::Path;
@@ -18,7 +24,7 @@ use serde::de::{
 };
 
 use super::validate::{self, MAX_CONTENT_BYTES};
-use super::{CompileError, FileResource, Plan, Resource};
+use super::{CompileError, FileResource, Links, Plan, Resource, Setting};
 
 /// The resource kinds, as written in a state file.
 const KINDS: &[&str] = &[
@@ -30,20 +36,206 @@ const KINDS: &[&str] = &[
     "command",
 ];
 
-pub(super) fn compile(yaml: &str, base_dir: &Path) -> Result<Plan, CompileError> {
+pub(super) fn compile(
+    yaml: &str,
+    base_dir: &Path,
+    settings: &[Setting],
+) -> Result<Plan, CompileError> {
     let document: Option<IgnoredAny> = parse_yaml(yaml, std::marker::PhantomData)?;
-    if document.is_none() {
-        return Ok(Plan::default());
+    let (items, mut vars) = match document {
+        None => (Vec::new(), BTreeMap::new()),
+        Some(_) => {
+            let mut content_bytes = 0;
+            let document = parse_yaml(
+                yaml,
+                DocumentSeed {
+                    base_dir,
+                    content_bytes: &mut content_bytes,
+                },
+            )?;
+            (document.items, document.vars)
+        }
+    };
+    let mut secret_vars = Vec::new();
+    for setting in settings {
+        vars.insert(
+            setting.name.clone(),
+            serde_json::Value::String(setting.value.clone()),
+        );
+        if setting.secret {
+            secret_vars.push(setting.name.clone());
+        }
     }
-    let mut content_bytes = 0;
-    let resources = parse_yaml(
-        yaml,
-        ItemsSeed {
-            base_dir,
-            content_bytes: &mut content_bytes,
-        },
-    )?;
-    Ok(Plan { resources })
+    let at_item = |index: usize, message: String| CompileError {
+        line: item_line(yaml, index),
+        message,
+    };
+    let order = order(&items).map_err(|(index, message)| at_item(index, message))?;
+    let has_links = items.iter().any(|(_, links)| !links.is_empty());
+    let mut plan = Plan {
+        vars,
+        secret_vars,
+        ..Plan::default()
+    };
+    for index in order {
+        let (resource, links) = &items[index];
+        if let Resource::File(file) = resource {
+            check_template_names(file, &plan.vars)
+                .map_err(|message| at_item(index, format!("file: {message}")))?;
+        }
+        plan.resources.push(resource.clone());
+        if has_links {
+            plan.links.push(links.clone());
+        }
+    }
+    Ok(plan)
+}
+
+/// The run order: file order, except that a resource waits for every id it requires (or has
+/// in `onchanges`). Among the resources that are ready, the earliest in the file goes first,
+/// so a file already in order keeps its order. Errors carry the index of their item.
+fn order(items: &[(Resource, Links)]) -> Result<Vec<usize>, (usize, String)> {
+    let mut ids: HashMap<&str, usize> = HashMap::new();
+    for (index, (_, links)) in items.iter().enumerate() {
+        if let Some(id) = &links.id {
+            if let Some(first) = ids.insert(id, index) {
+                return Err((
+                    index,
+                    format!(
+                        "id '{id}' is already the id of resource {} ({})",
+                        first + 1,
+                        items[first].0.label()
+                    ),
+                ));
+            }
+        }
+    }
+    let mut waits_for: Vec<Vec<usize>> = Vec::with_capacity(items.len());
+    for (index, (_, links)) in items.iter().enumerate() {
+        let mut prerequisites = Vec::new();
+        for (key, list) in [("require", &links.require), ("onchanges", &links.onchanges)] {
+            for id in list {
+                match ids.get(id.as_str()) {
+                    Some(&target) if target == index => {
+                        return Err((
+                            index,
+                            format!("{key}: a resource cannot require itself ('{id}')"),
+                        ))
+                    }
+                    Some(&target) => prerequisites.push(target),
+                    None => return Err((index, format!("{key}: no resource has the id '{id}'"))),
+                }
+            }
+        }
+        waits_for.push(prerequisites);
+    }
+    let mut done = vec![false; items.len()];
+    let mut order = Vec::with_capacity(items.len());
+    while order.len() < items.len() {
+        let ready = (0..items.len())
+            .find(|&index| !done[index] && waits_for[index].iter().all(|&p| done[p]));
+        match ready {
+            Some(index) => {
+                done[index] = true;
+                order.push(index);
+            }
+            None => {
+                let start = (0..items.len()).find(|&index| !done[index]).unwrap_or(0);
+                return Err((start, cycle_message(items, &waits_for, &done, start)));
+            }
+        }
+    }
+    Ok(order)
+}
+
+/// `require cycle: a -> b -> a`: follows unmet prerequisites from `start` until one repeats.
+fn cycle_message(
+    items: &[(Resource, Links)],
+    waits_for: &[Vec<usize>],
+    done: &[bool],
+    start: usize,
+) -> String {
+    let name = |index: usize| {
+        items[index]
+            .1
+            .id
+            .clone()
+            .unwrap_or_else(|| items[index].0.label())
+    };
+    let mut path = vec![start];
+    let mut current = start;
+    while let Some(&next) = waits_for[current].iter().find(|&&p| !done[p]) {
+        if let Some(at) = path.iter().position(|&seen| seen == next) {
+            let mut cycle: Vec<String> = path[at..].iter().map(|&i| name(i)).collect();
+            cycle.push(name(next));
+            return format!("require cycle: {}", cycle.join(" -> "));
+        }
+        path.push(next);
+        current = next;
+    }
+    format!("require cycle through '{}'", name(start))
+}
+
+/// The line of item `index` of the resource list, found by parsing again with a seed that
+/// fails there (serde_yaml_ng puts the item's position on an error raised inside it).
+fn item_line(yaml: &str, index: usize) -> Option<usize> {
+    let error = parse_yaml(yaml, LineProbe { index }).err()?;
+    // The message may carry the item's path (`resources[3]: line probe`).
+    error
+        .message
+        .ends_with(LineProbe::MESSAGE)
+        .then_some(error.line?)
+}
+
+/// A template's names must be known where it is rendered: `vars` (the file's and `--set`'s),
+/// `facts`, or minijinja's own globals. Names inside `facts` are the host's to know, so the
+/// agent's render is the check for those (strict undefined: it fails naming the line).
+fn check_template_names(
+    file: &FileResource,
+    vars: &BTreeMap<String, serde_json::Value>,
+) -> Result<(), String> {
+    let (Some(name), Some(text)) = (&file.template, &file.content) else {
+        return Ok(());
+    };
+    let env = crate::template::environment();
+    let template = env
+        .template_from_named_str(name, text)
+        .map_err(|e| crate::template::error_message(name, &e))?;
+    let globals: Vec<&str> = env.globals().map(|(name, _)| name).collect();
+    let mut unknown: Vec<String> = template
+        .undeclared_variables(false)
+        .into_iter()
+        .filter(|used| {
+            used != "facts" && !vars.contains_key(used) && !globals.contains(&used.as_str())
+        })
+        .collect();
+    unknown.sort();
+    let Some(first) = unknown.first() else {
+        return Ok(());
+    };
+    let line = text
+        .lines()
+        .position(|line| contains_word(line, first))
+        .map(|at| format!(" line {}", at + 1))
+        .unwrap_or_default();
+    Err(format!(
+        "{name}{line}: template: undefined name '{first}' (not in vars, --set or facts){}",
+        if unknown.len() > 1 {
+            format!("; also {}", unknown[1..].join(", "))
+        } else {
+            String::new()
+        }
+    ))
+}
+
+/// `word` in `line` with no identifier character on either side.
+fn contains_word(line: &str, word: &str) -> bool {
+    let is_ident = |c: char| c.is_alphanumeric() || c == '_';
+    line.match_indices(word).any(|(at, _)| {
+        let before = line[..at].chars().next_back();
+        let after = line[at + word.len()..].chars().next();
+        !before.is_some_and(is_ident) && !after.is_some_and(is_ident)
+    })
 }
 
 /// Deserializes YAML text with a seed (`PhantomData<T>` for a plain `T`); errors keep the line
@@ -94,7 +286,195 @@ fn position_length(text: &str) -> Option<usize> {
     (line > 0 && column > 0).then(|| text.len() - after_line.len() + column)
 }
 
-/// The whole file: a YAML list of items.
+/// A parsed file: its items in file order, and its `vars:` block.
+struct Document {
+    items: Vec<(Resource, Links)>,
+    vars: BTreeMap<String, serde_json::Value>,
+}
+
+/// The whole file: a list of items, or a mapping with `vars` and `resources`.
+struct DocumentSeed<'a> {
+    base_dir: &'a Path,
+    content_bytes: &'a mut usize,
+}
+
+impl<'de> DeserializeSeed<'de> for DocumentSeed<'_> {
+    type Value = Document;
+
+    fn deserialize<D: de::Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for DocumentSeed<'_> {
+    type Value = Document;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(
+            "a YAML list of resources (items such as `- file: {path: /etc/motd}`), or a \
+             mapping with `vars:` and `resources:`",
+        )
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, items: A) -> Result<Self::Value, A::Error> {
+        let items = ItemsSeed {
+            base_dir: self.base_dir,
+            content_bytes: self.content_bytes,
+        }
+        .visit_seq(items)?;
+        Ok(Document {
+            items,
+            vars: BTreeMap::new(),
+        })
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut document = Document {
+            items: Vec::new(),
+            vars: BTreeMap::new(),
+        };
+        while let Some(key) = map.next_key::<String>()? {
+            match key.as_str() {
+                "vars" => {
+                    document.vars = map
+                        .next_value::<Option<BTreeMap<String, serde_json::Value>>>()
+                        .map_err(|e| {
+                            let message = plain_message(&e.to_string());
+                            let message = message.strip_prefix("vars: ").unwrap_or(&message);
+                            de::Error::custom(format!(
+                                "vars: {message} (a mapping of names to values)"
+                            ))
+                        })?
+                        .unwrap_or_default();
+                }
+                "resources" => {
+                    document.items = map
+                        .next_value_seed(OptionalItems(ItemsSeed {
+                            base_dir: self.base_dir,
+                            content_bytes: &mut *self.content_bytes,
+                        }))?
+                        .unwrap_or_default();
+                }
+                other => {
+                    return Err(de::Error::custom(format!(
+                        "unknown key '{other}' at the top of the file (expected vars and \
+                         resources, or a plain list of resources)"
+                    )))
+                }
+            }
+        }
+        Ok(document)
+    }
+}
+
+/// `resources:` may be empty (null).
+struct OptionalItems<'a>(ItemsSeed<'a>);
+
+impl<'de> DeserializeSeed<'de> for OptionalItems<'_> {
+    type Value = Option<Vec<(Resource, Links)>>;
+
+    fn deserialize<D: de::Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_option(self)
+    }
+}
+
+impl<'de> Visitor<'de> for OptionalItems<'_> {
+    type Value = Option<Vec<(Resource, Links)>>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.expecting(f)
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_some<D: de::Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> Result<Self::Value, D::Error> {
+        self.0.deserialize(deserializer).map(Some)
+    }
+}
+
+/// Fails inside item `index` of the resource list, so that the error carries its line.
+struct LineProbe {
+    index: usize,
+}
+
+impl LineProbe {
+    const MESSAGE: &'static str = "line probe";
+}
+
+impl<'de> DeserializeSeed<'de> for LineProbe {
+    type Value = ();
+
+    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for LineProbe {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a state file")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<(), A::Error> {
+        for _ in 0..self.index {
+            if items.next_element::<IgnoredAny>()?.is_none() {
+                return Ok(());
+            }
+        }
+        items.next_element_seed(FailInside)?;
+        Ok(())
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while let Some(key) = map.next_key::<String>()? {
+            if key == "resources" {
+                return map.next_value_seed(LineProbe { index: self.index });
+            }
+            map.next_value::<IgnoredAny>()?;
+        }
+        Ok(())
+    }
+}
+
+struct FailInside;
+
+impl<'de> DeserializeSeed<'de> for FailInside {
+    type Value = ();
+
+    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for FailInside {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a resource")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, _: A) -> Result<(), A::Error> {
+        Err(de::Error::custom(LineProbe::MESSAGE))
+    }
+}
+
+/// The items of the resource list.
 struct ItemsSeed<'a> {
     base_dir: &'a Path,
     /// File contents inlined or written so far, as encoded in the plan.
@@ -102,7 +482,7 @@ struct ItemsSeed<'a> {
 }
 
 impl<'de> DeserializeSeed<'de> for ItemsSeed<'_> {
-    type Value = Vec<Resource>;
+    type Value = Vec<(Resource, Links)>;
 
     fn deserialize<D: de::Deserializer<'de>>(
         self,
@@ -113,7 +493,7 @@ impl<'de> DeserializeSeed<'de> for ItemsSeed<'_> {
 }
 
 impl<'de> Visitor<'de> for ItemsSeed<'_> {
-    type Value = Vec<Resource>;
+    type Value = Vec<(Resource, Links)>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a YAML list of resources (items such as `- file: {path: /etc/motd}`)")
@@ -141,7 +521,7 @@ struct ItemSeed<'a> {
 }
 
 impl<'de> DeserializeSeed<'de> for ItemSeed<'_> {
-    type Value = Resource;
+    type Value = (Resource, Links);
 
     fn deserialize<D: de::Deserializer<'de>>(
         self,
@@ -152,7 +532,7 @@ impl<'de> DeserializeSeed<'de> for ItemSeed<'_> {
 }
 
 impl<'de> Visitor<'de> for ItemSeed<'_> {
-    type Value = Resource;
+    type Value = (Resource, Links);
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a resource: a one-key mapping such as `file: {path: /etc/motd}`")
@@ -164,13 +544,14 @@ impl<'de> Visitor<'de> for ItemSeed<'_> {
                 "empty item; expected a resource such as `file: {path: /etc/motd}`",
             ));
         };
-        let mut resource = match kind.as_str() {
-            "file" => Resource::File(settings(&mut item, &kind, "path")?),
-            "directory" => Resource::Directory(settings(&mut item, &kind, "path")?),
-            "symlink" => Resource::Symlink(settings(&mut item, &kind, "path")?),
-            "package" => Resource::Package(settings(&mut item, &kind, "name")?),
-            "service" => Resource::Service(settings(&mut item, &kind, "name")?),
-            "command" => Resource::Command(settings(&mut item, &kind, "run")?),
+        // Each arm: the kind's settings and the links written among them.
+        let (mut resource, links) = match kind.as_str() {
+            "file" => with(Resource::File, settings(&mut item, &kind, "path")?),
+            "directory" => with(Resource::Directory, settings(&mut item, &kind, "path")?),
+            "symlink" => with(Resource::Symlink, settings(&mut item, &kind, "path")?),
+            "package" => with(Resource::Package, settings(&mut item, &kind, "name")?),
+            "service" => with(Resource::Service, settings(&mut item, &kind, "name")?),
+            "command" => with(Resource::Command, settings(&mut item, &kind, "run")?),
             _ => {
                 return Err(de::Error::custom(format!(
                     "unknown resource kind '{kind}' (expected one of {})",
@@ -187,36 +568,162 @@ impl<'de> Visitor<'de> for ItemSeed<'_> {
         let fail = |message: String| de::Error::custom(format!("{kind}: {message}"));
         validate::check_resource(&resource).map_err(fail)?;
         normalize_modes(&mut resource);
+        validate::check_links(&links).map_err(fail)?;
         if let Resource::File(file) = &mut resource {
-            let source = file.source.clone();
+            if file.template.is_some() && file.content.is_some() {
+                return Err(fail(
+                    "content and template are mutually exclusive; give one".into(),
+                ));
+            }
+            let from = file.source.clone().or_else(|| file.template.clone());
             inline_source(file, self.base_dir).map_err(fail)?;
+            inline_template(file, self.base_dir).map_err(fail)?;
             *self.content_bytes += validate::encoded_content_size(file);
-            validate::check_content_budget(*self.content_bytes).map_err(
-                |message| match source {
-                    Some(source) => fail(format!("source '{source}': {message}")),
-                    None => fail(message),
-                },
-            )?;
+            validate::check_content_budget(*self.content_bytes).map_err(|message| match from {
+                Some(from) => fail(format!("source '{from}': {message}")),
+                None => fail(message),
+            })?;
         }
-        Ok(resource)
+        Ok((resource, links))
     }
 }
 
-/// The settings of one resource; serde's own messages name unknown and missing keys.
+fn with<T>(variant: fn(T) -> Resource, (settings, links): (T, Links)) -> (Resource, Links) {
+    (variant(settings), links)
+}
+
+/// One resource's settings: the kind's own, deserialized straight from the YAML (so scalars
+/// keep their text: `mode: 0644`), with `id`, `require` and `onchanges` taken out on the way
+/// into its links. serde's own messages name unknown and missing keys.
 fn settings<'de, A: MapAccess<'de>, T: DeserializeOwned>(
     item: &mut A,
     kind: &str,
     required: &str,
-) -> Result<T, A::Error> {
-    let settings: Option<T> = item.next_value().map_err(|error| {
-        let mut message = plain_message(&error.to_string());
-        // "expected struct FileResource" names a Rust type; say what to write instead.
-        if let Some(at) = message.find(", expected struct ") {
-            message.replace_range(at.., ", expected a mapping of settings (`key: value`)");
-        }
-        de::Error::custom(format!("{kind}: {message}"))
-    })?;
+) -> Result<(T, Links), A::Error> {
+    let settings = item
+        .next_value_seed(SettingsSeed::<T>(std::marker::PhantomData))
+        .map_err(|error| {
+            de::Error::custom(format!("{kind}: {}", plain_message(&error.to_string())))
+        })?;
     settings.ok_or_else(|| de::Error::custom(format!("{kind}: missing field `{required}`")))
+}
+
+/// A kind's settings mapping (`None` when empty: `- command:`) and the links in it.
+struct SettingsSeed<T>(std::marker::PhantomData<T>);
+
+impl<'de, T: DeserializeOwned> DeserializeSeed<'de> for SettingsSeed<T> {
+    type Value = Option<(T, Links)>;
+
+    fn deserialize<D: de::Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_option(self)
+    }
+}
+
+impl<'de, T: DeserializeOwned> Visitor<'de> for SettingsSeed<T> {
+    type Value = Option<(T, Links)>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a mapping of settings (`key: value`)")
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_some<D: de::Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+        let mut links = Links::default();
+        let filter = LinkFilter {
+            map,
+            links: &mut links,
+        };
+        let settings = T::deserialize(de::value::MapAccessDeserializer::new(filter))?;
+        Ok(Some((settings, links)))
+    }
+}
+
+/// The settings mapping as the kind's struct sees it: every key but `id`, `require` and
+/// `onchanges`, which go to `links`.
+struct LinkFilter<'l, A> {
+    map: A,
+    links: &'l mut Links,
+}
+
+impl<'de, A: MapAccess<'de>> MapAccess<'de> for LinkFilter<'_, A> {
+    type Error = A::Error;
+
+    fn next_key_seed<K: DeserializeSeed<'de>>(
+        &mut self,
+        seed: K,
+    ) -> Result<Option<K::Value>, A::Error> {
+        use serde::de::IntoDeserializer;
+        loop {
+            let Some(key) = self.map.next_key::<String>()? else {
+                return Ok(None);
+            };
+            match key.as_str() {
+                "id" => self.links.id = Some(self.map.next_value::<Ids>()?.one("id")?),
+                "require" => self.links.require = self.map.next_value::<Ids>()?.0,
+                "onchanges" => self.links.onchanges = self.map.next_value::<Ids>()?.0,
+                _ => return seed.deserialize(key.into_deserializer()).map(Some),
+            }
+        }
+    }
+
+    fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, A::Error> {
+        self.map.next_value_seed(seed)
+    }
+}
+
+/// An id, or a list of ids (`require: web-conf` is `require: [web-conf]`).
+struct Ids(Vec<String>);
+
+impl Ids {
+    fn one<E: de::Error>(mut self, key: &str) -> Result<String, E> {
+        match self.0.len() {
+            1 => Ok(self.0.remove(0)),
+            _ => Err(E::custom(format!("{key}: expected one id, not a list"))),
+        }
+    }
+}
+
+impl<'de> de::Deserialize<'de> for Ids {
+    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct IdsVisitor;
+        impl<'de> Visitor<'de> for IdsVisitor {
+            type Value = Ids;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an id or a list of ids")
+            }
+
+            fn visit_str<E: de::Error>(self, id: &str) -> Result<Ids, E> {
+                Ok(Ids(vec![id.to_string()]))
+            }
+
+            fn visit_seq<S: SeqAccess<'de>>(self, mut seq: S) -> Result<Ids, S::Error> {
+                let mut ids = Vec::new();
+                while let Some(id) = seq.next_element::<String>()? {
+                    ids.push(id);
+                }
+                Ok(Ids(ids))
+            }
+        }
+        deserializer.deserialize_any(IdsVisitor)
+    }
 }
 
 /// Modes travel as four octal digits whatever the file said (644, "0644", 0o644).
@@ -233,36 +740,57 @@ fn normalize_modes(resource: &mut Resource) {
     }
 }
 
-/// Replaces `source` with the file's bytes: `content` when they are UTF-8, `content_base64`
-/// otherwise, so binary files survive the JSON plan.
-fn inline_source(file: &mut FileResource, base_dir: &Path) -> Result<(), String> {
-    let Some(source) = file.source.take() else {
+/// Reads `template` (relative to the state file) into `content`, keeping the name for the
+/// agent's messages. The syntax is checked here, so a typo fails on the operator's machine;
+/// the names it uses are checked once the plan's vars are known (`check_template_names`).
+fn inline_template(file: &mut FileResource, base_dir: &Path) -> Result<(), String> {
+    let Some(name) = &file.template else {
         return Ok(());
     };
-    let path = base_dir.join(&source);
+    let bytes = read_beside(name, base_dir, "template")?;
+    let text =
+        String::from_utf8(bytes).map_err(|_| format!("template '{name}' is not UTF-8 text"))?;
+    crate::template::check_syntax(&crate::template::environment(), name, &text)?;
+    file.content = Some(text);
+    Ok(())
+}
+
+/// A file named relative to the state file's directory, refused before reading when it is
+/// not a regular file or is larger than a plan may carry.
+fn read_beside(name: &str, base_dir: &Path, what: &str) -> Result<Vec<u8>, String> {
+    let path = base_dir.join(name);
     let unreadable = |error: std::io::Error| {
         format!(
-            "source '{source}' ({}) cannot be read: {error}",
+            "{what} '{name}' ({}) cannot be read: {error}",
             path.display()
         )
     };
     let metadata = fs::metadata(&path).map_err(unreadable)?;
     if !metadata.is_file() {
         return Err(format!(
-            "source '{source}' ({}) is not a regular file",
+            "{what} '{name}' ({}) is not a regular file",
             path.display()
         ));
     }
     // Refuse before reading: a mistaken source could be a disk image.
     if metadata.len() > MAX_CONTENT_BYTES as u64 {
         return Err(format!(
-            "source '{source}' is {} KiB, more than the {} KiB a plan may carry (a plan travels \
+            "{what} '{name}' is {} KiB, more than the {} KiB a plan may carry (a plan travels \
              in one 1 MiB bus message); ship large files another way",
             metadata.len().div_ceil(1024),
             MAX_CONTENT_BYTES / 1024
         ));
     }
-    let bytes = fs::read(&path).map_err(unreadable)?;
+    fs::read(&path).map_err(unreadable)
+}
+
+/// Replaces `source` with the file's bytes: `content` when they are UTF-8, `content_base64`
+/// otherwise, so binary files survive the JSON plan.
+fn inline_source(file: &mut FileResource, base_dir: &Path) -> Result<(), String> {
+    let Some(source) = file.source.take() else {
+        return Ok(());
+    };
+    let bytes = read_beside(&source, base_dir, "source")?;
     match String::from_utf8(bytes) {
         Ok(text) => file.content = Some(text),
         Err(error) => {
@@ -277,11 +805,12 @@ fn inline_source(file: &mut FileResource, base_dir: &Path) -> Result<(), String>
 mod tests {
     use super::*;
     use crate::state::{
-        CommandResource, DirectoryResource, PackageResource, ServiceResource, SymlinkResource,
+        CommandResource, DirectoryResource, PackageResource, ServiceResource, Setting,
+        SymlinkResource,
     };
 
     fn compile_here(yaml: &str) -> Result<Plan, CompileError> {
-        compile(yaml, Path::new("/nonexistent"))
+        compile(yaml, Path::new("/nonexistent"), &[])
     }
 
     fn error_text(yaml: &str) -> String {
@@ -355,6 +884,7 @@ mod tests {
                     timeout: Some("5m".into()),
                 }),
             ],
+            ..Plan::default()
         };
         let plan = compile_here(yaml).unwrap();
         assert_eq!(plan, expected);
@@ -398,7 +928,8 @@ mod tests {
             ),
             (
                 "- service: {name: x, state: up}\n",
-                "line 1: service: unknown variant `up`, expected `running` or `stopped`",
+                "line 1: service: unknown variant `up`, expected one of `running`, `stopped`, \
+                 `restarted`, `reloaded`",
             ),
             (
                 "- service: {name: x, enabled: maybe}\n",
@@ -436,7 +967,8 @@ mod tests {
             ),
             (
                 "path: /a\n",
-                "line 1: invalid type: map, expected a YAML list of resources",
+                "line 1: unknown key 'path' at the top of the file (expected vars and \
+                 resources, or a plain list of resources)",
             ),
             (
                 "- file: {path: /a\n",
@@ -467,7 +999,7 @@ mod tests {
 - file: {path: /etc/motd, source: files/motd}
 - file: {path: /usr/share/logo.bin, source: files/logo.bin, mode: '0644'}
 ";
-        let plan = compile(yaml, dir.path()).unwrap();
+        let plan = compile(yaml, dir.path(), &[]).unwrap();
         assert_eq!(
             plan.resources[0],
             Resource::File(FileResource {
@@ -491,6 +1023,7 @@ mod tests {
         let missing = compile(
             "- file: {path: /a}\n- file: {path: /b, source: nope.txt}\n",
             dir.path(),
+            &[],
         )
         .unwrap_err();
         assert_eq!(missing.line, Some(2));
@@ -501,7 +1034,7 @@ mod tests {
         );
 
         fs::write(dir.path().join("big"), vec![b'x'; MAX_CONTENT_BYTES + 1]).unwrap();
-        let big = compile("- file: {path: /big, source: big}\n", dir.path()).unwrap_err();
+        let big = compile("- file: {path: /big, source: big}\n", dir.path(), &[]).unwrap_err();
         assert_eq!(big.line, Some(1));
         assert!(
             big.message
@@ -516,7 +1049,7 @@ mod tests {
         )
         .unwrap();
         let yaml = "- file: {path: /1, source: half}\n- file: {path: /2, source: half}\n";
-        let both = compile(yaml, dir.path()).unwrap_err();
+        let both = compile(yaml, dir.path(), &[]).unwrap_err();
         assert_eq!(both.line, Some(2));
         assert!(
             both.message
@@ -524,10 +1057,166 @@ mod tests {
             "{both}"
         );
 
-        let directory = compile("- file: {path: /d, source: .}\n", dir.path()).unwrap_err();
+        let directory = compile("- file: {path: /d, source: .}\n", dir.path(), &[]).unwrap_err();
         assert!(
             directory.message.contains("is not a regular file"),
             "{directory}"
+        );
+    }
+
+    #[test]
+    fn requisites_order_the_plan_and_keep_file_order_otherwise() {
+        let yaml = "\
+- service: {name: nginx, state: restarted, onchanges: [conf, site]}
+- file: {path: /etc/motd, content: hi}
+- file: {id: site, path: /etc/nginx/site, content: x, require: dir}
+- directory: {id: dir, path: /etc/nginx}
+- file: {id: conf, path: /etc/nginx/nginx.conf, content: y, require: [dir]}
+";
+        let plan = compile_here(yaml).unwrap();
+        let labels: Vec<String> = plan.resources.iter().map(Resource::label).collect();
+        assert_eq!(
+            labels,
+            [
+                "file:/etc/motd",
+                "directory:/etc/nginx",
+                "file:/etc/nginx/site",
+                "file:/etc/nginx/nginx.conf",
+                "service:nginx",
+            ]
+        );
+        assert_eq!(plan.links.len(), 5);
+        assert_eq!(plan.links[2].require, ["dir"]);
+        assert_eq!(plan.links[4].onchanges, ["conf", "site"]);
+        assert_eq!(crate::state::validate(&plan), Ok(()));
+        // The JSON round trip keeps the links; a plan without any has none.
+        let back: Plan = serde_json::from_str(&serde_json::to_string(&plan).unwrap()).unwrap();
+        assert_eq!(back, plan);
+        let plain = compile_here("- file: {path: /a}\n").unwrap();
+        assert!(plain.links.is_empty());
+        assert!(!serde_json::to_string(&plain).unwrap().contains("links"));
+    }
+
+    #[test]
+    fn link_errors_name_the_line_and_the_cycle() {
+        let cases = [
+            (
+                "- file: {path: /a}\n- file: {path: /b, require: [nope]}\n",
+                "line 2: require: no resource has the id 'nope'",
+            ),
+            (
+                "- file: {id: a, path: /a, require: b}\n- file: {id: b, path: /b, require: c}\n\
+                 - file: {id: c, path: /c, onchanges: a}\n",
+                "line 1: require cycle: a -> b -> c -> a",
+            ),
+            (
+                "- file: {id: a, path: /a}\n- file: {id: a, path: /b}\n",
+                "line 2: id 'a' is already the id of resource 1 (file:/a)",
+            ),
+            (
+                "- file: {id: a, path: /a, require: a}\n",
+                "line 1: require: a resource cannot require itself ('a')",
+            ),
+            (
+                "- file: {id: 'a b', path: /a}\n",
+                "line 1: file: id 'a b' is not an id",
+            ),
+            (
+                "- file: {id: [a, b], path: /a}\n",
+                "line 1: file: id: expected one id, not a list",
+            ),
+            (
+                "- file: {path: /a, require: {x: 1}}\n",
+                "line 1: file: invalid type: map, expected an id or a list of ids",
+            ),
+            (
+                "vars: {a: 1}\nresources:\n  - file: {path: /a}\n  - file: {path: /b, require: x}\n",
+                "line 4: require: no resource has the id 'x'",
+            ),
+            (
+                "vars: [1]\n",
+                "line 1: vars: invalid type: sequence",
+            ),
+            (
+                "resource: []\n",
+                "line 1: unknown key 'resource' at the top of the file",
+            ),
+        ];
+        for (yaml, expected) in cases {
+            let message = error_text(yaml);
+            assert!(
+                message.starts_with(expected),
+                "{yaml:?}\n got {message:?}\nwant {expected:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn templates_are_inlined_with_their_names_checked_against_vars() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(
+            dir.path().join("nginx.conf.j2"),
+            "# {{ facts.hostname }}\nlisten {{ port }};\nworkers {{ workers }};\n",
+        )
+        .unwrap();
+        fs::write(dir.path().join("broken.j2"), "a\n{% if %}\n").unwrap();
+        let yaml = "\
+vars: {port: 80}
+resources:
+  - file: {path: /etc/nginx.conf, template: nginx.conf.j2}
+";
+        let missing = compile(yaml, dir.path(), &[]).unwrap_err();
+        assert_eq!(missing.line, Some(3));
+        assert_eq!(
+            missing.message,
+            "file: nginx.conf.j2 line 3: template: undefined name 'workers' (not in vars, --set \
+             or facts)"
+        );
+        let set = |name: &str, value: &str, secret| Setting {
+            name: name.into(),
+            value: value.into(),
+            secret,
+        };
+        let plan = compile(
+            yaml,
+            dir.path(),
+            &[set("workers", "4", false), set("port", "8080", true)],
+        )
+        .unwrap();
+        let Resource::File(file) = &plan.resources[0] else {
+            panic!("{plan:?}");
+        };
+        assert_eq!(file.template.as_deref(), Some("nginx.conf.j2"));
+        assert!(file.content.as_deref().unwrap().contains("{{ port }}"));
+        assert_eq!(plan.vars["port"], "8080");
+        assert_eq!(plan.vars["workers"], "4");
+        assert_eq!(plan.secret_vars, ["port"]);
+        assert_eq!(crate::state::validate(&plan), Ok(()));
+
+        let broken =
+            compile("- file: {path: /x, template: broken.j2}\n", dir.path(), &[]).unwrap_err();
+        assert_eq!(broken.line, Some(1));
+        assert!(
+            broken
+                .message
+                .starts_with("file: broken.j2 line 2: template: syntax error"),
+            "{broken}"
+        );
+        let both = compile(
+            "- file: {path: /x, template: broken.j2, content: x}\n",
+            dir.path(),
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            both.message
+                .contains("content and template are mutually exclusive"),
+            "{both}"
+        );
+        let gone = compile("- file: {path: /x, template: nope.j2}\n", dir.path(), &[]).unwrap_err();
+        assert!(
+            gone.message.starts_with("file: template 'nope.j2' ("),
+            "{gone}"
         );
     }
 

@@ -30,6 +30,7 @@
 //! applying its kind on this host. Only `compile.rs` touches YAML; only `providers/` touches
 //! the host.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -41,7 +42,95 @@ mod validate;
 /// A compiled state: resources in the order they are applied. Serialized as JSON on the bus.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
+    /// In the order they run: the file's order, except that a resource comes after every one
+    /// it requires (`compile` sorts them, so the agent only follows the list).
     pub resources: Vec<Resource>,
+    /// Ids, requisites and triggers: one entry per resource (same index) when any resource of
+    /// the plan has one, empty otherwise. A parallel list rather than fields of every kind, so
+    /// the kinds keep their own unknown-key checks and an old plan reads unchanged.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub links: Vec<Links>,
+    /// Template parameters: the state file's `vars:` block with `--set` on top.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub vars: BTreeMap<String, serde_json::Value>,
+    /// Names of `vars` whose values are secret (`--set-secret`): the agent redacts them from
+    /// diffs, and outcomes never quote a rendered file.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secret_vars: Vec<String>,
+}
+
+/// How one resource relates to the others (YAML: `id`, `require`, `onchanges` beside its
+/// settings).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Links {
+    /// A name other resources use to refer to this one; unique in the plan.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// Ids that run first; if one of them fails (or is skipped for a failure) this resource is
+    /// not run and says why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub require: Vec<String>,
+    /// Ids that run first; this resource runs only when at least one of them changed in this
+    /// run (in check mode: would change). Implies `require`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub onchanges: Vec<String>,
+}
+
+impl Links {
+    pub fn is_empty(&self) -> bool {
+        self.id.is_none() && self.require.is_empty() && self.onchanges.is_empty()
+    }
+
+    /// Every id this resource waits for: its requisites, then its triggers.
+    pub fn prerequisites(&self) -> impl Iterator<Item = &String> {
+        self.require.iter().chain(&self.onchanges)
+    }
+}
+
+impl Plan {
+    /// A plan of these resources, with no links or vars.
+    pub fn of(resources: Vec<Resource>) -> Plan {
+        Plan {
+            resources,
+            ..Plan::default()
+        }
+    }
+
+    /// The links of resource `index` (none when the plan has no links).
+    pub fn links_of(&self, index: usize) -> Option<&Links> {
+        self.links.get(index)
+    }
+
+    /// Adds a resource at the end, with no links.
+    pub fn push(&mut self, resource: Resource) {
+        if !self.links.is_empty() {
+            self.links.push(Links::default());
+        }
+        self.resources.push(resource);
+    }
+
+    /// Appends `other`'s resources with their links, and its vars (an earlier plan's value of
+    /// a var is kept); ids must stay unique, which `validate` checks.
+    pub fn append(&mut self, other: Plan) {
+        if !other.links.is_empty() && self.links.is_empty() {
+            self.links = vec![Links::default(); self.resources.len()];
+        }
+        if !self.links.is_empty() {
+            let mut links = other.links;
+            links.resize(other.resources.len(), Links::default());
+            self.links.extend(links);
+        }
+        self.resources.extend(other.resources);
+        for (name, value) in other.vars {
+            self.vars.entry(name).or_insert(value);
+        }
+        for name in other.secret_vars {
+            if !self.secret_vars.contains(&name) {
+                self.secret_vars.push(name);
+            }
+        }
+    }
 }
 
 /// One resource of a state file. In YAML each list item is a one-key mapping:
@@ -79,6 +168,17 @@ pub enum PackageState {
 pub enum ServiceState {
     Running,
     Stopped,
+    /// Restart it every run: meant for `onchanges` (restart when its configuration changed).
+    Restarted,
+    /// Reload it (`systemctl reload`) every run: meant for `onchanges`, like restarted.
+    Reloaded,
+}
+
+impl ServiceState {
+    /// Restarted and reloaded are actions, not states: they "change" every run they are run.
+    pub fn is_action(self) -> bool {
+        matches!(self, ServiceState::Restarted | ServiceState::Reloaded)
+    }
 }
 
 impl std::fmt::Display for ServiceState {
@@ -86,6 +186,8 @@ impl std::fmt::Display for ServiceState {
         f.write_str(match self {
             ServiceState::Running => "running",
             ServiceState::Stopped => "stopped",
+            ServiceState::Restarted => "restarted",
+            ServiceState::Reloaded => "reloaded",
         })
     }
 }
@@ -108,6 +210,12 @@ pub struct FileResource {
     /// inlines it as `content` (or `content_base64`), so a plan never carries it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
+    /// A template file on the operator's machine, relative to the state file's directory
+    /// (minijinja, as blueprints use). `compile` reads it into `content` and keeps this name
+    /// for messages; the agent renders `content` with the host's `facts` and the plan's
+    /// `vars` before comparing. At most one of template, source and content_base64.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
     /// Octal, as text: "0644" (compile writes it with four digits). A new file without a
     /// mode gets 0644; an existing one keeps its mode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -238,12 +346,44 @@ pub struct Outcome {
     /// The resource failed; later resources still run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Check mode with diffs asked for: a unified diff of a file's content (secret values
+    /// redacted; a binary file is a one-line summary).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diff: Option<String>,
 }
 
-/// Parses and validates a state file and inlines `source:` files (relative to `base_dir`).
-/// An empty file (or one with only comments) is an empty plan.
+/// What `run` needs besides the plan.
+#[derive(Clone, Debug, Default)]
+pub struct RunOptions {
+    /// This host's facts, as templates see them (`{{ facts.os_family }}`): a JSON object.
+    pub facts: serde_json::Value,
+    /// Check mode: put a unified diff of each file that would change in its outcome.
+    pub diff: bool,
+}
+
+/// A template parameter given on the command line: `--set NAME=VALUE` (or `--set-secret`,
+/// whose value the agent redacts from diffs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Setting {
+    pub name: String,
+    pub value: String,
+    pub secret: bool,
+}
+
+/// Parses and validates a state file and inlines `source:` and `template:` files (relative to
+/// `base_dir`); resources are sorted so each comes after what it requires. An empty file (or
+/// one with only comments) is an empty plan.
 pub fn compile(yaml: &str, base_dir: &Path) -> Result<Plan, CompileError> {
-    compile::compile(yaml, base_dir)
+    compile::compile(yaml, base_dir, &[])
+}
+
+/// [`compile`] with template parameters from the command line, on top of the file's `vars:`.
+pub fn compile_with(
+    yaml: &str,
+    base_dir: &Path,
+    settings: &[Setting],
+) -> Result<Plan, CompileError> {
+    compile::compile(yaml, base_dir, settings)
 }
 
 /// Checks a plan that arrived over the wire (already compiled): every value valid, no
@@ -254,8 +394,8 @@ pub fn validate(plan: &Plan) -> Result<(), String> {
 
 /// Runs a plan on this host, in order; blocking (the agent calls it from spawn_blocking).
 /// One outcome per resource: a failing resource gets `error` and the next ones still run, so
-/// one bad resource does not hide what the rest of the plan does (one that depends on it fails
-/// with its own reason, such as a missing parent directory).
-pub fn run(plan: &Plan, mode: Mode) -> Vec<Outcome> {
-    providers::run_plan(plan, mode)
+/// one bad resource does not hide what the rest of the plan does. A resource that `require`s
+/// a failed one is not run and says so; one with `onchanges` runs only when a trigger changed.
+pub fn run(plan: &Plan, mode: Mode, options: &RunOptions) -> Vec<Outcome> {
+    providers::run_plan(plan, mode, options)
 }

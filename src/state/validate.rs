@@ -7,7 +7,7 @@ use base64::Engine as _;
 
 #[cfg(test)]
 use super::ServiceState;
-use super::{FileResource, Plan, Presence, Resource};
+use super::{FileResource, Links, Plan, Presence, Resource};
 
 /// File contents a plan may carry in all, measured as encoded in the JSON plan. The plan
 /// travels in one bus message of at most 1 MiB, and text can grow when escaped, so half of that
@@ -20,11 +20,85 @@ pub(super) fn validate(plan: &Plan) -> Result<(), String> {
         let fail =
             |message: String| format!("resource {} ({}): {message}", index + 1, resource.label());
         check_compiled(resource).map_err(fail)?;
+        if let Some(links) = plan.links_of(index) {
+            check_links(links).map_err(fail)?;
+        }
         if let Resource::File(file) = resource {
             content_bytes += encoded_content_size(file);
         }
     }
-    check_content_budget(content_bytes)
+    check_content_budget(content_bytes)?;
+    check_order(plan)?;
+    for name in &plan.secret_vars {
+        if !plan.vars.contains_key(name) {
+            return Err(format!("secret_vars names '{name}', which is not in vars"));
+        }
+    }
+    Ok(())
+}
+
+/// A compiled plan's links: one per resource (or none at all), ids unique, and every id a
+/// resource waits for belongs to an earlier resource — which the compiler's sort guarantees,
+/// and which also rules out cycles in a plan that did not come from the compiler.
+pub(super) fn check_order(plan: &Plan) -> Result<(), String> {
+    if plan.links.is_empty() {
+        return Ok(());
+    }
+    if plan.links.len() != plan.resources.len() {
+        return Err(format!(
+            "links has {} entries for {} resources",
+            plan.links.len(),
+            plan.resources.len()
+        ));
+    }
+    let mut earlier = std::collections::HashSet::new();
+    for (index, links) in plan.links.iter().enumerate() {
+        for id in links.prerequisites() {
+            if !earlier.contains(id.as_str()) {
+                return Err(format!(
+                    "resource {} ({}) waits for '{id}', which is not the id of an earlier \
+                     resource (compile the state file with svcctl state)",
+                    index + 1,
+                    plan.resources[index].label()
+                ));
+            }
+        }
+        if let Some(id) = &links.id {
+            if !earlier.insert(id.as_str()) {
+                return Err(format!("id '{id}' is used twice"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// An id and the ids a resource refers to: short names, nothing a shell or a path could
+/// misread.
+pub(super) fn check_links(links: &Links) -> Result<(), String> {
+    let check = |key: &str, id: &str| {
+        let valid = !id.is_empty()
+            && id.len() <= 128
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'));
+        if valid {
+            Ok(())
+        } else {
+            Err(format!(
+                "{key} '{id}' is not an id (1-128 letters, digits, '-', '_', '.', ':')"
+            ))
+        }
+    };
+    if let Some(id) = &links.id {
+        check("id", id)?;
+    }
+    for id in &links.require {
+        check("require", id)?;
+    }
+    for id in &links.onchanges {
+        check("onchanges", id)?;
+    }
+    Ok(())
 }
 
 /// The rules for a resource of a compiled plan: every value valid and no `source:` left (only
@@ -34,6 +108,9 @@ pub(super) fn check_compiled(resource: &Resource) -> Result<(), String> {
     match resource {
         Resource::File(file) if file.source.is_some() => Err(
             "source must be compiled by svcctl state (`svcctl state compile` inlines it)".into(),
+        ),
+        Resource::File(file) if file.template.is_some() && file.content.is_none() => Err(
+            "template must be compiled by svcctl state (`svcctl state compile` inlines it)".into(),
         ),
         _ => Ok(()),
     }
@@ -46,10 +123,13 @@ pub(super) fn check_resource(resource: &Resource) -> Result<(), String> {
         Resource::File(file) => {
             check_path("path", &file.path)?;
             let is_absent = file.state == Some(Presence::Absent);
+            // A compiled template is its name and its text (in `content`); the compiler
+            // refuses `content` written beside `template`.
             let sources = [
-                ("content", file.content.is_some()),
+                ("content", file.content.is_some() && file.template.is_none()),
                 ("content_base64", file.content_base64.is_some()),
                 ("source", file.source.is_some()),
+                ("template", file.template.is_some()),
             ];
             let given: Vec<&str> = sources
                 .iter()
@@ -66,6 +146,13 @@ pub(super) fn check_resource(resource: &Resource) -> Result<(), String> {
                 decode_base64(encoded)?;
             }
             if file
+                .template
+                .as_deref()
+                .is_some_and(|template| template.is_empty())
+            {
+                return Err("template must not be empty".into());
+            }
+            if file
                 .source
                 .as_deref()
                 .is_some_and(|source| source.is_empty())
@@ -77,6 +164,7 @@ pub(super) fn check_resource(resource: &Resource) -> Result<(), String> {
                     ("content", file.content.is_some()),
                     ("content_base64", file.content_base64.is_some()),
                     ("source", file.source.is_some()),
+                    ("template", file.template.is_some()),
                     ("mode", file.mode.is_some()),
                     ("owner", file.owner.is_some()),
                     ("group", file.group.is_some()),
@@ -123,7 +211,7 @@ pub(super) fn check_resource(resource: &Resource) -> Result<(), String> {
         Resource::Service(service) => {
             check_service_name(&service.name)?;
             if service.state.is_none() && service.enabled.is_none() {
-                return Err("nothing to manage: set state (running|stopped) and/or enabled".into());
+                return Err("nothing to manage: set state (running|stopped|restarted|reloaded) and/or enabled".into());
             }
             Ok(())
         }
@@ -553,6 +641,7 @@ mod tests {
                     ..file("/etc/motd")
                 }),
             ],
+            ..Plan::default()
         };
         assert_eq!(
             validate(&plan),
@@ -579,6 +668,7 @@ mod tests {
                     ..file("/b")
                 }),
             ],
+            ..Plan::default()
         };
         let error = validate(&plan).unwrap_err();
         assert!(error.contains("more than the 512 KiB"), "{error}");

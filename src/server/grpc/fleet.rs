@@ -66,6 +66,7 @@ pub(super) fn state_result(job_id: &str, result: AgentStateResult) -> proto::Sta
                 changed: o.changed,
                 detail: o.detail,
                 error: o.error.unwrap_or_default(),
+                diff: o.diff.unwrap_or_default(),
             })
             .collect(),
         drift: result.drift,
@@ -107,6 +108,7 @@ impl Fleet {
                 plan: request.plan,
                 timeout: timeout(request.timeout_ms),
                 concurrency: request.concurrency,
+                diff: request.diff,
             },
         )
         .await?;

@@ -14,7 +14,8 @@ use std::path::Path;
 
 use super::attributes::Attributes;
 use super::{
-    describe, require_parent, sync_directory, temporary_path_beside, PlannedDirectories, Report,
+    describe, diff, require_parent, sync_directory, temporary_path_beside, PlannedDirectories,
+    Report,
 };
 use crate::state::{validate, FileResource, Mode};
 
@@ -25,6 +26,7 @@ pub(super) fn run(
     file: &FileResource,
     mode: Mode,
     planned: &PlannedDirectories,
+    diff: Option<diff::Request>,
 ) -> Result<Report, String> {
     let path = Path::new(&file.path);
     if file.state == Some(crate::state::Presence::Absent) {
@@ -46,6 +48,9 @@ pub(super) fn run(
         let mut wanted = wanted;
         let mode_text = validate::format_mode(*wanted.mode.get_or_insert(DEFAULT_MODE));
         if mode == Mode::Check {
+            if let Some(diff) = diff {
+                diff.put(&file.path, None, &bytes);
+            }
             return Ok(Report::changed(format!(
                 "would create ({} bytes, mode {mode_text})",
                 bytes.len()
@@ -83,6 +88,18 @@ pub(super) fn run(
     }
     let detail = differences.join("; ");
     if mode == Mode::Check {
+        if let (Some(diff), Some(bytes)) = (diff, &new_content) {
+            match read_for_diff(path, &current)
+                .map_err(|error| format!("reading {}: {error}", path.display()))?
+            {
+                Some(old) => diff.put(&file.path, Some(&old), bytes),
+                None => diff.summary(format!(
+                    "file too large to diff ({} -> {} bytes)",
+                    current.len(),
+                    bytes.len()
+                )),
+            }
+        }
         return Ok(Report::changed(detail));
     }
     match new_content {
@@ -122,6 +139,22 @@ fn open_existing(path: &Path, planned: &PlannedDirectories) -> Result<Option<Fil
             }
         }
     }
+}
+
+/// The current bytes, for a diff: read again by path (the checked descriptor has been read
+/// from), and not at all past the size a diff shows.
+fn read_for_diff(path: &Path, current: &fs::Metadata) -> io::Result<Option<Vec<u8>>> {
+    if current.len() > diff::MAX_FILE_BYTES as u64 {
+        return Ok(None);
+    }
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)?;
+    let mut bytes = Vec::new();
+    file.take(diff::MAX_FILE_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)?;
+    Ok(Some(bytes))
 }
 
 fn content_differs(file: &File, current: &fs::Metadata, wanted: &[u8]) -> io::Result<bool> {
@@ -199,11 +232,11 @@ mod tests {
     }
 
     fn apply(file: &FileResource) -> Result<Report, String> {
-        run(file, Mode::Apply, &PlannedDirectories::default())
+        run(file, Mode::Apply, &PlannedDirectories::default(), None)
     }
 
     fn check(file: &FileResource) -> Result<Report, String> {
-        run(file, Mode::Check, &PlannedDirectories::default())
+        run(file, Mode::Check, &PlannedDirectories::default(), None)
     }
 
     fn mode_of(path: &Path) -> u32 {

@@ -8,6 +8,7 @@
 
 mod attributes;
 mod command;
+mod diff;
 mod directory;
 mod file;
 mod package;
@@ -15,13 +16,13 @@ mod process;
 mod service;
 mod symlink;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fs::{self, FileType};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{validate, Mode, Outcome, Plan, Resource};
+use super::{validate, FileResource, Links, Mode, Outcome, Plan, Resource, RunOptions};
 
 /// What a provider found (check) or did (apply).
 #[derive(Debug)]
@@ -52,19 +53,139 @@ impl Report {
 #[derive(Default)]
 struct PlannedDirectories(HashSet<PathBuf>);
 
-pub(super) fn run_plan(plan: &Plan, mode: Mode) -> Vec<Outcome> {
-    let mut planned = PlannedDirectories::default();
+/// What a resource with an id did in this run, for the ones that wait for it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Ran {
+    Changed,
+    Unchanged,
+    /// Failed, or not run because something it required failed.
+    Failed,
+}
+
+/// Whether a resource runs, given what its prerequisites did.
+enum Gate {
+    Run,
+    /// A prerequisite failed: not run, and that is an error of its own.
+    Blocked(String),
+    /// `onchanges` and none of them changed: not run, nothing wrong.
+    Quiet(String),
+}
+
+/// Everything a plan run shares: the template context, the options, and the directories
+/// earlier resources would create.
+struct Run<'a> {
+    mode: Mode,
+    options: &'a RunOptions,
+    planned: PlannedDirectories,
+    /// `vars` at the top level and `facts`, as templates see them.
+    context: minijinja::Value,
+    /// The values of the plan's secret vars, redacted from diffs.
+    secrets: Vec<String>,
+}
+
+pub(super) fn run_plan(plan: &Plan, mode: Mode, options: &RunOptions) -> Vec<Outcome> {
+    let mut context: serde_json::Map<String, serde_json::Value> =
+        plan.vars.clone().into_iter().collect();
+    context.insert("facts".into(), options.facts.clone());
+    let secrets = plan
+        .secret_vars
+        .iter()
+        .filter_map(|name| plan.vars.get(name))
+        .map(|value| match value {
+            serde_json::Value::String(text) => text.clone(),
+            other => other.to_string(),
+        })
+        .filter(|text| !text.is_empty())
+        .collect();
+    let mut run = Run {
+        mode,
+        options,
+        planned: PlannedDirectories::default(),
+        context: minijinja::Value::from_serialize(&context),
+        secrets,
+    };
+    let mut ran: HashMap<&str, Ran> = HashMap::new();
+    let no_links = Links::default();
     plan.resources
         .iter()
-        .map(|resource| run_resource(resource, mode, &mut planned))
+        .enumerate()
+        .map(|(index, resource)| {
+            let links = plan.links_of(index).unwrap_or(&no_links);
+            let (outcome, result) = match gate(links, &ran) {
+                Gate::Run => {
+                    let outcome = run_resource(resource, &mut run);
+                    let result = match (&outcome.error, outcome.changed) {
+                        (Some(_), _) => Ran::Failed,
+                        (None, true) => Ran::Changed,
+                        (None, false) => Ran::Unchanged,
+                    };
+                    (outcome, result)
+                }
+                Gate::Blocked(reason) => (
+                    Outcome {
+                        resource: resource.label(),
+                        error: Some(reason),
+                        ..Outcome::default()
+                    },
+                    Ran::Failed,
+                ),
+                Gate::Quiet(reason) => (
+                    Outcome {
+                        resource: resource.label(),
+                        detail: reason,
+                        ..Outcome::default()
+                    },
+                    Ran::Unchanged,
+                ),
+            };
+            if let Some(id) = &links.id {
+                ran.insert(id, result);
+            }
+            outcome
+        })
         .collect()
+}
+
+/// A resource runs when nothing it waits for failed, and, with `onchanges`, when at least one
+/// of those changed (in check mode: would change). The compiler put every prerequisite
+/// earlier in the plan, so each has already run.
+fn gate(links: &Links, ran: &HashMap<&str, Ran>) -> Gate {
+    let result = |id: &String| ran.get(id.as_str()).copied().unwrap_or(Ran::Failed);
+    if let Some(failed) = links.prerequisites().find(|id| result(id) == Ran::Failed) {
+        return Gate::Blocked(format!(
+            "not run: it requires '{failed}', which failed or was not run"
+        ));
+    }
+    if !links.onchanges.is_empty() && !links.onchanges.iter().any(|id| result(id) == Ran::Changed) {
+        return Gate::Quiet(format!(
+            "not run: no change in {}",
+            links.onchanges.join(", ")
+        ));
+    }
+    Gate::Run
 }
 
 /// Checks or applies one resource. The agent runs what the server validated, but the values are
 /// checked again here because this is the last stop before the host is touched.
-fn run_resource(resource: &Resource, mode: Mode, planned: &mut PlannedDirectories) -> Outcome {
+fn run_resource(resource: &Resource, run: &mut Run) -> Outcome {
+    let (mode, planned) = (run.mode, &mut run.planned);
+    let mut diff = None;
     let result = validate::check_compiled(resource).and_then(|()| match resource {
-        Resource::File(resource) => file::run(resource, mode, planned),
+        Resource::File(resource) if resource.template.is_some() => render(resource, &run.context)
+            .and_then(|rendered| {
+                file::run(
+                    &rendered,
+                    mode,
+                    planned,
+                    diff_request(run.options, mode, &run.secrets, &mut diff),
+                )
+            }),
+        Resource::File(resource) => file::run(
+            resource,
+            mode,
+            planned,
+            diff_request(run.options, mode, &run.secrets, &mut diff),
+        ),
         Resource::Directory(resource) => directory::run(resource, mode, planned),
         Resource::Symlink(resource) => symlink::run(resource, mode, planned),
         Resource::Package(resource) => package::run(resource, mode),
@@ -77,14 +198,37 @@ fn run_resource(resource: &Resource, mode: Mode, planned: &mut PlannedDirectorie
             changed: report.changed,
             detail: report.detail,
             error: None,
+            diff,
         },
         Err(error) => Outcome {
             resource: resource.label(),
-            changed: false,
-            detail: String::new(),
             error: Some(error),
+            ..Outcome::default()
         },
     }
+}
+
+/// A file resource with its template rendered into `content` (this host's facts, the plan's
+/// vars). An error names the template file and line.
+fn render(file: &FileResource, context: &minijinja::Value) -> Result<FileResource, String> {
+    let name = file.template.as_deref().unwrap_or_default();
+    let text = file.content.as_deref().unwrap_or_default();
+    let rendered = crate::template::render(&crate::template::environment(), name, text, context)?;
+    Ok(FileResource {
+        content: Some(rendered),
+        template: None,
+        ..file.clone()
+    })
+}
+
+/// Where the file provider puts a diff: only in check mode, and only when asked for.
+fn diff_request<'a>(
+    options: &RunOptions,
+    mode: Mode,
+    secrets: &'a [String],
+    slot: &'a mut Option<String>,
+) -> Option<diff::Request<'a>> {
+    (options.diff && mode == Mode::Check).then_some(diff::Request { secrets, slot })
 }
 
 /// No implicit mkdir: a missing parent is the operator's to create (with a `directory`
@@ -197,14 +341,15 @@ mod tests {
                     ..CommandResource::default()
                 }),
             ],
+            ..Plan::default()
         };
         // The files are checked inside a directory that does not exist yet but would be made.
-        let check = run(&plan, Mode::Check);
+        let check = run(&plan, Mode::Check, &RunOptions::default());
         for outcome in &check {
             assert!(outcome.changed && outcome.error.is_none(), "{outcome:?}");
         }
         assert!(!Path::new(root).join("app").exists());
-        let first = run(&plan, Mode::Apply);
+        let first = run(&plan, Mode::Apply, &RunOptions::default());
         for outcome in &first {
             assert!(outcome.changed && outcome.error.is_none(), "{outcome:?}");
         }
@@ -212,13 +357,13 @@ mod tests {
             fs::read(format!("{root}/app/blob")).unwrap(),
             [0, 159, 146, 150, 0]
         );
-        let second = run(&plan, Mode::Apply);
+        let second = run(&plan, Mode::Apply, &RunOptions::default());
         for outcome in &second {
             assert!(!outcome.changed && outcome.error.is_none(), "{outcome:?}");
         }
         assert_eq!(second[0].resource, format!("directory:{root}/app"));
         assert_eq!(second[1].detail, "already in state");
-        assert_eq!(run(&plan, Mode::Check), second);
+        assert_eq!(run(&plan, Mode::Check, &RunOptions::default()), second);
     }
 
     #[test]
@@ -245,8 +390,9 @@ mod tests {
                     ..FileResource::default()
                 }),
             ],
+            ..Plan::default()
         };
-        let outcomes = run(&plan, Mode::Apply);
+        let outcomes = run(&plan, Mode::Apply, &RunOptions::default());
         let errors: Vec<_> = outcomes.iter().map(|o| o.error.as_deref()).collect();
         assert!(errors[0].unwrap().contains("does not exist"), "{errors:?}");
         assert!(
@@ -259,6 +405,158 @@ mod tests {
         assert_eq!(fs::read(format!("{root}/file")).unwrap(), b"");
     }
 
+    /// Compiles `yaml` (with `ROOT` replaced by `root`) from `dir`.
+    fn plan_in(dir: &Path, root: &str, yaml: &str) -> Plan {
+        crate::state::compile(&yaml.replace("ROOT", root), dir).unwrap()
+    }
+
+    fn summary(outcomes: &[Outcome]) -> Vec<(bool, String, Option<String>)> {
+        outcomes
+            .iter()
+            .map(|o| (o.changed, o.detail.clone(), o.error.clone()))
+            .collect()
+    }
+
+    /// The classic: a command stands in for "restart nginx", and runs exactly when the
+    /// configuration it watches changed in this run (also in check mode, as "would run").
+    #[test]
+    fn onchanges_fires_exactly_when_a_watched_resource_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_str().unwrap();
+        let yaml = |content: &str| {
+            plan_in(
+                dir.path(),
+                root,
+                &format!(
+                    "\
+- command: {{run: echo restart >> ROOT/restarts, onchanges: [conf, other]}}
+- file: {{id: conf, path: ROOT/app.conf, content: \"{content}\"}}
+- file: {{id: other, path: ROOT/other, content: same}}
+"
+                ),
+            )
+        };
+        let restarts = || fs::read_to_string(dir.path().join("restarts")).unwrap_or_default();
+        let options = RunOptions::default();
+        let first = run(&yaml("port 80"), Mode::Apply, &options);
+        assert!(
+            first.iter().all(|o| o.changed && o.error.is_none()),
+            "{first:?}"
+        );
+        // Sorted: the files first, then what watches them.
+        assert_eq!(
+            first[2].resource,
+            format!("command:echo restart >> {root}/restarts")
+        );
+        assert_eq!(restarts(), "restart\n");
+
+        let quiet = run(&yaml("port 80"), Mode::Apply, &options);
+        assert_eq!(
+            summary(&quiet)[2],
+            (false, "not run: no change in conf, other".into(), None)
+        );
+        assert_eq!(restarts(), "restart\n");
+
+        let check = run(&yaml("port 81"), Mode::Check, &options);
+        assert_eq!(summary(&check)[2], (true, "would run".into(), None));
+        assert_eq!(restarts(), "restart\n");
+        let changed = run(&yaml("port 81"), Mode::Apply, &options);
+        assert!(changed[0].changed && !changed[1].changed && changed[2].changed);
+        assert_eq!(restarts(), "restart\nrestart\n");
+    }
+
+    #[test]
+    fn a_failed_resource_skips_what_requires_it_and_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_str().unwrap();
+        let plan = plan_in(
+            dir.path(),
+            root,
+            "\
+- file: {id: conf, path: ROOT/missing-dir/app.conf, content: x}
+- command: {id: build, run: touch ROOT/built, require: conf}
+- command: {run: touch ROOT/deployed, require: build}
+- command: {run: touch ROOT/restarted, onchanges: conf}
+- file: {path: ROOT/independent, content: y}
+",
+        );
+        let outcomes = run(&plan, Mode::Apply, &RunOptions::default());
+        let errors: Vec<Option<&str>> = outcomes.iter().map(|o| o.error.as_deref()).collect();
+        assert!(errors[0].unwrap().contains("does not exist"), "{errors:?}");
+        assert_eq!(
+            errors[1..4],
+            [
+                Some("not run: it requires 'conf', which failed or was not run"),
+                Some("not run: it requires 'build', which failed or was not run"),
+                Some("not run: it requires 'conf', which failed or was not run"),
+            ]
+        );
+        assert_eq!(errors[4], None);
+        for never in ["built", "deployed", "restarted"] {
+            assert!(!dir.path().join(never).exists(), "{never} ran");
+        }
+        assert!(dir.path().join("independent").exists());
+    }
+
+    #[test]
+    fn templates_render_with_facts_and_vars_and_diffs_redact_secrets() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_str().unwrap();
+        fs::write(
+            dir.path().join("app.conf.j2"),
+            "host = {{ facts.hostname }}\nport = {{ port }}\npassword = {{ password }}\n",
+        )
+        .unwrap();
+        let yaml = "vars: {port: 80}\nresources:\n  - file: {path: ROOT/app.conf, template: app.conf.j2}\n";
+        let plan = crate::state::compile_with(
+            &yaml.replace("ROOT", root),
+            dir.path(),
+            &[crate::state::Setting {
+                name: "password".into(),
+                value: "hunter2".into(),
+                secret: true,
+            }],
+        )
+        .unwrap();
+        let options = RunOptions {
+            facts: serde_json::json!({"hostname": "web-01"}),
+            diff: true,
+        };
+        let check = run(&plan, Mode::Check, &options);
+        let diff = check[0].diff.as_deref().unwrap();
+        assert!(diff.starts_with("--- /dev/null\n"), "{diff}");
+        assert!(
+            diff.contains("+host = web-01\n+port = 80\n+password = <redacted>\n"),
+            "{diff}"
+        );
+        assert!(!dir.path().join("app.conf").exists());
+        let apply = run(&plan, Mode::Apply, &options);
+        assert!(apply[0].changed && apply[0].diff.is_none(), "{apply:?}");
+        assert_eq!(
+            fs::read_to_string(dir.path().join("app.conf")).unwrap(),
+            "host = web-01\nport = 80\npassword = hunter2\n"
+        );
+        assert!(!run(&plan, Mode::Apply, &options)[0].changed);
+        // Another host renders another file: the check shows just that line.
+        let elsewhere = RunOptions {
+            facts: serde_json::json!({"hostname": "web-02"}),
+            diff: true,
+        };
+        let check = run(&plan, Mode::Check, &elsewhere);
+        let diff = check[0].diff.as_deref().unwrap();
+        assert!(
+            diff.contains("-host = web-01\n+host = web-02\n port = 80\n"),
+            "{diff}"
+        );
+        // A fact the host does not have fails with the template's name and line.
+        let bare = run(&plan, Mode::Apply, &RunOptions::default());
+        let error = bare[0].error.as_deref().unwrap();
+        assert!(
+            error.starts_with("app.conf.j2 line 1: template: undefined value"),
+            "{error}"
+        );
+    }
+
     #[test]
     fn run_refuses_uncompiled_sources() {
         let plan = Plan {
@@ -267,8 +565,9 @@ mod tests {
                 source: Some("motd".into()),
                 ..FileResource::default()
             })],
+            ..Plan::default()
         };
-        let outcomes = run(&plan, Mode::Apply);
+        let outcomes = run(&plan, Mode::Apply, &RunOptions::default());
         assert!(outcomes[0]
             .error
             .as_deref()

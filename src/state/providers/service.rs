@@ -31,7 +31,7 @@ fn run_with(
         systemctl.ok_or("systemctl not found (services are managed through systemd)")?;
     let name = service.name.as_str();
     let mut changes = Vec::new();
-    if let Some(state) = service.state {
+    if let Some(state) = service.state.filter(|state| !state.is_action()) {
         let wants_running = state == crate::state::ServiceState::Running;
         let (is_running_now, current) = is_active(systemctl, name)?;
         if is_running_now != wants_running {
@@ -67,10 +67,53 @@ fn run_with(
             ));
         }
     }
+    // After enabling: a unit that is restarted because its configuration changed should
+    // also come back at boot.
+    if let Some(state) = service.state.filter(|state| state.is_action()) {
+        changes.push(act(systemctl, name, state, mode)?);
+    }
     if changes.is_empty() {
         return Ok(Report::unchanged("already in state"));
     }
     Ok(Report::changed(changes.join("; ")))
+}
+
+/// restarted: `systemctl restart` (which also starts a stopped unit). reloaded: `systemctl
+/// reload` when the unit runs, `start` when it does not (nothing to reload). Either way the
+/// unit must be running afterwards.
+fn act(
+    systemctl: &Path,
+    name: &str,
+    state: crate::state::ServiceState,
+    mode: Mode,
+) -> Result<String, String> {
+    let (is_running_now, current) = is_active(systemctl, name)?;
+    let action = match state {
+        crate::state::ServiceState::Reloaded if is_running_now => "reload",
+        crate::state::ServiceState::Reloaded => "start",
+        _ => "restart",
+    };
+    let done = match action {
+        "reload" => "reloaded",
+        "start" => "started (it was not running, so not reloaded)",
+        _ => "restarted",
+    };
+    if mode == Mode::Check {
+        let would = match action {
+            "reload" => "would reload".to_string(),
+            "start" => format!("would start ({current}; nothing to reload)"),
+            _ => format!("would restart ({current})"),
+        };
+        return Ok(would);
+    }
+    call(systemctl, action, name)?;
+    let (is_running_now, now) = is_active(systemctl, name)?;
+    if !is_running_now {
+        return Err(format!(
+            "systemctl {action} {name} succeeded but the unit is {now}"
+        ));
+    }
+    Ok(done.to_string())
 }
 
 /// Running or not, with systemd's word for it ("active", "inactive", "failed", ...).
@@ -152,7 +195,8 @@ is-enabled)
 esac
 echo "$1 $unit" >> "{d}/calls"
 case "$1" in
-start) if [ "$unit" = crashy ]; then touch "{d}/failed/$unit"; else touch "{d}/active/$unit"; fi;;
+start|restart) if [ "$unit" = crashy ]; then touch "{d}/failed/$unit"; else touch "{d}/active/$unit"; fi;;
+reload) [ -e "{d}/active/$unit" ] || exit 1;;
 stop) rm -f "{d}/active/$unit";;
 enable) touch "{d}/enabled/$unit";;
 disable) rm -f "{d}/enabled/$unit";;
@@ -237,6 +281,52 @@ esac"#
                 "is-enabled missing: exit code 1\nstderr:\nFailed to get unit file state for missing.service: No such file or directory"
             ),
             "{missing}"
+        );
+    }
+
+    #[test]
+    fn restarted_and_reloaded_act_every_run_and_leave_the_unit_running() {
+        let dir = tempfile::tempdir().unwrap();
+        let systemctl = fake_systemctl(dir.path());
+        let outcome = |service: &ServiceResource, mode| {
+            let report = run_with(service, mode, Some(&systemctl)).unwrap();
+            (report.changed, report.detail)
+        };
+        let restart = unit("nginx", "restarted", true);
+        assert_eq!(
+            outcome(&restart, Mode::Check),
+            (true, "disabled -> enabled; would restart (inactive)".into())
+        );
+        assert_eq!(calls(dir.path()), "", "check changed something");
+        assert_eq!(
+            outcome(&restart, Mode::Apply),
+            (true, "disabled -> enabled; restarted".into())
+        );
+        assert_eq!(outcome(&restart, Mode::Apply), (true, "restarted".into()));
+        let reload = ServiceResource {
+            name: "nginx".into(),
+            state: Some(crate::state::ServiceState::Reloaded),
+            enabled: None,
+        };
+        assert_eq!(outcome(&reload, Mode::Check), (true, "would reload".into()));
+        assert_eq!(outcome(&reload, Mode::Apply), (true, "reloaded".into()));
+        // Nothing to reload in a stopped unit: it is started instead.
+        let stopped = ServiceResource {
+            name: "cron".into(),
+            ..reload
+        };
+        assert_eq!(
+            outcome(&stopped, Mode::Apply),
+            (true, "started (it was not running, so not reloaded)".into())
+        );
+        assert_eq!(
+            calls(dir.path()),
+            "enable nginx\nrestart nginx\nrestart nginx\nreload nginx\nstart cron\n"
+        );
+        let crashy = unit("crashy", "restarted", true);
+        assert_eq!(
+            run_with(&crashy, Mode::Apply, Some(&systemctl)).unwrap_err(),
+            "systemctl restart crashy succeeded but the unit is failed"
         );
     }
 
