@@ -34,6 +34,7 @@ const KINDS: &[&str] = &[
     "package",
     "service",
     "command",
+    "tree",
 ];
 
 pub(super) fn compile(
@@ -552,6 +553,7 @@ impl<'de> Visitor<'de> for ItemSeed<'_> {
             "package" => with(Resource::Package, settings(&mut item, &kind, "name")?),
             "service" => with(Resource::Service, settings(&mut item, &kind, "name")?),
             "command" => with(Resource::Command, settings(&mut item, &kind, "run")?),
+            "tree" => with(Resource::Tree, settings(&mut item, &kind, "path")?),
             _ => {
                 return Err(de::Error::custom(format!(
                     "unknown resource kind '{kind}' (expected one of {})",
@@ -583,6 +585,14 @@ impl<'de> Visitor<'de> for ItemSeed<'_> {
                 Some(from) => fail(format!("source '{from}': {message}")),
                 None => fail(message),
             })?;
+        }
+        if let Resource::Tree(tree) = &mut resource {
+            let source = tree.source.clone().unwrap_or_default();
+            inline_tree(tree, self.base_dir).map_err(fail)?;
+            *self.content_bytes += validate::encoded_tree_size(tree);
+            validate::check_content_budget(*self.content_bytes)
+                .map_err(|message| fail(format!("source '{source}': {message}")))?;
+            validate::check_compiled(&resource).map_err(fail)?;
         }
         Ok((resource, links))
     }
@@ -784,6 +794,84 @@ fn read_beside(name: &str, base_dir: &Path, what: &str) -> Result<Vec<u8>, Strin
     fs::read(&path).map_err(unreadable)
 }
 
+/// Reads a tree's `source` directory into `dirs` and `files` (sorted, so a plan is the same
+/// for the same tree). Only directories and regular files: a symlink or a device in the source
+/// is an error, because what it would mean on the host is a guess.
+fn inline_tree(tree: &mut crate::state::TreeResource, base_dir: &Path) -> Result<(), String> {
+    let Some(source) = tree.source.take() else {
+        return Ok(());
+    };
+    let root = base_dir.join(&source);
+    let metadata = fs::metadata(&root)
+        .map_err(|e| format!("source '{source}' ({}) cannot be read: {e}", root.display()))?;
+    if !metadata.is_dir() {
+        return Err(format!(
+            "source '{source}' ({}) is not a directory",
+            root.display()
+        ));
+    }
+    let mut pending = vec![(root.clone(), String::new())];
+    let mut read_bytes = 0usize;
+    while let Some((dir, prefix)) = pending.pop() {
+        let mut entries = fs::read_dir(&dir)
+            .and_then(|entries| entries.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| format!("reading {}: {e}", dir.display()))?;
+        entries.sort_by_key(|entry| entry.file_name());
+        for entry in entries {
+            let name = entry.file_name().into_string().map_err(|name| {
+                format!("{}: file names must be UTF-8", dir.join(name).display())
+            })?;
+            let relative = format!("{prefix}{name}");
+            let file_type = entry
+                .file_type()
+                .map_err(|e| format!("reading {}: {e}", entry.path().display()))?;
+            if file_type.is_dir() {
+                tree.dirs.push(relative.clone());
+                pending.push((entry.path(), format!("{relative}/")));
+            } else if file_type.is_file() {
+                let metadata = entry
+                    .metadata()
+                    .map_err(|e| format!("reading {}: {e}", entry.path().display()))?;
+                read_bytes += metadata.len() as usize;
+                // Refuse before reading: the whole tree must fit in a plan.
+                if read_bytes > MAX_CONTENT_BYTES {
+                    return Err(format!(
+                        "source '{source}' holds more than the {} KiB a plan may carry",
+                        MAX_CONTENT_BYTES / 1024
+                    ));
+                }
+                let bytes = fs::read(entry.path())
+                    .map_err(|e| format!("reading {}: {e}", entry.path().display()))?;
+                let (content, content_base64) = match String::from_utf8(bytes) {
+                    Ok(text) => (Some(text), None),
+                    Err(error) => (
+                        None,
+                        Some(base64::engine::general_purpose::STANDARD.encode(error.into_bytes())),
+                    ),
+                };
+                use std::os::unix::fs::PermissionsExt;
+                tree.files.push(crate::state::TreeFile {
+                    path: relative,
+                    content,
+                    content_base64,
+                    mode: validate::format_mode(metadata.permissions().mode() & 0o7777),
+                });
+            } else {
+                return Err(format!(
+                    "source '{source}': {} is not a regular file or a directory (symlinks and \
+                     devices are not copied)",
+                    entry.path().display()
+                ));
+            }
+        }
+    }
+    // Parents first: the walk above pushes a directory before its children, but pops
+    // siblings' subtrees in any order; sorting by path keeps parents before children.
+    tree.dirs.sort();
+    tree.files.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(())
+}
+
 /// Replaces `source` with the file's bytes: `content` when they are UTF-8, `content_base64`
 /// otherwise, so binary files survive the JSON plan.
 fn inline_source(file: &mut FileResource, base_dir: &Path) -> Result<(), String> {
@@ -916,7 +1004,7 @@ mod tests {
             (
                 "# header\n- files: {path: /a}\n",
                 "line 2: unknown resource kind 'files' (expected one of file, directory, \
-                 symlink, package, service, command)",
+                 symlink, package, service, command, ",
             ),
             (
                 "- file: {path: /a}\n  directory: {path: /b}\n",

@@ -144,6 +144,7 @@ pub enum Resource {
     Package(PackageResource),
     Service(ServiceResource),
     Command(CommandResource),
+    Tree(TreeResource),
 }
 
 /// Whether a file, directory or symlink should exist (wire names lowercase).
@@ -296,6 +297,52 @@ pub struct CommandResource {
     pub timeout: Option<String>,
 }
 
+/// A directory tree copied from a directory beside the state file: every file and directory
+/// of the source, with modes, and (with `purge`) nothing else.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TreeResource {
+    /// The destination directory; created (with `dir_mode`) when missing, its parent must
+    /// exist.
+    pub path: String,
+    /// A directory on the operator's machine, relative to the state file's directory;
+    /// `compile` reads it into `dirs` and `files`, so a plan never carries it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// Directories below `path`, relative, parents first (compiled).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dirs: Vec<String>,
+    /// Files below `path` (compiled).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<TreeFile>,
+    /// Every file's mode, instead of the source file's own (octal text).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    /// Every directory's mode; default 0755.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dir_mode: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// Remove what is under `path` and not in the source (files, symlinks, directories).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub purge: bool,
+}
+
+/// One file of a tree: its path below the tree, its bytes, its mode.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TreeFile {
+    pub path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_base64: Option<String>,
+    /// The source file's mode (octal text), unless the tree sets one for all.
+    pub mode: String,
+}
+
 impl Resource {
     /// `kind:name` as outcomes report it: `file:/etc/motd`, `package:nginx`, `command:make`.
     pub fn label(&self) -> String {
@@ -306,6 +353,7 @@ impl Resource {
             Resource::Package(package) => format!("package:{}", package.name),
             Resource::Service(service) => format!("service:{}", service.name),
             Resource::Command(command) => format!("command:{}", command.run),
+            Resource::Tree(tree) => format!("tree:{}", tree.path),
         }
     }
 }

@@ -7,7 +7,7 @@ use base64::Engine as _;
 
 #[cfg(test)]
 use super::ServiceState;
-use super::{FileResource, Links, Plan, Presence, Resource};
+use super::{FileResource, Links, Plan, Presence, Resource, TreeResource};
 
 /// File contents a plan may carry in all, measured as encoded in the JSON plan. The plan
 /// travels in one bus message of at most 1 MiB, and text can grow when escaped, so half of that
@@ -23,8 +23,10 @@ pub(super) fn validate(plan: &Plan) -> Result<(), String> {
         if let Some(links) = plan.links_of(index) {
             check_links(links).map_err(fail)?;
         }
-        if let Resource::File(file) = resource {
-            content_bytes += encoded_content_size(file);
+        match resource {
+            Resource::File(file) => content_bytes += encoded_content_size(file),
+            Resource::Tree(tree) => content_bytes += encoded_tree_size(tree),
+            _ => {}
         }
     }
     check_content_budget(content_bytes)?;
@@ -108,6 +110,11 @@ pub(super) fn check_compiled(resource: &Resource) -> Result<(), String> {
     match resource {
         Resource::File(file) if file.source.is_some() => Err(
             "source must be compiled by svcctl state (`svcctl state compile` inlines it)".into(),
+        ),
+        Resource::Tree(tree) if tree.source.is_some() => Err(
+            "source must be compiled by svcctl state (`svcctl state compile` reads the \
+             directory)"
+                .into(),
         ),
         Resource::File(file) if file.template.is_some() && file.content.is_none() => Err(
             "template must be compiled by svcctl state (`svcctl state compile` inlines it)".into(),
@@ -215,6 +222,7 @@ pub(super) fn check_resource(resource: &Resource) -> Result<(), String> {
             }
             Ok(())
         }
+        Resource::Tree(tree) => check_tree(tree),
         Resource::Command(command) => {
             check_shell_text("run", &command.run)?;
             if let Some(unless) = &command.unless {
@@ -307,6 +315,92 @@ fn check_path(field: &str, path: &str) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+fn check_tree(tree: &TreeResource) -> Result<(), String> {
+    check_path("path", &tree.path)?;
+    check_attributes(
+        tree.mode.as_deref(),
+        tree.owner.as_deref(),
+        tree.group.as_deref(),
+    )?;
+    if let Some(mode) = &tree.dir_mode {
+        parse_mode(mode)?;
+    }
+    if tree.source.as_deref().is_some_and(str::is_empty) {
+        return Err("source must not be empty".into());
+    }
+    let mut dirs = std::collections::HashSet::new();
+    for dir in &tree.dirs {
+        check_relative("dirs", dir)?;
+        if let Some((parent, _)) = dir.rsplit_once('/') {
+            if !dirs.contains(parent) {
+                return Err(format!(
+                    "dirs: '{dir}' comes before its parent '{parent}' (parents first)"
+                ));
+            }
+        }
+        if !dirs.insert(dir.as_str()) {
+            return Err(format!("dirs: '{dir}' is listed twice"));
+        }
+    }
+    let mut files = std::collections::HashSet::new();
+    for file in &tree.files {
+        check_relative("files", &file.path)?;
+        if let Some((parent, _)) = file.path.rsplit_once('/') {
+            if !dirs.contains(parent) {
+                return Err(format!(
+                    "files: the directory of '{}' is not in dirs",
+                    file.path
+                ));
+            }
+        }
+        if dirs.contains(file.path.as_str()) || !files.insert(file.path.as_str()) {
+            return Err(format!("files: '{}' is listed twice", file.path));
+        }
+        if file.content.is_some() && file.content_base64.is_some() {
+            return Err(format!(
+                "files: '{}' has both content and content_base64",
+                file.path
+            ));
+        }
+        if let Some(encoded) = &file.content_base64 {
+            decode_base64(encoded).map_err(|e| format!("files: '{}': {e}", file.path))?;
+        }
+        parse_mode(&file.mode).map_err(|e| format!("files: '{}': {e}", file.path))?;
+    }
+    Ok(())
+}
+
+/// A path below a tree: relative, normalized, no NUL.
+fn check_relative(field: &str, path: &str) -> Result<(), String> {
+    let is_normalized = !path.is_empty()
+        && !path.contains('\0')
+        && path
+            .split('/')
+            .all(|part| !part.is_empty() && part != "." && part != "..");
+    if is_normalized {
+        Ok(())
+    } else {
+        Err(format!(
+            "{field}: '{path}' must be a relative path inside the tree (no empty, . or .. parts)"
+        ))
+    }
+}
+
+/// The bytes a tree's files take in the JSON plan, like [`encoded_content_size`].
+pub(super) fn encoded_tree_size(tree: &TreeResource) -> usize {
+    tree.files
+        .iter()
+        .map(|file| {
+            let encoded = |text: &Option<String>| {
+                text.as_ref().map_or(0, |text| {
+                    serde_json::to_string(text).map_or(text.len(), |json| json.len())
+                })
+            };
+            file.path.len() + encoded(&file.content) + encoded(&file.content_base64)
+        })
+        .sum()
 }
 
 fn refuse_with_absent(fields: &[(&str, bool)]) -> Result<(), String> {

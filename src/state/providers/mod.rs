@@ -15,6 +15,7 @@ mod package;
 mod process;
 mod service;
 mod symlink;
+mod tree;
 
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, FileType};
@@ -191,6 +192,7 @@ fn run_resource(resource: &Resource, run: &mut Run) -> Outcome {
         Resource::Package(resource) => package::run(resource, mode),
         Resource::Service(resource) => service::run(resource, mode),
         Resource::Command(resource) => command::run(resource, mode),
+        Resource::Tree(resource) => tree::run(resource, mode, planned),
     });
     match result {
         Ok(report) => Outcome {
