@@ -107,7 +107,7 @@ struct ListArgs {
 }
 
 #[derive(FromArgs)]
-/// Show one agent.
+/// Show one agent, with the facts it reported about its host (os, arch, addresses, ...).
 #[argh(subcommand, name = "show", help_triggers("-h", "--help"))]
 struct ShowArgs {
     /// agent id
@@ -156,7 +156,7 @@ fn agent_json(agent: &Agent) -> serde_json::Value {
     };
     let labels: std::collections::BTreeMap<_, _> = agent.labels.iter().collect();
     serde_json::json!({
-        "id": agent.id, "state": agent.state, "labels": labels,
+        "id": agent.id, "state": agent.state, "labels": labels, "facts": facts_of(agent),
         "quarantined": agent.quarantined,
         "quarantine_reason": optional(&agent.quarantine_reason),
         "quarantined_at": optional(&agent.quarantined_at),
@@ -164,6 +164,33 @@ fn agent_json(agent: &Agent) -> serde_json::Value {
         "enrolled_at": agent.enrolled_at, "fingerprint": agent.fingerprint,
         "hostname": optional(&agent.hostname), "version": optional(&agent.version),
     })
+}
+
+/// The agent's facts (`facts_json`); empty when it reported none or the server is older.
+fn facts_of(agent: &Agent) -> crate::facts::Facts {
+    crate::facts::from_text(&agent.facts_json)
+}
+
+/// `svcctl agent show`: the facts under the agent's row, one per line, in the order of
+/// `facts::NAMES` (then any others the agent reported).
+fn print_facts(agent: &Agent) {
+    let facts = facts_of(agent);
+    if facts.is_empty() {
+        println!("\nno facts reported yet");
+        return;
+    }
+    let known = crate::facts::NAMES
+        .iter()
+        .filter_map(|name| facts.get_key_value(*name));
+    let others = facts
+        .iter()
+        .filter(|(name, _)| !crate::facts::is_fact_name(name));
+    let rows: Vec<Vec<String>> = known
+        .chain(others)
+        .map(|(name, value)| vec![name.clone(), crate::facts::display(value)])
+        .collect();
+    println!();
+    print_table(&["FACT", "VALUE"], &rows);
 }
 
 fn print_agents(agents: &[Agent]) {
@@ -209,6 +236,7 @@ async fn agent_command(common: Common, args: AgentArgs) -> Result<(), CliError> 
         label.request()?;
     }
     let mut client = client(&common).await?;
+    let is_show = matches!(args.command, AgentCommand::Show(_));
     let one = match args.command {
         AgentCommand::List(args) => {
             let request = proto::ListAgentsRequest {
@@ -250,6 +278,9 @@ async fn agent_command(common: Common, args: AgentArgs) -> Result<(), CliError> 
         Output::Json => print_json(&agent_json(&one)),
         Output::Table => {
             print_agents(std::slice::from_ref(&one));
+            if is_show {
+                print_facts(&one);
+            }
             Ok(())
         }
     }
