@@ -101,7 +101,7 @@ impl LabelArgs {
 /// List enrolled agents with their state (connected, disconnected, pending, quarantined).
 #[argh(subcommand, name = "list", help_triggers("-h", "--help"))]
 struct ListArgs {
-    /// only agents matching: *, id globs (web-*), a comma list, or labels (role=web,env=prod)
+    /// only agents matching: *, id globs (web-*), a comma list, or labels and facts (role=web,os_family=debian)
     #[argh(option, short = 't', from_str_fn(target))]
     target: Option<String>,
 }
@@ -295,7 +295,7 @@ async fn agent_command(common: Common, args: AgentArgs) -> Result<(), CliError> 
 /// timed out, or did not run it (quarantined agents are skipped; unreachable ones too).
 #[argh(help_triggers("-h", "--help"))]
 struct ExecArgs {
-    /// which agents: * (default), id globs (web-*), a comma list, or labels (role=web,env=prod)
+    /// which agents: * (default), id globs (web-*), a comma list, or labels and facts (role=web,os_family=debian)
     #[argh(option, short = 't', from_str_fn(target))]
     target: Option<String>,
     /// how long each agent may run it (default 60s; e.g. 30s, 5m)
@@ -513,7 +513,7 @@ struct RunArgs {
     /// the state file (YAML list of resources)
     #[argh(positional)]
     file: PathBuf,
-    /// which agents: * (default), id globs, a comma list, or labels (role=web)
+    /// which agents: * (default), id globs, a comma list, or labels and facts (role=web,arch=x86_64)
     #[argh(option, short = 't', from_str_fn(target))]
     target: Option<String>,
     /// how long each agent may take (default 10m)
@@ -532,7 +532,7 @@ struct ApplyArgs {
     /// the state file (YAML list of resources)
     #[argh(positional)]
     file: PathBuf,
-    /// which agents: * (default), id globs, a comma list, or labels (role=web)
+    /// which agents: * (default), id globs, a comma list, or labels and facts (role=web,arch=x86_64)
     #[argh(option, short = 't', from_str_fn(target))]
     target: Option<String>,
     /// how long each agent may take (default 10m)
@@ -548,7 +548,7 @@ struct ApplyArgs {
 /// drifted (or an agent failed).
 #[argh(subcommand, name = "drift", help_triggers("-h", "--help"))]
 struct DriftArgs {
-    /// which agents: * (default), id globs, a comma list, or labels (role=web)
+    /// which agents: * (default), id globs, a comma list, or labels and facts (role=web,arch=x86_64)
     #[argh(option, short = 't', from_str_fn(target))]
     target: Option<String>,
     /// how long each agent may take (default 10m)

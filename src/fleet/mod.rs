@@ -3,7 +3,7 @@
 //!
 //! - `registry.rs`: who is connected, and the facts agents report (heartbeats in memory,
 //!   written to the store in batches);
-//! - `selector.rs`: `--target` selectors;
+//! - `selector.rs`: `--target` selectors (ids, labels, facts);
 //! - `protocol.rs`: the JSON the server and agents exchange on the bus;
 //! - `signature.rs`: signing commands (server) and checking them (agent);
 //! - `jobs.rs`: sending one command to many agents and collecting their answers by deadline;
@@ -200,11 +200,24 @@ pub async fn matching_ids(domain: &Domain, target: &str) -> Result<Vec<String>> 
 async fn matching(domain: &Domain, selector: &Selector) -> Result<Vec<registry::Entry>> {
     let rows = domain.store.fleet().list_agents().await?;
     let registry = &domain.fleet.registry;
+    let uses_facts = selector.uses_facts();
     let mut entries = Vec::with_capacity(rows.len());
     for row in rows {
         let labels: BTreeMap<String, String> =
             serde_json::from_str(&row.labels).unwrap_or_default();
-        if !selector.matches(&row.id, &labels) {
+        // Facts as this process has them (reported here, perhaps not stored yet), else the
+        // store's; parsed only for a selector that looks at them.
+        let facts = if uses_facts {
+            registry
+                .facts_text(&row.id)
+                .or_else(|| row.facts.clone())
+                .as_deref()
+                .map(facts::from_text)
+                .unwrap_or_default()
+        } else {
+            Facts::new()
+        };
+        if !selector.matches(&row.id, &labels, &facts) {
             continue;
         }
         if !registry.contains(&row.id) {

@@ -229,7 +229,7 @@ pub fn document() -> Response<Body> {
                 "responses": with_errors(json!({"200": {"description": "the rows as an attachment", "content": {"text/csv": {"schema": {"type": "string"}},
                     "application/json": {"schema": {"type": "array", "items": {"$ref": "#/components/schemas/AuditEntry"}}}, "application/jsonl": {"schema": {"type": "string"}}}}}), &[("422", "bad format or time")])}});
     doc["paths"]["/api/v1/agents"] = json!({"get": {"summary": "Enrolled agents with their state (svcctl agent list)", "security": [{"bearer": []}],
-                "parameters": with_params(&[], &[("target", "string", "a selector: *, a glob on ids (web-*), a comma list, or labels role=web,env=prod")]),
+                "parameters": with_params(&[], &[("target", "string", "a selector: *, a glob on ids (web-*), a comma list, or key=value pairs on labels and facts (role=web,os_family=debian; docs/fleet.md)")]),
                 "responses": with_errors(json!({"200": {"description": "agents by id", "content": {"application/json": {"schema": {"type": "object", "properties": {
                     "agents": {"type": "array", "items": {"$ref": "#/components/schemas/Agent"}}}}}}}}), &[("422", "bad selector")])}});
     doc["paths"]["/api/v1/agents/{id}"] = json!({"parameters": id_parameter.clone(),
