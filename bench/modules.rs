@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use svc::modules::sandbox::{self, Facts, Limits, Loaded};
+use svc::modules::sandbox::{self, Limits, Loaded};
 use svc::modules::Module;
 use svc::proto::fleet_service_client::FleetServiceClient;
 use svc::proto::{self, ExecRequest, ModuleRunRequest, ModuleZip, StateRequest};
@@ -45,7 +45,7 @@ fn main() {
     );
     let module = Module::from_files(files).expect("module");
     let deps = BTreeMap::new();
-    let facts = Facts::of_this_host();
+    let facts = svc::facts::collect();
     let mut args = BTreeMap::new();
     args.insert("message".to_string(), serde_json::Value::from("hello"));
 

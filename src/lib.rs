@@ -19,6 +19,7 @@ pub mod dispatch;
 pub mod domain;
 pub mod error;
 pub mod events;
+pub mod facts;
 pub mod files;
 pub mod fleet;
 pub mod identity;

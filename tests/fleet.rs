@@ -676,6 +676,114 @@ fn labels_from_agent_yaml_are_enrolled_and_can_be_changed_later() {
     );
 }
 
+/// The agent ids `svcctl agent list --target` shows.
+fn listed_ids(server: &TestServer, target: &str) -> Vec<String> {
+    let listed = svcctl(
+        server,
+        &server.admin_key,
+        &["-o", "json", "agent", "list", "--target", target],
+    );
+    assert_eq!(listed.code, 0, "{listed:?}");
+    json(&listed)
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn agents_report_facts_shown_selected_and_kept_across_a_restart() {
+    let mut server = TestServer::start();
+    // A label named like a fact: `os` selects the fact, `label.os` the label.
+    let mut web = Agent::start(&server, "web-01", "role=web,os=custom");
+    wait_for_state(&server, "web-01", "connected", Duration::from_secs(10));
+    let host = svc::facts::collect();
+    let family = host["os_family"].as_str().unwrap();
+
+    // The first heartbeat carried the facts: connected means they are in.
+    let shown = svcctl(
+        &server,
+        &server.admin_key,
+        &["-o", "json", "agent", "show", "web-01"],
+    );
+    assert_eq!(shown.code, 0, "{shown:?}");
+    let facts = json(&shown)["facts"].clone();
+    for name in svc::facts::NAMES {
+        assert!(facts.get(name).is_some(), "no {name}: {facts}");
+    }
+    for name in [
+        "os",
+        "os_family",
+        "os_release",
+        "arch",
+        "kernel",
+        "hostname",
+        "cpus",
+    ] {
+        assert_eq!(facts[name], host[name], "{name}: {facts}");
+    }
+    assert!(facts["ip_addresses"].is_array(), "{facts}");
+    assert!(facts["memory_mb"].as_u64().unwrap() > 0, "{facts}");
+    let table = svcctl(&server, &server.admin_key, &["agent", "show", "web-01"]);
+    assert_eq!(table.code, 0, "{table:?}");
+    assert!(table.stdout.contains("FACT"), "{table:?}");
+    assert!(
+        table
+            .stdout
+            .lines()
+            .any(|line| line.starts_with("os_family ") && line.trim_end().ends_with(family)),
+        "{table:?}"
+    );
+    // REST shows them too.
+    let rest = server.request(
+        "GET",
+        "/api/v1/agents/web-01",
+        Some(&server.admin_key),
+        None,
+    );
+    assert_eq!(rest.status, 200, "{}", rest.body);
+    let rest: serde_json::Value = serde_json::from_str(&rest.body).unwrap();
+    assert_eq!(rest["facts"]["os_family"], family, "{rest}");
+
+    // Selectors on facts, beside labels and alone.
+    let (_, operator) = server.create_key("ops", "operator");
+    let own = format!("os_family={family}");
+    assert_eq!(
+        exec_targets(&server, &operator, &own),
+        (0, vec!["web-01".to_string()])
+    );
+    let arch = format!("role=web,arch={}", host["arch"].as_str().unwrap());
+    assert_eq!(
+        exec_targets(&server, &operator, &arch),
+        (0, vec!["web-01".to_string()])
+    );
+    let nothing = svcctl(
+        &server,
+        &operator,
+        &["exec", "--target", "os_family=nonexistent", "--", "true"],
+    );
+    assert_eq!(nothing.code, 5, "{nothing:?}");
+    assert!(listed_ids(&server, "os_family=nonexistent").is_empty());
+    assert_eq!(listed_ids(&server, &own), ["web-01"]);
+    assert_eq!(listed_ids(&server, "label.os=custom"), ["web-01"]);
+    assert!(listed_ids(&server, "os=custom").is_empty());
+    assert_eq!(listed_ids(&server, "fact.os_family=nonexistent").len(), 0);
+
+    // Stored: with the agent gone, a restarted server still shows and selects them.
+    web.stop();
+    assert_eq!(server.stop_with(libc::SIGTERM), Some(0), "{}", server.log());
+    server.spawn(&[]);
+    let shown = svcctl(
+        &server,
+        &server.admin_key,
+        &["-o", "json", "agent", "show", "web-01"],
+    );
+    assert_eq!(shown.code, 0, "{shown:?}");
+    assert_eq!(json(&shown)["facts"], facts, "{shown:?}");
+    assert_eq!(listed_ids(&server, &own), ["web-01"]);
+}
+
 #[test]
 fn silent_agents_are_reported_disconnected_after_the_timeout() {
     let server = TestServer::start_with(Options {

@@ -516,9 +516,11 @@ fn run_on_real_agents_applies_like_state() {
     let result = agent_result(&applied);
     assert_eq!(result["status"], "changed", "{result}");
     assert_eq!(result["outcomes"].as_array().unwrap().len(), 2, "{result}");
+    // facts()["os"] is the agent's os-release ID (`debian`), the fact `--target os=...` selects.
+    let os = svc::facts::collect()["os"].as_str().unwrap().to_string();
     assert_eq!(
         std::fs::read_to_string(root1.join("app/motd")).unwrap(),
-        "hi from linux\n"
+        format!("hi from {os}\n")
     );
     let again = site(&operator, "site", &[&root1_arg, "message=hi"], "web-01");
     assert_eq!(agent_result(&again)["status"], "ok", "{again:?}");
@@ -603,7 +605,7 @@ fn run_on_real_agents_applies_like_state() {
     assert_eq!(signed.code, 0, "{signed:?}\n{}", web2.log());
     assert_eq!(
         std::fs::read_to_string(root2.join("app/motd")).unwrap(),
-        "hello from linux\n"
+        format!("hello from {os}\n")
     );
 
     // A runaway module is stopped on the agent by the step limit; nothing is applied.

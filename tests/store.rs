@@ -1134,6 +1134,41 @@ async fn agents_and_fleet(store: Arc<dyn Store>, _db: Db) {
         }
     );
     assert_eq!(fleet.set_labels("zz", "{}").await.unwrap(), None);
+
+    // Facts: none until reported; each batch replaces its agents' facts, unknown ids are skipped, and
+    // re-enrolment keeps them (the agent reports again when they change).
+    assert_eq!(
+        store.get_agent("web-02").await.unwrap().unwrap().facts,
+        None
+    );
+    let facts = r#"{"os":"debian","ip_addresses":["10.0.0.5"]}"#;
+    fleet
+        .record_facts(&[
+            ("web-02".into(), r#"{"os":"alpine"}"#.into()),
+            ("ghost".into(), "{}".into()),
+        ])
+        .await
+        .unwrap();
+    fleet
+        .record_facts(&[("web-02".into(), facts.into())])
+        .await
+        .unwrap();
+    fleet.record_facts(&[]).await.unwrap();
+    store
+        .upsert_agent(&agent("web-02", r#"{"role":"cache"}"#))
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .get_agent("web-02")
+            .await
+            .unwrap()
+            .unwrap()
+            .facts
+            .as_deref(),
+        Some(facts)
+    );
+    assert_eq!(store.get_agent("ghost").await.unwrap(), None);
     // A new agent enrolled as quarantined is stored so.
     let held = AgentRow {
         is_quarantined: true,

@@ -1,6 +1,6 @@
 //! `svc-agent [--config PATH]`: the daemon. Connects to the bus as this agent (certificate +
 //! signed nonce; inside TLS for `tls://` URLs or with `nats.ca_file`), heartbeats every
-//! `heartbeat_interval`, and hands the commands the server sends on `svc.agent.<id>.cmd` (exec
+//! `heartbeat_interval` (with the host's facts when the server needs them), and hands the commands the server sends on `svc.agent.<id>.cmd` (exec
 //! and state) to the executor (executor.rs: in this process with `executor: inline`, else the
 //! privileged `svc-agent executor` behind its socket), answering on `svc.agent.<id>.result`.
 //!
@@ -8,7 +8,7 @@
 //! read asynchronously and state runs on the blocking pool.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,6 +17,7 @@ use futures_util::StreamExt;
 use crate::bus::subjects;
 use crate::cli::{exit, CliError};
 use crate::config::AgentConfig;
+use crate::facts::{self, Facts};
 use crate::fleet::protocol::{ExecOutcome, Heartbeat, Reply, ReplyOutcome};
 use crate::fleet::signature;
 
@@ -30,6 +31,10 @@ enum Runner {
 
 /// Jobs run at once; more wait their turn (a fan-out must not fork-bomb a host).
 const MAX_JOBS: usize = 16;
+
+/// How often the facts are read again to notice a change (an address added, memory
+/// hot-plugged). Reading them is cheap, but not worth doing every heartbeat.
+const FACTS_EVERY: Duration = Duration::from_secs(60);
 
 #[derive(argh::FromArgs)]
 /// Run the agent daemon (the default command): connect to the bus with this agent's
@@ -99,14 +104,20 @@ async fn run(config: AgentConfig) -> Result<(), CliError> {
         Runner::Socket(PathBuf::from(config.agent.executor.trim()))
     });
     let mut stop = StopSignals::install()?;
+    // Set at each (re)connection: the next heartbeat carries the facts.
+    let connected = Arc::new(AtomicBool::new(true));
     let ca_file = (!config.nats.ca_file.is_empty()).then(|| PathBuf::from(&config.nats.ca_file));
     let options = || {
         let agent_id = id.clone();
+        let connected = connected.clone();
         let options = super::connect_options(state_dir)
             .map_err(failed)?
             .name(format!("svc-agent {id}"))
             .event_callback(move |event| {
                 let agent_id = agent_id.clone();
+                if matches!(event, async_nats::Event::Connected) {
+                    connected.store(true, Ordering::Relaxed);
+                }
                 async move { log_bus_event(&agent_id, event) }
             });
         super::with_bus_tls(
@@ -154,6 +165,7 @@ async fn run(config: AgentConfig) -> Result<(), CliError> {
         id.clone(),
         config.agent.heartbeat_interval.0,
         running.clone(),
+        connected,
     ));
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_JOBS));
     loop {
@@ -209,39 +221,63 @@ fn log_bus_event(agent_id: &str, event: async_nats::Event) {
     }
 }
 
+/// Heartbeats every `interval`. The facts ride along only in the first heartbeat after each
+/// (re)connection (`connected`: the server may have restarted, or be another one) and in the
+/// first after they changed; every other heartbeat stays a few dozen bytes, because tens of
+/// thousands of agents send one every few seconds and the server keeps the last facts
+/// anyway.
 async fn heartbeats(
     client: async_nats::Client,
     id: String,
     interval: Duration,
     running: Arc<AtomicU32>,
+    connected: Arc<AtomicBool>,
 ) {
     let subject = subjects::agent_heartbeat(&id);
-    let hostname = hostname();
+    let mut facts = collect_facts().await;
+    let mut collected = Instant::now();
+    let mut sent: Option<Facts> = None;
     let mut tick = tokio::time::interval(interval.max(Duration::from_millis(100)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
+        if collected.elapsed() >= FACTS_EVERY {
+            facts = collect_facts().await;
+            collected = Instant::now();
+        }
+        let reconnected = connected.swap(false, Ordering::Relaxed);
+        let with_facts = reconnected || sent.as_ref() != Some(&facts);
         let beat = Heartbeat {
             version: env!("CARGO_PKG_VERSION").to_string(),
-            hostname: hostname.clone(),
+            hostname: facts
+                .get("hostname")
+                .and_then(|name| name.as_str())
+                .unwrap_or_default()
+                .to_string(),
             running_jobs: running.load(Ordering::Relaxed),
+            facts: with_facts.then(|| facts.clone()),
         };
         let payload = serde_json::to_vec(&beat).expect("heartbeats serialize");
-        if let Err(e) = client.publish(subject.clone(), payload.into()).await {
-            tracing::warn!(error = %e, "heartbeat not sent");
+        match client.publish(subject.clone(), payload.into()).await {
+            Ok(()) if with_facts => sent = Some(facts.clone()),
+            Ok(()) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "heartbeat not sent");
+                if with_facts {
+                    // Not sent: the next heartbeat tries again.
+                    connected.store(true, Ordering::Relaxed);
+                }
+            }
         }
     }
 }
 
-/// gethostname(2), not /proc/sys/kernel/hostname: the unit hides /proc/sys (ProcSubset=pid).
-fn hostname() -> String {
-    let mut buffer = [0u8; 256];
-    // SAFETY: gethostname writes at most buffer.len() bytes into the buffer we own.
-    if unsafe { libc::gethostname(buffer.as_mut_ptr().cast(), buffer.len()) } != 0 {
-        return String::new();
-    }
-    let end = buffer.iter().position(|&b| b == 0).unwrap_or(buffer.len());
-    String::from_utf8_lossy(&buffer[..end]).trim().to_string()
+/// This host's facts, read on the blocking pool (a few small files; the runtime has one
+/// thread).
+async fn collect_facts() -> Facts {
+    tokio::task::spawn_blocking(facts::collect)
+        .await
+        .unwrap_or_default()
 }
 
 /// Has one command run and publishes its answer. The daemon reads nothing of the command

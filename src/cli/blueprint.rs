@@ -154,7 +154,7 @@ struct ApplyArgs {
     /// NAME or NAME@VERSION (default: the latest)
     #[argh(positional)]
     blueprint: String,
-    /// which agents: * , id globs, a comma list, or labels (default: the blueprint's targets)
+    /// which agents: * , id globs, a comma list, or labels and facts (default: the blueprint's targets)
     #[argh(option, short = 't', from_str_fn(target))]
     target: Option<String>,
     /// a parameter value NAME=VALUE (repeatable)
@@ -172,7 +172,7 @@ struct ApplyArgs {
 /// What is applied where: blueprint, agent, version, last outcome.
 #[argh(subcommand, name = "applied", help_triggers("-h", "--help"))]
 struct AppliedArgs {
-    /// only these agents: *, id globs, a comma list, or labels
+    /// only these agents: *, id globs, a comma list, or labels and facts
     #[argh(option, short = 't', from_str_fn(target))]
     target: Option<String>,
 }

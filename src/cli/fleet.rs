@@ -14,10 +14,15 @@ use super::{exit, run_command, CliError, Common, Output};
 use crate::proto::fleet_service_client::FleetServiceClient;
 use crate::proto::{self, Agent};
 
+/// Largest answer read: `agent list` of a big fleet is one message of about 650 bytes an
+/// agent with its facts (12 MB for 18,000 agents), past tonic's default of 4 MiB.
+const MAX_ANSWER_BYTES: usize = 64 * 1024 * 1024;
+
 async fn client(
     common: &Common,
 ) -> Result<FleetServiceClient<tonic::transport::Channel>, CliError> {
-    Ok(FleetServiceClient::new(grpc_channel(common).await?))
+    Ok(FleetServiceClient::new(grpc_channel(common).await?)
+        .max_decoding_message_size(MAX_ANSWER_BYTES))
 }
 
 pub(super) fn duration(text: &Option<String>, flag: &str) -> Result<u64, CliError> {
@@ -101,13 +106,13 @@ impl LabelArgs {
 /// List enrolled agents with their state (connected, disconnected, pending, quarantined).
 #[argh(subcommand, name = "list", help_triggers("-h", "--help"))]
 struct ListArgs {
-    /// only agents matching: *, id globs (web-*), a comma list, or labels (role=web,env=prod)
+    /// only agents matching: *, id globs (web-*), a comma list, or labels and facts (role=web,os_family=debian)
     #[argh(option, short = 't', from_str_fn(target))]
     target: Option<String>,
 }
 
 #[derive(FromArgs)]
-/// Show one agent.
+/// Show one agent, with the facts it reported about its host (os, arch, addresses, ...).
 #[argh(subcommand, name = "show", help_triggers("-h", "--help"))]
 struct ShowArgs {
     /// agent id
@@ -156,7 +161,7 @@ fn agent_json(agent: &Agent) -> serde_json::Value {
     };
     let labels: std::collections::BTreeMap<_, _> = agent.labels.iter().collect();
     serde_json::json!({
-        "id": agent.id, "state": agent.state, "labels": labels,
+        "id": agent.id, "state": agent.state, "labels": labels, "facts": facts_of(agent),
         "quarantined": agent.quarantined,
         "quarantine_reason": optional(&agent.quarantine_reason),
         "quarantined_at": optional(&agent.quarantined_at),
@@ -164,6 +169,33 @@ fn agent_json(agent: &Agent) -> serde_json::Value {
         "enrolled_at": agent.enrolled_at, "fingerprint": agent.fingerprint,
         "hostname": optional(&agent.hostname), "version": optional(&agent.version),
     })
+}
+
+/// The agent's facts (`facts_json`); empty when it reported none or the server is older.
+fn facts_of(agent: &Agent) -> crate::facts::Facts {
+    crate::facts::from_text(&agent.facts_json)
+}
+
+/// `svcctl agent show`: the facts under the agent's row, one per line, in the order of
+/// `facts::NAMES` (then any others the agent reported).
+fn print_facts(agent: &Agent) {
+    let facts = facts_of(agent);
+    if facts.is_empty() {
+        println!("\nno facts reported yet");
+        return;
+    }
+    let known = crate::facts::NAMES
+        .iter()
+        .filter_map(|name| facts.get_key_value(*name));
+    let others = facts
+        .iter()
+        .filter(|(name, _)| !crate::facts::is_fact_name(name));
+    let rows: Vec<Vec<String>> = known
+        .chain(others)
+        .map(|(name, value)| vec![name.clone(), crate::facts::display(value)])
+        .collect();
+    println!();
+    print_table(&["FACT", "VALUE"], &rows);
 }
 
 fn print_agents(agents: &[Agent]) {
@@ -209,6 +241,7 @@ async fn agent_command(common: Common, args: AgentArgs) -> Result<(), CliError> 
         label.request()?;
     }
     let mut client = client(&common).await?;
+    let is_show = matches!(args.command, AgentCommand::Show(_));
     let one = match args.command {
         AgentCommand::List(args) => {
             let request = proto::ListAgentsRequest {
@@ -250,6 +283,9 @@ async fn agent_command(common: Common, args: AgentArgs) -> Result<(), CliError> 
         Output::Json => print_json(&agent_json(&one)),
         Output::Table => {
             print_agents(std::slice::from_ref(&one));
+            if is_show {
+                print_facts(&one);
+            }
             Ok(())
         }
     }
@@ -264,7 +300,7 @@ async fn agent_command(common: Common, args: AgentArgs) -> Result<(), CliError> 
 /// timed out, or did not run it (quarantined agents are skipped; unreachable ones too).
 #[argh(help_triggers("-h", "--help"))]
 struct ExecArgs {
-    /// which agents: * (default), id globs (web-*), a comma list, or labels (role=web,env=prod)
+    /// which agents: * (default), id globs (web-*), a comma list, or labels and facts (role=web,os_family=debian)
     #[argh(option, short = 't', from_str_fn(target))]
     target: Option<String>,
     /// how long each agent may run it (default 60s; e.g. 30s, 5m)
@@ -488,7 +524,7 @@ struct RunArgs {
     /// the state file (YAML list of resources)
     #[argh(positional)]
     file: PathBuf,
-    /// which agents: * (default), id globs, a comma list, or labels (role=web)
+    /// which agents: * (default), id globs, a comma list, or labels and facts (role=web,arch=x86_64)
     #[argh(option, short = 't', from_str_fn(target))]
     target: Option<String>,
     /// how long each agent may take (default 10m)
@@ -516,7 +552,7 @@ struct ApplyArgs {
     /// the state file (YAML list of resources)
     #[argh(positional)]
     file: PathBuf,
-    /// which agents: * (default), id globs, a comma list, or labels (role=web)
+    /// which agents: * (default), id globs, a comma list, or labels and facts (role=web,arch=x86_64)
     #[argh(option, short = 't', from_str_fn(target))]
     target: Option<String>,
     /// how long each agent may take (default 10m)
@@ -538,7 +574,7 @@ struct ApplyArgs {
 /// drifted (or an agent failed).
 #[argh(subcommand, name = "drift", help_triggers("-h", "--help"))]
 struct DriftArgs {
-    /// which agents: * (default), id globs, a comma list, or labels (role=web)
+    /// which agents: * (default), id globs, a comma list, or labels and facts (role=web,arch=x86_64)
     #[argh(option, short = 't', from_str_fn(target))]
     target: Option<String>,
     /// how long each agent may take (default 10m)

@@ -14,7 +14,7 @@ use super::client::{authorized, grpc_channel};
 use super::output::{print_json, print_table};
 use super::{CliError, Common, Output};
 use crate::modules::registry::{by_version, RegistryClient};
-use crate::modules::sandbox::{self, Facts, Limits};
+use crate::modules::sandbox::{self, Limits};
 use crate::modules::sign::{self, Policy};
 use crate::modules::store::{self, Added, Store};
 use crate::modules::{self, sha256_hex, Module, BUILD_DIR, LOCK};
@@ -549,7 +549,7 @@ async fn body(common: Common, args: Args) -> Result<(), CliError> {
                 &deps,
                 &a.function,
                 &arguments,
-                &Facts::of_this_host(),
+                &crate::facts::collect(),
                 limits,
             )?;
             if json {

@@ -100,7 +100,7 @@ pub fn creds_backend(value: &str) -> Result<String, String> {
     one_of("backend", value, &[crate::secrets::leases::POSTGRES])
 }
 
-/// A `--target` selector: *, id globs, a comma list, or labels k=v,k2=v2.
+/// A `--target` selector: *, id globs, a comma list, or k=v,k2=v2 on labels and facts.
 pub fn target(value: &str) -> Result<String, String> {
     crate::fleet::Selector::parse(value)
         .map(|_| value.to_string())

@@ -1,8 +1,9 @@
 //! The fleet (contract §10): the agent registry with liveness from heartbeats, quarantine,
 //! remote exec, and declarative state sent to agents.
 //!
-//! - `registry.rs`: who is connected (heartbeats in memory, written to the store in batches);
-//! - `selector.rs`: `--target` selectors;
+//! - `registry.rs`: who is connected, and the facts agents report (heartbeats in memory,
+//!   written to the store in batches);
+//! - `selector.rs`: `--target` selectors (ids, labels, facts);
 //! - `protocol.rs`: the JSON the server and agents exchange on the bus;
 //! - `signature.rs`: signing commands (server) and checking them (agent);
 //! - `jobs.rs`: sending one command to many agents and collecting their answers by deadline;
@@ -30,6 +31,7 @@ use crate::audit::Action;
 use crate::auth::{Principal, Role};
 use crate::domain::Domain;
 use crate::events::EventKind;
+use crate::facts::{self, Facts};
 use crate::{clock, Error, Result};
 
 pub use registry::{AgentState, Registry, Verdict};
@@ -128,11 +130,15 @@ pub struct AgentView {
     pub fingerprint: String,
     pub hostname: String,
     pub version: String,
+    /// What the agent last reported about its host (empty until it does). Its own claim,
+    /// unlike the labels: never a basis for authorization.
+    pub facts: Facts,
 }
 
 impl From<registry::Entry> for AgentView {
     fn from(entry: registry::Entry) -> Self {
         AgentView {
+            facts: entry.facts(),
             state: entry.state(),
             id: entry.row.id,
             labels: entry.labels,
@@ -194,11 +200,24 @@ pub async fn matching_ids(domain: &Domain, target: &str) -> Result<Vec<String>> 
 async fn matching(domain: &Domain, selector: &Selector) -> Result<Vec<registry::Entry>> {
     let rows = domain.store.fleet().list_agents().await?;
     let registry = &domain.fleet.registry;
+    let uses_facts = selector.uses_facts();
     let mut entries = Vec::with_capacity(rows.len());
     for row in rows {
         let labels: BTreeMap<String, String> =
             serde_json::from_str(&row.labels).unwrap_or_default();
-        if !selector.matches(&row.id, &labels) {
+        // Facts as this process has them (reported here, perhaps not stored yet), else the
+        // store's; parsed only for a selector that looks at them.
+        let facts = if uses_facts {
+            registry
+                .facts_text(&row.id)
+                .or_else(|| row.facts.clone())
+                .as_deref()
+                .map(facts::from_text)
+                .unwrap_or_default()
+        } else {
+            Facts::new()
+        };
+        if !selector.matches(&row.id, &labels, &facts) {
             continue;
         }
         if !registry.contains(&row.id) {
@@ -379,7 +398,19 @@ pub async fn heartbeat(
     beat: &protocol::Heartbeat,
 ) {
     let registry = &domain.fleet.registry;
-    let mut verdict = registry.heartbeat(id, &beat.hostname, &beat.version);
+    // Facts come only when they changed or the agent reconnected; what the agent claims is
+    // checked for shape and size before the server keeps it.
+    let facts = beat
+        .facts
+        .as_ref()
+        .and_then(|reported| match facts::check(reported) {
+            Ok(()) => serde_json::to_string(reported).ok(),
+            Err(why) => {
+                tracing::warn!(agent_id = id, %why, "reported facts ignored");
+                None
+            }
+        });
+    let mut verdict = registry.heartbeat(id, &beat.hostname, &beat.version, facts.as_deref());
     // Every cluster member keeps every agent's liveness; only its owner announces it.
     let owner = domain.cluster.owns(id);
     if verdict == Verdict::Unknown {
@@ -387,7 +418,7 @@ pub async fn heartbeat(
         match domain.store.get_agent(id).await {
             Ok(Some(row)) => {
                 registry.update(row);
-                verdict = registry.heartbeat(id, &beat.hostname, &beat.version);
+                verdict = registry.heartbeat(id, &beat.hostname, &beat.version, facts.as_deref());
             }
             Ok(None) => {}
             Err(e) => tracing::warn!(agent_id = id, error = %e, "cannot read agent"),
@@ -433,13 +464,22 @@ pub fn sweep(domain: &Domain, sink: &jobs::EventSink) {
     }
 }
 
-/// Writes heartbeat times the store does not have yet, in one transaction.
+/// Writes what heartbeats brought that the store does not have yet (times, then facts),
+/// each in one transaction.
 pub async fn save_heartbeats(domain: &Domain) {
     let mut unsaved = domain.fleet.registry.take_unsaved();
-    // Each agent's times are written by its owner only (one writer per row in a cluster).
+    // Each agent's times and facts are written by its owner only (one writer per row in a
+    // cluster); every member received the same heartbeats and keeps them in memory.
     unsaved.retain(|(id, _)| domain.cluster.owns(id));
     if let Err(e) = domain.store.fleet().record_heartbeats(&unsaved).await {
         tracing::warn!(error = %e, agents = unsaved.len(), "heartbeat times not saved");
+    }
+    let mut facts = domain.fleet.registry.take_unsaved_facts();
+    facts.retain(|(id, _)| domain.cluster.owns(id));
+    if let Err(e) = domain.store.fleet().record_facts(&facts).await {
+        // Unlike times, facts are not sent again with the next heartbeat: try again later.
+        tracing::warn!(error = %e, agents = facts.len(), "reported facts not saved");
+        domain.fleet.registry.unsaved_facts_again(&facts);
     }
 }
 

@@ -11,6 +11,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::facts::Facts;
 use crate::state::{Mode, Outcome, Plan, Resource};
 
 /// Most output an agent returns per stream (stdout, stderr); the rest is cut and flagged, so
@@ -24,6 +25,13 @@ pub struct Heartbeat {
     pub hostname: String,
     /// Jobs running on the agent when it sent this.
     pub running_jobs: u32,
+    /// The host's facts (`crate::facts`), only in the first heartbeat after each
+    /// (re)connection and in the first after they changed; absent otherwise. Heartbeats
+    /// from tens of thousands of agents every few seconds must stay a few dozen bytes, and
+    /// facts seldom change; the server keeps the last set it was sent. Absent in heartbeats
+    /// of agents older than facts, which servers read as "no news".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub facts: Option<Facts>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -176,6 +184,37 @@ mod tests {
         let text = serde_json::to_string(&reply).unwrap();
         assert_eq!(serde_json::from_str::<Reply>(&text).unwrap(), reply);
         assert!(serde_json::from_str::<Reply>(r#"{"job_id":"J"}"#).is_err());
+    }
+
+    #[test]
+    fn heartbeats_carry_facts_only_when_given() {
+        let plain = Heartbeat {
+            version: "1".into(),
+            hostname: "h".into(),
+            running_jobs: 2,
+            facts: None,
+        };
+        let text = serde_json::to_string(&plain).unwrap();
+        assert_eq!(text, r#"{"version":"1","hostname":"h","running_jobs":2}"#);
+        // What agents older than facts send, and what they receive, still reads.
+        assert_eq!(serde_json::from_str::<Heartbeat>(&text).unwrap(), plain);
+        assert_eq!(
+            serde_json::from_str::<Heartbeat>(r#"{"version":"1"}"#).unwrap(),
+            Heartbeat {
+                version: "1".into(),
+                ..Heartbeat::default()
+            }
+        );
+        let with_facts = Heartbeat {
+            facts: Some(Facts::from([("os".to_string(), "debian".into())])),
+            ..plain
+        };
+        let text = serde_json::to_string(&with_facts).unwrap();
+        assert!(text.ends_with(r#","facts":{"os":"debian"}}"#), "{text}");
+        assert_eq!(
+            serde_json::from_str::<Heartbeat>(&text).unwrap(),
+            with_facts
+        );
     }
 
     #[test]

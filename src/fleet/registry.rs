@@ -5,12 +5,19 @@
 //! value nobody reads between two list commands. The store stays the truth for who is
 //! enrolled and who is quarantined; this cache holds a copy of each agent's row, refreshed
 //! whenever this process changes it (enrolment, quarantine), and read from the store on a miss.
+//!
+//! Facts arrive with heartbeats (only when they changed or the agent reconnected) and reach
+//! the store in the same batches. They are kept as the JSON text the store has (a few hundred
+//! bytes an agent, one allocation) rather than parsed: they are read far less often than
+//! they are held. Facts reported to this process win over the store's copy of the row, which
+//! may not have them yet.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::clock;
+use crate::facts::{self, Facts};
 use crate::store::AgentRow;
 
 /// Where an agent stands, as operators see it (wire names in snake_case).
@@ -65,6 +72,11 @@ pub struct Entry {
     pub version: String,
     /// `last_heartbeat_ms` is newer than what the store has.
     dirty: bool,
+    /// `row.facts` is newer than what the store has.
+    facts_dirty: bool,
+    /// `row.facts` came from the agent, in a heartbeat to this process: a row read from the
+    /// store does not replace them.
+    facts_reported: bool,
     /// Connected again by an unquarantine: its next heartbeat reports it as newly connected.
     announce: bool,
 }
@@ -92,8 +104,19 @@ impl Entry {
             hostname: String::new(),
             version: String::new(),
             dirty: false,
+            facts_dirty: false,
+            facts_reported: false,
             announce: false,
         }
+    }
+
+    /// The agent's facts (empty until it reports them).
+    pub fn facts(&self) -> Facts {
+        self.row
+            .facts
+            .as_deref()
+            .map(facts::from_text)
+            .unwrap_or_default()
     }
 
     /// connected | disconnected | pending (never heard from) | quarantined
@@ -172,8 +195,14 @@ impl Registry {
                         entry.announce = true;
                     }
                 }
+                let facts = if entry.facts_reported {
+                    entry.row.facts.take()
+                } else {
+                    row.facts
+                };
                 entry.row = AgentRow {
-                    last_heartbeat_at: entry.row.last_heartbeat_at.clone(),
+                    last_heartbeat_at: entry.row.last_heartbeat_at.take(),
+                    facts,
                     ..row
                 };
             }
@@ -196,6 +225,13 @@ impl Registry {
         self.lock().get(id).cloned()
     }
 
+    /// An agent's facts as JSON text, when it is cached and has reported some.
+    pub fn facts_text(&self, id: &str) -> Option<String> {
+        self.lock()
+            .get(id)
+            .and_then(|entry| entry.row.facts.clone())
+    }
+
     /// Every cached agent, by id.
     pub fn all(&self) -> Vec<Entry> {
         let mut entries: Vec<Entry> = self.lock().values().cloned().collect();
@@ -203,9 +239,17 @@ impl Registry {
         entries
     }
 
-    /// Records a heartbeat from `id` (which the bus has authenticated). A quarantined agent's
-    /// heartbeat is rejected, but its time is still recorded: liveness is tracked throughout.
-    pub fn heartbeat(&self, id: &str, hostname: &str, version: &str) -> Verdict {
+    /// Records a heartbeat from `id` (which the bus has authenticated), with the facts it
+    /// carried (checked JSON text), if any. A quarantined agent's heartbeat is rejected, but
+    /// its time and facts are still recorded: liveness is tracked throughout, and what a
+    /// suspect host says about itself is worth seeing.
+    pub fn heartbeat(
+        &self,
+        id: &str,
+        hostname: &str,
+        version: &str,
+        facts: Option<&str>,
+    ) -> Verdict {
         let mut agents = self.lock();
         let Some(entry) = agents.get_mut(id) else {
             return Verdict::Unknown;
@@ -213,6 +257,13 @@ impl Registry {
         entry.last_seen = Some(Instant::now());
         entry.last_heartbeat_ms = Some(clock::now_millis());
         entry.dirty = true;
+        if let Some(facts) = facts {
+            if entry.row.facts.as_deref() != Some(facts) {
+                entry.row.facts = Some(facts.to_string());
+                entry.facts_dirty = true;
+            }
+            entry.facts_reported = true;
+        }
         if entry.hostname != hostname {
             entry.hostname = hostname.to_string();
         }
@@ -261,6 +312,33 @@ impl Registry {
         unsaved
     }
 
+    /// Facts not yet in the store (and marks them written), as (agent id, JSON text); the
+    /// caller writes them.
+    pub fn take_unsaved_facts(&self) -> Vec<(String, String)> {
+        let mut unsaved = Vec::new();
+        for (id, entry) in self.lock().iter_mut() {
+            if std::mem::take(&mut entry.facts_dirty) {
+                if let Some(facts) = &entry.row.facts {
+                    unsaved.push((id.clone(), facts.clone()));
+                }
+            }
+        }
+        unsaved
+    }
+
+    /// Marks facts whose write failed as unsaved again, unless newer ones arrived meanwhile
+    /// (those are unsaved already).
+    pub fn unsaved_facts_again(&self, failed: &[(String, String)]) {
+        let mut agents = self.lock();
+        for (id, facts) in failed {
+            if let Some(entry) = agents.get_mut(id) {
+                if entry.row.facts.as_deref() == Some(facts.as_str()) {
+                    entry.facts_dirty = true;
+                }
+            }
+        }
+    }
+
     /// Agents by state, for `svc_agents{state}`.
     pub fn counts(&self) -> BTreeMap<&'static str, u64> {
         let mut counts: BTreeMap<&'static str, u64> = AgentState::ALL
@@ -291,15 +369,15 @@ mod tests {
         let registry = Registry::new(Duration::from_millis(50));
         registry.load(vec![row("a")]);
         assert_eq!(registry.get("a").unwrap().state(), AgentState::Pending);
-        assert_eq!(registry.heartbeat("zz", "h", "v"), Verdict::Unknown);
+        assert_eq!(registry.heartbeat("zz", "h", "v", None), Verdict::Unknown);
         assert_eq!(
-            registry.heartbeat("a", "h", "v"),
+            registry.heartbeat("a", "h", "v", None),
             Verdict::Accepted {
                 newly_connected: true
             }
         );
         assert_eq!(
-            registry.heartbeat("a", "h", "v"),
+            registry.heartbeat("a", "h", "v", None),
             Verdict::Accepted {
                 newly_connected: false
             }
@@ -334,7 +412,10 @@ mod tests {
         let mut quarantined = row("recent");
         quarantined.is_quarantined = true;
         registry.update(quarantined);
-        assert_eq!(registry.heartbeat("recent", "h", "v"), Verdict::Rejected);
+        assert_eq!(
+            registry.heartbeat("recent", "h", "v", None),
+            Verdict::Rejected
+        );
         assert_eq!(registry.counts()["quarantined"], 1);
         registry.update(row("recent"));
         // It heartbeated while quarantined: connected as soon as the quarantine is lifted,
@@ -344,17 +425,65 @@ mod tests {
             AgentState::Connected
         );
         assert_eq!(
-            registry.heartbeat("recent", "h", "v"),
+            registry.heartbeat("recent", "h", "v", None),
             Verdict::Accepted {
                 newly_connected: true
             }
         );
         assert_eq!(
-            registry.heartbeat("recent", "h", "v"),
+            registry.heartbeat("recent", "h", "v", None),
             Verdict::Accepted {
                 newly_connected: false
             }
         );
+    }
+
+    #[test]
+    fn facts_are_kept_saved_once_and_win_over_older_rows() {
+        let registry = Registry::new(Duration::from_secs(30));
+        let mut stored = row("a");
+        stored.facts = Some(r#"{"os":"alpine"}"#.into());
+        registry.load(vec![stored.clone(), row("b")]);
+        assert_eq!(registry.get("a").unwrap().facts()["os"], "alpine");
+        assert!(registry.get("b").unwrap().facts().is_empty());
+        // A heartbeat without facts changes none; one with the same facts saves nothing.
+        registry.heartbeat("a", "h", "v", None);
+        registry.heartbeat("a", "h", "v", Some(r#"{"os":"alpine"}"#));
+        assert!(registry.take_unsaved_facts().is_empty());
+
+        let debian = r#"{"os":"debian"}"#;
+        registry.heartbeat("a", "h", "v", Some(debian));
+        // The store's row (older, until the batch is written) does not undo them.
+        registry.update(stored.clone());
+        assert_eq!(registry.facts_text("a").as_deref(), Some(debian));
+        assert_eq!(
+            registry.take_unsaved_facts(),
+            [("a".to_string(), debian.to_string())]
+        );
+        assert!(registry.take_unsaved_facts().is_empty(), "saved once");
+        registry.unsaved_facts_again(&[("a".to_string(), debian.to_string())]);
+        assert_eq!(
+            registry.take_unsaved_facts().len(),
+            1,
+            "a failed write is retried"
+        );
+
+        // Facts in the store for an agent that reported none here (another server wrote
+        // them) are taken.
+        let mut elsewhere = row("b");
+        elsewhere.facts = Some(debian.into());
+        registry.update(elsewhere);
+        assert_eq!(registry.get("b").unwrap().facts()["os"], "debian");
+
+        // A quarantined agent's facts are recorded too.
+        let mut quarantined = row("b");
+        quarantined.is_quarantined = true;
+        registry.update(quarantined);
+        assert_eq!(
+            registry.heartbeat("b", "h", "v", Some(r#"{"os":"arch"}"#)),
+            Verdict::Rejected
+        );
+        assert_eq!(registry.get("b").unwrap().facts()["os"], "arch");
     }
 
     #[test]
@@ -364,7 +493,7 @@ mod tests {
         let mut quarantined = row("a");
         quarantined.is_quarantined = true;
         registry.update(quarantined);
-        assert_eq!(registry.heartbeat("a", "h", "v"), Verdict::Rejected);
+        assert_eq!(registry.heartbeat("a", "h", "v", None), Verdict::Rejected);
         assert!(registry.get("a").unwrap().last_heartbeat_ms.is_some());
         std::thread::sleep(Duration::from_millis(80));
         registry.update(row("a"));

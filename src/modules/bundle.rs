@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use base64::Engine;
 
-use super::sandbox::{self, Facts, Limits};
+use super::sandbox::{self, Limits};
 use super::sign::Policy;
 use super::{sha256_hex, Module};
 use crate::fleet::protocol::{ModuleBundle, StateOutcome};
@@ -177,7 +177,7 @@ pub fn run_on_host(
             &opened.dependencies,
             call.function,
             &args,
-            &Facts::of_this_host(),
+            &crate::facts::collect(),
             call.limits,
         )
     });

@@ -55,48 +55,20 @@ impl Default for Limits {
     }
 }
 
-/// Read-only facts about the host a module runs on (`facts()` in Starlark).
-#[derive(Clone, Debug, Serialize)]
-pub struct Facts {
-    pub hostname: String,
-    pub os: String,
-    pub arch: String,
-    pub family: String,
-    pub kernel: String,
-    pub cpus: usize,
-}
+/// Read-only facts about the host a module runs on (`facts()` in Starlark): the agent's
+/// facts (`crate::facts`, the same set the server shows and selects on).
+pub use crate::facts::Facts;
 
-impl Facts {
-    /// This host's facts, read by svc (never by the module).
-    pub fn of_this_host() -> Facts {
-        let (hostname, kernel) = uname();
-        Facts {
-            hostname,
-            os: std::env::consts::OS.to_string(),
-            arch: std::env::consts::ARCH.to_string(),
-            family: std::env::consts::FAMILY.to_string(),
-            kernel,
-            cpus: std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1),
-        }
+/// `facts()` as modules see it: the host's facts, plus `family` (`unix`), which modules had
+/// before agents reported facts and may still read.
+fn module_facts(facts: &Facts) -> serde_json::Value {
+    let mut view = serde_json::to_value(facts).unwrap_or_default();
+    if let Some(object) = view.as_object_mut() {
+        object
+            .entry("family")
+            .or_insert_with(|| std::env::consts::FAMILY.into());
     }
-}
-
-fn uname() -> (String, String) {
-    // SAFETY: uname fills the zeroed struct; the fields are NUL-terminated C strings.
-    unsafe {
-        let mut u: libc::utsname = std::mem::zeroed();
-        if libc::uname(&mut u) != 0 {
-            return (String::new(), String::new());
-        }
-        let text = |field: &[libc::c_char]| {
-            std::ffi::CStr::from_ptr(field.as_ptr())
-                .to_string_lossy()
-                .into_owned()
-        };
-        (text(&u.nodename), text(&u.release))
-    }
+    view
 }
 
 /// What a call produced.
@@ -221,7 +193,8 @@ fn check_resources(resources: &[Resource]) -> Result<()> {
 
 #[starlark::starlark_module]
 fn svc_builtins(builder: &mut GlobalsBuilder) {
-    /// Read-only facts about the host: hostname, os, arch, family, kernel, cpus.
+    /// Read-only facts about the host: os, os_family, os_release, arch, kernel, hostname,
+    /// fqdn, ip_addresses, cpus, memory_mb, init, virtual (and family, `unix`).
     fn facts<'v>(eval: &mut Evaluator<'v, '_, '_>) -> anyhow::Result<Value<'v>> {
         let facts = ctx(eval)?.facts.clone();
         Ok(eval.heap().alloc(facts))
@@ -496,7 +469,7 @@ fn prepare<'a>(
 
 fn new_ctx(module: &Module, facts: &Facts, limits: Limits) -> Ctx {
     Ctx {
-        facts: serde_json::to_value(facts).unwrap_or_default(),
+        facts: module_facts(facts),
         data: module.files.clone(),
         logs: RefCell::new(Vec::new()),
         counters: Rc::new(Counters::default()),
@@ -647,7 +620,7 @@ pub fn check(module: &Module, deps: &BTreeMap<String, Module>) -> Result<()> {
     let (main, _) = eval_frozen(
         module,
         deps,
-        &Facts::of_this_host(),
+        &crate::facts::collect(),
         Limits::default(),
         MAIN,
     )?;
@@ -676,7 +649,7 @@ pub fn run_tests(
     deps: &BTreeMap<String, Module>,
     limits: Limits,
 ) -> Result<Vec<TestResult>> {
-    let facts = Facts::of_this_host();
+    let facts = crate::facts::collect();
     let mut results = Vec::new();
     for file in module.tests() {
         let frozen = match eval_frozen(module, deps, &facts, limits, file) {
@@ -745,12 +718,36 @@ mod tests {
             &BTreeMap::new(),
             "f",
             &BTreeMap::new(),
-            &Facts::of_this_host(),
+            &crate::facts::collect(),
             Limits::default(),
         )
         .unwrap();
         assert_eq!(run.resources.len(), 2);
         assert_eq!(run.logs, vec!["hi 1".to_string()]);
+    }
+
+    #[test]
+    fn facts_are_the_agents_and_the_old_names_still_read() {
+        let m = module("def f():\n    log(json.encode(facts()))\n");
+        let facts = crate::facts::collect();
+        let run = call(
+            &m,
+            &BTreeMap::new(),
+            "f",
+            &BTreeMap::new(),
+            &facts,
+            Limits::default(),
+        )
+        .unwrap();
+        let seen: serde_json::Value = serde_json::from_str(&run.logs[0]).unwrap();
+        for name in crate::facts::NAMES {
+            assert_eq!(seen[name], facts[*name], "{name}");
+        }
+        // The names modules had before facts: hostname, os, arch, family, kernel, cpus.
+        assert_eq!(seen["family"], "unix");
+        for name in ["hostname", "os", "arch", "kernel", "cpus"] {
+            assert!(!seen[name].is_null(), "{name}: {seen}");
+        }
     }
 
     #[test]
@@ -765,7 +762,7 @@ mod tests {
             &BTreeMap::new(),
             "f",
             &BTreeMap::new(),
-            &Facts::of_this_host(),
+            &crate::facts::collect(),
             limits,
         )
         .unwrap_err();
@@ -787,7 +784,7 @@ mod tests {
             &BTreeMap::new(),
             "f",
             &BTreeMap::new(),
-            &Facts::of_this_host(),
+            &crate::facts::collect(),
             limits,
         )
         .unwrap_err();
@@ -807,7 +804,7 @@ mod tests {
             &BTreeMap::new(),
             "f",
             &BTreeMap::new(),
-            &Facts::of_this_host(),
+            &crate::facts::collect(),
             Limits::default(),
         )
         .unwrap_err();

@@ -88,7 +88,14 @@ pub(crate) fn dry_run_targets(
         let reached = match crate::fleet::selector::Selector::parse(target) {
             Ok(selector) => agents
                 .iter()
-                .filter(|a| selector.matches(&a.row.id, &a.labels))
+                .filter(|a| {
+                    let facts = if selector.uses_facts() {
+                        a.facts()
+                    } else {
+                        crate::facts::Facts::new()
+                    };
+                    selector.matches(&a.row.id, &a.labels, &facts)
+                })
                 .map(|a| a.row.id.clone())
                 .collect(),
             Err(e) => vec![format!("invalid target: {e}")],

@@ -1,5 +1,6 @@
-//! The fleet tables (migration 0005 on top of 0004's `agents`): the agent registry as the
-//! operator sees it, quarantine, heartbeats and each agent's last applied state.
+//! The fleet tables (migration 0005 on top of 0004's `agents`, 0010 for facts): the agent
+//! registry as the operator sees it, quarantine, heartbeats, facts and each agent's last
+//! applied state.
 
 use async_trait::async_trait;
 
@@ -32,6 +33,9 @@ pub trait FleetStore: Send + Sync {
     async fn set_labels(&self, id: &str, labels: &str) -> Result<Option<AgentRow>>;
     /// Records the latest heartbeat time of many agents in one transaction.
     async fn record_heartbeats(&self, seen: &[(String, String)]) -> Result<()>;
+    /// Records the facts (JSON object, as text) many agents reported, in one transaction; an
+    /// id appears at most once.
+    async fn record_facts(&self, reported: &[(String, String)]) -> Result<()>;
     async fn put_agent_state(&self, row: &AgentStateRow) -> Result<()>;
     async fn get_agent_state(&self, agent_id: &str) -> Result<Option<AgentStateRow>>;
 }

@@ -59,6 +59,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "runbooks_webhooks",
         include_str!("migrations/0009_runbooks_webhooks.sql"),
     ),
+    (
+        10,
+        "agent_facts",
+        include_str!("migrations/0010_agent_facts.sql"),
+    ),
 ];
 
 /// A stored API key (never the key itself: only its hash).
@@ -305,6 +310,9 @@ pub struct AgentRow {
     pub quarantine_reason: Option<String>,
     pub quarantined_at: Option<String>,
     pub last_heartbeat_at: Option<String>,
+    /// What the agent last reported about its host: a JSON object, as text (`crate::facts`);
+    /// None until it reports.
+    pub facts: Option<String>,
 }
 
 /// Opens the configured store and applies pending migrations.

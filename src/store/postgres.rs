@@ -82,6 +82,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "runbooks_webhooks",
         include_str!("migrations/postgres/0009_runbooks_webhooks.sql"),
     ),
+    (
+        10,
+        "agent_facts",
+        include_str!("migrations/postgres/0010_agent_facts.sql"),
+    ),
 ];
 
 /// Advisory lock keys (any two constants of ours; "svc" spelled in ASCII, then a number).

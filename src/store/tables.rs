@@ -224,6 +224,7 @@ pub const TABLES: &[Table] = &[
             text("quarantine_reason"),
             text("quarantined_at"),
             text("last_heartbeat_at"),
+            text("facts"),
         ],
         primary_key: &["id"],
     },

@@ -35,6 +35,7 @@ impl From<AgentView> for proto::Agent {
             quarantined_at: agent.quarantined_at.unwrap_or_default(),
             hostname: agent.hostname,
             version: agent.version,
+            facts_json: serde_json::to_string(&agent.facts).unwrap_or_else(|_| "{}".into()),
         }
     }
 }

@@ -93,6 +93,11 @@ pub fn document() -> Response<Body> {
             "next_cursor": {"type": "string", "nullable": true}}})
     };
     let agent_ref = json!({"application/json": {"schema": {"$ref": "#/components/schemas/Agent"}}});
+    // An agent's facts (docs/fleet.md, "Facts"): a flat object of scalars and lists.
+    let facts = json!({"type": "object",
+        "description": "what the agent last reported about its host (os, os_family, os_release, arch, kernel, hostname, fqdn, ip_addresses, cpus, memory_mb, init, virtual); empty until it reports. The agent's own claim: never a basis for authorization",
+        "additionalProperties": {"oneOf": [{"type": "string"}, {"type": "number"}, {"type": "boolean"},
+            {"type": "array", "items": {"oneOf": [{"type": "string"}, {"type": "number"}]}}]}});
     let mut doc = json!({
         "openapi": "3.0.3",
         "info": {"title": "svc REST API", "version": env!("CARGO_PKG_VERSION"),
@@ -141,11 +146,12 @@ pub fn document() -> Response<Body> {
                     "prev_hash": {"type": "string"}, "hash": {"type": "string"}}},
                 "Agent": {"type": "object", "properties": {
                     "id": {"type": "string"}, "labels": {"type": "object", "additionalProperties": {"type": "string"}},
-                    "state": {"type": "string", "enum": ["connected", "disconnected", "quarantined"]},
+                    "state": {"type": "string", "enum": ["connected", "disconnected", "pending", "quarantined"]},
                     "quarantined": {"type": "boolean"}, "quarantine_reason": {"type": "string", "nullable": true},
                     "quarantined_at": {"type": "string", "nullable": true}, "last_heartbeat_at": {"type": "string", "nullable": true},
                     "enrolled_at": {"type": "string"}, "fingerprint": {"type": "string"},
-                    "hostname": {"type": "string"}, "version": {"type": "string"}}},
+                    "hostname": {"type": "string"}, "version": {"type": "string"},
+                    "facts": facts}},
                 "SecretMetadata": {"type": "object", "description": "never a value", "properties": {
                     "path": {"type": "string"}, "version": {"type": "integer"}, "created_at": {"type": "string"},
                     "updated_at": {"type": "string"}, "deleted_at": {"type": "string", "nullable": true}}},
@@ -223,7 +229,7 @@ pub fn document() -> Response<Body> {
                 "responses": with_errors(json!({"200": {"description": "the rows as an attachment", "content": {"text/csv": {"schema": {"type": "string"}},
                     "application/json": {"schema": {"type": "array", "items": {"$ref": "#/components/schemas/AuditEntry"}}}, "application/jsonl": {"schema": {"type": "string"}}}}}), &[("422", "bad format or time")])}});
     doc["paths"]["/api/v1/agents"] = json!({"get": {"summary": "Enrolled agents with their state (svcctl agent list)", "security": [{"bearer": []}],
-                "parameters": with_params(&[], &[("target", "string", "a selector: *, a glob on ids (web-*), a comma list, or labels role=web,env=prod")]),
+                "parameters": with_params(&[], &[("target", "string", "a selector: *, a glob on ids (web-*), a comma list, or key=value pairs on labels and facts (role=web,os_family=debian; docs/fleet.md)")]),
                 "responses": with_errors(json!({"200": {"description": "agents by id", "content": {"application/json": {"schema": {"type": "object", "properties": {
                     "agents": {"type": "array", "items": {"$ref": "#/components/schemas/Agent"}}}}}}}}), &[("422", "bad selector")])}});
     doc["paths"]["/api/v1/agents/{id}"] = json!({"parameters": id_parameter.clone(),

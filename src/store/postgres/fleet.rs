@@ -18,6 +18,7 @@ pub(super) fn agent(row: &Row) -> Result<AgentRow, tokio_postgres::Error> {
         quarantine_reason: row.try_get(5)?,
         quarantined_at: row.try_get(6)?,
         last_heartbeat_at: row.try_get(7)?,
+        facts: row.try_get(8)?,
     })
 }
 
@@ -76,6 +77,23 @@ impl FleetStore for PostgresStore {
             "UPDATE agents SET last_heartbeat_at = seen.at \
              FROM UNNEST($1::TEXT[], $2::TEXT[]) AS seen (id, at) WHERE agents.id = seen.id",
             &[&ids, &times],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn record_facts(&self, reported: &[(String, String)]) -> Result<()> {
+        if reported.is_empty() {
+            return Ok(());
+        }
+        // One statement for the batch, as for heartbeat times.
+        let ids: Vec<&str> = reported.iter().map(|(id, _)| id.as_str()).collect();
+        let facts: Vec<&str> = reported.iter().map(|(_, facts)| facts.as_str()).collect();
+        self.execute(
+            "UPDATE agents SET facts = reported.facts \
+             FROM UNNEST($1::TEXT[], $2::TEXT[]) AS reported (id, facts) \
+             WHERE agents.id = reported.id",
+            &[&ids, &facts],
         )
         .await?;
         Ok(())

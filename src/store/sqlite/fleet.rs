@@ -18,6 +18,7 @@ pub(super) fn agent_from_row(row: &Row<'_>) -> rusqlite::Result<AgentRow> {
         quarantine_reason: row.get(5)?,
         quarantined_at: row.get(6)?,
         last_heartbeat_at: row.get(7)?,
+        facts: row.get(8)?,
     })
 }
 
@@ -90,6 +91,25 @@ impl FleetStore for SqliteStore {
                     tx.prepare_cached("UPDATE agents SET last_heartbeat_at = ?2 WHERE id = ?1")?;
                 for (id, at) in seen {
                     statement.execute(params![id, at])?;
+                }
+            }
+            tx.commit()?;
+            Ok(())
+        })
+    }
+
+    async fn record_facts(&self, reported: &[(String, String)]) -> Result<()> {
+        if reported.is_empty() {
+            return Ok(());
+        }
+        self.with(|c| {
+            let _writer = self.writer.lock().expect("writer lock poisoned");
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            {
+                let mut statement =
+                    tx.prepare_cached("UPDATE agents SET facts = ?2 WHERE id = ?1")?;
+                for (id, facts) in reported {
+                    statement.execute(params![id, facts])?;
                 }
             }
             tx.commit()?;
