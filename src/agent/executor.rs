@@ -220,8 +220,7 @@ async fn run_state(
     let work = move || {
         // Read at each run: templates see the host as it is now.
         let options = crate::state::RunOptions {
-            facts: serde_json::to_value(crate::modules::sandbox::Facts::of_this_host())
-                .unwrap_or_default(),
+            facts: serde_json::to_value(crate::facts::collect()).unwrap_or_default(),
             diff,
         };
         StateOutcome {

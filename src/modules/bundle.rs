@@ -171,13 +171,15 @@ pub fn run_on_host(
         Ok(opened) => opened,
         Err(e) => return failed(e),
     };
+    // One reading of the host for the module and for the templates of what it returns.
+    let facts = crate::facts::collect();
     let run = arguments(&opened.module, call.function, call.args).and_then(|args| {
         sandbox::call(
             &opened.module,
             &opened.dependencies,
             call.function,
             &args,
-            &crate::facts::collect(),
+            &facts,
             call.limits,
         )
     });
@@ -193,7 +195,7 @@ pub fn run_on_host(
         )));
     }
     let options = state::RunOptions {
-        facts: serde_json::to_value(Facts::of_this_host()).unwrap_or_default(),
+        facts: serde_json::to_value(&facts).unwrap_or_default(),
         diff: false,
     };
     let outcomes = state::run(&plan, mode, &options);
