@@ -18,6 +18,7 @@
 //! - package: {name: nginx}                      # installed (default) | absent
 //! - service: {name: nginx, state: running, enabled: true}
 //! - command: {run: make install, creates: /usr/local/bin/app, timeout: 5m}
+//! - user: {name: app, uid: 1500, groups: [adm], shell: /bin/bash}
 //! ```
 //!
 //! Resources run in order, so a directory comes before the files in it. `file`, `directory`
@@ -55,6 +56,7 @@ pub enum Resource {
     Package(PackageResource),
     Service(ServiceResource),
     Command(CommandResource),
+    User(UserResource),
 }
 
 /// Whether a file, directory or symlink should exist (wire names lowercase).
@@ -188,6 +190,39 @@ pub struct CommandResource {
     pub timeout: Option<String>,
 }
 
+/// A local user account, changed only through useradd, usermod and userdel. Unset settings
+/// are left alone (at creation, useradd's defaults apply).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserResource {
+    pub name: String,
+    /// present (default) | absent. Absent runs userdel, which keeps the home directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<Presence>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
+    /// The primary group: a group name or a numeric gid.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gid: Option<String>,
+    /// Supplementary groups (names or gids), the exact set: the user leaves every other group.
+    /// `[]` leaves them all; unset leaves membership alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub groups: Option<Vec<String>>,
+    /// The home directory as /etc/passwd records it; never created or moved (a `directory`
+    /// resource makes it, with its mode and owner).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub home: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shell: Option<String>,
+    /// Created as a system account (useradd --system: a uid from the system range). Only
+    /// matters at creation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system: Option<bool>,
+    /// The GECOS field, usually the full name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comment: Option<String>,
+}
+
 impl Resource {
     /// `kind:name` as outcomes report it: `file:/etc/motd`, `package:nginx`, `command:make`.
     pub fn label(&self) -> String {
@@ -198,6 +233,7 @@ impl Resource {
             Resource::Package(package) => format!("package:{}", package.name),
             Resource::Service(service) => format!("service:{}", service.name),
             Resource::Command(command) => format!("command:{}", command.run),
+            Resource::User(user) => format!("user:{}", user.name),
         }
     }
 }

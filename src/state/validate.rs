@@ -7,7 +7,7 @@ use base64::Engine as _;
 
 #[cfg(test)]
 use super::ServiceState;
-use super::{FileResource, Plan, Presence, Resource};
+use super::{FileResource, Plan, Presence, Resource, UserResource};
 
 /// File contents a plan may carry in all, measured as encoded in the JSON plan. The plan
 /// travels in one bus message of at most 1 MiB, and text can grow when escaped, so half of that
@@ -140,6 +140,7 @@ pub(super) fn check_resource(resource: &Resource) -> Result<(), String> {
             }
             Ok(())
         }
+        Resource::User(user) => check_user(user),
     }
 }
 
@@ -316,6 +317,77 @@ fn check_shell_text(field: &str, text: &str) -> Result<(), String> {
         return Err(format!("{field} must not contain NUL"));
     }
     Ok(())
+}
+
+fn check_user(user: &UserResource) -> Result<(), String> {
+    check_login_name("name", &user.name)?;
+    if user.state == Some(Presence::Absent) {
+        return refuse_with_absent(&[
+            ("uid", user.uid.is_some()),
+            ("gid", user.gid.is_some()),
+            ("groups", user.groups.is_some()),
+            ("home", user.home.is_some()),
+            ("shell", user.shell.is_some()),
+            ("system", user.system.is_some()),
+            ("comment", user.comment.is_some()),
+        ]);
+    }
+    if user.uid == Some(u32::MAX) {
+        return Err("uid 4294967295 is out of range (it means \"no user\")".into());
+    }
+    if let Some(gid) = &user.gid {
+        check_group_reference("gid", gid)?;
+    }
+    for group in user.groups.iter().flatten() {
+        check_group_reference("groups", group)?;
+    }
+    if let Some(home) = &user.home {
+        check_path("home", home)?;
+    }
+    if let Some(shell) = &user.shell {
+        check_path("shell", shell)?;
+    }
+    if let Some(comment) = &user.comment {
+        // The fields of /etc/passwd are separated by ':' and its entries by newlines.
+        if comment.contains([':', '\n', '\r', '\0']) {
+            return Err("comment must not contain ':', a newline or NUL".into());
+        }
+    }
+    Ok(())
+}
+
+/// A user or group name as useradd and groupadd accept it everywhere: a letter or `_` first (so
+/// it cannot be taken for an option or a numeric id), then letters, digits, `.`, `_` and `-`,
+/// and an optional final `$` (Samba machine accounts); at most 32 characters.
+pub(super) fn check_login_name(field: &str, name: &str) -> Result<(), String> {
+    let body = name.strip_suffix('$').unwrap_or(name);
+    let is_valid = name.len() <= 32
+        && body
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && body
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+    if is_valid {
+        Ok(())
+    } else {
+        Err(format!(
+            "{field} '{name}' is not a valid account name (a letter or _ first, then letters, \
+             digits, . _ -; at most 32 characters)"
+        ))
+    }
+}
+
+/// A group as a user's gid or groups names it: a group name or a numeric gid.
+fn check_group_reference(field: &str, text: &str) -> Result<(), String> {
+    if !text.is_empty() && text.bytes().all(|byte| byte.is_ascii_digit()) {
+        return match text.parse::<u32>() {
+            Ok(id) if id != u32::MAX => Ok(()),
+            _ => Err(format!("{field}: gid {text} is out of range")),
+        };
+    }
+    check_login_name(field, text)
 }
 
 #[cfg(test)]
@@ -591,5 +663,102 @@ mod tests {
             ..file("/a")
         };
         assert_eq!(encoded_content_size(&quotes), 22);
+    }
+
+    #[test]
+    fn user_rules() {
+        let user = |name: &str| UserResource {
+            name: name.into(),
+            ..UserResource::default()
+        };
+        let cases: Vec<(UserResource, Option<&str>)> = vec![
+            (user("app"), None),
+            (user("_apt"), None),
+            (user("svc.web-1"), None),
+            (user("machine$"), None),
+            (user("-r"), Some("name '-r' is not a valid account name")),
+            (
+                user("1000"),
+                Some("name '1000' is not a valid account name"),
+            ),
+            (user("a b"), Some("not a valid account name")),
+            (user("a:b"), Some("not a valid account name")),
+            (user(""), Some("not a valid account name")),
+            (user(&"a".repeat(33)), Some("at most 32 characters")),
+            (
+                UserResource {
+                    uid: Some(1500),
+                    gid: Some("100".into()),
+                    groups: Some(vec!["adm".into(), "27".into()]),
+                    home: Some("/srv/app".into()),
+                    shell: Some("/bin/bash".into()),
+                    system: Some(true),
+                    comment: Some("App, Room 1".into()),
+                    ..user("app")
+                },
+                None,
+            ),
+            (
+                UserResource {
+                    gid: Some("-g".into()),
+                    ..user("app")
+                },
+                Some("gid '-g' is not a valid account name"),
+            ),
+            (
+                UserResource {
+                    groups: Some(vec!["adm,sudo".into()]),
+                    ..user("app")
+                },
+                Some("groups 'adm,sudo' is not a valid account name"),
+            ),
+            (
+                UserResource {
+                    uid: Some(u32::MAX),
+                    ..user("app")
+                },
+                Some("uid 4294967295 is out of range"),
+            ),
+            (
+                UserResource {
+                    home: Some("home/app".into()),
+                    ..user("app")
+                },
+                Some("home must be absolute"),
+            ),
+            (
+                UserResource {
+                    shell: Some("bash".into()),
+                    ..user("app")
+                },
+                Some("shell must be absolute"),
+            ),
+            (
+                UserResource {
+                    comment: Some("a:b".into()),
+                    ..user("app")
+                },
+                Some("comment must not contain ':'"),
+            ),
+            (
+                UserResource {
+                    state: Some(Presence::Absent),
+                    shell: Some("/bin/sh".into()),
+                    uid: Some(1),
+                    ..user("app")
+                },
+                Some("uid, shell cannot go with state absent"),
+            ),
+        ];
+        for (resource, expected) in cases {
+            let result = check_resource(&Resource::User(resource.clone()));
+            match expected {
+                None => assert_eq!(result, Ok(()), "{resource:?}"),
+                Some(part) => {
+                    let message = result.expect_err(part);
+                    assert!(message.contains(part), "{message:?} lacks {part:?}");
+                }
+            }
+        }
     }
 }

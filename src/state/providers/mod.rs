@@ -6,6 +6,7 @@
 //! resource's own kind is replaced or removed (user data survives a wrong state file), and only
 //! `command` resources use a shell; every other program is run with explicit arguments.
 
+mod accounts;
 mod attributes;
 mod command;
 mod directory;
@@ -14,6 +15,7 @@ mod package;
 mod process;
 mod service;
 mod symlink;
+mod user;
 
 use std::collections::HashSet;
 use std::fs::{self, FileType};
@@ -70,6 +72,7 @@ fn run_resource(resource: &Resource, mode: Mode, planned: &mut PlannedDirectorie
         Resource::Package(resource) => package::run(resource, mode),
         Resource::Service(resource) => service::run(resource, mode),
         Resource::Command(resource) => command::run(resource, mode),
+        Resource::User(resource) => user::run(resource, mode),
     });
     match result {
         Ok(report) => Outcome {
