@@ -29,6 +29,7 @@ const KINDS: &[&str] = &[
     "service",
     "command",
     "user",
+    "group",
 ];
 
 pub(super) fn compile(yaml: &str, base_dir: &Path) -> Result<Plan, CompileError> {
@@ -173,6 +174,7 @@ impl<'de> Visitor<'de> for ItemSeed<'_> {
             "service" => Resource::Service(settings(&mut item, &kind, "name")?),
             "command" => Resource::Command(settings(&mut item, &kind, "run")?),
             "user" => Resource::User(settings(&mut item, &kind, "name")?),
+            "group" => Resource::Group(settings(&mut item, &kind, "name")?),
             _ => {
                 return Err(de::Error::custom(format!(
                     "unknown resource kind '{kind}' (expected one of {})",
@@ -388,7 +390,7 @@ mod tests {
             (
                 "# header\n- files: {path: /a}\n",
                 "line 2: unknown resource kind 'files' (expected one of file, directory, \
-                 symlink, package, service, command, user",
+                 symlink, package, service, command, user, group",
             ),
             (
                 "- file: {path: /a}\n  directory: {path: /b}\n",
@@ -567,6 +569,8 @@ mod tests {
     system: true
     comment: App server
 - user: {name: old, state: absent}
+- group: {name: deploy, gid: 1600, system: false}
+- group: {name: old, state: absent}
 ";
         let expected = vec![
             Resource::User(crate::state::UserResource {
@@ -581,6 +585,17 @@ mod tests {
                 ..Default::default()
             }),
             Resource::User(crate::state::UserResource {
+                name: "old".into(),
+                state: Some(crate::state::Presence::Absent),
+                ..Default::default()
+            }),
+            Resource::Group(crate::state::GroupResource {
+                name: "deploy".into(),
+                gid: Some(1600),
+                system: Some(false),
+                state: None,
+            }),
+            Resource::Group(crate::state::GroupResource {
                 name: "old".into(),
                 state: Some(crate::state::Presence::Absent),
                 ..Default::default()
@@ -614,6 +629,18 @@ mod tests {
                 "line 1: user: invalid type: string \"adm\", expected a sequence",
             ),
             ("- user: {uid: 1}\n", "line 1: user: missing field `name`"),
+            (
+                "- group: {name: deploy}\n- group: {name: \"a b\"}\n",
+                "line 2: group: name 'a b' is not a valid account name",
+            ),
+            (
+                "- group: {name: old, state: absent, gid: 5}\n",
+                "line 1: group: gid cannot go with state absent",
+            ),
+            (
+                "- group: {name: x, members: [a]}\n",
+                "line 1: group: unknown field `members`",
+            ),
         ];
         for (yaml, expected) in cases {
             let message = error_text(yaml);

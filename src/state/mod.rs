@@ -19,6 +19,7 @@
 //! - service: {name: nginx, state: running, enabled: true}
 //! - command: {run: make install, creates: /usr/local/bin/app, timeout: 5m}
 //! - user: {name: app, uid: 1500, groups: [adm], shell: /bin/bash}
+//! - group: {name: deploy, gid: 1600}
 //! ```
 //!
 //! Resources run in order, so a directory comes before the files in it. `file`, `directory`
@@ -57,6 +58,7 @@ pub enum Resource {
     Service(ServiceResource),
     Command(CommandResource),
     User(UserResource),
+    Group(GroupResource),
 }
 
 /// Whether a file, directory or symlink should exist (wire names lowercase).
@@ -205,7 +207,7 @@ pub struct UserResource {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gid: Option<String>,
     /// Supplementary groups (names or gids), the exact set: the user leaves every other group.
-    /// `[]` leaves them all; unset leaves membership alone.
+    /// `[]` means none; unset leaves membership alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub groups: Option<Vec<String>>,
     /// The home directory as /etc/passwd records it; never created or moved (a `directory`
@@ -223,6 +225,22 @@ pub struct UserResource {
     pub comment: Option<String>,
 }
 
+/// A local group, changed only through groupadd, groupmod and groupdel.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupResource {
+    pub name: String,
+    /// present (default) | absent
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<Presence>,
+    /// Unset: groupadd picks one at creation, and an existing group keeps its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gid: Option<u32>,
+    /// Created as a system group (groupadd --system). Only matters at creation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system: Option<bool>,
+}
+
 impl Resource {
     /// `kind:name` as outcomes report it: `file:/etc/motd`, `package:nginx`, `command:make`.
     pub fn label(&self) -> String {
@@ -234,6 +252,7 @@ impl Resource {
             Resource::Service(service) => format!("service:{}", service.name),
             Resource::Command(command) => format!("command:{}", command.run),
             Resource::User(user) => format!("user:{}", user.name),
+            Resource::Group(group) => format!("group:{}", group.name),
         }
     }
 }

@@ -141,6 +141,19 @@ pub(super) fn check_resource(resource: &Resource) -> Result<(), String> {
             Ok(())
         }
         Resource::User(user) => check_user(user),
+        Resource::Group(group) => {
+            check_login_name("name", &group.name)?;
+            if group.state == Some(Presence::Absent) {
+                refuse_with_absent(&[
+                    ("gid", group.gid.is_some()),
+                    ("system", group.system.is_some()),
+                ])
+            } else if group.gid == Some(u32::MAX) {
+                Err("gid 4294967295 is out of range (it means \"no group\")".into())
+            } else {
+                Ok(())
+            }
+        }
     }
 }
 
@@ -393,6 +406,7 @@ fn check_group_reference(field: &str, text: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::GroupResource;
     use crate::state::{
         CommandResource, DirectoryResource, PackageResource, ServiceResource, SymlinkResource,
     };
@@ -752,6 +766,54 @@ mod tests {
         ];
         for (resource, expected) in cases {
             let result = check_resource(&Resource::User(resource.clone()));
+            match expected {
+                None => assert_eq!(result, Ok(()), "{resource:?}"),
+                Some(part) => {
+                    let message = result.expect_err(part);
+                    assert!(message.contains(part), "{message:?} lacks {part:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn group_rules() {
+        let group = |name: &str| GroupResource {
+            name: name.into(),
+            ..GroupResource::default()
+        };
+        let cases: Vec<(GroupResource, Option<&str>)> = vec![
+            (group("deploy"), None),
+            (
+                GroupResource {
+                    gid: Some(1600),
+                    system: Some(true),
+                    ..group("deploy")
+                },
+                None,
+            ),
+            (
+                group("--help"),
+                Some("name '--help' is not a valid account name"),
+            ),
+            (
+                GroupResource {
+                    gid: Some(u32::MAX),
+                    ..group("deploy")
+                },
+                Some("gid 4294967295 is out of range"),
+            ),
+            (
+                GroupResource {
+                    state: Some(Presence::Absent),
+                    system: Some(true),
+                    ..group("deploy")
+                },
+                Some("system cannot go with state absent"),
+            ),
+        ];
+        for (resource, expected) in cases {
+            let result = check_resource(&Resource::Group(resource.clone()));
             match expected {
                 None => assert_eq!(result, Ok(()), "{resource:?}"),
                 Some(part) => {

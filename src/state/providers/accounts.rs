@@ -191,12 +191,19 @@ pub(super) mod testing {
         }
     }
 
-    /// Whether a user by that name is in the local database.
+    /// Whether a user or group by that name is in the local databases.
     pub fn user_exists(name: &str) -> bool {
         super::read_users()
             .unwrap()
             .iter()
             .any(|user| user.name == name)
+    }
+
+    pub fn group_exists(name: &str) -> bool {
+        super::read_groups()
+            .unwrap()
+            .iter()
+            .any(|group| group.name == name)
     }
 
     /// The databases as text, to show that a check changed nothing.

@@ -11,6 +11,7 @@ mod attributes;
 mod command;
 mod directory;
 mod file;
+mod group;
 mod package;
 mod process;
 mod service;
@@ -73,6 +74,7 @@ fn run_resource(resource: &Resource, mode: Mode, planned: &mut PlannedDirectorie
         Resource::Service(resource) => service::run(resource, mode),
         Resource::Command(resource) => command::run(resource, mode),
         Resource::User(resource) => user::run(resource, mode),
+        Resource::Group(resource) => group::run(resource, mode),
     });
     match result {
         Ok(report) => Outcome {
