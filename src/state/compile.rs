@@ -30,6 +30,7 @@ const KINDS: &[&str] = &[
     "command",
     "user",
     "group",
+    "cron",
 ];
 
 pub(super) fn compile(yaml: &str, base_dir: &Path) -> Result<Plan, CompileError> {
@@ -175,6 +176,7 @@ impl<'de> Visitor<'de> for ItemSeed<'_> {
             "command" => Resource::Command(settings(&mut item, &kind, "run")?),
             "user" => Resource::User(settings(&mut item, &kind, "name")?),
             "group" => Resource::Group(settings(&mut item, &kind, "name")?),
+            "cron" => Resource::Cron(settings(&mut item, &kind, "name")?),
             _ => {
                 return Err(de::Error::custom(format!(
                     "unknown resource kind '{kind}' (expected one of {})",
@@ -390,7 +392,7 @@ mod tests {
             (
                 "# header\n- files: {path: /a}\n",
                 "line 2: unknown resource kind 'files' (expected one of file, directory, \
-                 symlink, package, service, command, user, group",
+                 symlink, package, service, command, user, group, cron",
             ),
             (
                 "- file: {path: /a}\n  directory: {path: /b}\n",
@@ -571,6 +573,13 @@ mod tests {
 - user: {name: old, state: absent}
 - group: {name: deploy, gid: 1600, system: false}
 - group: {name: old, state: absent}
+- cron: {name: backup, schedule: \"0 3 * * *\", run: /usr/local/bin/backup}
+- cron:
+    name: report
+    user: www-data
+    schedule: \"@daily\"
+    run: /srv/app/report
+    file: /etc/cron.d/app
 ";
         let expected = vec![
             Resource::User(crate::state::UserResource {
@@ -599,6 +608,20 @@ mod tests {
                 name: "old".into(),
                 state: Some(crate::state::Presence::Absent),
                 ..Default::default()
+            }),
+            Resource::Cron(crate::state::CronResource {
+                name: "backup".into(),
+                schedule: "0 3 * * *".into(),
+                run: "/usr/local/bin/backup".into(),
+                ..Default::default()
+            }),
+            Resource::Cron(crate::state::CronResource {
+                name: "report".into(),
+                user: Some("www-data".into()),
+                schedule: "@daily".into(),
+                run: "/srv/app/report".into(),
+                file: Some("/etc/cron.d/app".into()),
+                state: None,
             }),
         ];
         let plan = compile_here(yaml).unwrap();
@@ -640,6 +663,18 @@ mod tests {
             (
                 "- group: {name: x, members: [a]}\n",
                 "line 1: group: unknown field `members`",
+            ),
+            (
+                "- cron: {name: b, schedule: \"@daily\", run: x}\n- cron:\n    name: b\n    schedule: \"61 * * * *\"\n    run: x\n",
+                "line 2: cron: schedule '61 * * * *': minute '61' is not valid",
+            ),
+            (
+                "- cron: {name: b, run: x}\n",
+                "line 1: cron: schedule is required",
+            ),
+            (
+                "- cron: {name: b, schedule: \"@daily\", run: x, when: now}\n",
+                "line 1: cron: unknown field `when`",
             ),
         ];
         for (yaml, expected) in cases {

@@ -20,6 +20,7 @@
 //! - command: {run: make install, creates: /usr/local/bin/app, timeout: 5m}
 //! - user: {name: app, uid: 1500, groups: [adm], shell: /bin/bash}
 //! - group: {name: deploy, gid: 1600}
+//! - cron: {name: backup, schedule: "0 3 * * *", run: /usr/local/bin/backup}
 //! ```
 //!
 //! Resources run in order, so a directory comes before the files in it. `file`, `directory`
@@ -59,6 +60,7 @@ pub enum Resource {
     Command(CommandResource),
     User(UserResource),
     Group(GroupResource),
+    Cron(CronResource),
 }
 
 /// Whether a file, directory or symlink should exist (wire names lowercase).
@@ -241,6 +243,33 @@ pub struct GroupResource {
     pub system: Option<bool>,
 }
 
+/// A cron job managed by name: one line in a user's crontab, or in a file of /etc/cron.d,
+/// under the marker comment `# svc: NAME` that finds it again. Nothing else in the crontab or
+/// file is touched.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CronResource {
+    /// Identifies the entry (its marker comment): one line of text.
+    pub name: String,
+    /// present (default) | absent
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<Presence>,
+    /// Whose crontab (default root); with `file`, the user the job runs as.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Five fields ("0 3 * * *") or a keyword (@daily, @reboot, ...). Required unless absent.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub schedule: String,
+    /// The command line, written as is (cron reads `%` as a newline unless escaped: `\%`).
+    /// Required unless absent.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub run: String,
+    /// A cron.d-style file (absolute path, such as /etc/cron.d/backup) instead of the user's
+    /// crontab; its lines name the user.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+}
+
 impl Resource {
     /// `kind:name` as outcomes report it: `file:/etc/motd`, `package:nginx`, `command:make`.
     pub fn label(&self) -> String {
@@ -253,6 +282,7 @@ impl Resource {
             Resource::Command(command) => format!("command:{}", command.run),
             Resource::User(user) => format!("user:{}", user.name),
             Resource::Group(group) => format!("group:{}", group.name),
+            Resource::Cron(cron) => format!("cron:{}", cron.name),
         }
     }
 }

@@ -7,7 +7,7 @@ use base64::Engine as _;
 
 #[cfg(test)]
 use super::ServiceState;
-use super::{FileResource, Plan, Presence, Resource, UserResource};
+use super::{CronResource, FileResource, Plan, Presence, Resource, UserResource};
 
 /// File contents a plan may carry in all, measured as encoded in the JSON plan. The plan
 /// travels in one bus message of at most 1 MiB, and text can grow when escaped, so half of that
@@ -154,6 +154,7 @@ pub(super) fn check_resource(resource: &Resource) -> Result<(), String> {
                 Ok(())
             }
         }
+        Resource::Cron(cron) => check_cron(cron),
     }
 }
 
@@ -390,6 +391,134 @@ pub(super) fn check_login_name(field: &str, name: &str) -> Result<(), String> {
              digits, . _ -; at most 32 characters)"
         ))
     }
+}
+
+fn check_cron(cron: &CronResource) -> Result<(), String> {
+    let name = cron.name.as_str();
+    if name.trim().is_empty() || name.trim() != name || name.contains(['\n', '\r', '\0']) {
+        return Err(format!(
+            "name '{name}' must be one line of text without leading or trailing spaces (it is \
+             the entry's marker comment)"
+        ));
+    }
+    if let Some(user) = &cron.user {
+        check_login_name("user", user)?;
+    }
+    if let Some(file) = &cron.file {
+        check_path("file", file)?;
+        // cron skips files of /etc/cron.d whose names have other characters (a dot, say),
+        // which would make the entry silently dead.
+        if let Some(file_name) = file.strip_prefix("/etc/cron.d/") {
+            let is_run_parts_name = file_name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+            if !is_run_parts_name {
+                return Err(format!(
+                    "file '{file}': cron ignores files in /etc/cron.d whose names have \
+                     characters other than letters, digits, _ and -"
+                ));
+            }
+        }
+    }
+    if cron.state == Some(Presence::Absent) {
+        return refuse_with_absent(&[
+            ("schedule", !cron.schedule.is_empty()),
+            ("run", !cron.run.is_empty()),
+        ]);
+    }
+    if cron.schedule.trim().is_empty() {
+        return Err("schedule is required (\"0 3 * * *\" or a keyword such as @daily)".into());
+    }
+    check_schedule(&cron.schedule)?;
+    check_shell_text("run", &cron.run)?;
+    if cron.run.contains(['\n', '\r']) {
+        return Err("run must be one line (a crontab entry is a line)".into());
+    }
+    Ok(())
+}
+
+/// The keywords cron takes instead of five fields.
+const CRON_KEYWORDS: &[&str] = &[
+    "@reboot",
+    "@yearly",
+    "@annually",
+    "@monthly",
+    "@weekly",
+    "@daily",
+    "@midnight",
+    "@hourly",
+];
+
+/// Five fields (minute hour day-of-month month day-of-week), each a list of `*`, values and
+/// ranges with optional `/step`, or one keyword. Names (jan, mon) are taken in the last two.
+pub(super) fn check_schedule(schedule: &str) -> Result<(), String> {
+    let fields: Vec<&str> = schedule.split_whitespace().collect();
+    if let [keyword] = fields[..] {
+        if keyword.starts_with('@') {
+            if CRON_KEYWORDS.contains(&keyword) {
+                return Ok(());
+            }
+            return Err(format!(
+                "schedule '{schedule}': unknown keyword (expected one of {})",
+                CRON_KEYWORDS.join(", ")
+            ));
+        }
+    }
+    if fields.len() != 5 {
+        return Err(format!(
+            "schedule '{schedule}' must have 5 fields (minute hour day-of-month month \
+             day-of-week) or be a keyword such as @daily"
+        ));
+    }
+    const MONTHS: &[&str] = &[
+        "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec",
+    ];
+    const DAYS: &[&str] = &["sun", "mon", "tue", "wed", "thu", "fri", "sat"];
+    let limits: [(&str, u32, u32, &[&str]); 5] = [
+        ("minute", 0, 59, &[]),
+        ("hour", 0, 23, &[]),
+        ("day of month", 1, 31, &[]),
+        ("month", 1, 12, MONTHS),
+        ("day of week", 0, 7, DAYS),
+    ];
+    for (field, (what, low, high, names)) in fields.iter().zip(limits) {
+        let is_valid = field.split(',').all(|item| {
+            let (range, step) = match item.split_once('/') {
+                Some((range, step)) => (range, Some(step)),
+                None => (item, None),
+            };
+            let value = |text: &str| -> Option<u32> {
+                let number = match text.parse::<u32>() {
+                    Ok(number) => number,
+                    // Names count from the first: jan is 1, sun is 0.
+                    Err(_) => {
+                        let index = names
+                            .iter()
+                            .position(|name| name.eq_ignore_ascii_case(text))?;
+                        index as u32 + low
+                    }
+                };
+                (low..=high).contains(&number).then_some(number)
+            };
+            let is_range_valid = match range.split_once('-') {
+                _ if range == "*" => true,
+                Some((first, last)) => {
+                    matches!((value(first), value(last)), (Some(a), Some(b)) if a <= b)
+                }
+                None => value(range).is_some(),
+            };
+            let is_step_valid =
+                step.is_none_or(|step| step.parse::<u32>().is_ok_and(|step| step >= 1));
+            is_range_valid && is_step_valid
+        });
+        if !is_valid {
+            return Err(format!(
+                "schedule '{schedule}': {what} '{field}' is not valid (values {low}-{high}, \
+                 *, ranges a-b, lists a,b and steps /n)"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A group as a user's gid or groups names it: a group name or a numeric gid.
@@ -814,6 +943,129 @@ mod tests {
         ];
         for (resource, expected) in cases {
             let result = check_resource(&Resource::Group(resource.clone()));
+            match expected {
+                None => assert_eq!(result, Ok(()), "{resource:?}"),
+                Some(part) => {
+                    let message = result.expect_err(part);
+                    assert!(message.contains(part), "{message:?} lacks {part:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn schedules() {
+        let cases = [
+            ("0 3 * * *", None),
+            ("*/15 * * * *", None),
+            ("0 8-18/2 1,15 jan-jun mon-fri", None),
+            ("0 0 * * 7", None),
+            ("0 0 * DEC Sun", None),
+            ("@daily", None),
+            ("@reboot", None),
+            ("@fortnightly", Some("unknown keyword")),
+            ("0 3 * *", Some("must have 5 fields")),
+            ("0 3 * * * *", Some("must have 5 fields")),
+            ("60 * * * *", Some("minute '60' is not valid")),
+            ("* 24 * * *", Some("hour '24' is not valid")),
+            ("* * 0 * *", Some("day of month '0' is not valid")),
+            ("* * * 13 *", Some("month '13' is not valid")),
+            ("* * * * 8", Some("day of week '8' is not valid")),
+            ("5-1 * * * *", Some("minute '5-1' is not valid")),
+            ("*/0 * * * *", Some("minute '*/0' is not valid")),
+            ("1,,2 * * * *", Some("minute '1,,2' is not valid")),
+            ("* * * * mon-", Some("day of week 'mon-' is not valid")),
+            ("* * * * monday", Some("day of week 'monday' is not valid")),
+            ("* * jan * *", Some("day of month 'jan' is not valid")),
+        ];
+        for (schedule, expected) in cases {
+            match (check_schedule(schedule), expected) {
+                (Ok(()), None) => {}
+                (Err(message), Some(part)) if message.contains(part) => {}
+                (result, _) => panic!("{schedule:?}: {result:?}, want {expected:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn cron_rules() {
+        let cron = |name: &str| CronResource {
+            name: name.into(),
+            schedule: "@daily".into(),
+            run: "/usr/local/bin/backup".into(),
+            ..CronResource::default()
+        };
+        let absent = |name: &str| CronResource {
+            name: name.into(),
+            state: Some(Presence::Absent),
+            ..CronResource::default()
+        };
+        let cases: Vec<(CronResource, Option<&str>)> = vec![
+            (cron("nightly backup"), None),
+            (
+                CronResource {
+                    user: Some("www-data".into()),
+                    file: Some("/etc/cron.d/app_backup-1".into()),
+                    ..cron("b")
+                },
+                None,
+            ),
+            (absent("b"), None),
+            (cron(""), Some("name '' must be one line")),
+            (cron(" b"), Some("without leading or trailing spaces")),
+            (cron("a\nb"), Some("must be one line")),
+            (
+                CronResource {
+                    schedule: String::new(),
+                    ..cron("b")
+                },
+                Some("schedule is required"),
+            ),
+            (
+                CronResource {
+                    run: String::new(),
+                    ..cron("b")
+                },
+                Some("run must not be empty"),
+            ),
+            (
+                CronResource {
+                    run: "a\nb".into(),
+                    ..cron("b")
+                },
+                Some("run must be one line"),
+            ),
+            (
+                CronResource {
+                    user: Some("-u".into()),
+                    ..cron("b")
+                },
+                Some("user '-u' is not a valid account name"),
+            ),
+            (
+                CronResource {
+                    file: Some("cron.d/b".into()),
+                    ..cron("b")
+                },
+                Some("file must be absolute"),
+            ),
+            (
+                CronResource {
+                    file: Some("/etc/cron.d/backup.cron".into()),
+                    ..cron("b")
+                },
+                Some("cron ignores files in /etc/cron.d"),
+            ),
+            (
+                CronResource {
+                    schedule: "@daily".into(),
+                    ..absent("b")
+                },
+                Some("schedule cannot go with state absent"),
+            ),
+        ];
+        for (resource, expected) in cases {
+            let result = check_resource(&Resource::Cron(resource.clone()));
             match expected {
                 None => assert_eq!(result, Ok(()), "{resource:?}"),
                 Some(part) => {

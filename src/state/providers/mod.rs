@@ -9,6 +9,7 @@
 mod accounts;
 mod attributes;
 mod command;
+mod cron;
 mod directory;
 mod file;
 mod group;
@@ -75,6 +76,7 @@ fn run_resource(resource: &Resource, mode: Mode, planned: &mut PlannedDirectorie
         Resource::Command(resource) => command::run(resource, mode),
         Resource::User(resource) => user::run(resource, mode),
         Resource::Group(resource) => group::run(resource, mode),
+        Resource::Cron(resource) => cron::run(resource, mode),
     });
     match result {
         Ok(report) => Outcome {
