@@ -31,6 +31,7 @@ const KINDS: &[&str] = &[
     "user",
     "group",
     "cron",
+    "sysctl",
 ];
 
 pub(super) fn compile(yaml: &str, base_dir: &Path) -> Result<Plan, CompileError> {
@@ -177,6 +178,7 @@ impl<'de> Visitor<'de> for ItemSeed<'_> {
             "user" => Resource::User(settings(&mut item, &kind, "name")?),
             "group" => Resource::Group(settings(&mut item, &kind, "name")?),
             "cron" => Resource::Cron(settings(&mut item, &kind, "name")?),
+            "sysctl" => Resource::Sysctl(settings(&mut item, &kind, "name")?),
             _ => {
                 return Err(de::Error::custom(format!(
                     "unknown resource kind '{kind}' (expected one of {})",
@@ -392,7 +394,7 @@ mod tests {
             (
                 "# header\n- files: {path: /a}\n",
                 "line 2: unknown resource kind 'files' (expected one of file, directory, \
-                 symlink, package, service, command, user, group, cron",
+                 symlink, package, service, command, user, group, cron, sysctl",
             ),
             (
                 "- file: {path: /a}\n  directory: {path: /b}\n",
@@ -580,6 +582,8 @@ mod tests {
     schedule: \"@daily\"
     run: /srv/app/report
     file: /etc/cron.d/app
+- sysctl: {name: net.ipv4.ip_forward, value: 1}
+- sysctl: {name: vm.swappiness, value: \"10\", file: /etc/sysctl.d/60-app.conf, runtime: false}
 ";
         let expected = vec![
             Resource::User(crate::state::UserResource {
@@ -622,6 +626,17 @@ mod tests {
                 run: "/srv/app/report".into(),
                 file: Some("/etc/cron.d/app".into()),
                 state: None,
+            }),
+            Resource::Sysctl(crate::state::SysctlResource {
+                name: "net.ipv4.ip_forward".into(),
+                value: "1".into(),
+                ..Default::default()
+            }),
+            Resource::Sysctl(crate::state::SysctlResource {
+                name: "vm.swappiness".into(),
+                value: "10".into(),
+                file: Some("/etc/sysctl.d/60-app.conf".into()),
+                runtime: Some(false),
             }),
         ];
         let plan = compile_here(yaml).unwrap();
@@ -675,6 +690,18 @@ mod tests {
             (
                 "- cron: {name: b, schedule: \"@daily\", run: x, when: now}\n",
                 "line 1: cron: unknown field `when`",
+            ),
+            (
+                "- sysctl: {name: vm.swappiness}\n",
+                "line 1: sysctl: missing field `value`",
+            ),
+            (
+                "- sysctl: {name: vm.swappiness, value: 10, runtime: yes please}\n",
+                "line 1: sysctl: invalid type: string \"yes please\", expected a boolean",
+            ),
+            (
+                "- sysctl: {name: ../../etc/passwd, value: 1}\n",
+                "line 1: sysctl: name '../../etc/passwd' must be dotted parts",
             ),
         ];
         for (yaml, expected) in cases {

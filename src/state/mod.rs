@@ -21,6 +21,7 @@
 //! - user: {name: app, uid: 1500, groups: [adm], shell: /bin/bash}
 //! - group: {name: deploy, gid: 1600}
 //! - cron: {name: backup, schedule: "0 3 * * *", run: /usr/local/bin/backup}
+//! - sysctl: {name: net.ipv4.ip_forward, value: 1}
 //! ```
 //!
 //! Resources run in order, so a directory comes before the files in it. `file`, `directory`
@@ -61,6 +62,7 @@ pub enum Resource {
     User(UserResource),
     Group(GroupResource),
     Cron(CronResource),
+    Sysctl(SysctlResource),
 }
 
 /// Whether a file, directory or symlink should exist (wire names lowercase).
@@ -270,6 +272,23 @@ pub struct CronResource {
     pub file: Option<String>,
 }
 
+/// A kernel parameter: its `name = value` line in a sysctl.d file (the setting at boot) and,
+/// unless `runtime: false`, the running kernel's value under /proc/sys.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SysctlResource {
+    /// Dotted: net.ipv4.ip_forward.
+    pub name: String,
+    /// Compared with runs of whitespace taken as one space: "4096 87380 6291456".
+    pub value: String,
+    /// The file that persists it (default /etc/sysctl.d/99-svc.conf); other lines stay.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    /// Also set the value now (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<bool>,
+}
+
 impl Resource {
     /// `kind:name` as outcomes report it: `file:/etc/motd`, `package:nginx`, `command:make`.
     pub fn label(&self) -> String {
@@ -283,6 +302,7 @@ impl Resource {
             Resource::User(user) => format!("user:{}", user.name),
             Resource::Group(group) => format!("group:{}", group.name),
             Resource::Cron(cron) => format!("cron:{}", cron.name),
+            Resource::Sysctl(sysctl) => format!("sysctl:{}", sysctl.name),
         }
     }
 }

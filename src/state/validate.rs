@@ -7,7 +7,7 @@ use base64::Engine as _;
 
 #[cfg(test)]
 use super::ServiceState;
-use super::{CronResource, FileResource, Plan, Presence, Resource, UserResource};
+use super::{CronResource, FileResource, Plan, Presence, Resource, SysctlResource, UserResource};
 
 /// File contents a plan may carry in all, measured as encoded in the JSON plan. The plan
 /// travels in one bus message of at most 1 MiB, and text can grow when escaped, so half of that
@@ -155,6 +155,7 @@ pub(super) fn check_resource(resource: &Resource) -> Result<(), String> {
             }
         }
         Resource::Cron(cron) => check_cron(cron),
+        Resource::Sysctl(sysctl) => check_sysctl(sysctl),
     }
 }
 
@@ -433,6 +434,33 @@ fn check_cron(cron: &CronResource) -> Result<(), String> {
     check_shell_text("run", &cron.run)?;
     if cron.run.contains(['\n', '\r']) {
         return Err("run must be one line (a crontab entry is a line)".into());
+    }
+    Ok(())
+}
+
+fn check_sysctl(sysctl: &SysctlResource) -> Result<(), String> {
+    // The name becomes a path under /proc/sys: no empty, `.` or `..` parts can reach out of it.
+    let name = sysctl.name.as_str();
+    let is_valid = name.split('.').all(|part| {
+        !part.is_empty()
+            && !part.starts_with('-')
+            && part
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    });
+    if !is_valid {
+        return Err(format!(
+            "name '{name}' must be dotted parts of letters, digits, _ and - (net.ipv4.ip_forward)"
+        ));
+    }
+    if sysctl.value.trim().is_empty() {
+        return Err("value must not be empty".into());
+    }
+    if sysctl.value.contains(['\n', '\r', '\0']) {
+        return Err("value must be one line".into());
+    }
+    if let Some(file) = &sysctl.file {
+        check_path("file", file)?;
     }
     Ok(())
 }
@@ -1066,6 +1094,63 @@ mod tests {
         ];
         for (resource, expected) in cases {
             let result = check_resource(&Resource::Cron(resource.clone()));
+            match expected {
+                None => assert_eq!(result, Ok(()), "{resource:?}"),
+                Some(part) => {
+                    let message = result.expect_err(part);
+                    assert!(message.contains(part), "{message:?} lacks {part:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn sysctl_rules() {
+        let sysctl = |name: &str, value: &str| SysctlResource {
+            name: name.into(),
+            value: value.into(),
+            ..SysctlResource::default()
+        };
+        let cases: Vec<(SysctlResource, Option<&str>)> = vec![
+            (sysctl("net.ipv4.ip_forward", "1"), None),
+            (sysctl("net.ipv4.conf.eth-0.rp_filter", "2"), None),
+            (sysctl("net.ipv4.tcp_rmem", "4096 87380 6291456"), None),
+            (
+                SysctlResource {
+                    file: Some("/etc/sysctl.d/60-app.conf".into()),
+                    runtime: Some(false),
+                    ..sysctl("vm.swappiness", "10")
+                },
+                None,
+            ),
+            (
+                sysctl("net..ipv4", "1"),
+                Some("name 'net..ipv4' must be dotted parts"),
+            ),
+            (sysctl("net.ipv4.", "1"), Some("must be dotted parts")),
+            (
+                sysctl("net/ipv4/ip_forward", "1"),
+                Some("must be dotted parts"),
+            ),
+            (sysctl("-w", "1"), Some("must be dotted parts")),
+            (
+                sysctl("net.ipv4.ip_forward", " "),
+                Some("value must not be empty"),
+            ),
+            (
+                sysctl("net.ipv4.ip_forward", "1\n2"),
+                Some("value must be one line"),
+            ),
+            (
+                SysctlResource {
+                    file: Some("sysctl.conf".into()),
+                    ..sysctl("vm.swappiness", "10")
+                },
+                Some("file must be absolute"),
+            ),
+        ];
+        for (resource, expected) in cases {
+            let result = check_resource(&Resource::Sysctl(resource.clone()));
             match expected {
                 None => assert_eq!(result, Ok(()), "{resource:?}"),
                 Some(part) => {

@@ -8,8 +8,8 @@
 //! A user's crontab is read with `crontab -l -u USER` and installed with `crontab -u USER FILE`,
 //! never written in the spool directly: crontab checks the syntax, sets the owner and tells the
 //! daemon. A crontab that ends up empty is removed (`crontab -r`). A cron.d file is written
-//! atomically (as the `file` kind writes), created 0644 when missing (cron skips files others
-//! can write to) and removed when its last line goes.
+//! atomically (see `text`), created 0644 when missing (cron skips files others can write to)
+//! and removed when its last line goes.
 
 use std::fs::{self, OpenOptions};
 use std::io::{self, Write};
@@ -17,15 +17,11 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::time::Duration;
 
-use super::attributes::{self, Attributes};
-use super::Report;
-use super::{describe, file, process, require_parent, temporary_path_beside, PlannedDirectories};
+use super::attributes;
+use super::{process, require_parent, temporary_path_beside, text, PlannedDirectories, Report};
 use crate::state::{CronResource, Mode, Presence};
 
 const CRONTAB_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// A new cron.d file: root's, not writable by others (cron refuses such files).
-const NEW_FILE_MODE: u32 = 0o644;
 
 pub(super) fn run(cron: &CronResource, mode: Mode) -> Result<Report, String> {
     let user = cron.user.as_deref().unwrap_or("root");
@@ -155,29 +151,16 @@ fn run_in_file(
     mode: Mode,
 ) -> Result<Report, String> {
     let place = path.display().to_string();
-    let existing = match fs::symlink_metadata(path) {
-        Err(error) if error.kind() == io::ErrorKind::NotFound => {
-            if wanted.is_none() {
-                return Ok(Report::unchanged("already absent"));
-            }
-            require_parent(path, &PlannedDirectories::default())?;
-            None
+    // cron does not follow links in cron.d either; text::read refuses them.
+    let found = text::read(path)?;
+    if found.is_none() {
+        if wanted.is_none() {
+            return Ok(Report::unchanged("already absent"));
         }
-        Err(error) => return Err(format!("cannot inspect {place}: {error}")),
-        // cron does not follow links in cron.d either; a link here is a mistake to report.
-        Ok(metadata) if !metadata.is_file() => {
-            return Err(format!(
-                "{place} is {}, not a regular file; refusing to edit it",
-                describe(metadata.file_type())
-            ))
-        }
-        Ok(metadata) => Some(metadata),
-    };
-    let current = match &existing {
-        Some(_) => read_text(path)?,
-        None => String::new(),
-    };
-    let edited = edit(&current, name, wanted);
+        require_parent(path, &PlannedDirectories::default())?;
+    }
+    let current = found.as_ref().map_or("", |found| found.text.as_str());
+    let edited = edit(current, name, wanted);
     if edited.changes.is_empty() {
         return Ok(Report::unchanged(already(wanted)));
     }
@@ -185,30 +168,17 @@ fn run_in_file(
     if mode == Mode::Check {
         return Ok(Report::changed(detail));
     }
-    let result = match &existing {
-        Some(_) if edited.text.is_empty() => fs::remove_file(path),
-        Some(metadata) => file::write_atomically(
+    match &found {
+        Some(_) if edited.text.is_empty() => {
+            fs::remove_file(path).map_err(|error| format!("removing {place}: {error}"))?
+        }
+        _ => text::write(
             path,
-            edited.text.as_bytes(),
-            &Attributes::default().or_current(metadata),
-        ),
-        None => file::write_atomically(
-            path,
-            edited.text.as_bytes(),
-            &Attributes {
-                mode: Some(NEW_FILE_MODE),
-                ..Attributes::default()
-            },
-        ),
-    };
-    result.map_err(|error| format!("writing {place}: {error}"))?;
+            &edited.text,
+            found.as_ref().map(|found| &found.metadata),
+        )?,
+    }
     Ok(Report::changed(detail))
-}
-
-/// A text file's content; cron files are text, so other bytes are an error, not a guess.
-pub(super) fn read_text(path: &Path) -> Result<String, String> {
-    let bytes = fs::read(path).map_err(|error| format!("reading {}: {error}", path.display()))?;
-    String::from_utf8(bytes).map_err(|_| format!("{} is not UTF-8 text", path.display()))
 }
 
 fn already(wanted: Option<&str>) -> &'static str {
@@ -263,12 +233,12 @@ impl Edited {
     }
 }
 
-/// The text with the entry named `name` set to `wanted` (None: removed). A marker's entry is
+/// The content with the entry named `name` set to `wanted` (None: removed). A marker's entry is
 /// the line after it, if that is a job (not blank, not a comment); the first marker keeps its
 /// place, and further ones are removed with their jobs. A new entry goes at the end.
-fn edit(text: &str, name: &str, wanted: Option<&str>) -> Edited {
+fn edit(content: &str, name: &str, wanted: Option<&str>) -> Edited {
     let marker = format!("# svc: {name}");
-    let lines = split_lines(text);
+    let lines = text::split_lines(content);
     let mut output: Vec<&str> = Vec::with_capacity(lines.len() + 2);
     let mut first_job: Option<Option<&str>> = None;
     let mut duplicates = 0;
@@ -310,21 +280,11 @@ fn edit(text: &str, name: &str, wanted: Option<&str>) -> Edited {
     if duplicates > 0 {
         changes.push(Change::RemoveDuplicates(duplicates));
     }
-    let mut text: String = output.join("\n");
-    // cron ignores a last line without its newline.
-    if !text.is_empty() {
-        text.push('\n');
+    // Every line ends with a newline: cron ignores a last line without one.
+    Edited {
+        text: text::join_lines(&output),
+        changes,
     }
-    Edited { text, changes }
-}
-
-/// The lines of a text, without their `\n` (a final newline does not start an empty line).
-pub(super) fn split_lines(text: &str) -> Vec<&str> {
-    let mut lines: Vec<&str> = text.split('\n').collect();
-    if text.is_empty() || text.ends_with('\n') {
-        lines.pop();
-    }
-    lines
 }
 
 fn is_job(line: &str) -> bool {

@@ -17,6 +17,8 @@ mod package;
 mod process;
 mod service;
 mod symlink;
+mod sysctl;
+mod text;
 mod user;
 
 use std::collections::HashSet;
@@ -77,6 +79,7 @@ fn run_resource(resource: &Resource, mode: Mode, planned: &mut PlannedDirectorie
         Resource::User(resource) => user::run(resource, mode),
         Resource::Group(resource) => group::run(resource, mode),
         Resource::Cron(resource) => cron::run(resource, mode),
+        Resource::Sysctl(resource) => sysctl::run(resource, mode),
     });
     match result {
         Ok(report) => Outcome {
