@@ -32,6 +32,7 @@ const KINDS: &[&str] = &[
     "group",
     "cron",
     "sysctl",
+    "line",
 ];
 
 pub(super) fn compile(yaml: &str, base_dir: &Path) -> Result<Plan, CompileError> {
@@ -179,6 +180,7 @@ impl<'de> Visitor<'de> for ItemSeed<'_> {
             "group" => Resource::Group(settings(&mut item, &kind, "name")?),
             "cron" => Resource::Cron(settings(&mut item, &kind, "name")?),
             "sysctl" => Resource::Sysctl(settings(&mut item, &kind, "name")?),
+            "line" => Resource::Line(settings(&mut item, &kind, "path")?),
             _ => {
                 return Err(de::Error::custom(format!(
                     "unknown resource kind '{kind}' (expected one of {})",
@@ -394,7 +396,7 @@ mod tests {
             (
                 "# header\n- files: {path: /a}\n",
                 "line 2: unknown resource kind 'files' (expected one of file, directory, \
-                 symlink, package, service, command, user, group, cron, sysctl",
+                 symlink, package, service, command, user, group, cron, sysctl, line)",
             ),
             (
                 "- file: {path: /a}\n  directory: {path: /b}\n",
@@ -584,6 +586,16 @@ mod tests {
     file: /etc/cron.d/app
 - sysctl: {name: net.ipv4.ip_forward, value: 1}
 - sysctl: {name: vm.swappiness, value: \"10\", file: /etc/sysctl.d/60-app.conf, runtime: false}
+- line:
+    path: /etc/ssh/sshd_config
+    line: PermitRootLogin no
+    match: ^#?PermitRootLogin
+- line:
+    path: /etc/hosts
+    create: true
+    block: |
+      10.0.0.1 db
+      10.0.0.2 cache
 ";
         let expected = vec![
             Resource::User(crate::state::UserResource {
@@ -637,6 +649,18 @@ mod tests {
                 value: "10".into(),
                 file: Some("/etc/sysctl.d/60-app.conf".into()),
                 runtime: Some(false),
+            }),
+            Resource::Line(crate::state::LineResource {
+                path: "/etc/ssh/sshd_config".into(),
+                line: Some("PermitRootLogin no".into()),
+                pattern: Some("^#?PermitRootLogin".into()),
+                ..Default::default()
+            }),
+            Resource::Line(crate::state::LineResource {
+                path: "/etc/hosts".into(),
+                create: Some(true),
+                block: Some("10.0.0.1 db\n10.0.0.2 cache\n".into()),
+                ..Default::default()
             }),
         ];
         let plan = compile_here(yaml).unwrap();
@@ -702,6 +726,19 @@ mod tests {
             (
                 "- sysctl: {name: ../../etc/passwd, value: 1}\n",
                 "line 1: sysctl: name '../../etc/passwd' must be dotted parts",
+            ),
+            (
+                "- line: {path: /etc/hosts, line: x}\n- line: {path: /etc/hosts, line: x, regex: y}\n",
+                "line 2: line: unknown field `regex`, expected one of `path`, `state`, `line`, \
+                 `match`, `block`, `marker`, `create`",
+            ),
+            (
+                "- line:\n    path: /etc/motd\n    line: x\n    match: \"[\"\n",
+                "line 1: line: match '[' is not a valid regex",
+            ),
+            (
+                "- line: {path: /etc/motd, line: x, block: y}\n",
+                "line 1: line: line and match cannot go with block or marker",
             ),
         ];
         for (yaml, expected) in cases {

@@ -22,6 +22,7 @@
 //! - group: {name: deploy, gid: 1600}
 //! - cron: {name: backup, schedule: "0 3 * * *", run: /usr/local/bin/backup}
 //! - sysctl: {name: net.ipv4.ip_forward, value: 1}
+//! - line: {path: /etc/ssh/sshd_config, line: PermitRootLogin no, match: "^#?PermitRootLogin"}
 //! ```
 //!
 //! Resources run in order, so a directory comes before the files in it. `file`, `directory`
@@ -63,6 +64,7 @@ pub enum Resource {
     Group(GroupResource),
     Cron(CronResource),
     Sysctl(SysctlResource),
+    Line(LineResource),
 }
 
 /// Whether a file, directory or symlink should exist (wire names lowercase).
@@ -289,6 +291,36 @@ pub struct SysctlResource {
     pub runtime: Option<bool>,
 }
 
+/// One line of a text file, or a block of lines between two marker lines; the rest of the
+/// file stays as it is. The line form takes `line` and/or `match`; the block form takes `block`
+/// (and optionally `marker`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LineResource {
+    pub path: String,
+    /// present (default) | absent. Absent removes the lines equal to `line` or matching
+    /// `match`, or the marked block whatever it holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<Presence>,
+    /// The whole line, without its newline. Required when present, in the line form.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line: Option<String>,
+    /// A regular expression: every line it matches is replaced by `line`; with no match,
+    /// `line` is appended (unless it is there already).
+    #[serde(rename = "match", default, skip_serializing_if = "Option::is_none")]
+    pub pattern: Option<String>,
+    /// The lines kept between the BEGIN and END marker lines, replaced as a whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block: Option<String>,
+    /// The marker lines, `{mark}` standing for BEGIN and END; default
+    /// "# {mark} svc managed block". Two blocks in one file need two markers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub marker: Option<String>,
+    /// Create a missing file (mode 0644) rather than fail; default false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub create: Option<bool>,
+}
+
 impl Resource {
     /// `kind:name` as outcomes report it: `file:/etc/motd`, `package:nginx`, `command:make`.
     pub fn label(&self) -> String {
@@ -303,6 +335,7 @@ impl Resource {
             Resource::Group(group) => format!("group:{}", group.name),
             Resource::Cron(cron) => format!("cron:{}", cron.name),
             Resource::Sysctl(sysctl) => format!("sysctl:{}", sysctl.name),
+            Resource::Line(line) => format!("line:{}", line.path),
         }
     }
 }

@@ -7,7 +7,10 @@ use base64::Engine as _;
 
 #[cfg(test)]
 use super::ServiceState;
-use super::{CronResource, FileResource, Plan, Presence, Resource, SysctlResource, UserResource};
+use super::{
+    CronResource, FileResource, LineResource, Plan, Presence, Resource, SysctlResource,
+    UserResource,
+};
 
 /// File contents a plan may carry in all, measured as encoded in the JSON plan. The plan
 /// travels in one bus message of at most 1 MiB, and text can grow when escaped, so half of that
@@ -156,6 +159,7 @@ pub(super) fn check_resource(resource: &Resource) -> Result<(), String> {
         }
         Resource::Cron(cron) => check_cron(cron),
         Resource::Sysctl(sysctl) => check_sysctl(sysctl),
+        Resource::Line(line) => check_line(line),
     }
 }
 
@@ -463,6 +467,76 @@ fn check_sysctl(sysctl: &SysctlResource) -> Result<(), String> {
         check_path("file", file)?;
     }
     Ok(())
+}
+
+/// The marker of a `line` block without `marker:`.
+pub(super) const DEFAULT_BLOCK_MARKER: &str = "# {mark} svc managed block";
+
+/// The BEGIN and END lines of a block.
+pub(super) fn block_markers(marker: Option<&str>) -> (String, String) {
+    let marker = marker.unwrap_or(DEFAULT_BLOCK_MARKER);
+    (
+        marker.replace("{mark}", "BEGIN"),
+        marker.replace("{mark}", "END"),
+    )
+}
+
+fn check_line(line: &LineResource) -> Result<(), String> {
+    check_path("path", &line.path)?;
+    let is_absent = line.state == Some(Presence::Absent);
+    if is_absent && line.create.is_some() {
+        return Err("create cannot go with state absent".into());
+    }
+    let is_block = line.block.is_some() || line.marker.is_some();
+    if is_block {
+        if line.line.is_some() || line.pattern.is_some() {
+            return Err(
+                "line and match cannot go with block or marker (one resource is one line or \
+                 one block)"
+                    .into(),
+            );
+        }
+        if let Some(marker) = &line.marker {
+            if !marker.contains("{mark}") || marker.contains(['\n', '\r', '\0']) {
+                return Err(format!(
+                    "marker '{marker}' must be one line containing {{mark}} (BEGIN and END \
+                     take its place)"
+                ));
+            }
+        }
+        let (begin, end) = block_markers(line.marker.as_deref());
+        match &line.block {
+            None if !is_absent => Err("block is required (the lines between the markers)".into()),
+            Some(block) if block.contains('\0') => Err("block must not contain NUL".into()),
+            Some(block) if block.lines().any(|text| text == begin || text == end) => {
+                Err("block must not contain its own marker lines".into())
+            }
+            _ => Ok(()),
+        }
+    } else {
+        if let Some(text) = &line.line {
+            if text.is_empty() {
+                return Err("line must not be empty".into());
+            }
+            if text.contains(['\n', '\0']) {
+                return Err("line must be one line (block: takes several)".into());
+            }
+        }
+        if let Some(pattern) = &line.pattern {
+            if pattern.is_empty() {
+                return Err("match must not be empty".into());
+            }
+            regex::Regex::new(pattern)
+                .map_err(|error| format!("match '{pattern}' is not a valid regex: {error}"))?;
+        }
+        match (&line.line, &line.pattern) {
+            (None, None) if is_absent => Err("give line or match (what to remove)".into()),
+            (None, _) if !is_absent => {
+                Err("line is required (or block, for a block of lines)".into())
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 /// The keywords cron takes instead of five fields.
@@ -1151,6 +1225,112 @@ mod tests {
         ];
         for (resource, expected) in cases {
             let result = check_resource(&Resource::Sysctl(resource.clone()));
+            match expected {
+                None => assert_eq!(result, Ok(()), "{resource:?}"),
+                Some(part) => {
+                    let message = result.expect_err(part);
+                    assert!(message.contains(part), "{message:?} lacks {part:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn line_rules() {
+        let form = |line: Option<&str>, pattern: Option<&str>| LineResource {
+            path: "/etc/ssh/sshd_config".into(),
+            line: line.map(str::to_string),
+            pattern: pattern.map(str::to_string),
+            ..LineResource::default()
+        };
+        let block = |text: &str| LineResource {
+            path: "/etc/hosts".into(),
+            block: Some(text.into()),
+            ..LineResource::default()
+        };
+        let absent = |resource: LineResource| LineResource {
+            state: Some(Presence::Absent),
+            ..resource
+        };
+        let cases: Vec<(LineResource, Option<&str>)> = vec![
+            (form(Some("PermitRootLogin no"), None), None),
+            (
+                form(Some("PermitRootLogin no"), Some("^#?PermitRootLogin\\s")),
+                None,
+            ),
+            (absent(form(None, Some("^PermitRootLogin"))), None),
+            (absent(form(Some("PermitRootLogin yes"), None)), None),
+            (block("10.0.0.1 db\n10.0.0.2 cache\n"), None),
+            (
+                LineResource {
+                    marker: Some("; {mark} app".into()),
+                    ..block("")
+                },
+                None,
+            ),
+            (absent(block("anything")), None),
+            (
+                LineResource {
+                    create: Some(true),
+                    ..block("x")
+                },
+                None,
+            ),
+            (form(None, None), Some("line is required")),
+            (form(None, Some("^x")), Some("line is required")),
+            (absent(form(None, None)), Some("give line or match")),
+            (form(Some(""), None), Some("line must not be empty")),
+            (form(Some("a\nb"), None), Some("line must be one line")),
+            (form(Some("a"), Some("")), Some("match must not be empty")),
+            (
+                form(Some("a"), Some("(unclosed")),
+                Some("match '(unclosed' is not a valid regex"),
+            ),
+            (
+                LineResource {
+                    line: Some("a".into()),
+                    ..block("b")
+                },
+                Some("line and match cannot go with block or marker"),
+            ),
+            (
+                LineResource {
+                    marker: Some("# svc".into()),
+                    ..block("b")
+                },
+                Some("marker '# svc' must be one line containing {mark}"),
+            ),
+            (
+                LineResource {
+                    marker: Some("# {mark}".into()),
+                    ..LineResource {
+                        path: "/etc/hosts".into(),
+                        ..LineResource::default()
+                    }
+                },
+                Some("block is required"),
+            ),
+            (
+                block("a\n# END svc managed block\n"),
+                Some("block must not contain its own marker lines"),
+            ),
+            (
+                LineResource {
+                    create: Some(false),
+                    ..absent(form(Some("a"), None))
+                },
+                Some("create cannot go with state absent"),
+            ),
+            (
+                LineResource {
+                    path: "etc/hosts".into(),
+                    ..block("x")
+                },
+                Some("path must be absolute"),
+            ),
+        ];
+        for (resource, expected) in cases {
+            let result = check_resource(&Resource::Line(resource.clone()));
             match expected {
                 None => assert_eq!(result, Ok(()), "{resource:?}"),
                 Some(part) => {

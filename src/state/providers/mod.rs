@@ -13,6 +13,7 @@ mod cron;
 mod directory;
 mod file;
 mod group;
+mod line;
 mod package;
 mod process;
 mod service;
@@ -80,6 +81,7 @@ fn run_resource(resource: &Resource, mode: Mode, planned: &mut PlannedDirectorie
         Resource::Group(resource) => group::run(resource, mode),
         Resource::Cron(resource) => cron::run(resource, mode),
         Resource::Sysctl(resource) => sysctl::run(resource, mode),
+        Resource::Line(resource) => line::run(resource, mode),
     });
     match result {
         Ok(report) => Outcome {
