@@ -348,10 +348,12 @@ mod tests {
                 Resource::Package(PackageResource {
                     name: "nginx".into(),
                     state: None,
+                    version: None,
                 }),
                 Resource::Package(PackageResource {
                     name: "telnet".into(),
                     state: Some(crate::state::PackageState::Absent),
+                    version: None,
                 }),
                 Resource::Service(ServiceResource {
                     name: "nginx".into(),
@@ -590,6 +592,7 @@ mod tests {
     path: /etc/ssh/sshd_config
     line: PermitRootLogin no
     match: ^#?PermitRootLogin
+- package: {name: nginx, version: 1.22.1-9+deb12u1}
 - line:
     path: /etc/hosts
     create: true
@@ -655,6 +658,11 @@ mod tests {
                 line: Some("PermitRootLogin no".into()),
                 pattern: Some("^#?PermitRootLogin".into()),
                 ..Default::default()
+            }),
+            Resource::Package(PackageResource {
+                name: "nginx".into(),
+                version: Some("1.22.1-9+deb12u1".into()),
+                state: None,
             }),
             Resource::Line(crate::state::LineResource {
                 path: "/etc/hosts".into(),
@@ -739,6 +747,14 @@ mod tests {
             (
                 "- line: {path: /etc/motd, line: x, block: y}\n",
                 "line 1: line: line and match cannot go with block or marker",
+            ),
+            (
+                "- package: {name: nginx, version: \"1.22*\"}\n",
+                "line 1: package: version '1.22*' must start with a letter or digit",
+            ),
+            (
+                "- package: {name: nginx, state: absent, version: \"1\"}\n",
+                "line 1: package: version cannot go with state absent",
             ),
         ];
         for (yaml, expected) in cases {

@@ -16,6 +16,7 @@
 //! - file: {path: /etc/motd, content: "managed by svc\n"}
 //! - symlink: {path: /srv/current, target: app}
 //! - package: {name: nginx}                      # installed (default) | absent
+//! - package: {name: curl, version: 7.88.1-10+deb12u5}   # a pin
 //! - service: {name: nginx, state: running, enabled: true}
 //! - command: {run: make install, creates: /usr/local/bin/app, timeout: 5m}
 //! - user: {name: app, uid: 1500, groups: [adm], shell: /bin/bash}
@@ -167,6 +168,11 @@ pub struct PackageResource {
     /// installed (default) | absent
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<PackageState>,
+    /// A pin: this version installed (apt `name=version`, dnf `name-version`), up or down.
+    /// apt compares it with the whole installed version (epoch included); dnf with as much as
+    /// it gives ("2.4", "2.4-1.el9" or "1:2.4-1.el9"). Unset: any version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

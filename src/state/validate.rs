@@ -121,7 +121,14 @@ pub(super) fn check_resource(resource: &Resource) -> Result<(), String> {
         }
         Resource::Package(package) => {
             // Its state is an enum: YAML with another value does not parse.
-            check_package_name(&package.name)
+            check_package_name(&package.name)?;
+            if let Some(version) = &package.version {
+                if package.state == Some(super::PackageState::Absent) {
+                    return Err("version cannot go with state absent".into());
+                }
+                check_package_version(version)?;
+            }
+            Ok(())
         }
         Resource::Service(service) => {
             check_service_name(&service.name)?;
@@ -308,6 +315,27 @@ fn check_package_name(name: &str) -> Result<(), String> {
         Err(format!(
             "package name '{name}' must start with a letter or digit and use only letters, \
              digits and . + - _ :"
+        ))
+    }
+}
+
+/// A version pin becomes part of an argument (`name=version` for apt, `name-version` for dnf):
+/// the characters of Debian and RPM versions only (epoch `:`, `~`, `^`, `+`), no globs, no
+/// leading `-`.
+fn check_package_version(version: &str) -> Result<(), String> {
+    let is_valid = version
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphanumeric())
+        && version
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || ".+-_:~^".contains(c));
+    if is_valid {
+        Ok(())
+    } else {
+        Err(format!(
+            "version '{version}' must start with a letter or digit and use only letters, digits \
+             and . + - _ : ~ ^"
         ))
     }
 }
@@ -781,6 +809,7 @@ mod tests {
                 Resource::Package(PackageResource {
                     name: "libc6:amd64".into(),
                     state: Some(super::super::PackageState::Absent),
+                    version: None,
                 }),
                 None,
             ),
@@ -788,8 +817,41 @@ mod tests {
                 Resource::Package(PackageResource {
                     name: "-y".into(),
                     state: None,
+                    version: None,
                 }),
                 Some("package name '-y'"),
+            ),
+            (
+                Resource::Package(PackageResource {
+                    name: "nginx".into(),
+                    state: None,
+                    version: Some("1:1.22.1-9+deb12u1~bpo".into()),
+                }),
+                None,
+            ),
+            (
+                Resource::Package(PackageResource {
+                    name: "nginx".into(),
+                    state: None,
+                    version: Some("-1".into()),
+                }),
+                Some("version '-1' must start with a letter or digit"),
+            ),
+            (
+                Resource::Package(PackageResource {
+                    name: "nginx".into(),
+                    state: None,
+                    version: Some("1 2".into()),
+                }),
+                Some("version '1 2'"),
+            ),
+            (
+                Resource::Package(PackageResource {
+                    name: "nginx".into(),
+                    state: Some(super::super::PackageState::Absent),
+                    version: Some("1".into()),
+                }),
+                Some("version cannot go with state absent"),
             ),
             (
                 Resource::Service(ServiceResource {
