@@ -16,8 +16,14 @@
 //! - file: {path: /etc/motd, content: "managed by svc\n"}
 //! - symlink: {path: /srv/current, target: app}
 //! - package: {name: nginx}                      # installed (default) | absent
+//! - package: {name: curl, version: 7.88.1-10+deb12u5}   # a pin
 //! - service: {name: nginx, state: running, enabled: true}
 //! - command: {run: make install, creates: /usr/local/bin/app, timeout: 5m}
+//! - user: {name: app, uid: 1500, groups: [adm], shell: /bin/bash}
+//! - group: {name: deploy, gid: 1600}
+//! - cron: {name: backup, schedule: "0 3 * * *", run: /usr/local/bin/backup}
+//! - sysctl: {name: net.ipv4.ip_forward, value: 1}
+//! - line: {path: /etc/ssh/sshd_config, line: PermitRootLogin no, match: "^#?PermitRootLogin"}
 //! ```
 //!
 //! Resources run in order, so a directory comes before the files in it. `file`, `directory`
@@ -145,6 +151,11 @@ pub enum Resource {
     Service(ServiceResource),
     Command(CommandResource),
     Tree(TreeResource),
+    User(UserResource),
+    Group(GroupResource),
+    Cron(CronResource),
+    Sysctl(SysctlResource),
+    Line(LineResource),
 }
 
 /// Whether a file, directory or symlink should exist (wire names lowercase).
@@ -266,6 +277,11 @@ pub struct PackageResource {
     /// installed (default) | absent
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<PackageState>,
+    /// A pin: this version installed (apt `name=version`, dnf `name-version`), up or down.
+    /// apt compares it with the whole installed version (epoch included); dnf with as much as
+    /// it gives ("2.4", "2.4-1.el9" or "1:2.4-1.el9"). Unset: any version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -343,6 +359,129 @@ pub struct TreeFile {
     pub mode: String,
 }
 
+/// A local user account, changed only through useradd, usermod and userdel. Unset settings
+/// are left alone (at creation, useradd's defaults apply).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserResource {
+    pub name: String,
+    /// present (default) | absent. Absent runs userdel, which keeps the home directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<Presence>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
+    /// The primary group: a group name or a numeric gid.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gid: Option<String>,
+    /// Supplementary groups (names or gids), the exact set: the user leaves every other group.
+    /// `[]` means none; unset leaves membership alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub groups: Option<Vec<String>>,
+    /// The home directory as /etc/passwd records it; never created or moved (a `directory`
+    /// resource makes it, with its mode and owner).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub home: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shell: Option<String>,
+    /// Created as a system account (useradd --system: a uid from the system range). Only
+    /// matters at creation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system: Option<bool>,
+    /// The GECOS field, usually the full name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comment: Option<String>,
+}
+
+/// A local group, changed only through groupadd, groupmod and groupdel.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupResource {
+    pub name: String,
+    /// present (default) | absent
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<Presence>,
+    /// Unset: groupadd picks one at creation, and an existing group keeps its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gid: Option<u32>,
+    /// Created as a system group (groupadd --system). Only matters at creation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system: Option<bool>,
+}
+
+/// A cron job managed by name: one line in a user's crontab, or in a file of /etc/cron.d,
+/// under the marker comment `# svc: NAME` that finds it again. Nothing else in the crontab or
+/// file is touched.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CronResource {
+    /// Identifies the entry (its marker comment): one line of text.
+    pub name: String,
+    /// present (default) | absent
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<Presence>,
+    /// Whose crontab (default root); with `file`, the user the job runs as.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Five fields ("0 3 * * *") or a keyword (@daily, @reboot, ...). Required unless absent.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub schedule: String,
+    /// The command line, written as is (cron reads `%` as a newline unless escaped: `\%`).
+    /// Required unless absent.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub run: String,
+    /// A cron.d-style file (absolute path, such as /etc/cron.d/backup) instead of the user's
+    /// crontab; its lines name the user.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+}
+
+/// A kernel parameter: its `name = value` line in a sysctl.d file (the setting at boot) and,
+/// unless `runtime: false`, the running kernel's value under /proc/sys.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SysctlResource {
+    /// Dotted: net.ipv4.ip_forward.
+    pub name: String,
+    /// Compared with runs of whitespace taken as one space: "4096 87380 6291456".
+    pub value: String,
+    /// The file that persists it (default /etc/sysctl.d/99-svc.conf); other lines stay.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    /// Also set the value now (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<bool>,
+}
+
+/// One line of a text file, or a block of lines between two marker lines; the rest of the
+/// file stays as it is. The line form takes `line` and/or `match`; the block form takes `block`
+/// (and optionally `marker`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LineResource {
+    pub path: String,
+    /// present (default) | absent. Absent removes the lines equal to `line` or matching
+    /// `match`, or the marked block whatever it holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<Presence>,
+    /// The whole line, without its newline. Required when present, in the line form.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line: Option<String>,
+    /// A regular expression: every line it matches is replaced by `line`; with no match,
+    /// `line` is appended (unless it is there already).
+    #[serde(rename = "match", default, skip_serializing_if = "Option::is_none")]
+    pub pattern: Option<String>,
+    /// The lines kept between the BEGIN and END marker lines, replaced as a whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block: Option<String>,
+    /// The marker lines, `{mark}` standing for BEGIN and END; default
+    /// "# {mark} svc managed block". Two blocks in one file need two markers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub marker: Option<String>,
+    /// Create a missing file (mode 0644) rather than fail; default false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub create: Option<bool>,
+}
+
 impl Resource {
     /// `kind:name` as outcomes report it: `file:/etc/motd`, `package:nginx`, `command:make`.
     pub fn label(&self) -> String {
@@ -354,6 +493,11 @@ impl Resource {
             Resource::Service(service) => format!("service:{}", service.name),
             Resource::Command(command) => format!("command:{}", command.run),
             Resource::Tree(tree) => format!("tree:{}", tree.path),
+            Resource::User(user) => format!("user:{}", user.name),
+            Resource::Group(group) => format!("group:{}", group.name),
+            Resource::Cron(cron) => format!("cron:{}", cron.name),
+            Resource::Sysctl(sysctl) => format!("sysctl:{}", sysctl.name),
+            Resource::Line(line) => format!("line:{}", line.path),
         }
     }
 }

@@ -7,7 +7,10 @@ use base64::Engine as _;
 
 #[cfg(test)]
 use super::ServiceState;
-use super::{FileResource, Links, Plan, Presence, Resource, TreeResource};
+use super::{
+    CronResource, FileResource, LineResource, Links, Plan, Presence, Resource, SysctlResource,
+    TreeResource, UserResource,
+};
 
 /// File contents a plan may carry in all, measured as encoded in the JSON plan. The plan
 /// travels in one bus message of at most 1 MiB, and text can grow when escaped, so half of that
@@ -213,7 +216,14 @@ pub(super) fn check_resource(resource: &Resource) -> Result<(), String> {
         }
         Resource::Package(package) => {
             // Its state is an enum: YAML with another value does not parse.
-            check_package_name(&package.name)
+            check_package_name(&package.name)?;
+            if let Some(version) = &package.version {
+                if package.state == Some(super::PackageState::Absent) {
+                    return Err("version cannot go with state absent".into());
+                }
+                check_package_version(version)?;
+            }
+            Ok(())
         }
         Resource::Service(service) => {
             check_service_name(&service.name)?;
@@ -236,6 +246,23 @@ pub(super) fn check_resource(resource: &Resource) -> Result<(), String> {
             }
             Ok(())
         }
+        Resource::User(user) => check_user(user),
+        Resource::Group(group) => {
+            check_login_name("name", &group.name)?;
+            if group.state == Some(Presence::Absent) {
+                refuse_with_absent(&[
+                    ("gid", group.gid.is_some()),
+                    ("system", group.system.is_some()),
+                ])
+            } else if group.gid == Some(u32::MAX) {
+                Err("gid 4294967295 is out of range (it means \"no group\")".into())
+            } else {
+                Ok(())
+            }
+        }
+        Resource::Cron(cron) => check_cron(cron),
+        Resource::Sysctl(sysctl) => check_sysctl(sysctl),
+        Resource::Line(line) => check_line(line),
     }
 }
 
@@ -474,6 +501,27 @@ fn check_package_name(name: &str) -> Result<(), String> {
     }
 }
 
+/// A version pin becomes part of an argument (`name=version` for apt, `name-version` for dnf):
+/// the characters of Debian and RPM versions only (epoch `:`, `~`, `^`, `+`), no globs, no
+/// leading `-`.
+fn check_package_version(version: &str) -> Result<(), String> {
+    let is_valid = version
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphanumeric())
+        && version
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || ".+-_:~^".contains(c));
+    if is_valid {
+        Ok(())
+    } else {
+        Err(format!(
+            "version '{version}' must start with a letter or digit and use only letters, digits \
+             and . + - _ : ~ ^"
+        ))
+    }
+}
+
 /// Service names become arguments of systemctl: systemd unit name characters only, no
 /// leading `-`.
 fn check_service_name(name: &str) -> Result<(), String> {
@@ -500,9 +548,306 @@ fn check_shell_text(field: &str, text: &str) -> Result<(), String> {
     Ok(())
 }
 
+fn check_user(user: &UserResource) -> Result<(), String> {
+    check_login_name("name", &user.name)?;
+    if user.state == Some(Presence::Absent) {
+        return refuse_with_absent(&[
+            ("uid", user.uid.is_some()),
+            ("gid", user.gid.is_some()),
+            ("groups", user.groups.is_some()),
+            ("home", user.home.is_some()),
+            ("shell", user.shell.is_some()),
+            ("system", user.system.is_some()),
+            ("comment", user.comment.is_some()),
+        ]);
+    }
+    if user.uid == Some(u32::MAX) {
+        return Err("uid 4294967295 is out of range (it means \"no user\")".into());
+    }
+    if let Some(gid) = &user.gid {
+        check_group_reference("gid", gid)?;
+    }
+    for group in user.groups.iter().flatten() {
+        check_group_reference("groups", group)?;
+    }
+    if let Some(home) = &user.home {
+        check_path("home", home)?;
+    }
+    if let Some(shell) = &user.shell {
+        check_path("shell", shell)?;
+    }
+    if let Some(comment) = &user.comment {
+        // The fields of /etc/passwd are separated by ':' and its entries by newlines.
+        if comment.contains([':', '\n', '\r', '\0']) {
+            return Err("comment must not contain ':', a newline or NUL".into());
+        }
+    }
+    Ok(())
+}
+
+/// A user or group name as useradd and groupadd accept it everywhere: a letter or `_` first (so
+/// it cannot be taken for an option or a numeric id), then letters, digits, `.`, `_` and `-`,
+/// and an optional final `$` (Samba machine accounts); at most 32 characters.
+pub(super) fn check_login_name(field: &str, name: &str) -> Result<(), String> {
+    let body = name.strip_suffix('$').unwrap_or(name);
+    let is_valid = name.len() <= 32
+        && body
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && body
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+    if is_valid {
+        Ok(())
+    } else {
+        Err(format!(
+            "{field} '{name}' is not a valid account name (a letter or _ first, then letters, \
+             digits, . _ -; at most 32 characters)"
+        ))
+    }
+}
+
+fn check_cron(cron: &CronResource) -> Result<(), String> {
+    let name = cron.name.as_str();
+    if name.trim().is_empty() || name.trim() != name || name.contains(['\n', '\r', '\0']) {
+        return Err(format!(
+            "name '{name}' must be one line of text without leading or trailing spaces (it is \
+             the entry's marker comment)"
+        ));
+    }
+    if let Some(user) = &cron.user {
+        check_login_name("user", user)?;
+    }
+    if let Some(file) = &cron.file {
+        check_path("file", file)?;
+        // cron skips files of /etc/cron.d whose names have other characters (a dot, say),
+        // which would make the entry silently dead.
+        if let Some(file_name) = file.strip_prefix("/etc/cron.d/") {
+            let is_run_parts_name = file_name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+            if !is_run_parts_name {
+                return Err(format!(
+                    "file '{file}': cron ignores files in /etc/cron.d whose names have \
+                     characters other than letters, digits, _ and -"
+                ));
+            }
+        }
+    }
+    if cron.state == Some(Presence::Absent) {
+        return refuse_with_absent(&[
+            ("schedule", !cron.schedule.is_empty()),
+            ("run", !cron.run.is_empty()),
+        ]);
+    }
+    if cron.schedule.trim().is_empty() {
+        return Err("schedule is required (\"0 3 * * *\" or a keyword such as @daily)".into());
+    }
+    check_schedule(&cron.schedule)?;
+    check_shell_text("run", &cron.run)?;
+    if cron.run.contains(['\n', '\r']) {
+        return Err("run must be one line (a crontab entry is a line)".into());
+    }
+    Ok(())
+}
+
+fn check_sysctl(sysctl: &SysctlResource) -> Result<(), String> {
+    // The name becomes a path under /proc/sys: no empty, `.` or `..` parts can reach out of it.
+    let name = sysctl.name.as_str();
+    let is_valid = name.split('.').all(|part| {
+        !part.is_empty()
+            && !part.starts_with('-')
+            && part
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    });
+    if !is_valid {
+        return Err(format!(
+            "name '{name}' must be dotted parts of letters, digits, _ and - (net.ipv4.ip_forward)"
+        ));
+    }
+    if sysctl.value.trim().is_empty() {
+        return Err("value must not be empty".into());
+    }
+    if sysctl.value.contains(['\n', '\r', '\0']) {
+        return Err("value must be one line".into());
+    }
+    if let Some(file) = &sysctl.file {
+        check_path("file", file)?;
+    }
+    Ok(())
+}
+
+/// The marker of a `line` block without `marker:`.
+pub(super) const DEFAULT_BLOCK_MARKER: &str = "# {mark} svc managed block";
+
+/// The BEGIN and END lines of a block.
+pub(super) fn block_markers(marker: Option<&str>) -> (String, String) {
+    let marker = marker.unwrap_or(DEFAULT_BLOCK_MARKER);
+    (
+        marker.replace("{mark}", "BEGIN"),
+        marker.replace("{mark}", "END"),
+    )
+}
+
+fn check_line(line: &LineResource) -> Result<(), String> {
+    check_path("path", &line.path)?;
+    let is_absent = line.state == Some(Presence::Absent);
+    if is_absent && line.create.is_some() {
+        return Err("create cannot go with state absent".into());
+    }
+    let is_block = line.block.is_some() || line.marker.is_some();
+    if is_block {
+        if line.line.is_some() || line.pattern.is_some() {
+            return Err(
+                "line and match cannot go with block or marker (one resource is one line or \
+                 one block)"
+                    .into(),
+            );
+        }
+        if let Some(marker) = &line.marker {
+            if !marker.contains("{mark}") || marker.contains(['\n', '\r', '\0']) {
+                return Err(format!(
+                    "marker '{marker}' must be one line containing {{mark}} (BEGIN and END \
+                     take its place)"
+                ));
+            }
+        }
+        let (begin, end) = block_markers(line.marker.as_deref());
+        match &line.block {
+            None if !is_absent => Err("block is required (the lines between the markers)".into()),
+            Some(block) if block.contains('\0') => Err("block must not contain NUL".into()),
+            Some(block) if block.lines().any(|text| text == begin || text == end) => {
+                Err("block must not contain its own marker lines".into())
+            }
+            _ => Ok(()),
+        }
+    } else {
+        if let Some(text) = &line.line {
+            if text.is_empty() {
+                return Err("line must not be empty".into());
+            }
+            if text.contains(['\n', '\0']) {
+                return Err("line must be one line (block: takes several)".into());
+            }
+        }
+        if let Some(pattern) = &line.pattern {
+            if pattern.is_empty() {
+                return Err("match must not be empty".into());
+            }
+            regex::Regex::new(pattern)
+                .map_err(|error| format!("match '{pattern}' is not a valid regex: {error}"))?;
+        }
+        match (&line.line, &line.pattern) {
+            (None, None) if is_absent => Err("give line or match (what to remove)".into()),
+            (None, _) if !is_absent => {
+                Err("line is required (or block, for a block of lines)".into())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The keywords cron takes instead of five fields.
+const CRON_KEYWORDS: &[&str] = &[
+    "@reboot",
+    "@yearly",
+    "@annually",
+    "@monthly",
+    "@weekly",
+    "@daily",
+    "@midnight",
+    "@hourly",
+];
+
+/// Five fields (minute hour day-of-month month day-of-week), each a list of `*`, values and
+/// ranges with optional `/step`, or one keyword. Names (jan, mon) are taken in the last two.
+pub(super) fn check_schedule(schedule: &str) -> Result<(), String> {
+    let fields: Vec<&str> = schedule.split_whitespace().collect();
+    if let [keyword] = fields[..] {
+        if keyword.starts_with('@') {
+            if CRON_KEYWORDS.contains(&keyword) {
+                return Ok(());
+            }
+            return Err(format!(
+                "schedule '{schedule}': unknown keyword (expected one of {})",
+                CRON_KEYWORDS.join(", ")
+            ));
+        }
+    }
+    if fields.len() != 5 {
+        return Err(format!(
+            "schedule '{schedule}' must have 5 fields (minute hour day-of-month month \
+             day-of-week) or be a keyword such as @daily"
+        ));
+    }
+    const MONTHS: &[&str] = &[
+        "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec",
+    ];
+    const DAYS: &[&str] = &["sun", "mon", "tue", "wed", "thu", "fri", "sat"];
+    let limits: [(&str, u32, u32, &[&str]); 5] = [
+        ("minute", 0, 59, &[]),
+        ("hour", 0, 23, &[]),
+        ("day of month", 1, 31, &[]),
+        ("month", 1, 12, MONTHS),
+        ("day of week", 0, 7, DAYS),
+    ];
+    for (field, (what, low, high, names)) in fields.iter().zip(limits) {
+        let is_valid = field.split(',').all(|item| {
+            let (range, step) = match item.split_once('/') {
+                Some((range, step)) => (range, Some(step)),
+                None => (item, None),
+            };
+            let value = |text: &str| -> Option<u32> {
+                let number = match text.parse::<u32>() {
+                    Ok(number) => number,
+                    // Names count from the first: jan is 1, sun is 0.
+                    Err(_) => {
+                        let index = names
+                            .iter()
+                            .position(|name| name.eq_ignore_ascii_case(text))?;
+                        index as u32 + low
+                    }
+                };
+                (low..=high).contains(&number).then_some(number)
+            };
+            let is_range_valid = match range.split_once('-') {
+                _ if range == "*" => true,
+                Some((first, last)) => {
+                    matches!((value(first), value(last)), (Some(a), Some(b)) if a <= b)
+                }
+                None => value(range).is_some(),
+            };
+            let is_step_valid =
+                step.is_none_or(|step| step.parse::<u32>().is_ok_and(|step| step >= 1));
+            is_range_valid && is_step_valid
+        });
+        if !is_valid {
+            return Err(format!(
+                "schedule '{schedule}': {what} '{field}' is not valid (values {low}-{high}, \
+                 *, ranges a-b, lists a,b and steps /n)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A group as a user's gid or groups names it: a group name or a numeric gid.
+fn check_group_reference(field: &str, text: &str) -> Result<(), String> {
+    if !text.is_empty() && text.bytes().all(|byte| byte.is_ascii_digit()) {
+        return match text.parse::<u32>() {
+            Ok(id) if id != u32::MAX => Ok(()),
+            _ => Err(format!("{field}: gid {text} is out of range")),
+        };
+    }
+    check_login_name(field, text)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::GroupResource;
     use crate::state::{
         CommandResource, DirectoryResource, PackageResource, ServiceResource, SymlinkResource,
     };
@@ -646,6 +991,7 @@ mod tests {
                 Resource::Package(PackageResource {
                     name: "libc6:amd64".into(),
                     state: Some(super::super::PackageState::Absent),
+                    version: None,
                 }),
                 None,
             ),
@@ -653,8 +999,41 @@ mod tests {
                 Resource::Package(PackageResource {
                     name: "-y".into(),
                     state: None,
+                    version: None,
                 }),
                 Some("package name '-y'"),
+            ),
+            (
+                Resource::Package(PackageResource {
+                    name: "nginx".into(),
+                    state: None,
+                    version: Some("1:1.22.1-9+deb12u1~bpo".into()),
+                }),
+                None,
+            ),
+            (
+                Resource::Package(PackageResource {
+                    name: "nginx".into(),
+                    state: None,
+                    version: Some("-1".into()),
+                }),
+                Some("version '-1' must start with a letter or digit"),
+            ),
+            (
+                Resource::Package(PackageResource {
+                    name: "nginx".into(),
+                    state: None,
+                    version: Some("1 2".into()),
+                }),
+                Some("version '1 2'"),
+            ),
+            (
+                Resource::Package(PackageResource {
+                    name: "nginx".into(),
+                    state: Some(super::super::PackageState::Absent),
+                    version: Some("1".into()),
+                }),
+                Some("version cannot go with state absent"),
             ),
             (
                 Resource::Service(ServiceResource {
@@ -775,5 +1154,436 @@ mod tests {
             ..file("/a")
         };
         assert_eq!(encoded_content_size(&quotes), 22);
+    }
+
+    #[test]
+    fn user_rules() {
+        let user = |name: &str| UserResource {
+            name: name.into(),
+            ..UserResource::default()
+        };
+        let cases: Vec<(UserResource, Option<&str>)> = vec![
+            (user("app"), None),
+            (user("_apt"), None),
+            (user("svc.web-1"), None),
+            (user("machine$"), None),
+            (user("-r"), Some("name '-r' is not a valid account name")),
+            (
+                user("1000"),
+                Some("name '1000' is not a valid account name"),
+            ),
+            (user("a b"), Some("not a valid account name")),
+            (user("a:b"), Some("not a valid account name")),
+            (user(""), Some("not a valid account name")),
+            (user(&"a".repeat(33)), Some("at most 32 characters")),
+            (
+                UserResource {
+                    uid: Some(1500),
+                    gid: Some("100".into()),
+                    groups: Some(vec!["adm".into(), "27".into()]),
+                    home: Some("/srv/app".into()),
+                    shell: Some("/bin/bash".into()),
+                    system: Some(true),
+                    comment: Some("App, Room 1".into()),
+                    ..user("app")
+                },
+                None,
+            ),
+            (
+                UserResource {
+                    gid: Some("-g".into()),
+                    ..user("app")
+                },
+                Some("gid '-g' is not a valid account name"),
+            ),
+            (
+                UserResource {
+                    groups: Some(vec!["adm,sudo".into()]),
+                    ..user("app")
+                },
+                Some("groups 'adm,sudo' is not a valid account name"),
+            ),
+            (
+                UserResource {
+                    uid: Some(u32::MAX),
+                    ..user("app")
+                },
+                Some("uid 4294967295 is out of range"),
+            ),
+            (
+                UserResource {
+                    home: Some("home/app".into()),
+                    ..user("app")
+                },
+                Some("home must be absolute"),
+            ),
+            (
+                UserResource {
+                    shell: Some("bash".into()),
+                    ..user("app")
+                },
+                Some("shell must be absolute"),
+            ),
+            (
+                UserResource {
+                    comment: Some("a:b".into()),
+                    ..user("app")
+                },
+                Some("comment must not contain ':'"),
+            ),
+            (
+                UserResource {
+                    state: Some(Presence::Absent),
+                    shell: Some("/bin/sh".into()),
+                    uid: Some(1),
+                    ..user("app")
+                },
+                Some("uid, shell cannot go with state absent"),
+            ),
+        ];
+        for (resource, expected) in cases {
+            let result = check_resource(&Resource::User(resource.clone()));
+            match expected {
+                None => assert_eq!(result, Ok(()), "{resource:?}"),
+                Some(part) => {
+                    let message = result.expect_err(part);
+                    assert!(message.contains(part), "{message:?} lacks {part:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn group_rules() {
+        let group = |name: &str| GroupResource {
+            name: name.into(),
+            ..GroupResource::default()
+        };
+        let cases: Vec<(GroupResource, Option<&str>)> = vec![
+            (group("deploy"), None),
+            (
+                GroupResource {
+                    gid: Some(1600),
+                    system: Some(true),
+                    ..group("deploy")
+                },
+                None,
+            ),
+            (
+                group("--help"),
+                Some("name '--help' is not a valid account name"),
+            ),
+            (
+                GroupResource {
+                    gid: Some(u32::MAX),
+                    ..group("deploy")
+                },
+                Some("gid 4294967295 is out of range"),
+            ),
+            (
+                GroupResource {
+                    state: Some(Presence::Absent),
+                    system: Some(true),
+                    ..group("deploy")
+                },
+                Some("system cannot go with state absent"),
+            ),
+        ];
+        for (resource, expected) in cases {
+            let result = check_resource(&Resource::Group(resource.clone()));
+            match expected {
+                None => assert_eq!(result, Ok(()), "{resource:?}"),
+                Some(part) => {
+                    let message = result.expect_err(part);
+                    assert!(message.contains(part), "{message:?} lacks {part:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn schedules() {
+        let cases = [
+            ("0 3 * * *", None),
+            ("*/15 * * * *", None),
+            ("0 8-18/2 1,15 jan-jun mon-fri", None),
+            ("0 0 * * 7", None),
+            ("0 0 * DEC Sun", None),
+            ("@daily", None),
+            ("@reboot", None),
+            ("@fortnightly", Some("unknown keyword")),
+            ("0 3 * *", Some("must have 5 fields")),
+            ("0 3 * * * *", Some("must have 5 fields")),
+            ("60 * * * *", Some("minute '60' is not valid")),
+            ("* 24 * * *", Some("hour '24' is not valid")),
+            ("* * 0 * *", Some("day of month '0' is not valid")),
+            ("* * * 13 *", Some("month '13' is not valid")),
+            ("* * * * 8", Some("day of week '8' is not valid")),
+            ("5-1 * * * *", Some("minute '5-1' is not valid")),
+            ("*/0 * * * *", Some("minute '*/0' is not valid")),
+            ("1,,2 * * * *", Some("minute '1,,2' is not valid")),
+            ("* * * * mon-", Some("day of week 'mon-' is not valid")),
+            ("* * * * monday", Some("day of week 'monday' is not valid")),
+            ("* * jan * *", Some("day of month 'jan' is not valid")),
+        ];
+        for (schedule, expected) in cases {
+            match (check_schedule(schedule), expected) {
+                (Ok(()), None) => {}
+                (Err(message), Some(part)) if message.contains(part) => {}
+                (result, _) => panic!("{schedule:?}: {result:?}, want {expected:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn cron_rules() {
+        let cron = |name: &str| CronResource {
+            name: name.into(),
+            schedule: "@daily".into(),
+            run: "/usr/local/bin/backup".into(),
+            ..CronResource::default()
+        };
+        let absent = |name: &str| CronResource {
+            name: name.into(),
+            state: Some(Presence::Absent),
+            ..CronResource::default()
+        };
+        let cases: Vec<(CronResource, Option<&str>)> = vec![
+            (cron("nightly backup"), None),
+            (
+                CronResource {
+                    user: Some("www-data".into()),
+                    file: Some("/etc/cron.d/app_backup-1".into()),
+                    ..cron("b")
+                },
+                None,
+            ),
+            (absent("b"), None),
+            (cron(""), Some("name '' must be one line")),
+            (cron(" b"), Some("without leading or trailing spaces")),
+            (cron("a\nb"), Some("must be one line")),
+            (
+                CronResource {
+                    schedule: String::new(),
+                    ..cron("b")
+                },
+                Some("schedule is required"),
+            ),
+            (
+                CronResource {
+                    run: String::new(),
+                    ..cron("b")
+                },
+                Some("run must not be empty"),
+            ),
+            (
+                CronResource {
+                    run: "a\nb".into(),
+                    ..cron("b")
+                },
+                Some("run must be one line"),
+            ),
+            (
+                CronResource {
+                    user: Some("-u".into()),
+                    ..cron("b")
+                },
+                Some("user '-u' is not a valid account name"),
+            ),
+            (
+                CronResource {
+                    file: Some("cron.d/b".into()),
+                    ..cron("b")
+                },
+                Some("file must be absolute"),
+            ),
+            (
+                CronResource {
+                    file: Some("/etc/cron.d/backup.cron".into()),
+                    ..cron("b")
+                },
+                Some("cron ignores files in /etc/cron.d"),
+            ),
+            (
+                CronResource {
+                    schedule: "@daily".into(),
+                    ..absent("b")
+                },
+                Some("schedule cannot go with state absent"),
+            ),
+        ];
+        for (resource, expected) in cases {
+            let result = check_resource(&Resource::Cron(resource.clone()));
+            match expected {
+                None => assert_eq!(result, Ok(()), "{resource:?}"),
+                Some(part) => {
+                    let message = result.expect_err(part);
+                    assert!(message.contains(part), "{message:?} lacks {part:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn sysctl_rules() {
+        let sysctl = |name: &str, value: &str| SysctlResource {
+            name: name.into(),
+            value: value.into(),
+            ..SysctlResource::default()
+        };
+        let cases: Vec<(SysctlResource, Option<&str>)> = vec![
+            (sysctl("net.ipv4.ip_forward", "1"), None),
+            (sysctl("net.ipv4.conf.eth-0.rp_filter", "2"), None),
+            (sysctl("net.ipv4.tcp_rmem", "4096 87380 6291456"), None),
+            (
+                SysctlResource {
+                    file: Some("/etc/sysctl.d/60-app.conf".into()),
+                    runtime: Some(false),
+                    ..sysctl("vm.swappiness", "10")
+                },
+                None,
+            ),
+            (
+                sysctl("net..ipv4", "1"),
+                Some("name 'net..ipv4' must be dotted parts"),
+            ),
+            (sysctl("net.ipv4.", "1"), Some("must be dotted parts")),
+            (
+                sysctl("net/ipv4/ip_forward", "1"),
+                Some("must be dotted parts"),
+            ),
+            (sysctl("-w", "1"), Some("must be dotted parts")),
+            (
+                sysctl("net.ipv4.ip_forward", " "),
+                Some("value must not be empty"),
+            ),
+            (
+                sysctl("net.ipv4.ip_forward", "1\n2"),
+                Some("value must be one line"),
+            ),
+            (
+                SysctlResource {
+                    file: Some("sysctl.conf".into()),
+                    ..sysctl("vm.swappiness", "10")
+                },
+                Some("file must be absolute"),
+            ),
+        ];
+        for (resource, expected) in cases {
+            let result = check_resource(&Resource::Sysctl(resource.clone()));
+            match expected {
+                None => assert_eq!(result, Ok(()), "{resource:?}"),
+                Some(part) => {
+                    let message = result.expect_err(part);
+                    assert!(message.contains(part), "{message:?} lacks {part:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn line_rules() {
+        let form = |line: Option<&str>, pattern: Option<&str>| LineResource {
+            path: "/etc/ssh/sshd_config".into(),
+            line: line.map(str::to_string),
+            pattern: pattern.map(str::to_string),
+            ..LineResource::default()
+        };
+        let block = |text: &str| LineResource {
+            path: "/etc/hosts".into(),
+            block: Some(text.into()),
+            ..LineResource::default()
+        };
+        let absent = |resource: LineResource| LineResource {
+            state: Some(Presence::Absent),
+            ..resource
+        };
+        let cases: Vec<(LineResource, Option<&str>)> = vec![
+            (form(Some("PermitRootLogin no"), None), None),
+            (
+                form(Some("PermitRootLogin no"), Some("^#?PermitRootLogin\\s")),
+                None,
+            ),
+            (absent(form(None, Some("^PermitRootLogin"))), None),
+            (absent(form(Some("PermitRootLogin yes"), None)), None),
+            (block("10.0.0.1 db\n10.0.0.2 cache\n"), None),
+            (
+                LineResource {
+                    marker: Some("; {mark} app".into()),
+                    ..block("")
+                },
+                None,
+            ),
+            (absent(block("anything")), None),
+            (
+                LineResource {
+                    create: Some(true),
+                    ..block("x")
+                },
+                None,
+            ),
+            (form(None, None), Some("line is required")),
+            (form(None, Some("^x")), Some("line is required")),
+            (absent(form(None, None)), Some("give line or match")),
+            (form(Some(""), None), Some("line must not be empty")),
+            (form(Some("a\nb"), None), Some("line must be one line")),
+            (form(Some("a"), Some("")), Some("match must not be empty")),
+            (
+                form(Some("a"), Some("(unclosed")),
+                Some("match '(unclosed' is not a valid regex"),
+            ),
+            (
+                LineResource {
+                    line: Some("a".into()),
+                    ..block("b")
+                },
+                Some("line and match cannot go with block or marker"),
+            ),
+            (
+                LineResource {
+                    marker: Some("# svc".into()),
+                    ..block("b")
+                },
+                Some("marker '# svc' must be one line containing {mark}"),
+            ),
+            (
+                LineResource {
+                    marker: Some("# {mark}".into()),
+                    ..LineResource {
+                        path: "/etc/hosts".into(),
+                        ..LineResource::default()
+                    }
+                },
+                Some("block is required"),
+            ),
+            (
+                block("a\n# END svc managed block\n"),
+                Some("block must not contain its own marker lines"),
+            ),
+            (
+                LineResource {
+                    create: Some(false),
+                    ..absent(form(Some("a"), None))
+                },
+                Some("create cannot go with state absent"),
+            ),
+            (
+                LineResource {
+                    path: "etc/hosts".into(),
+                    ..block("x")
+                },
+                Some("path must be absolute"),
+            ),
+        ];
+        for (resource, expected) in cases {
+            let result = check_resource(&Resource::Line(resource.clone()));
+            match expected {
+                None => assert_eq!(result, Ok(()), "{resource:?}"),
+                Some(part) => {
+                    let message = result.expect_err(part);
+                    assert!(message.contains(part), "{message:?} lacks {part:?}");
+                }
+            }
+        }
     }
 }

@@ -155,7 +155,7 @@ fn c_name(name: &str) -> io::Result<CString> {
     CString::new(name).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "name contains NUL"))
 }
 
-fn user_id(name: &str) -> io::Result<Option<u32>> {
+pub(super) fn user_id(name: &str) -> io::Result<Option<u32>> {
     let name = c_name(name)?;
     with_buffer(|buffer| {
         // SAFETY: all-zero is a valid passwd (null pointers, zero ids); getpwnam_r only writes

@@ -169,7 +169,11 @@ fn content_differs(file: &File, current: &fs::Metadata, wanted: &[u8]) -> io::Re
 
 /// Writes `bytes` to a temporary file beside `path` with `attributes`, then renames it over
 /// `path`. The temporary file is removed on failure (it is ours: created with O_EXCL).
-fn write_atomically(path: &Path, bytes: &[u8], attributes: &Attributes) -> io::Result<()> {
+pub(super) fn write_atomically(
+    path: &Path,
+    bytes: &[u8],
+    attributes: &Attributes,
+) -> io::Result<()> {
     let directory = path.parent().unwrap_or(Path::new("/"));
     let temporary = temporary_path_beside(path);
     let written = (|| {

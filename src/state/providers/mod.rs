@@ -6,16 +6,23 @@
 //! resource's own kind is replaced or removed (user data survives a wrong state file), and only
 //! `command` resources use a shell; every other program is run with explicit arguments.
 
+mod accounts;
 mod attributes;
 mod command;
+mod cron;
 mod diff;
 mod directory;
 mod file;
+mod group;
+mod line;
 mod package;
 mod process;
 mod service;
 mod symlink;
+mod sysctl;
+mod text;
 mod tree;
+mod user;
 
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, FileType};
@@ -193,6 +200,11 @@ fn run_resource(resource: &Resource, run: &mut Run) -> Outcome {
         Resource::Service(resource) => service::run(resource, mode),
         Resource::Command(resource) => command::run(resource, mode),
         Resource::Tree(resource) => tree::run(resource, mode, planned),
+        Resource::User(resource) => user::run(resource, mode),
+        Resource::Group(resource) => group::run(resource, mode),
+        Resource::Cron(resource) => cron::run(resource, mode),
+        Resource::Sysctl(resource) => sysctl::run(resource, mode),
+        Resource::Line(resource) => line::run(resource, mode),
     });
     match result {
         Ok(report) => Outcome {
