@@ -34,6 +34,7 @@ const KINDS: &[&str] = &[
     "package",
     "service",
     "command",
+    "pkgrepo",
 ];
 
 pub(super) fn compile(
@@ -552,6 +553,7 @@ impl<'de> Visitor<'de> for ItemSeed<'_> {
             "package" => with(Resource::Package, settings(&mut item, &kind, "name")?),
             "service" => with(Resource::Service, settings(&mut item, &kind, "name")?),
             "command" => with(Resource::Command, settings(&mut item, &kind, "run")?),
+            "pkgrepo" => with(Resource::Pkgrepo, settings(&mut item, &kind, "name")?),
             _ => {
                 return Err(de::Error::custom(format!(
                     "unknown resource kind '{kind}' (expected one of {})",
@@ -584,6 +586,9 @@ impl<'de> Visitor<'de> for ItemSeed<'_> {
                 None => fail(message),
             })?;
         }
+        inline_beside(&mut resource, self.base_dir).map_err(fail)?;
+        *self.content_bytes += validate::encoded_inlined_size(&resource);
+        validate::check_content_budget(*self.content_bytes).map_err(fail)?;
         Ok((resource, links))
     }
 }
@@ -801,6 +806,36 @@ fn inline_source(file: &mut FileResource, base_dir: &Path) -> Result<(), String>
     Ok(())
 }
 
+/// Inlines the files other kinds than `file` name beside the state file: a pkgrepo's
+/// `key_source` becomes its key text.
+fn inline_beside(resource: &mut Resource, base_dir: &Path) -> Result<(), String> {
+    if let Resource::Pkgrepo(repo) = resource {
+        if let Some(apt) = &mut repo.apt {
+            if let Some(source) = apt.key_source.take() {
+                apt.key = Some(read_key(&source, base_dir)?);
+            }
+        }
+        if let Some(yum) = &mut repo.yum {
+            if let Some(source) = yum.key_source.take() {
+                yum.gpgkey = Some(read_key(&source, base_dir)?);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A signing key file: ASCII-armoured text, which apt's `.asc` keyrings and rpm both read.
+fn read_key(name: &str, base_dir: &Path) -> Result<String, String> {
+    let bytes = read_beside(name, base_dir, "key_source")?;
+    match String::from_utf8(bytes) {
+        Ok(text) if validate::is_armoured_key(&text) => Ok(text),
+        _ => Err(format!(
+            "key_source '{name}' is not an ASCII-armoured public key (-----BEGIN PGP PUBLIC KEY \
+             BLOCK-----; `gpg --armor --export` writes one)"
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -916,7 +951,7 @@ mod tests {
             (
                 "# header\n- files: {path: /a}\n",
                 "line 2: unknown resource kind 'files' (expected one of file, directory, \
-                 symlink, package, service, command)",
+                 symlink, package, service, command",
             ),
             (
                 "- file: {path: /a}\n  directory: {path: /b}\n",
@@ -1236,6 +1271,97 @@ resources:
         ];
         for (input, expected) in cases {
             assert_eq!(plain_message(input), expected);
+        }
+    }
+
+    const KEY: &str =
+        "-----BEGIN PGP PUBLIC KEY BLOCK-----\nmQINBGR0ZXN0\n-----END PGP PUBLIC KEY BLOCK-----\n";
+
+    #[test]
+    fn pkgrepo_key_sources_are_inlined() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("example.asc"), KEY).unwrap();
+        let yaml = "\
+- pkgrepo:
+    name: example
+    refresh: true
+    apt:
+      uri: https://deb.example.com/debian
+      suite: bookworm
+      components: [main]
+      key_source: example.asc
+    yum: {baseurl: https://rpm.example.com/el9/, key_source: example.asc, gpgcheck: false}
+";
+        let plan = compile(yaml, dir.path(), &[]).unwrap();
+        let Resource::Pkgrepo(repo) = &plan.resources[0] else {
+            panic!("{plan:?}");
+        };
+        let (apt, yum) = (repo.apt.as_ref().unwrap(), repo.yum.as_ref().unwrap());
+        assert_eq!((apt.key.as_deref(), &apt.key_source), (Some(KEY), &None));
+        assert_eq!((yum.gpgkey.as_deref(), &yum.key_source), (Some(KEY), &None));
+        assert_eq!((repo.refresh, yum.gpgcheck), (Some(true), Some(false)));
+        assert_eq!(plan.resources[0].label(), "pkgrepo:example");
+        assert_eq!(crate::state::validate(&plan), Ok(()));
+        let back: Plan = serde_json::from_str(&serde_json::to_string(&plan).unwrap()).unwrap();
+        assert_eq!(back, plan);
+    }
+
+    #[test]
+    fn pkgrepo_errors_name_the_line() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("binary.gpg"), [0x99u8, 0x01, 0x0d, 0xff]).unwrap();
+        let apt =
+            "apt: {uri: 'https://deb.example.com/debian', suite: bookworm, components: [main]";
+        let cases = [
+            (
+                format!(
+                    "- file: {{path: /a}}\n- pkgrepo: {{name: x, {apt}, key_source: nope.asc}}}}\n"
+                ),
+                "line 2: pkgrepo: key_source 'nope.asc' (",
+            ),
+            (
+                format!("- pkgrepo: {{name: x, {apt}, key_source: binary.gpg}}}}\n"),
+                "line 1: pkgrepo: key_source 'binary.gpg' is not an ASCII-armoured public key",
+            ),
+            (
+                format!("- pkgrepo: {{name: x, {apt}, key: x, key_source: a.asc}}}}\n"),
+                "line 1: pkgrepo: apt.key and key_source are mutually exclusive",
+            ),
+            (
+                "- pkgrepo: {name: x}\n".to_string(),
+                "line 1: pkgrepo: give an apt block, a yum block or both",
+            ),
+            (
+                "\n- pkgrepo:\n    name: x\n    yum: {baseurl: https://x/, gpgkey: 5}\n"
+                    .to_string(),
+                "line 2: pkgrepo: yum.gpgkey must be an ASCII-armoured public key or a URL",
+            ),
+            (
+                format!("- pkgrepo: {{name: x, {apt}, release: stable}}}}\n"),
+                "line 1: pkgrepo: unknown field `release`, expected one of `uri`, `suite`",
+            ),
+            (
+                format!("- pkgrepo: {{name: x, {apt}}}, state: removed}}\n"),
+                "line 1: pkgrepo: unknown variant `removed`, expected `present` or `absent`",
+            ),
+            (
+                "- pkgrepo: {name: x, apt: {uri: 'https://x/', suite: s, components: main}}\n"
+                    .to_string(),
+                "line 1: pkgrepo: invalid type: string \"main\", expected a sequence",
+            ),
+            (
+                "- pkgrepo: {apt: {uri: 'https://x/', suite: s, components: [main]}}\n".to_string(),
+                "line 1: pkgrepo: missing field `name`",
+            ),
+        ];
+        for (yaml, expected) in cases {
+            let message = compile(&yaml, dir.path(), &[])
+                .expect_err(&yaml)
+                .to_string();
+            assert!(
+                message.starts_with(expected),
+                "{yaml:?}\n got {message:?}\nwant {expected:?}"
+            );
         }
     }
 }

@@ -18,6 +18,8 @@
 //! - package: {name: nginx}                      # installed (default) | absent
 //! - service: {name: nginx, state: running, enabled: true}
 //! - command: {run: make install, creates: /usr/local/bin/app, timeout: 5m}
+//! - pkgrepo: {name: docker, apt: {uri: "https://download.docker.com/linux/debian",
+//!     suite: bookworm, components: [stable], key_source: keys/docker.asc}}
 //! ```
 //!
 //! Resources run in order, so a directory comes before the files in it. `file`, `directory`
@@ -144,6 +146,7 @@ pub enum Resource {
     Package(PackageResource),
     Service(ServiceResource),
     Command(CommandResource),
+    Pkgrepo(PkgrepoResource),
 }
 
 /// Whether a file, directory or symlink should exist (wire names lowercase).
@@ -296,6 +299,80 @@ pub struct CommandResource {
     pub timeout: Option<String>,
 }
 
+/// A package repository: an apt source (deb822 `NAME.sources`, its key in a keyring file
+/// that `Signed-By` names) or a yum/dnf repository (`NAME.repo`). The host decides which block
+/// applies (apt-get present: apt; else dnf or yum), so one resource can carry both for a mixed
+/// fleet.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PkgrepoResource {
+    /// The file name (`NAME.sources`, `NAME.repo`, `NAME.asc`) and the yum repository id.
+    pub name: String,
+    /// present (default) | absent. Absent removes the repository file and its key file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<Presence>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub apt: Option<AptRepository>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub yum: Option<YumRepository>,
+    /// Where the repository file goes: default /etc/apt/sources.list.d (apt) or
+    /// /etc/yum.repos.d (yum).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dir: Option<String>,
+    /// Where the key file goes: default /etc/apt/keyrings (apt) or /etc/pki/rpm-gpg (yum).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keyring_dir: Option<String>,
+    /// apt only: after a change, `apt-get update` for this source alone. Default false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refresh: Option<bool>,
+}
+
+/// An apt source, written as one deb822 stanza.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AptRepository {
+    /// `URIs:`, e.g. https://download.docker.com/linux/debian
+    pub uri: String,
+    /// `Suites:`, e.g. bookworm; a suite ending in `/` is a flat repository (no components).
+    pub suite: String,
+    /// `Components:`, e.g. [main, contrib].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub components: Vec<String>,
+    /// `Architectures:`, e.g. amd64; unset: the host's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arch: Option<String>,
+    /// The signing key, ASCII-armoured; written to `KEYRING_DIR/NAME.asc` and named by
+    /// `Signed-By:`. At most one of key and key_source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// A key file on the operator's machine, relative to the state file; `compile` inlines it
+    /// as `key`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_source: Option<String>,
+}
+
+/// A yum/dnf repository, written as one `[NAME]` section.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct YumRepository {
+    pub baseurl: String,
+    /// The signing key: ASCII-armoured text (written to `KEYRING_DIR/RPM-GPG-KEY-NAME` and
+    /// named as a file:// URL) or a URL, written as it is. At most one of gpgkey and
+    /// key_source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpgkey: Option<String>,
+    /// A key file on the operator's machine, relative to the state file; `compile` inlines it
+    /// as `gpgkey`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_source: Option<String>,
+    /// Default true: packages must be signed (import the key another way, or give one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpgcheck: Option<bool>,
+    /// Default true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+}
+
 impl Resource {
     /// `kind:name` as outcomes report it: `file:/etc/motd`, `package:nginx`, `command:make`.
     pub fn label(&self) -> String {
@@ -306,6 +383,7 @@ impl Resource {
             Resource::Package(package) => format!("package:{}", package.name),
             Resource::Service(service) => format!("service:{}", service.name),
             Resource::Command(command) => format!("command:{}", command.run),
+            Resource::Pkgrepo(repo) => format!("pkgrepo:{}", repo.name),
         }
     }
 }

@@ -12,6 +12,7 @@ mod diff;
 mod directory;
 mod file;
 mod package;
+mod pkgrepo;
 mod process;
 mod service;
 mod symlink;
@@ -191,6 +192,7 @@ fn run_resource(resource: &Resource, run: &mut Run) -> Outcome {
         Resource::Package(resource) => package::run(resource, mode),
         Resource::Service(resource) => service::run(resource, mode),
         Resource::Command(resource) => command::run(resource, mode),
+        Resource::Pkgrepo(resource) => pkgrepo::run(resource, mode, planned),
     });
     match result {
         Ok(report) => Outcome {
