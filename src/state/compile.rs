@@ -35,6 +35,7 @@ const KINDS: &[&str] = &[
     "service",
     "command",
     "pkgrepo",
+    "archive",
 ];
 
 pub(super) fn compile(
@@ -554,6 +555,7 @@ impl<'de> Visitor<'de> for ItemSeed<'_> {
             "service" => with(Resource::Service, settings(&mut item, &kind, "name")?),
             "command" => with(Resource::Command, settings(&mut item, &kind, "run")?),
             "pkgrepo" => with(Resource::Pkgrepo, settings(&mut item, &kind, "name")?),
+            "archive" => with(Resource::Archive, settings(&mut item, &kind, "path")?),
             _ => {
                 return Err(de::Error::custom(format!(
                     "unknown resource kind '{kind}' (expected one of {})",
@@ -807,8 +809,23 @@ fn inline_source(file: &mut FileResource, base_dir: &Path) -> Result<(), String>
 }
 
 /// Inlines the files other kinds than `file` name beside the state file: a pkgrepo's
-/// `key_source` becomes its key text.
+/// `key_source` becomes its key text, an archive's `source` its `content_base64` (once its
+/// SHA-256 is the one the resource gives, so a stale checksum fails here and not on every
+/// agent).
 fn inline_beside(resource: &mut Resource, base_dir: &Path) -> Result<(), String> {
+    if let Resource::Archive(archive) = resource {
+        if let Some(source) = archive.source.take() {
+            let bytes = read_beside(&source, base_dir, "source")?;
+            let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
+            if !digest.eq_ignore_ascii_case(&archive.sha256) {
+                return Err(format!(
+                    "source '{source}' has sha256 {digest}, not the {} given",
+                    archive.sha256
+                ));
+            }
+            archive.content_base64 = Some(base64::engine::general_purpose::STANDARD.encode(bytes));
+        }
+    }
     if let Resource::Pkgrepo(repo) = resource {
         if let Some(apt) = &mut repo.apt {
             if let Some(source) = apt.key_source.take() {
@@ -1360,6 +1377,98 @@ resources:
                 .to_string();
             assert!(
                 message.starts_with(expected),
+                "{yaml:?}\n got {message:?}\nwant {expected:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn archive_sources_are_checked_and_inlined() {
+        let dir = tempfile::tempdir().unwrap();
+        let bytes = [0x1fu8, 0x8b, 8, 0, 1, 2, 3];
+        fs::write(dir.path().join("tool.tar.gz"), bytes).unwrap();
+        let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(bytes));
+        let yaml = format!(
+            "\
+- archive:
+    path: /opt/tool
+    source: tool.tar.gz
+    sha256: {}
+    mkdir: true
+- archive: {{path: /opt/other, url: 'https://example.com/o.zip', sha256: {digest}, creates: /opt/other/bin}}
+",
+            digest.to_uppercase()
+        );
+        let plan = compile(&yaml, dir.path(), &[]).unwrap();
+        let Resource::Archive(inlined) = &plan.resources[0] else {
+            panic!("{plan:?}");
+        };
+        assert_eq!(inlined.source, None);
+        assert_eq!(
+            validate::decode_base64(inlined.content_base64.as_deref().unwrap()).unwrap(),
+            bytes
+        );
+        assert_eq!(inlined.mkdir, Some(true));
+        assert_eq!(plan.resources[1].label(), "archive:/opt/other");
+        assert_eq!(crate::state::validate(&plan), Ok(()));
+        let back: Plan = serde_json::from_str(&serde_json::to_string(&plan).unwrap()).unwrap();
+        assert_eq!(back, plan);
+    }
+
+    #[test]
+    fn archive_errors_name_the_line() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("tool.tar"), b"tar bytes").unwrap();
+        let actual = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(b"tar bytes"));
+        let other = "0".repeat(64);
+        fs::write(
+            dir.path().join("big.tar"),
+            vec![0u8; MAX_CONTENT_BYTES / 4 * 3 + 1024],
+        )
+        .unwrap();
+        let big = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(vec![
+            0u8;
+            MAX_CONTENT_BYTES
+                / 4
+                * 3
+                + 1024
+        ]));
+        let cases = [
+            (
+                format!("- file: {{path: /a}}\n- archive: {{path: /opt, source: tool.tar, sha256: {other}}}\n"),
+                format!("line 2: archive: source 'tool.tar' has sha256 {actual}, not the {other} given"),
+            ),
+            (
+                format!("- archive: {{path: /opt, source: gone.tar, sha256: {other}}}\n"),
+                "line 1: archive: source 'gone.tar' (".to_string(),
+            ),
+            (
+                "- archive: {path: /opt, url: 'https://example.com/a.tar'}\n".to_string(),
+                "line 1: archive: missing field `sha256`".to_string(),
+            ),
+            (
+                format!("- archive: {{path: /opt, sha256: {other}}}\n"),
+                "line 1: archive: give source (an archive beside the state file) or url".to_string(),
+            ),
+            (
+                format!("- archive: {{path: /opt, url: 'https://x/a.tar', source: tool.tar, sha256: {other}}}\n"),
+                "line 1: archive: source and url are mutually exclusive; give one".to_string(),
+            ),
+            (
+                format!("- archive: {{path: /opt, url: 'https://x/a.tar', sha256: {other}, strip: 1}}\n"),
+                "line 1: archive: unknown field `strip`".to_string(),
+            ),
+            (
+                format!("- archive: {{path: /opt, source: big.tar, sha256: {big}}}\n"),
+                "line 1: archive: file contents total".to_string(),
+            ),
+        ];
+        for (yaml, expected) in cases {
+            let message = compile(&yaml, dir.path(), &[])
+                .expect_err(&yaml)
+                .to_string();
+            assert!(
+                message.starts_with(&expected),
                 "{yaml:?}\n got {message:?}\nwant {expected:?}"
             );
         }

@@ -20,6 +20,7 @@
 //! - command: {run: make install, creates: /usr/local/bin/app, timeout: 5m}
 //! - pkgrepo: {name: docker, apt: {uri: "https://download.docker.com/linux/debian",
 //!     suite: bookworm, components: [stable], key_source: keys/docker.asc}}
+//! - archive: {path: /opt/tool, url: "https://example.com/tool-1.2.tar.gz", sha256: 5f2b...}
 //! ```
 //!
 //! Resources run in order, so a directory comes before the files in it. `file`, `directory`
@@ -147,6 +148,7 @@ pub enum Resource {
     Service(ServiceResource),
     Command(CommandResource),
     Pkgrepo(PkgrepoResource),
+    Archive(ArchiveResource),
 }
 
 /// Whether a file, directory or symlink should exist (wire names lowercase).
@@ -373,6 +375,42 @@ pub struct YumRepository {
     pub enabled: Option<bool>,
 }
 
+/// An archive (tar, compressed tar or zip) extracted into a directory once: its SHA-256 is
+/// checked before anything is extracted, and a marker file (or `creates`) says it was done.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArchiveResource {
+    /// The directory extracted into. It must exist (or be made by an earlier resource) unless
+    /// `mkdir` is set.
+    pub path: String,
+    /// An archive on the operator's machine, relative to the state file's directory; `compile`
+    /// checks its SHA-256 and inlines it as `content_base64`, within the plan's budget. One of
+    /// source (content_base64 once compiled) and url.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// The archive's bytes, base64: what `compile` makes of `source`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_base64: Option<String>,
+    /// An http:// or https:// URL the agent downloads (certificates verified against the
+    /// system's roots).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// The archive's SHA-256, 64 hex digits. Required: a mismatch is an error that extracts
+    /// nothing.
+    pub sha256: String,
+    /// A path whose existence means "already extracted"; default: the marker file
+    /// `.svc-archive-<first 16 digits of sha256>` that a successful extraction leaves in `path`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub creates: Option<String>,
+    /// Create `path` (one level, mode 0755) when it is missing. Default false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mkdir: Option<bool>,
+    /// Keep the owners stored in the archive (tar --same-owner, unzip -X). Default false: the
+    /// files belong to the agent's user, whatever uid the archive's author had.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub same_owner: Option<bool>,
+}
+
 impl Resource {
     /// `kind:name` as outcomes report it: `file:/etc/motd`, `package:nginx`, `command:make`.
     pub fn label(&self) -> String {
@@ -384,6 +422,7 @@ impl Resource {
             Resource::Service(service) => format!("service:{}", service.name),
             Resource::Command(command) => format!("command:{}", command.run),
             Resource::Pkgrepo(repo) => format!("pkgrepo:{}", repo.name),
+            Resource::Archive(archive) => format!("archive:{}", archive.path),
         }
     }
 }

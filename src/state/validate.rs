@@ -7,8 +7,8 @@ use base64::Engine as _;
 
 #[cfg(test)]
 use super::ServiceState;
+use super::{ArchiveResource, PkgrepoResource, YumRepository};
 use super::{FileResource, Links, Plan, Presence, Resource};
-use super::{PkgrepoResource, YumRepository};
 
 /// File contents a plan may carry in all, measured as encoded in the JSON plan. The plan
 /// travels in one bus message of at most 1 MiB, and text can grow when escaped, so half of that
@@ -117,6 +117,9 @@ pub(super) fn check_compiled(resource: &Resource) -> Result<(), String> {
         Resource::Pkgrepo(repo) if has_key_source(repo) => Err(
             "key_source must be compiled by svcctl state (`svcctl state compile` inlines it)"
                 .into(),
+        ),
+        Resource::Archive(archive) if archive.source.is_some() => Err(
+            "source must be compiled by svcctl state (`svcctl state compile` inlines it)".into(),
         ),
         _ => Ok(()),
     }
@@ -235,6 +238,71 @@ pub(super) fn check_resource(resource: &Resource) -> Result<(), String> {
             Ok(())
         }
         Resource::Pkgrepo(repo) => check_pkgrepo(repo),
+        Resource::Archive(archive) => check_archive(archive),
+    }
+}
+
+fn check_archive(archive: &ArchiveResource) -> Result<(), String> {
+    check_path("path", &archive.path)?;
+    let origins = [
+        ("source", archive.source.is_some()),
+        ("content_base64", archive.content_base64.is_some()),
+        ("url", archive.url.is_some()),
+    ];
+    let given: Vec<&str> = origins
+        .iter()
+        .filter(|(_, is_set)| *is_set)
+        .map(|(name, _)| *name)
+        .collect();
+    match given.len() {
+        0 => return Err("give source (an archive beside the state file) or url".into()),
+        1 => {}
+        _ => {
+            return Err(format!(
+                "{} are mutually exclusive; give one",
+                given.join(" and ")
+            ))
+        }
+    }
+    if archive.source.as_deref().is_some_and(str::is_empty) {
+        return Err("source must not be empty".into());
+    }
+    if let Some(encoded) = &archive.content_base64 {
+        decode_base64(encoded)?;
+    }
+    if let Some(url) = &archive.url {
+        check_download_url(url)?;
+    }
+    let is_digest =
+        archive.sha256.len() == 64 && archive.sha256.bytes().all(|b| b.is_ascii_hexdigit());
+    if !is_digest {
+        return Err(format!(
+            "sha256 '{}' is not a SHA-256 digest (64 hex digits, as sha256sum prints)",
+            archive.sha256
+        ));
+    }
+    if let Some(creates) = &archive.creates {
+        check_path("creates", creates)?;
+    }
+    Ok(())
+}
+
+/// An http:// or https:// URL with a host and no credentials (they would be in every
+/// outcome and log line).
+fn check_download_url(url: &str) -> Result<(), String> {
+    let invalid = |why: &str| Err(format!("url '{url}' {why}"));
+    if !(url.starts_with("https://") || url.starts_with("http://")) {
+        return invalid("must start with https:// or http://");
+    }
+    let Ok(uri) = url.parse::<http::Uri>() else {
+        return invalid("is not a valid URL");
+    };
+    match uri.authority() {
+        None => invalid("has no host"),
+        Some(authority) if authority.as_str().contains('@') => {
+            invalid("has credentials, which are not supported")
+        }
+        Some(_) => Ok(()),
     }
 }
 
@@ -448,7 +516,8 @@ pub(super) fn encoded_content_size(file: &FileResource) -> usize {
     encoded(&file.content) + encoded(&file.content_base64)
 }
 
-/// The bytes inlined into other kinds than file (a pkgrepo's keys), as encoded in the plan.
+/// The bytes inlined into other kinds than file (a pkgrepo's keys, an archive), as encoded in
+/// the plan.
 pub(super) fn encoded_inlined_size(resource: &Resource) -> usize {
     let encoded = |text: Option<&String>| {
         text.map_or(0, |text| {
@@ -460,6 +529,7 @@ pub(super) fn encoded_inlined_size(resource: &Resource) -> usize {
             encoded(repo.apt.as_ref().and_then(|apt| apt.key.as_ref()))
                 + encoded(repo.yum.as_ref().and_then(|yum| yum.gpgkey.as_ref()))
         }
+        Resource::Archive(archive) => encoded(archive.content_base64.as_ref()),
         _ => 0,
     }
 }
@@ -1129,6 +1199,132 @@ mod tests {
             ..PkgrepoResource::default()
         };
         let error = validate(&Plan::of(vec![Resource::Pkgrepo(big)])).unwrap_err();
+        assert!(error.contains("more than the 512 KiB"), "{error}");
+    }
+
+    #[test]
+    fn archive_rules() {
+        let digest = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+        let archive = |url: Option<&str>| ArchiveResource {
+            path: "/opt/tool".into(),
+            url: url.map(str::to_string),
+            sha256: digest.into(),
+            ..ArchiveResource::default()
+        };
+        let cases: Vec<(ArchiveResource, Option<&str>)> = vec![
+            (archive(Some("https://example.com/tool-1.2.tar.gz")), None),
+            (archive(Some("http://10.0.0.5:8080/tool.zip?v=2")), None),
+            (
+                ArchiveResource {
+                    content_base64: Some("AAEC".into()),
+                    sha256: digest.to_uppercase(),
+                    ..archive(None)
+                },
+                None,
+            ),
+            (
+                archive(None),
+                Some("give source (an archive beside the state file) or url"),
+            ),
+            (
+                ArchiveResource {
+                    source: Some("tool.tar.gz".into()),
+                    ..archive(Some("https://example.com/tool.tar.gz"))
+                },
+                Some("source and url are mutually exclusive"),
+            ),
+            (
+                ArchiveResource {
+                    source: Some(String::new()),
+                    ..archive(None)
+                },
+                Some("source must not be empty"),
+            ),
+            (
+                ArchiveResource {
+                    content_base64: Some("not base64!".into()),
+                    ..archive(None)
+                },
+                Some("not valid base64"),
+            ),
+            (
+                archive(Some("ftp://example.com/tool.tar")),
+                Some("url 'ftp://example.com/tool.tar' must start with https:// or http://"),
+            ),
+            (
+                archive(Some("https://user:secret@example.com/tool.tar")),
+                Some("has credentials, which are not supported"),
+            ),
+            (
+                archive(Some("https://exa mple.com/tool.tar")),
+                Some("is not a valid URL"),
+            ),
+            (
+                ArchiveResource {
+                    sha256: "abc".into(),
+                    ..archive(Some("https://example.com/a.tar"))
+                },
+                Some("sha256 'abc' is not a SHA-256 digest"),
+            ),
+            (
+                ArchiveResource {
+                    sha256: format!("{}g", &digest[1..]),
+                    ..archive(Some("https://example.com/a.tar"))
+                },
+                Some("is not a SHA-256 digest"),
+            ),
+            (
+                ArchiveResource {
+                    creates: Some("bin/tool".into()),
+                    ..archive(Some("https://example.com/a.tar"))
+                },
+                Some("creates must be absolute"),
+            ),
+            (
+                ArchiveResource {
+                    path: "/opt/tool/".into(),
+                    ..archive(Some("https://example.com/a.tar"))
+                },
+                Some("path '/opt/tool/' must be normalized"),
+            ),
+        ];
+        for (archive, expected) in cases {
+            let result = check_resource(&Resource::Archive(archive.clone()));
+            match expected {
+                None => assert_eq!(result, Ok(()), "{archive:?}"),
+                Some(part) => {
+                    let message = result.expect_err(part);
+                    assert!(message.contains(part), "{message:?} lacks {part:?}");
+                }
+            }
+        }
+
+        let uncompiled = ArchiveResource {
+            source: Some("tool.tar.gz".into()),
+            ..archive(None)
+        };
+        assert_eq!(
+            validate(&Plan::of(vec![Resource::Archive(uncompiled)])),
+            Err(
+                "resource 1 (archive:/opt/tool): source must be compiled by svcctl state \
+                 (`svcctl state compile` inlines it)"
+                    .into()
+            )
+        );
+        // Inlined archives count against the plan's budget, with files.
+        let half =
+            base64::engine::general_purpose::STANDARD.encode(vec![0u8; MAX_CONTENT_BYTES / 2]);
+        let plan = Plan::of(vec![
+            Resource::Archive(ArchiveResource {
+                content_base64: Some(half),
+                ..archive(None)
+            }),
+            Resource::File(FileResource {
+                content: Some("x".repeat(MAX_CONTENT_BYTES / 2)),
+                ..file("/a")
+            }),
+        ]);
+        let error = validate(&plan).unwrap_err();
         assert!(error.contains("more than the 512 KiB"), "{error}");
     }
 }

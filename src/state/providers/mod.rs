@@ -6,10 +6,12 @@
 //! resource's own kind is replaced or removed (user data survives a wrong state file), and only
 //! `command` resources use a shell; every other program is run with explicit arguments.
 
+mod archive;
 mod attributes;
 mod command;
 mod diff;
 mod directory;
+mod download;
 mod file;
 mod package;
 mod pkgrepo;
@@ -193,6 +195,7 @@ fn run_resource(resource: &Resource, run: &mut Run) -> Outcome {
         Resource::Service(resource) => service::run(resource, mode),
         Resource::Command(resource) => command::run(resource, mode),
         Resource::Pkgrepo(resource) => pkgrepo::run(resource, mode, planned),
+        Resource::Archive(resource) => archive::run(resource, mode, planned),
     });
     match result {
         Ok(report) => Outcome {
