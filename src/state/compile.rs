@@ -36,6 +36,7 @@ const KINDS: &[&str] = &[
     "command",
     "pkgrepo",
     "archive",
+    "git",
 ];
 
 pub(super) fn compile(
@@ -556,6 +557,7 @@ impl<'de> Visitor<'de> for ItemSeed<'_> {
             "command" => with(Resource::Command, settings(&mut item, &kind, "run")?),
             "pkgrepo" => with(Resource::Pkgrepo, settings(&mut item, &kind, "name")?),
             "archive" => with(Resource::Archive, settings(&mut item, &kind, "path")?),
+            "git" => with(Resource::Git, settings(&mut item, &kind, "path")?),
             _ => {
                 return Err(de::Error::custom(format!(
                     "unknown resource kind '{kind}' (expected one of {})",
@@ -1469,6 +1471,59 @@ resources:
                 .to_string();
             assert!(
                 message.starts_with(&expected),
+                "{yaml:?}\n got {message:?}\nwant {expected:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn git_compiles_and_errors_name_the_line() {
+        let yaml = "\
+- git: {path: /srv/site, repo: 'https://git.example.com/site.git'}
+- git:
+    path: /srv/tool
+    repo: git@git.example.com:team/tool.git
+    rev: v1.2.0
+    depth: 1
+    force: true
+";
+        let plan = compile_here(yaml).unwrap();
+        let Resource::Git(tool) = &plan.resources[1] else {
+            panic!("{plan:?}");
+        };
+        assert_eq!(
+            (tool.rev.as_deref(), tool.depth, tool.force),
+            (Some("v1.2.0"), Some(1), Some(true))
+        );
+        assert_eq!(plan.resources[0].label(), "git:/srv/site");
+        assert_eq!(crate::state::validate(&plan), Ok(()));
+
+        let cases = [
+            (
+                "- file: {path: /a}\n- git: {path: /srv/site}\n",
+                "line 2: git: missing field `repo`",
+            ),
+            (
+                "- git: {path: /srv/site, repo: 'https://h/s.git', rev: 'main~1'}\n",
+                "line 1: git: rev 'main~1' is not a branch or tag name",
+            ),
+            (
+                "- git: {path: /srv/site, repo: 'https://h/s.git', depth: -1}\n",
+                "line 1: git: invalid type: integer `-1`, expected u32",
+            ),
+            (
+                "- git: {path: /srv/site, repo: 'https://h/s.git', branch: main}\n",
+                "line 1: git: unknown field `branch`, expected one of `path`, `repo`, `rev`",
+            ),
+            (
+                "\n\n- git: {path: /srv/site, repo: site.git}\n",
+                "line 3: git: repo 'site.git' must be a URL",
+            ),
+        ];
+        for (yaml, expected) in cases {
+            let message = error_text(yaml);
+            assert!(
+                message.starts_with(expected),
                 "{yaml:?}\n got {message:?}\nwant {expected:?}"
             );
         }

@@ -21,6 +21,7 @@
 //! - pkgrepo: {name: docker, apt: {uri: "https://download.docker.com/linux/debian",
 //!     suite: bookworm, components: [stable], key_source: keys/docker.asc}}
 //! - archive: {path: /opt/tool, url: "https://example.com/tool-1.2.tar.gz", sha256: 5f2b...}
+//! - git: {path: /srv/site, repo: "https://git.example.com/site.git", rev: main}
 //! ```
 //!
 //! Resources run in order, so a directory comes before the files in it. `file`, `directory`
@@ -149,6 +150,7 @@ pub enum Resource {
     Command(CommandResource),
     Pkgrepo(PkgrepoResource),
     Archive(ArchiveResource),
+    Git(GitResource),
 }
 
 /// Whether a file, directory or symlink should exist (wire names lowercase).
@@ -411,6 +413,29 @@ pub struct ArchiveResource {
     pub same_owner: Option<bool>,
 }
 
+/// A git checkout at a branch, tag or commit, through the `git` program.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GitResource {
+    /// The checkout (its work tree); the parent must exist.
+    pub path: String,
+    /// What `origin` is: a URL (https://, ssh://, git://, file://), `user@host:path`, or an
+    /// absolute path on the agent.
+    pub repo: String,
+    /// A branch or tag of the remote, or a commit (40 or 64 hex digits). Default: the remote's
+    /// default branch (what its HEAD names). A branch is "at the remote tip now": every run
+    /// asks the remote where it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rev: Option<String>,
+    /// Fetch only this many commits of history (`--depth`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub depth: Option<u32>,
+    /// Discard local changes to tracked files (and repoint a different origin). Default false:
+    /// they are an error. Untracked files are never removed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub force: Option<bool>,
+}
+
 impl Resource {
     /// `kind:name` as outcomes report it: `file:/etc/motd`, `package:nginx`, `command:make`.
     pub fn label(&self) -> String {
@@ -423,6 +448,7 @@ impl Resource {
             Resource::Command(command) => format!("command:{}", command.run),
             Resource::Pkgrepo(repo) => format!("pkgrepo:{}", repo.name),
             Resource::Archive(archive) => format!("archive:{}", archive.path),
+            Resource::Git(git) => format!("git:{}", git.path),
         }
     }
 }

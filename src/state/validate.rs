@@ -7,7 +7,7 @@ use base64::Engine as _;
 
 #[cfg(test)]
 use super::ServiceState;
-use super::{ArchiveResource, PkgrepoResource, YumRepository};
+use super::{ArchiveResource, GitResource, PkgrepoResource, YumRepository};
 use super::{FileResource, Links, Plan, Presence, Resource};
 
 /// File contents a plan may carry in all, measured as encoded in the JSON plan. The plan
@@ -239,7 +239,60 @@ pub(super) fn check_resource(resource: &Resource) -> Result<(), String> {
         }
         Resource::Pkgrepo(repo) => check_pkgrepo(repo),
         Resource::Archive(archive) => check_archive(archive),
+        Resource::Git(git) => check_git(git),
     }
+}
+
+/// The repository and revision become arguments of git: neither may start with `-`, and a
+/// revision is a plain ref name or a full commit id (no `main~2`, `HEAD^` or ranges, which
+/// would make "already at" ambiguous).
+fn check_git(git: &GitResource) -> Result<(), String> {
+    check_path("path", &git.path)?;
+    check_word("repo", &git.repo)?;
+    if git.repo.starts_with('-') {
+        return Err(format!("repo '{}' must not start with -", git.repo));
+    }
+    if !git.repo.starts_with('/') && !git.repo.contains(':') {
+        return Err(format!(
+            "repo '{}' must be a URL, user@host:path or an absolute path",
+            git.repo
+        ));
+    }
+    if let Some(rev) = &git.rev {
+        if !is_commit_id(rev) && !is_ref_name(rev) {
+            return Err(format!(
+                "rev '{rev}' is not a branch or tag name or a full commit id (40 or 64 hex \
+                 digits)"
+            ));
+        }
+    }
+    if git.depth == Some(0) {
+        return Err("depth must be at least 1".into());
+    }
+    Ok(())
+}
+
+/// A full commit id: SHA-1 (40 hex digits) or SHA-256 (64).
+pub(super) fn is_commit_id(rev: &str) -> bool {
+    matches!(rev.len(), 40 | 64) && rev.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// git check-ref-format's rules, for a branch or tag name.
+fn is_ref_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with('-')
+        && !name.ends_with('/')
+        && !name.ends_with('.')
+        && !name.ends_with(".lock")
+        && !name.contains("..")
+        && !name.contains("@{")
+        && name != "@"
+        && !name
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || "~^:?*[\\".contains(c))
+        && name
+            .split('/')
+            .all(|part| !part.is_empty() && !part.starts_with('.'))
 }
 
 fn check_archive(archive: &ArchiveResource) -> Result<(), String> {
@@ -1326,5 +1379,74 @@ mod tests {
         ]);
         let error = validate(&plan).unwrap_err();
         assert!(error.contains("more than the 512 KiB"), "{error}");
+    }
+
+    #[test]
+    fn git_rules() {
+        let git = |repo: &str, rev: Option<&str>| GitResource {
+            path: "/srv/site".into(),
+            repo: repo.into(),
+            rev: rev.map(str::to_string),
+            ..GitResource::default()
+        };
+        let commit = "0123456789abcdef0123456789abcdef01234567";
+        let cases: Vec<(GitResource, Option<&str>)> = vec![
+            (git("https://git.example.com/site.git", None), None),
+            (git("git@git.example.com:team/site.git", Some("main")), None),
+            (git("/srv/repos/site.git", Some("release/2.x")), None),
+            (git("file:///srv/repos/site.git", Some(commit)), None),
+            (git("ssh://git@host/site.git", Some(&"a".repeat(64))), None),
+            (git("https://h/s.git", Some("v1.2.3")), None),
+            (git("", None), Some("repo must not be empty")),
+            (
+                git("-uhttps://h/s.git", None),
+                Some("must not start with -"),
+            ),
+            (
+                git("repos/site.git", None),
+                Some("must be a URL, user@host:path or an absolute path"),
+            ),
+            (
+                git("https://h/s.git", Some("-b")),
+                Some("rev '-b' is not a branch or tag name"),
+            ),
+            (git("https://h/s.git", Some("main~2")), Some("rev 'main~2'")),
+            (git("https://h/s.git", Some("HEAD^")), Some("rev 'HEAD^'")),
+            (git("https://h/s.git", Some("a..b")), Some("rev 'a..b'")),
+            (git("https://h/s.git", Some("a b")), Some("rev 'a b'")),
+            (
+                git("https://h/s.git", Some("main.lock")),
+                Some("rev 'main.lock'"),
+            ),
+            (
+                git("https://h/s.git", Some(".hidden")),
+                Some("rev '.hidden'"),
+            ),
+            (git("https://h/s.git", Some("")), Some("rev ''")),
+            (
+                GitResource {
+                    depth: Some(0),
+                    ..git("https://h/s.git", None)
+                },
+                Some("depth must be at least 1"),
+            ),
+            (
+                GitResource {
+                    path: "srv/site".into(),
+                    ..git("https://h/s.git", None)
+                },
+                Some("path must be absolute"),
+            ),
+        ];
+        for (git, expected) in cases {
+            let result = check_resource(&Resource::Git(git.clone()));
+            match expected {
+                None => assert_eq!(result, Ok(()), "{git:?}"),
+                Some(part) => {
+                    let message = result.expect_err(part);
+                    assert!(message.contains(part), "{message:?} lacks {part:?}");
+                }
+            }
+        }
     }
 }

@@ -13,6 +13,7 @@ mod diff;
 mod directory;
 mod download;
 mod file;
+mod git;
 mod package;
 mod pkgrepo;
 mod process;
@@ -196,6 +197,7 @@ fn run_resource(resource: &Resource, run: &mut Run) -> Outcome {
         Resource::Command(resource) => command::run(resource, mode),
         Resource::Pkgrepo(resource) => pkgrepo::run(resource, mode, planned),
         Resource::Archive(resource) => archive::run(resource, mode, planned),
+        Resource::Git(resource) => git::run(resource, mode, planned),
     });
     match result {
         Ok(report) => Outcome {
