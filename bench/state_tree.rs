@@ -109,7 +109,11 @@ fn main() {
                 Duration::from_millis(result.duration_ms)
             }
         };
-        let profile = if cfg!(debug_assertions) { "debug" } else { "release" };
+        let profile = if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        };
         println!("on a real agent ({profile} build):");
         let first = apply("first apply", "changed").await;
         let second = apply("second apply (no change)", "ok").await;

@@ -40,6 +40,9 @@ const KINDS: &[&str] = &[
     "cron",
     "sysctl",
     "line",
+    "pkgrepo",
+    "archive",
+    "git",
 ];
 
 pub(super) fn compile(
@@ -564,6 +567,9 @@ impl<'de> Visitor<'de> for ItemSeed<'_> {
             "cron" => with(Resource::Cron, settings(&mut item, &kind, "name")?),
             "sysctl" => with(Resource::Sysctl, settings(&mut item, &kind, "name")?),
             "line" => with(Resource::Line, settings(&mut item, &kind, "path")?),
+            "pkgrepo" => with(Resource::Pkgrepo, settings(&mut item, &kind, "name")?),
+            "archive" => with(Resource::Archive, settings(&mut item, &kind, "path")?),
+            "git" => with(Resource::Git, settings(&mut item, &kind, "path")?),
             _ => {
                 return Err(de::Error::custom(format!(
                     "unknown resource kind '{kind}' (expected one of {})",
@@ -604,6 +610,9 @@ impl<'de> Visitor<'de> for ItemSeed<'_> {
                 .map_err(|message| fail(format!("source '{source}': {message}")))?;
             validate::check_compiled(&resource).map_err(fail)?;
         }
+        inline_beside(&mut resource, self.base_dir).map_err(fail)?;
+        *self.content_bytes += validate::encoded_inlined_size(&resource);
+        validate::check_content_budget(*self.content_bytes).map_err(fail)?;
         Ok((resource, links))
     }
 }
@@ -897,6 +906,51 @@ fn inline_source(file: &mut FileResource, base_dir: &Path) -> Result<(), String>
         }
     }
     Ok(())
+}
+
+/// Inlines the files other kinds than `file` name beside the state file: a pkgrepo's
+/// `key_source` becomes its key text, an archive's `source` its `content_base64` (once its
+/// SHA-256 is the one the resource gives, so a stale checksum fails here and not on every
+/// agent).
+fn inline_beside(resource: &mut Resource, base_dir: &Path) -> Result<(), String> {
+    if let Resource::Archive(archive) = resource {
+        if let Some(source) = archive.source.take() {
+            let bytes = read_beside(&source, base_dir, "source")?;
+            let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
+            if !digest.eq_ignore_ascii_case(&archive.sha256) {
+                return Err(format!(
+                    "source '{source}' has sha256 {digest}, not the {} given",
+                    archive.sha256
+                ));
+            }
+            archive.content_base64 = Some(base64::engine::general_purpose::STANDARD.encode(bytes));
+        }
+    }
+    if let Resource::Pkgrepo(repo) = resource {
+        if let Some(apt) = &mut repo.apt {
+            if let Some(source) = apt.key_source.take() {
+                apt.key = Some(read_key(&source, base_dir)?);
+            }
+        }
+        if let Some(yum) = &mut repo.yum {
+            if let Some(source) = yum.key_source.take() {
+                yum.gpgkey = Some(read_key(&source, base_dir)?);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A signing key file: ASCII-armoured text, which apt's `.asc` keyrings and rpm both read.
+fn read_key(name: &str, base_dir: &Path) -> Result<String, String> {
+    let bytes = read_beside(name, base_dir, "key_source")?;
+    match String::from_utf8(bytes) {
+        Ok(text) if validate::is_armoured_key(&text) => Ok(text),
+        _ => Err(format!(
+            "key_source '{name}' is not an ASCII-armoured public key (-----BEGIN PGP PUBLIC KEY \
+             BLOCK-----; `gpg --armor --export` writes one)"
+        )),
+    }
 }
 
 #[cfg(test)]
@@ -1532,6 +1586,242 @@ resources:
             (
                 "- package: {name: nginx, state: absent, version: \"1\"}\n",
                 "line 1: package: version cannot go with state absent",
+            ),
+        ];
+        for (yaml, expected) in cases {
+            let message = error_text(yaml);
+            assert!(
+                message.starts_with(expected),
+                "{yaml:?}\n got {message:?}\nwant {expected:?}"
+            );
+        }
+    }
+
+    const KEY: &str =
+        "-----BEGIN PGP PUBLIC KEY BLOCK-----\nmQINBGR0ZXN0\n-----END PGP PUBLIC KEY BLOCK-----\n";
+
+    #[test]
+    fn pkgrepo_key_sources_are_inlined() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("example.asc"), KEY).unwrap();
+        let yaml = "\
+- pkgrepo:
+    name: example
+    refresh: true
+    apt:
+      uri: https://deb.example.com/debian
+      suite: bookworm
+      components: [main]
+      key_source: example.asc
+    yum: {baseurl: https://rpm.example.com/el9/, key_source: example.asc, gpgcheck: false}
+";
+        let plan = compile(yaml, dir.path(), &[]).unwrap();
+        let Resource::Pkgrepo(repo) = &plan.resources[0] else {
+            panic!("{plan:?}");
+        };
+        let (apt, yum) = (repo.apt.as_ref().unwrap(), repo.yum.as_ref().unwrap());
+        assert_eq!((apt.key.as_deref(), &apt.key_source), (Some(KEY), &None));
+        assert_eq!((yum.gpgkey.as_deref(), &yum.key_source), (Some(KEY), &None));
+        assert_eq!((repo.refresh, yum.gpgcheck), (Some(true), Some(false)));
+        assert_eq!(plan.resources[0].label(), "pkgrepo:example");
+        assert_eq!(crate::state::validate(&plan), Ok(()));
+        let back: Plan = serde_json::from_str(&serde_json::to_string(&plan).unwrap()).unwrap();
+        assert_eq!(back, plan);
+    }
+
+    #[test]
+    fn pkgrepo_errors_name_the_line() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("binary.gpg"), [0x99u8, 0x01, 0x0d, 0xff]).unwrap();
+        let apt =
+            "apt: {uri: 'https://deb.example.com/debian', suite: bookworm, components: [main]";
+        let cases = [
+            (
+                format!(
+                    "- file: {{path: /a}}\n- pkgrepo: {{name: x, {apt}, key_source: nope.asc}}}}\n"
+                ),
+                "line 2: pkgrepo: key_source 'nope.asc' (",
+            ),
+            (
+                format!("- pkgrepo: {{name: x, {apt}, key_source: binary.gpg}}}}\n"),
+                "line 1: pkgrepo: key_source 'binary.gpg' is not an ASCII-armoured public key",
+            ),
+            (
+                format!("- pkgrepo: {{name: x, {apt}, key: x, key_source: a.asc}}}}\n"),
+                "line 1: pkgrepo: apt.key and key_source are mutually exclusive",
+            ),
+            (
+                "- pkgrepo: {name: x}\n".to_string(),
+                "line 1: pkgrepo: give an apt block, a yum block or both",
+            ),
+            (
+                "\n- pkgrepo:\n    name: x\n    yum: {baseurl: https://x/, gpgkey: 5}\n"
+                    .to_string(),
+                "line 2: pkgrepo: yum.gpgkey must be an ASCII-armoured public key or a URL",
+            ),
+            (
+                format!("- pkgrepo: {{name: x, {apt}, release: stable}}}}\n"),
+                "line 1: pkgrepo: unknown field `release`, expected one of `uri`, `suite`",
+            ),
+            (
+                format!("- pkgrepo: {{name: x, {apt}}}, state: removed}}\n"),
+                "line 1: pkgrepo: unknown variant `removed`, expected `present` or `absent`",
+            ),
+            (
+                "- pkgrepo: {name: x, apt: {uri: 'https://x/', suite: s, components: main}}\n"
+                    .to_string(),
+                "line 1: pkgrepo: invalid type: string \"main\", expected a sequence",
+            ),
+            (
+                "- pkgrepo: {apt: {uri: 'https://x/', suite: s, components: [main]}}\n".to_string(),
+                "line 1: pkgrepo: missing field `name`",
+            ),
+        ];
+        for (yaml, expected) in cases {
+            let message = compile(&yaml, dir.path(), &[])
+                .expect_err(&yaml)
+                .to_string();
+            assert!(
+                message.starts_with(expected),
+                "{yaml:?}\n got {message:?}\nwant {expected:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn archive_sources_are_checked_and_inlined() {
+        let dir = tempfile::tempdir().unwrap();
+        let bytes = [0x1fu8, 0x8b, 8, 0, 1, 2, 3];
+        fs::write(dir.path().join("tool.tar.gz"), bytes).unwrap();
+        let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(bytes));
+        let yaml = format!(
+            "\
+- archive:
+    path: /opt/tool
+    source: tool.tar.gz
+    sha256: {}
+    mkdir: true
+- archive: {{path: /opt/other, url: 'https://example.com/o.zip', sha256: {digest}, creates: /opt/other/bin}}
+",
+            digest.to_uppercase()
+        );
+        let plan = compile(&yaml, dir.path(), &[]).unwrap();
+        let Resource::Archive(inlined) = &plan.resources[0] else {
+            panic!("{plan:?}");
+        };
+        assert_eq!(inlined.source, None);
+        assert_eq!(
+            validate::decode_base64(inlined.content_base64.as_deref().unwrap()).unwrap(),
+            bytes
+        );
+        assert_eq!(inlined.mkdir, Some(true));
+        assert_eq!(plan.resources[1].label(), "archive:/opt/other");
+        assert_eq!(crate::state::validate(&plan), Ok(()));
+        let back: Plan = serde_json::from_str(&serde_json::to_string(&plan).unwrap()).unwrap();
+        assert_eq!(back, plan);
+    }
+
+    #[test]
+    fn archive_errors_name_the_line() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("tool.tar"), b"tar bytes").unwrap();
+        let actual = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(b"tar bytes"));
+        let other = "0".repeat(64);
+        fs::write(
+            dir.path().join("big.tar"),
+            vec![0u8; MAX_CONTENT_BYTES / 4 * 3 + 1024],
+        )
+        .unwrap();
+        let big = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(vec![
+            0u8;
+            MAX_CONTENT_BYTES
+                / 4
+                * 3
+                + 1024
+        ]));
+        let cases = [
+            (
+                format!("- file: {{path: /a}}\n- archive: {{path: /opt, source: tool.tar, sha256: {other}}}\n"),
+                format!("line 2: archive: source 'tool.tar' has sha256 {actual}, not the {other} given"),
+            ),
+            (
+                format!("- archive: {{path: /opt, source: gone.tar, sha256: {other}}}\n"),
+                "line 1: archive: source 'gone.tar' (".to_string(),
+            ),
+            (
+                "- archive: {path: /opt, url: 'https://example.com/a.tar'}\n".to_string(),
+                "line 1: archive: missing field `sha256`".to_string(),
+            ),
+            (
+                format!("- archive: {{path: /opt, sha256: {other}}}\n"),
+                "line 1: archive: give source (an archive beside the state file) or url".to_string(),
+            ),
+            (
+                format!("- archive: {{path: /opt, url: 'https://x/a.tar', source: tool.tar, sha256: {other}}}\n"),
+                "line 1: archive: source and url are mutually exclusive; give one".to_string(),
+            ),
+            (
+                format!("- archive: {{path: /opt, url: 'https://x/a.tar', sha256: {other}, strip: 1}}\n"),
+                "line 1: archive: unknown field `strip`".to_string(),
+            ),
+            (
+                format!("- archive: {{path: /opt, source: big.tar, sha256: {big}}}\n"),
+                "line 1: archive: file contents total".to_string(),
+            ),
+        ];
+        for (yaml, expected) in cases {
+            let message = compile(&yaml, dir.path(), &[])
+                .expect_err(&yaml)
+                .to_string();
+            assert!(
+                message.starts_with(&expected),
+                "{yaml:?}\n got {message:?}\nwant {expected:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn git_compiles_and_errors_name_the_line() {
+        let yaml = "\
+- git: {path: /srv/site, repo: 'https://git.example.com/site.git'}
+- git:
+    path: /srv/tool
+    repo: git@git.example.com:team/tool.git
+    rev: v1.2.0
+    depth: 1
+    force: true
+";
+        let plan = compile_here(yaml).unwrap();
+        let Resource::Git(tool) = &plan.resources[1] else {
+            panic!("{plan:?}");
+        };
+        assert_eq!(
+            (tool.rev.as_deref(), tool.depth, tool.force),
+            (Some("v1.2.0"), Some(1), Some(true))
+        );
+        assert_eq!(plan.resources[0].label(), "git:/srv/site");
+        assert_eq!(crate::state::validate(&plan), Ok(()));
+
+        let cases = [
+            (
+                "- file: {path: /a}\n- git: {path: /srv/site}\n",
+                "line 2: git: missing field `repo`",
+            ),
+            (
+                "- git: {path: /srv/site, repo: 'https://h/s.git', rev: 'main~1'}\n",
+                "line 1: git: rev 'main~1' is not a branch or tag name",
+            ),
+            (
+                "- git: {path: /srv/site, repo: 'https://h/s.git', depth: -1}\n",
+                "line 1: git: invalid type: integer `-1`, expected u32",
+            ),
+            (
+                "- git: {path: /srv/site, repo: 'https://h/s.git', branch: main}\n",
+                "line 1: git: unknown field `branch`, expected one of `path`, `repo`, `rev`",
+            ),
+            (
+                "\n\n- git: {path: /srv/site, repo: site.git}\n",
+                "line 3: git: repo 'site.git' must be a URL",
             ),
         ];
         for (yaml, expected) in cases {

@@ -24,6 +24,10 @@
 //! - cron: {name: backup, schedule: "0 3 * * *", run: /usr/local/bin/backup}
 //! - sysctl: {name: net.ipv4.ip_forward, value: 1}
 //! - line: {path: /etc/ssh/sshd_config, line: PermitRootLogin no, match: "^#?PermitRootLogin"}
+//! - pkgrepo: {name: docker, apt: {uri: "https://download.docker.com/linux/debian",
+//!     suite: bookworm, components: [stable], key_source: keys/docker.asc}}
+//! - archive: {path: /opt/tool, url: "https://example.com/tool-1.2.tar.gz", sha256: 5f2b...}
+//! - git: {path: /srv/site, repo: "https://git.example.com/site.git", rev: main}
 //! ```
 //!
 //! Resources run in order, so a directory comes before the files in it. `file`, `directory`
@@ -156,6 +160,9 @@ pub enum Resource {
     Cron(CronResource),
     Sysctl(SysctlResource),
     Line(LineResource),
+    Pkgrepo(PkgrepoResource),
+    Archive(ArchiveResource),
+    Git(GitResource),
 }
 
 /// Whether a file, directory or symlink should exist (wire names lowercase).
@@ -482,6 +489,139 @@ pub struct LineResource {
     pub create: Option<bool>,
 }
 
+/// A package repository: an apt source (deb822 `NAME.sources`, its key in a keyring file
+/// that `Signed-By` names) or a yum/dnf repository (`NAME.repo`). The host decides which block
+/// applies (apt-get present: apt; else dnf or yum), so one resource can carry both for a mixed
+/// fleet.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PkgrepoResource {
+    /// The file name (`NAME.sources`, `NAME.repo`, `NAME.asc`) and the yum repository id.
+    pub name: String,
+    /// present (default) | absent. Absent removes the repository file and its key file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<Presence>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub apt: Option<AptRepository>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub yum: Option<YumRepository>,
+    /// Where the repository file goes: default /etc/apt/sources.list.d (apt) or
+    /// /etc/yum.repos.d (yum).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dir: Option<String>,
+    /// Where the key file goes: default /etc/apt/keyrings (apt) or /etc/pki/rpm-gpg (yum).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keyring_dir: Option<String>,
+    /// apt only: after a change, `apt-get update` for this source alone. Default false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refresh: Option<bool>,
+}
+
+/// An apt source, written as one deb822 stanza.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AptRepository {
+    /// `URIs:`, e.g. https://download.docker.com/linux/debian
+    pub uri: String,
+    /// `Suites:`, e.g. bookworm; a suite ending in `/` is a flat repository (no components).
+    pub suite: String,
+    /// `Components:`, e.g. [main, contrib].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub components: Vec<String>,
+    /// `Architectures:`, e.g. amd64; unset: the host's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arch: Option<String>,
+    /// The signing key, ASCII-armoured; written to `KEYRING_DIR/NAME.asc` and named by
+    /// `Signed-By:`. At most one of key and key_source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// A key file on the operator's machine, relative to the state file; `compile` inlines it
+    /// as `key`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_source: Option<String>,
+}
+
+/// A yum/dnf repository, written as one `[NAME]` section.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct YumRepository {
+    pub baseurl: String,
+    /// The signing key: ASCII-armoured text (written to `KEYRING_DIR/RPM-GPG-KEY-NAME` and
+    /// named as a file:// URL) or a URL, written as it is. At most one of gpgkey and
+    /// key_source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpgkey: Option<String>,
+    /// A key file on the operator's machine, relative to the state file; `compile` inlines it
+    /// as `gpgkey`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_source: Option<String>,
+    /// Default true: packages must be signed (import the key another way, or give one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpgcheck: Option<bool>,
+    /// Default true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+}
+
+/// An archive (tar, compressed tar or zip) extracted into a directory once: its SHA-256 is
+/// checked before anything is extracted, and a marker file (or `creates`) says it was done.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArchiveResource {
+    /// The directory extracted into. It must exist (or be made by an earlier resource) unless
+    /// `mkdir` is set.
+    pub path: String,
+    /// An archive on the operator's machine, relative to the state file's directory; `compile`
+    /// checks its SHA-256 and inlines it as `content_base64`, within the plan's budget. One of
+    /// source (content_base64 once compiled) and url.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// The archive's bytes, base64: what `compile` makes of `source`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_base64: Option<String>,
+    /// An http:// or https:// URL the agent downloads (certificates verified against the
+    /// system's roots).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// The archive's SHA-256, 64 hex digits. Required: a mismatch is an error that extracts
+    /// nothing.
+    pub sha256: String,
+    /// A path whose existence means "already extracted"; default: the marker file
+    /// `.svc-archive-<first 16 digits of sha256>` that a successful extraction leaves in `path`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub creates: Option<String>,
+    /// Create `path` (one level, mode 0755) when it is missing. Default false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mkdir: Option<bool>,
+    /// Keep the owners stored in the archive (tar --same-owner, unzip -X). Default false: the
+    /// files belong to the agent's user, whatever uid the archive's author had.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub same_owner: Option<bool>,
+}
+
+/// A git checkout at a branch, tag or commit, through the `git` program.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GitResource {
+    /// The checkout (its work tree); the parent must exist.
+    pub path: String,
+    /// What `origin` is: a URL (https://, ssh://, git://, file://), `user@host:path`, or an
+    /// absolute path on the agent.
+    pub repo: String,
+    /// A branch or tag of the remote, or a commit (40 or 64 hex digits). Default: the remote's
+    /// default branch (what its HEAD names). A branch is "at the remote tip now": every run
+    /// asks the remote where it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rev: Option<String>,
+    /// Fetch only this many commits of history (`--depth`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub depth: Option<u32>,
+    /// Discard local changes to tracked files (and repoint a different origin). Default false:
+    /// they are an error. Untracked files are never removed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub force: Option<bool>,
+}
+
 impl Resource {
     /// `kind:name` as outcomes report it: `file:/etc/motd`, `package:nginx`, `command:make`.
     pub fn label(&self) -> String {
@@ -498,6 +638,9 @@ impl Resource {
             Resource::Cron(cron) => format!("cron:{}", cron.name),
             Resource::Sysctl(sysctl) => format!("sysctl:{}", sysctl.name),
             Resource::Line(line) => format!("line:{}", line.path),
+            Resource::Pkgrepo(repo) => format!("pkgrepo:{}", repo.name),
+            Resource::Archive(archive) => format!("archive:{}", archive.path),
+            Resource::Git(git) => format!("git:{}", git.path),
         }
     }
 }

@@ -8,8 +8,8 @@ use base64::Engine as _;
 #[cfg(test)]
 use super::ServiceState;
 use super::{
-    CronResource, FileResource, LineResource, Links, Plan, Presence, Resource, SysctlResource,
-    TreeResource, UserResource,
+    ArchiveResource, CronResource, FileResource, GitResource, LineResource, Links, PkgrepoResource,
+    Plan, Presence, Resource, SysctlResource, TreeResource, UserResource, YumRepository,
 };
 
 /// File contents a plan may carry in all, measured as encoded in the JSON plan. The plan
@@ -31,6 +31,7 @@ pub(super) fn validate(plan: &Plan) -> Result<(), String> {
             Resource::Tree(tree) => content_bytes += encoded_tree_size(tree),
             _ => {}
         }
+        content_bytes += encoded_inlined_size(resource);
     }
     check_content_budget(content_bytes)?;
     check_order(plan)?;
@@ -121,6 +122,13 @@ pub(super) fn check_compiled(resource: &Resource) -> Result<(), String> {
         ),
         Resource::File(file) if file.template.is_some() && file.content.is_none() => Err(
             "template must be compiled by svcctl state (`svcctl state compile` inlines it)".into(),
+        ),
+        Resource::Pkgrepo(repo) if has_key_source(repo) => Err(
+            "key_source must be compiled by svcctl state (`svcctl state compile` inlines it)"
+                .into(),
+        ),
+        Resource::Archive(archive) if archive.source.is_some() => Err(
+            "source must be compiled by svcctl state (`svcctl state compile` inlines it)".into(),
         ),
         _ => Ok(()),
     }
@@ -263,7 +271,290 @@ pub(super) fn check_resource(resource: &Resource) -> Result<(), String> {
         Resource::Cron(cron) => check_cron(cron),
         Resource::Sysctl(sysctl) => check_sysctl(sysctl),
         Resource::Line(line) => check_line(line),
+        Resource::Pkgrepo(repo) => check_pkgrepo(repo),
+        Resource::Archive(archive) => check_archive(archive),
+        Resource::Git(git) => check_git(git),
     }
+}
+
+/// The repository and revision become arguments of git: neither may start with `-`, and a
+/// revision is a plain ref name or a full commit id (no `main~2`, `HEAD^` or ranges, which
+/// would make "already at" ambiguous).
+fn check_git(git: &GitResource) -> Result<(), String> {
+    check_path("path", &git.path)?;
+    check_word("repo", &git.repo)?;
+    if git.repo.starts_with('-') {
+        return Err(format!("repo '{}' must not start with -", git.repo));
+    }
+    if !git.repo.starts_with('/') && !git.repo.contains(':') {
+        return Err(format!(
+            "repo '{}' must be a URL, user@host:path or an absolute path",
+            git.repo
+        ));
+    }
+    if let Some(rev) = &git.rev {
+        if !is_commit_id(rev) && !is_ref_name(rev) {
+            return Err(format!(
+                "rev '{rev}' is not a branch or tag name or a full commit id (40 or 64 hex \
+                 digits)"
+            ));
+        }
+    }
+    if git.depth == Some(0) {
+        return Err("depth must be at least 1".into());
+    }
+    Ok(())
+}
+
+/// A full commit id: SHA-1 (40 hex digits) or SHA-256 (64).
+pub(super) fn is_commit_id(rev: &str) -> bool {
+    matches!(rev.len(), 40 | 64) && rev.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// git check-ref-format's rules, for a branch or tag name.
+fn is_ref_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with('-')
+        && !name.ends_with('/')
+        && !name.ends_with('.')
+        && !name.ends_with(".lock")
+        && !name.contains("..")
+        && !name.contains("@{")
+        && name != "@"
+        && !name
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || "~^:?*[\\".contains(c))
+        && name
+            .split('/')
+            .all(|part| !part.is_empty() && !part.starts_with('.'))
+}
+
+fn check_archive(archive: &ArchiveResource) -> Result<(), String> {
+    check_path("path", &archive.path)?;
+    let origins = [
+        ("source", archive.source.is_some()),
+        ("content_base64", archive.content_base64.is_some()),
+        ("url", archive.url.is_some()),
+    ];
+    let given: Vec<&str> = origins
+        .iter()
+        .filter(|(_, is_set)| *is_set)
+        .map(|(name, _)| *name)
+        .collect();
+    match given.len() {
+        0 => return Err("give source (an archive beside the state file) or url".into()),
+        1 => {}
+        _ => {
+            return Err(format!(
+                "{} are mutually exclusive; give one",
+                given.join(" and ")
+            ))
+        }
+    }
+    if archive.source.as_deref().is_some_and(str::is_empty) {
+        return Err("source must not be empty".into());
+    }
+    if let Some(encoded) = &archive.content_base64 {
+        decode_base64(encoded)?;
+    }
+    if let Some(url) = &archive.url {
+        check_download_url(url)?;
+    }
+    let is_digest =
+        archive.sha256.len() == 64 && archive.sha256.bytes().all(|b| b.is_ascii_hexdigit());
+    if !is_digest {
+        return Err(format!(
+            "sha256 '{}' is not a SHA-256 digest (64 hex digits, as sha256sum prints)",
+            archive.sha256
+        ));
+    }
+    if let Some(creates) = &archive.creates {
+        check_path("creates", creates)?;
+    }
+    Ok(())
+}
+
+/// An http:// or https:// URL with a host and no credentials (they would be in every
+/// outcome and log line).
+fn check_download_url(url: &str) -> Result<(), String> {
+    let invalid = |why: &str| Err(format!("url '{url}' {why}"));
+    if !(url.starts_with("https://") || url.starts_with("http://")) {
+        return invalid("must start with https:// or http://");
+    }
+    let Ok(uri) = url.parse::<http::Uri>() else {
+        return invalid("is not a valid URL");
+    };
+    match uri.authority() {
+        None => invalid("has no host"),
+        Some(authority) if authority.as_str().contains('@') => {
+            invalid("has credentials, which are not supported")
+        }
+        Some(_) => Ok(()),
+    }
+}
+
+/// A repository's name is a file name in sources.list.d (where apt ignores names with other
+/// characters) and a yum repository id.
+fn check_pkgrepo(repo: &PkgrepoResource) -> Result<(), String> {
+    let is_valid_name = repo.name.len() <= 100
+        && repo
+            .name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric())
+        && repo
+            .name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+    if !is_valid_name {
+        return Err(format!(
+            "name '{}' must start with a letter or digit and use only letters, digits and . _ - \
+             (it names the repository's files)",
+            repo.name
+        ));
+    }
+    for (field, dir) in [("dir", &repo.dir), ("keyring_dir", &repo.keyring_dir)] {
+        if let Some(dir) = dir {
+            check_path(field, dir)?;
+        }
+    }
+    if repo.state == Some(Presence::Absent) {
+        return refuse_with_absent(&[
+            ("apt", repo.apt.is_some()),
+            ("yum", repo.yum.is_some()),
+            ("refresh", repo.refresh.is_some()),
+        ]);
+    }
+    if repo.apt.is_none() && repo.yum.is_none() {
+        return Err(
+            "give an apt block, a yum block or both (the host decides which applies)".into(),
+        );
+    }
+    if repo.refresh == Some(true) && repo.apt.is_none() {
+        return Err("refresh applies to apt sources only (dnf refreshes its own metadata)".into());
+    }
+    if let Some(apt) = &repo.apt {
+        check_word("apt.uri", &apt.uri)?;
+        if !apt.uri.contains(':') {
+            return Err(format!(
+                "apt.uri '{}' is not a URI such as https://deb.example.com/debian",
+                apt.uri
+            ));
+        }
+        check_word("apt.suite", &apt.suite)?;
+        match (apt.suite.ends_with('/'), apt.components.is_empty()) {
+            (true, false) => {
+                return Err(format!(
+                    "apt.suite '{}' is a flat repository (it ends in /), which has no components",
+                    apt.suite
+                ))
+            }
+            (false, true) => return Err("apt.components: give at least one, such as [main]".into()),
+            _ => {}
+        }
+        for component in &apt.components {
+            check_word("apt.components", component)?;
+        }
+        if let Some(arch) = &apt.arch {
+            let is_valid = !arch.is_empty()
+                && arch
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+            if !is_valid {
+                return Err(format!(
+                    "apt.arch '{arch}' is not an architecture name such as amd64"
+                ));
+            }
+        }
+        check_key_fields("apt.key", apt.key.as_deref(), apt.key_source.as_deref())?;
+        if let Some(key) = &apt.key {
+            if !is_armoured_key(key) {
+                return Err(
+                    "apt.key must be an ASCII-armoured public key (-----BEGIN PGP PUBLIC KEY \
+                     BLOCK-----; `gpg --armor --export` writes one)"
+                        .into(),
+                );
+            }
+        }
+    }
+    if let Some(yum) = &repo.yum {
+        check_yum(yum)?;
+    }
+    Ok(())
+}
+
+fn has_key_source(repo: &PkgrepoResource) -> bool {
+    let apt = repo.apt.as_ref().and_then(|apt| apt.key_source.as_ref());
+    let yum = repo.yum.as_ref().and_then(|yum| yum.key_source.as_ref());
+    apt.or(yum).is_some()
+}
+
+fn check_yum(yum: &YumRepository) -> Result<(), String> {
+    check_word("yum.baseurl", &yum.baseurl)?;
+    if !yum.baseurl.contains("://") {
+        return Err(format!(
+            "yum.baseurl '{}' is not a URL such as https://rpm.example.com/el9/",
+            yum.baseurl
+        ));
+    }
+    check_key_fields(
+        "yum.gpgkey",
+        yum.gpgkey.as_deref(),
+        yum.key_source.as_deref(),
+    )?;
+    if let Some(key) = &yum.gpgkey {
+        if !is_armoured_key(key) && !is_key_url(key) {
+            return Err(
+                "yum.gpgkey must be an ASCII-armoured public key or a URL (https://, http://, \
+                 file://, ftp://) without spaces"
+                    .into(),
+            );
+        }
+    }
+    Ok(())
+}
+
+fn check_key_fields(field: &str, key: Option<&str>, source: Option<&str>) -> Result<(), String> {
+    if key.is_some() && source.is_some() {
+        return Err(format!(
+            "{field} and key_source are mutually exclusive; give one"
+        ));
+    }
+    if source.is_some_and(str::is_empty) {
+        return Err("key_source must not be empty".into());
+    }
+    if key.is_some_and(|key| key.contains('\0')) {
+        return Err(format!("{field} must not contain NUL"));
+    }
+    Ok(())
+}
+
+/// A yum gpgkey that dnf fetches itself.
+pub(super) fn is_key_url(key: &str) -> bool {
+    ["https://", "http://", "file://", "ftp://"]
+        .iter()
+        .any(|scheme| key.starts_with(scheme))
+        && !key.chars().any(|c| c.is_whitespace() || c.is_control())
+}
+
+/// What apt reads from an `.asc` keyring, and what `rpm --import` takes.
+pub(super) fn is_armoured_key(key: &str) -> bool {
+    key.contains("-----BEGIN PGP PUBLIC KEY BLOCK-----")
+}
+
+/// One value of a line-oriented file (deb822, .repo): non-empty, and no space, newline or
+/// other control character that would end it or start another field.
+fn check_word(field: &str, value: &str) -> Result<(), String> {
+    if value.is_empty() {
+        return Err(format!("{field} must not be empty"));
+    }
+    if value.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!(
+            "{field} '{}' must not contain spaces or control characters",
+            value.escape_debug()
+        ));
+    }
+    Ok(())
 }
 
 /// Parses an octal mode: "0644", "644", "0o644" (YAML's own octal, kept as text by the
@@ -310,6 +601,24 @@ pub(super) fn encoded_content_size(file: &FileResource) -> usize {
         })
     };
     encoded(&file.content) + encoded(&file.content_base64)
+}
+
+/// The bytes inlined into other kinds than file (a pkgrepo's keys, an archive), as encoded in
+/// the plan.
+pub(super) fn encoded_inlined_size(resource: &Resource) -> usize {
+    let encoded = |text: Option<&String>| {
+        text.map_or(0, |text| {
+            serde_json::to_string(text).map_or(text.len(), |json| json.len())
+        })
+    };
+    match resource {
+        Resource::Pkgrepo(repo) => {
+            encoded(repo.apt.as_ref().and_then(|apt| apt.key.as_ref()))
+                + encoded(repo.yum.as_ref().and_then(|yum| yum.gpgkey.as_ref()))
+        }
+        Resource::Archive(archive) => encoded(archive.content_base64.as_ref()),
+        _ => 0,
+    }
 }
 
 pub(super) fn check_content_budget(content_bytes: usize) -> Result<(), String> {
@@ -1579,6 +1888,463 @@ mod tests {
             let result = check_resource(&Resource::Line(resource.clone()));
             match expected {
                 None => assert_eq!(result, Ok(()), "{resource:?}"),
+                Some(part) => {
+                    let message = result.expect_err(part);
+                    assert!(message.contains(part), "{message:?} lacks {part:?}");
+                }
+            }
+        }
+    }
+
+    const KEY: &str =
+        "-----BEGIN PGP PUBLIC KEY BLOCK-----\nmQINBGR0ZXN0\n-----END PGP PUBLIC KEY BLOCK-----\n";
+
+    fn apt() -> crate::state::AptRepository {
+        crate::state::AptRepository {
+            uri: "https://deb.example.com/debian".into(),
+            suite: "bookworm".into(),
+            components: vec!["main".into()],
+            ..Default::default()
+        }
+    }
+
+    fn yum() -> YumRepository {
+        YumRepository {
+            baseurl: "https://rpm.example.com/el9/".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn pkgrepo_rules() {
+        let repo = |apt: Option<crate::state::AptRepository>, yum: Option<YumRepository>| {
+            PkgrepoResource {
+                name: "example".into(),
+                apt,
+                yum,
+                ..PkgrepoResource::default()
+            }
+        };
+        let cases: Vec<(PkgrepoResource, Option<&str>)> =
+            vec![
+            (repo(Some(apt()), None), None),
+            (repo(None, Some(yum())), None),
+            (repo(Some(apt()), Some(yum())), None),
+            (repo(None, None), Some("give an apt block, a yum block or both")),
+            (
+                PkgrepoResource {
+                    name: "../etc/passwd".into(),
+                    ..repo(Some(apt()), None)
+                },
+                Some("name '../etc/passwd' must start with a letter or digit"),
+            ),
+            (
+                PkgrepoResource {
+                    name: "a b".into(),
+                    ..repo(Some(apt()), None)
+                },
+                Some("name 'a b'"),
+            ),
+            (
+                PkgrepoResource {
+                    dir: Some("etc/apt".into()),
+                    ..repo(Some(apt()), None)
+                },
+                Some("dir must be absolute"),
+            ),
+            (
+                PkgrepoResource {
+                    keyring_dir: Some("/etc/apt/keyrings/".into()),
+                    ..repo(Some(apt()), None)
+                },
+                Some("keyring_dir '/etc/apt/keyrings/' must be normalized"),
+            ),
+            (
+                PkgrepoResource {
+                    state: Some(Presence::Absent),
+                    ..repo(None, None)
+                },
+                None,
+            ),
+            (
+                PkgrepoResource {
+                    state: Some(Presence::Absent),
+                    refresh: Some(true),
+                    ..repo(Some(apt()), None)
+                },
+                Some("apt, refresh cannot go with state absent"),
+            ),
+            (
+                PkgrepoResource {
+                    refresh: Some(true),
+                    ..repo(None, Some(yum()))
+                },
+                Some("refresh applies to apt sources only"),
+            ),
+            (
+                repo(
+                    Some(crate::state::AptRepository {
+                        uri: "https://x/ bookworm main\nTypes: deb-src".into(),
+                        ..apt()
+                    }),
+                    None,
+                ),
+                Some("apt.uri 'https://x/ bookworm main\\nTypes: deb-src' must not contain spaces"),
+            ),
+            (
+                repo(
+                    Some(crate::state::AptRepository {
+                        uri: "deb.example.com".into(),
+                        ..apt()
+                    }),
+                    None,
+                ),
+                Some("apt.uri 'deb.example.com' is not a URI"),
+            ),
+            (
+                repo(
+                    Some(crate::state::AptRepository {
+                        components: vec![],
+                        ..apt()
+                    }),
+                    None,
+                ),
+                Some("apt.components: give at least one"),
+            ),
+            (
+                repo(
+                    Some(crate::state::AptRepository {
+                        suite: "./".into(),
+                        ..apt()
+                    }),
+                    None,
+                ),
+                Some("apt.suite './' is a flat repository"),
+            ),
+            (
+                repo(
+                    Some(crate::state::AptRepository {
+                        suite: "./".into(),
+                        components: vec![],
+                        ..apt()
+                    }),
+                    None,
+                ),
+                None,
+            ),
+            (
+                repo(
+                    Some(crate::state::AptRepository {
+                        components: vec!["main contrib".into()],
+                        ..apt()
+                    }),
+                    None,
+                ),
+                Some("apt.components 'main contrib' must not contain spaces"),
+            ),
+            (
+                repo(
+                    Some(crate::state::AptRepository {
+                        arch: Some("AMD64".into()),
+                        ..apt()
+                    }),
+                    None,
+                ),
+                Some("apt.arch 'AMD64' is not an architecture name"),
+            ),
+            (
+                repo(
+                    Some(crate::state::AptRepository {
+                        key: Some(KEY.into()),
+                        arch: Some("arm64".into()),
+                        ..apt()
+                    }),
+                    None,
+                ),
+                None,
+            ),
+            (
+                repo(
+                    Some(crate::state::AptRepository {
+                        key: Some("mQINBGR0ZXN0".into()),
+                        ..apt()
+                    }),
+                    None,
+                ),
+                Some("apt.key must be an ASCII-armoured public key"),
+            ),
+            (
+                repo(
+                    Some(crate::state::AptRepository {
+                        key: Some(KEY.into()),
+                        key_source: Some("key.asc".into()),
+                        ..apt()
+                    }),
+                    None,
+                ),
+                Some("apt.key and key_source are mutually exclusive"),
+            ),
+            (
+                repo(
+                    None,
+                    Some(YumRepository {
+                        baseurl: "rpm.example.com".into(),
+                        ..yum()
+                    }),
+                ),
+                Some("yum.baseurl 'rpm.example.com' is not a URL"),
+            ),
+            (
+                repo(
+                    None,
+                    Some(YumRepository {
+                        gpgkey: Some("https://rpm.example.com/key.asc".into()),
+                        ..yum()
+                    }),
+                ),
+                None,
+            ),
+            (
+                repo(
+                    None,
+                    Some(YumRepository {
+                        gpgkey: Some("RPM-GPG-KEY-example".into()),
+                        ..yum()
+                    }),
+                ),
+                Some("yum.gpgkey must be an ASCII-armoured public key or a URL"),
+            ),
+        ];
+        for (repo, expected) in cases {
+            let result = check_resource(&Resource::Pkgrepo(repo.clone()));
+            match expected {
+                None => assert_eq!(result, Ok(()), "{repo:?}"),
+                Some(part) => {
+                    let message = result.expect_err(part);
+                    assert!(message.contains(part), "{message:?} lacks {part:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn pkgrepo_keys_are_compiled_and_counted() {
+        let uncompiled = PkgrepoResource {
+            name: "example".into(),
+            yum: Some(YumRepository {
+                key_source: Some("key.asc".into()),
+                ..yum()
+            }),
+            ..PkgrepoResource::default()
+        };
+        let plan = Plan::of(vec![Resource::Pkgrepo(uncompiled)]);
+        assert_eq!(
+            validate(&plan),
+            Err(
+                "resource 1 (pkgrepo:example): key_source must be compiled by svcctl state \
+                 (`svcctl state compile` inlines it)"
+                    .into()
+            )
+        );
+        let big = PkgrepoResource {
+            name: "example".into(),
+            apt: Some(crate::state::AptRepository {
+                key: Some(format!("{KEY}{}", "x".repeat(MAX_CONTENT_BYTES))),
+                ..apt()
+            }),
+            ..PkgrepoResource::default()
+        };
+        let error = validate(&Plan::of(vec![Resource::Pkgrepo(big)])).unwrap_err();
+        assert!(error.contains("more than the 512 KiB"), "{error}");
+    }
+
+    #[test]
+    fn archive_rules() {
+        let digest = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+        let archive = |url: Option<&str>| ArchiveResource {
+            path: "/opt/tool".into(),
+            url: url.map(str::to_string),
+            sha256: digest.into(),
+            ..ArchiveResource::default()
+        };
+        let cases: Vec<(ArchiveResource, Option<&str>)> = vec![
+            (archive(Some("https://example.com/tool-1.2.tar.gz")), None),
+            (archive(Some("http://10.0.0.5:8080/tool.zip?v=2")), None),
+            (
+                ArchiveResource {
+                    content_base64: Some("AAEC".into()),
+                    sha256: digest.to_uppercase(),
+                    ..archive(None)
+                },
+                None,
+            ),
+            (
+                archive(None),
+                Some("give source (an archive beside the state file) or url"),
+            ),
+            (
+                ArchiveResource {
+                    source: Some("tool.tar.gz".into()),
+                    ..archive(Some("https://example.com/tool.tar.gz"))
+                },
+                Some("source and url are mutually exclusive"),
+            ),
+            (
+                ArchiveResource {
+                    source: Some(String::new()),
+                    ..archive(None)
+                },
+                Some("source must not be empty"),
+            ),
+            (
+                ArchiveResource {
+                    content_base64: Some("not base64!".into()),
+                    ..archive(None)
+                },
+                Some("not valid base64"),
+            ),
+            (
+                archive(Some("ftp://example.com/tool.tar")),
+                Some("url 'ftp://example.com/tool.tar' must start with https:// or http://"),
+            ),
+            (
+                archive(Some("https://user:secret@example.com/tool.tar")),
+                Some("has credentials, which are not supported"),
+            ),
+            (
+                archive(Some("https://exa mple.com/tool.tar")),
+                Some("is not a valid URL"),
+            ),
+            (
+                ArchiveResource {
+                    sha256: "abc".into(),
+                    ..archive(Some("https://example.com/a.tar"))
+                },
+                Some("sha256 'abc' is not a SHA-256 digest"),
+            ),
+            (
+                ArchiveResource {
+                    sha256: format!("{}g", &digest[1..]),
+                    ..archive(Some("https://example.com/a.tar"))
+                },
+                Some("is not a SHA-256 digest"),
+            ),
+            (
+                ArchiveResource {
+                    creates: Some("bin/tool".into()),
+                    ..archive(Some("https://example.com/a.tar"))
+                },
+                Some("creates must be absolute"),
+            ),
+            (
+                ArchiveResource {
+                    path: "/opt/tool/".into(),
+                    ..archive(Some("https://example.com/a.tar"))
+                },
+                Some("path '/opt/tool/' must be normalized"),
+            ),
+        ];
+        for (archive, expected) in cases {
+            let result = check_resource(&Resource::Archive(archive.clone()));
+            match expected {
+                None => assert_eq!(result, Ok(()), "{archive:?}"),
+                Some(part) => {
+                    let message = result.expect_err(part);
+                    assert!(message.contains(part), "{message:?} lacks {part:?}");
+                }
+            }
+        }
+
+        let uncompiled = ArchiveResource {
+            source: Some("tool.tar.gz".into()),
+            ..archive(None)
+        };
+        assert_eq!(
+            validate(&Plan::of(vec![Resource::Archive(uncompiled)])),
+            Err(
+                "resource 1 (archive:/opt/tool): source must be compiled by svcctl state \
+                 (`svcctl state compile` inlines it)"
+                    .into()
+            )
+        );
+        // Inlined archives count against the plan's budget, with files.
+        let half =
+            base64::engine::general_purpose::STANDARD.encode(vec![0u8; MAX_CONTENT_BYTES / 2]);
+        let plan = Plan::of(vec![
+            Resource::Archive(ArchiveResource {
+                content_base64: Some(half),
+                ..archive(None)
+            }),
+            Resource::File(FileResource {
+                content: Some("x".repeat(MAX_CONTENT_BYTES / 2)),
+                ..file("/a")
+            }),
+        ]);
+        let error = validate(&plan).unwrap_err();
+        assert!(error.contains("more than the 512 KiB"), "{error}");
+    }
+
+    #[test]
+    fn git_rules() {
+        let git = |repo: &str, rev: Option<&str>| GitResource {
+            path: "/srv/site".into(),
+            repo: repo.into(),
+            rev: rev.map(str::to_string),
+            ..GitResource::default()
+        };
+        let commit = "0123456789abcdef0123456789abcdef01234567";
+        let cases: Vec<(GitResource, Option<&str>)> = vec![
+            (git("https://git.example.com/site.git", None), None),
+            (git("git@git.example.com:team/site.git", Some("main")), None),
+            (git("/srv/repos/site.git", Some("release/2.x")), None),
+            (git("file:///srv/repos/site.git", Some(commit)), None),
+            (git("ssh://git@host/site.git", Some(&"a".repeat(64))), None),
+            (git("https://h/s.git", Some("v1.2.3")), None),
+            (git("", None), Some("repo must not be empty")),
+            (
+                git("-uhttps://h/s.git", None),
+                Some("must not start with -"),
+            ),
+            (
+                git("repos/site.git", None),
+                Some("must be a URL, user@host:path or an absolute path"),
+            ),
+            (
+                git("https://h/s.git", Some("-b")),
+                Some("rev '-b' is not a branch or tag name"),
+            ),
+            (git("https://h/s.git", Some("main~2")), Some("rev 'main~2'")),
+            (git("https://h/s.git", Some("HEAD^")), Some("rev 'HEAD^'")),
+            (git("https://h/s.git", Some("a..b")), Some("rev 'a..b'")),
+            (git("https://h/s.git", Some("a b")), Some("rev 'a b'")),
+            (
+                git("https://h/s.git", Some("main.lock")),
+                Some("rev 'main.lock'"),
+            ),
+            (
+                git("https://h/s.git", Some(".hidden")),
+                Some("rev '.hidden'"),
+            ),
+            (git("https://h/s.git", Some("")), Some("rev ''")),
+            (
+                GitResource {
+                    depth: Some(0),
+                    ..git("https://h/s.git", None)
+                },
+                Some("depth must be at least 1"),
+            ),
+            (
+                GitResource {
+                    path: "srv/site".into(),
+                    ..git("https://h/s.git", None)
+                },
+                Some("path must be absolute"),
+            ),
+        ];
+        for (git, expected) in cases {
+            let result = check_resource(&Resource::Git(git.clone()));
+            match expected {
+                None => assert_eq!(result, Ok(()), "{git:?}"),
                 Some(part) => {
                     let message = result.expect_err(part);
                     assert!(message.contains(part), "{message:?} lacks {part:?}");

@@ -7,15 +7,19 @@
 //! `command` resources use a shell; every other program is run with explicit arguments.
 
 mod accounts;
+mod archive;
 mod attributes;
 mod command;
 mod cron;
 mod diff;
 mod directory;
+mod download;
 mod file;
+mod git;
 mod group;
 mod line;
 mod package;
+mod pkgrepo;
 mod process;
 mod service;
 mod symlink;
@@ -205,6 +209,9 @@ fn run_resource(resource: &Resource, run: &mut Run) -> Outcome {
         Resource::Cron(resource) => cron::run(resource, mode),
         Resource::Sysctl(resource) => sysctl::run(resource, mode),
         Resource::Line(resource) => line::run(resource, mode),
+        Resource::Pkgrepo(resource) => pkgrepo::run(resource, mode, planned),
+        Resource::Archive(resource) => archive::run(resource, mode, planned),
+        Resource::Git(resource) => git::run(resource, mode, planned),
     });
     match result {
         Ok(report) => Outcome {
@@ -569,6 +576,106 @@ mod tests {
             error.starts_with("app.conf.j2 line 1: template: undefined value"),
             "{error}"
         );
+    }
+
+    /// pkgrepo, archive and git from a state file: compiled (key and archive inlined), checked
+    /// inside a directory the plan would create, applied, and applied again without change.
+    #[test]
+    fn repositories_archives_and_checkouts_through_a_state_file() {
+        let has_package_manager = ["apt-get", "dnf", "yum"]
+            .iter()
+            .any(|name| process::find_program(name).is_some());
+        if !has_package_manager
+            || process::find_program("git").is_none()
+            || process::find_program("tar").is_none()
+        {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_str().unwrap();
+        let git = |arguments: &[&str]| {
+            let status = std::process::Command::new("git")
+                .args(["-c", "user.name=svc", "-c", "user.email=svc@example.com"])
+                .args(arguments)
+                .current_dir(dir.path())
+                .stdout(std::process::Stdio::null())
+                .status()
+                .unwrap();
+            assert!(status.success(), "git {arguments:?}");
+        };
+        git(&["init", "-q", "-b", "main", "site"]);
+        fs::write(dir.path().join("site/index.html"), "hello\n").unwrap();
+        git(&["-C", "site", "add", "index.html"]);
+        git(&["-C", "site", "commit", "-q", "-m", "first"]);
+        git(&["clone", "-q", "--bare", "site", "site.git"]);
+        fs::create_dir(dir.path().join("payload")).unwrap();
+        fs::write(dir.path().join("payload/tool"), "#!/bin/sh\n").unwrap();
+        let tar = std::process::Command::new("tar")
+            .args(["-czf", "tool.tar.gz", "-C", "payload", "tool"])
+            .current_dir(dir.path())
+            .status()
+            .unwrap();
+        assert!(tar.success());
+        let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(
+            fs::read(dir.path().join("tool.tar.gz")).unwrap(),
+        ));
+        fs::write(
+            dir.path().join("example.asc"),
+            "-----BEGIN PGP PUBLIC KEY BLOCK-----\nmQINBGR0ZXN0\n-----END PGP PUBLIC KEY BLOCK-----\n",
+        )
+        .unwrap();
+        let yaml = format!(
+            "\
+- directory: {{path: ROOT/srv}}
+- directory: {{path: ROOT/srv/repos}}
+- pkgrepo:
+    name: example
+    dir: ROOT/srv/repos
+    keyring_dir: ROOT/srv/repos
+    apt: {{uri: 'https://deb.example.com/debian', suite: bookworm, components: [main], key_source: example.asc}}
+    yum: {{baseurl: 'https://rpm.example.com/el9/', key_source: example.asc}}
+- archive: {{path: ROOT/srv/tool, source: tool.tar.gz, sha256: {digest}, mkdir: true}}
+- git: {{path: ROOT/srv/site, repo: ROOT/site.git}}
+"
+        );
+        let plan = plan_in(dir.path(), root, &yaml);
+        let options = RunOptions::default();
+        let check = run(&plan, Mode::Check, &options);
+        for outcome in &check {
+            assert!(outcome.changed && outcome.error.is_none(), "{outcome:?}");
+        }
+        assert!(!dir.path().join("srv").exists());
+        let first = run(&plan, Mode::Apply, &options);
+        for outcome in &first {
+            assert!(outcome.changed && outcome.error.is_none(), "{outcome:?}");
+        }
+        let repos: Vec<String> = fs::read_dir(dir.path().join("srv/repos"))
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(repos.len(), 2, "{repos:?}");
+        assert_eq!(
+            fs::read_to_string(dir.path().join("srv/tool/tool")).unwrap(),
+            "#!/bin/sh\n"
+        );
+        assert_eq!(
+            fs::read_to_string(dir.path().join("srv/site/index.html")).unwrap(),
+            "hello\n"
+        );
+        let labels: Vec<&str> = first.iter().map(|o| o.resource.as_str()).collect();
+        assert_eq!(
+            labels[2..],
+            [
+                "pkgrepo:example".to_string(),
+                format!("archive:{root}/srv/tool"),
+                format!("git:{root}/srv/site"),
+            ]
+        );
+        for mode in [Mode::Apply, Mode::Check] {
+            for outcome in run(&plan, mode, &options) {
+                assert!(!outcome.changed && outcome.error.is_none(), "{outcome:?}");
+            }
+        }
     }
 
     #[test]

@@ -88,11 +88,32 @@ pub(super) fn run_program(
     environment: &[(&str, &str)],
     timeout: Duration,
 ) -> Result<Finished, String> {
+    run_program_with_stdout(program, arguments, environment, timeout, Stdio::piped())
+}
+
+/// [`run_program`] with the whole of stdout written to `stdout` (a file), for output that
+/// must be read in full, such as an archive's member list; `Finished::stdout` is then empty.
+pub(super) fn run_program_to_file(
+    program: &Path,
+    arguments: &[&str],
+    timeout: Duration,
+    stdout: std::fs::File,
+) -> Result<Finished, String> {
+    run_program_with_stdout(program, arguments, &[], timeout, Stdio::from(stdout))
+}
+
+fn run_program_with_stdout(
+    program: &Path,
+    arguments: &[&str],
+    environment: &[(&str, &str)],
+    timeout: Duration,
+    stdout: Stdio,
+) -> Result<Finished, String> {
     let mut child = Command::new(program)
         .args(arguments)
         .envs(environment.iter().copied())
         .stdin(Stdio::null())
-        .stdout(Stdio::piped())
+        .stdout(stdout)
         .stderr(Stdio::piped())
         .process_group(0)
         .spawn()
