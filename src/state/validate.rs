@@ -1156,6 +1156,23 @@ fn check_group_reference(field: &str, text: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each case passes `check_resource` (None) or fails with a message containing the text.
+    fn expect_rules<T: Clone + std::fmt::Debug>(
+        cases: Vec<(T, Option<&str>)>,
+        resource: fn(T) -> Resource,
+    ) {
+        for (case, expected) in cases {
+            let result = check_resource(&resource(case.clone()));
+            match expected {
+                None => assert_eq!(result, Ok(()), "{case:?}"),
+                Some(part) => {
+                    let message = result.expect_err(part);
+                    assert!(message.contains(part), "{message:?} lacks {part:?}");
+                }
+            }
+        }
+    }
     use crate::state::GroupResource;
     use crate::state::{
         CommandResource, DirectoryResource, PackageResource, ServiceResource, SymlinkResource,
@@ -1550,16 +1567,7 @@ mod tests {
                 Some("uid, shell cannot go with state absent"),
             ),
         ];
-        for (resource, expected) in cases {
-            let result = check_resource(&Resource::User(resource.clone()));
-            match expected {
-                None => assert_eq!(result, Ok(()), "{resource:?}"),
-                Some(part) => {
-                    let message = result.expect_err(part);
-                    assert!(message.contains(part), "{message:?} lacks {part:?}");
-                }
-            }
-        }
+        expect_rules(cases, Resource::User);
     }
 
     #[test]
@@ -1598,16 +1606,7 @@ mod tests {
                 Some("system cannot go with state absent"),
             ),
         ];
-        for (resource, expected) in cases {
-            let result = check_resource(&Resource::Group(resource.clone()));
-            match expected {
-                None => assert_eq!(result, Ok(()), "{resource:?}"),
-                Some(part) => {
-                    let message = result.expect_err(part);
-                    assert!(message.contains(part), "{message:?} lacks {part:?}");
-                }
-            }
-        }
+        expect_rules(cases, Resource::Group);
     }
 
     #[test]
@@ -1721,16 +1720,7 @@ mod tests {
                 Some("schedule cannot go with state absent"),
             ),
         ];
-        for (resource, expected) in cases {
-            let result = check_resource(&Resource::Cron(resource.clone()));
-            match expected {
-                None => assert_eq!(result, Ok(()), "{resource:?}"),
-                Some(part) => {
-                    let message = result.expect_err(part);
-                    assert!(message.contains(part), "{message:?} lacks {part:?}");
-                }
-            }
-        }
+        expect_rules(cases, Resource::Cron);
     }
 
     #[test]
@@ -1778,16 +1768,7 @@ mod tests {
                 Some("file must be absolute"),
             ),
         ];
-        for (resource, expected) in cases {
-            let result = check_resource(&Resource::Sysctl(resource.clone()));
-            match expected {
-                None => assert_eq!(result, Ok(()), "{resource:?}"),
-                Some(part) => {
-                    let message = result.expect_err(part);
-                    assert!(message.contains(part), "{message:?} lacks {part:?}");
-                }
-            }
-        }
+        expect_rules(cases, Resource::Sysctl);
     }
 
     #[test]
@@ -1884,16 +1865,7 @@ mod tests {
                 Some("path must be absolute"),
             ),
         ];
-        for (resource, expected) in cases {
-            let result = check_resource(&Resource::Line(resource.clone()));
-            match expected {
-                None => assert_eq!(result, Ok(()), "{resource:?}"),
-                Some(part) => {
-                    let message = result.expect_err(part);
-                    assert!(message.contains(part), "{message:?} lacks {part:?}");
-                }
-            }
-        }
+        expect_rules(cases, Resource::Line);
     }
 
     const KEY: &str =
@@ -2115,16 +2087,7 @@ mod tests {
                 Some("yum.gpgkey must be an ASCII-armoured public key or a URL"),
             ),
         ];
-        for (repo, expected) in cases {
-            let result = check_resource(&Resource::Pkgrepo(repo.clone()));
-            match expected {
-                None => assert_eq!(result, Ok(()), "{repo:?}"),
-                Some(part) => {
-                    let message = result.expect_err(part);
-                    assert!(message.contains(part), "{message:?} lacks {part:?}");
-                }
-            }
-        }
+        expect_rules(cases, Resource::Pkgrepo);
     }
 
     #[test]
@@ -2244,16 +2207,7 @@ mod tests {
                 Some("path '/opt/tool/' must be normalized"),
             ),
         ];
-        for (archive, expected) in cases {
-            let result = check_resource(&Resource::Archive(archive.clone()));
-            match expected {
-                None => assert_eq!(result, Ok(()), "{archive:?}"),
-                Some(part) => {
-                    let message = result.expect_err(part);
-                    assert!(message.contains(part), "{message:?} lacks {part:?}");
-                }
-            }
-        }
+        expect_rules(cases, Resource::Archive);
 
         let uncompiled = ArchiveResource {
             source: Some("tool.tar.gz".into()),
@@ -2341,15 +2295,6 @@ mod tests {
                 Some("path must be absolute"),
             ),
         ];
-        for (git, expected) in cases {
-            let result = check_resource(&Resource::Git(git.clone()));
-            match expected {
-                None => assert_eq!(result, Ok(()), "{git:?}"),
-                Some(part) => {
-                    let message = result.expect_err(part);
-                    assert!(message.contains(part), "{message:?} lacks {part:?}");
-                }
-            }
-        }
+        expect_rules(cases, Resource::Git);
     }
 }

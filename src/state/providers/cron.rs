@@ -11,14 +11,16 @@
 //! atomically (see `text`), created 0644 when missing (cron skips files others can write to)
 //! and removed when its last line goes.
 
-use std::fs::{self, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::fs;
+
 use std::path::Path;
 use std::time::Duration;
 
 use super::attributes;
-use super::{process, require_parent, temporary_path_beside, text, PlannedDirectories, Report};
+use super::{
+    process, require_parent, temporary_path_beside, text, write_new_file, PlannedDirectories,
+    Report,
+};
 use crate::state::{CronResource, Mode, Presence};
 
 const CRONTAB_TIMEOUT: Duration = Duration::from_secs(60);
@@ -111,16 +113,7 @@ fn read_crontab(crontab: &Path, user: &str) -> Result<String, String> {
 /// Installs `text` as the user's crontab, through a private temporary file.
 fn install_crontab(crontab: &Path, user: &str, text: &str) -> Result<(), String> {
     let temporary = temporary_path_beside(&std::env::temp_dir().join(format!("crontab-{user}")));
-    let written = (|| -> io::Result<()> {
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&temporary)?;
-        file.write_all(text.as_bytes())?;
-        file.sync_all()
-    })();
+    let written = write_new_file(&temporary, text.as_bytes()).and_then(|file| file.sync_all());
     let result = written
         .map_err(|error| format!("writing {}: {error}", temporary.display()))
         .and_then(|()| {

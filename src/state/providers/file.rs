@@ -8,14 +8,14 @@
 //! missing file is created empty).
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
 use super::attributes::Attributes;
 use super::{
-    describe, diff, require_parent, sync_directory, temporary_path_beside, PlannedDirectories,
-    Report,
+    describe, diff, require_parent, sync_directory, temporary_path_beside, write_new_file,
+    PlannedDirectories, Report,
 };
 use crate::state::{validate, FileResource, Mode};
 
@@ -177,13 +177,7 @@ pub(super) fn write_atomically(
     let directory = path.parent().unwrap_or(Path::new("/"));
     let temporary = temporary_path_beside(path);
     let written = (|| {
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&temporary)?;
-        file.write_all(bytes)?;
+        let file = write_new_file(&temporary, bytes)?;
         attributes.apply(&file, &file.metadata()?)?;
         file.sync_all()?;
         fs::rename(&temporary, path)

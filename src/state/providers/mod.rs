@@ -292,6 +292,21 @@ fn temporary_path_beside(path: &Path) -> PathBuf {
     ))
 }
 
+/// A new private file (0600, never an existing one, never through a symlink) holding `bytes`:
+/// the start of every atomic replacement. The caller gives it its attributes and syncs it.
+fn write_new_file(path: &Path, bytes: &[u8]) -> io::Result<fs::File> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)?;
+    file.write_all(bytes)?;
+    Ok(file)
+}
+
 /// Makes a rename in `directory` durable: without this, a crash right after the rename can
 /// bring back the old entry.
 fn sync_directory(directory: &Path) -> io::Result<()> {

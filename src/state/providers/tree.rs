@@ -12,13 +12,15 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, DirBuilder, File, Metadata, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use super::attributes::Attributes;
-use super::{describe, require_parent, temporary_path_beside, PlannedDirectories, Report};
+use super::{
+    describe, require_parent, temporary_path_beside, write_new_file, PlannedDirectories, Report,
+};
 use crate::state::{validate, Mode, TreeResource};
 
 /// The mode of the tree's directories unless `dir_mode` says otherwise.
@@ -312,16 +314,8 @@ fn set_attributes(path: &Path, wanted: &Attributes) -> Result<(), String> {
 /// comment); removed again if writing fails.
 fn write_temporary(path: &Path, bytes: &[u8], attributes: &Attributes) -> Result<PathBuf, String> {
     let temporary = temporary_path_beside(path);
-    let written = (|| {
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&temporary)?;
-        file.write_all(bytes)?;
-        attributes.apply(&file, &file.metadata()?)
-    })();
+    let written = write_new_file(&temporary, bytes)
+        .and_then(|file| attributes.apply(&file, &file.metadata()?));
     match written {
         Ok(()) => Ok(temporary),
         Err(error) => {
