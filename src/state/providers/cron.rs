@@ -25,7 +25,11 @@ use crate::state::{CronResource, Mode, Presence};
 
 const CRONTAB_TIMEOUT: Duration = Duration::from_secs(60);
 
-pub(super) fn run(cron: &CronResource, mode: Mode) -> Result<Report, String> {
+pub(super) fn run(
+    cron: &CronResource,
+    mode: Mode,
+    planned: &PlannedDirectories,
+) -> Result<Report, String> {
     let user = cron.user.as_deref().unwrap_or("root");
     let is_present = cron.state != Some(Presence::Absent);
     let schedule = cron
@@ -36,7 +40,13 @@ pub(super) fn run(cron: &CronResource, mode: Mode) -> Result<Report, String> {
     match &cron.file {
         Some(path) => {
             let wanted = is_present.then(|| format!("{schedule} {user} {}", cron.run));
-            run_in_file(Path::new(path), &cron.name, wanted.as_deref(), mode)
+            run_in_file(
+                Path::new(path),
+                &cron.name,
+                wanted.as_deref(),
+                mode,
+                planned,
+            )
         }
         None => {
             let wanted = is_present.then(|| format!("{schedule} {}", cron.run));
@@ -142,6 +152,7 @@ fn run_in_file(
     name: &str,
     wanted: Option<&str>,
     mode: Mode,
+    planned: &PlannedDirectories,
 ) -> Result<Report, String> {
     let place = path.display().to_string();
     // cron does not follow links in cron.d either; text::read refuses them.
@@ -150,7 +161,7 @@ fn run_in_file(
         if wanted.is_none() {
             return Ok(Report::unchanged("already absent"));
         }
-        require_parent(path, &PlannedDirectories::default())?;
+        require_parent(path, planned)?;
     }
     let current = found.as_ref().map_or("", |found| found.text.as_str());
     let edited = edit(current, name, wanted);
@@ -289,6 +300,11 @@ fn is_job(line: &str) -> bool {
 mod tests {
     use super::super::accounts::{self, testing};
     use super::*;
+
+    /// The provider with nothing planned by earlier resources.
+    fn run(cron: &CronResource, mode: Mode) -> Result<Report, String> {
+        super::run(cron, mode, &PlannedDirectories::default())
+    }
 
     #[test]
     fn entries_are_found_by_their_marker() {

@@ -25,7 +25,11 @@ use crate::state::{validate, LineResource, Mode, Presence};
 /// Lines named in a report before the rest are only counted.
 const LINES_SHOWN: usize = 5;
 
-pub(super) fn run(resource: &LineResource, mode: Mode) -> Result<Report, String> {
+pub(super) fn run(
+    resource: &LineResource,
+    mode: Mode,
+    planned: &PlannedDirectories,
+) -> Result<Report, String> {
     let path = Path::new(&resource.path);
     let is_present = resource.state != Some(Presence::Absent);
     let found = text::read(path)?;
@@ -39,7 +43,7 @@ pub(super) fn run(resource: &LineResource, mode: Mode) -> Result<Report, String>
                 path.display()
             ));
         }
-        require_parent(path, &PlannedDirectories::default())?;
+        require_parent(path, planned)?;
     }
     let content = found.as_ref().map_or("", |found| found.text.as_str());
     let lines = text::split_lines(content);
@@ -273,6 +277,11 @@ fn describe(changes: &[Change], mode: Mode) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The provider with nothing planned by earlier resources.
+    fn run(resource: &LineResource, mode: Mode) -> Result<Report, String> {
+        super::run(resource, mode, &PlannedDirectories::default())
+    }
     use std::fs;
     use std::os::unix::fs::PermissionsExt;
 

@@ -206,9 +206,9 @@ fn run_resource(resource: &Resource, run: &mut Run) -> Outcome {
         Resource::Tree(resource) => tree::run(resource, mode, planned),
         Resource::User(resource) => user::run(resource, mode),
         Resource::Group(resource) => group::run(resource, mode),
-        Resource::Cron(resource) => cron::run(resource, mode),
-        Resource::Sysctl(resource) => sysctl::run(resource, mode),
-        Resource::Line(resource) => line::run(resource, mode),
+        Resource::Cron(resource) => cron::run(resource, mode, planned),
+        Resource::Sysctl(resource) => sysctl::run(resource, mode, planned),
+        Resource::Line(resource) => line::run(resource, mode, planned),
         Resource::Pkgrepo(resource) => pkgrepo::run(resource, mode, planned),
         Resource::Archive(resource) => archive::run(resource, mode, planned),
         Resource::Git(resource) => git::run(resource, mode, planned),
@@ -691,6 +691,40 @@ mod tests {
                 assert!(!outcome.changed && outcome.error.is_none(), "{outcome:?}");
             }
         }
+    }
+
+    /// Check mode counts directories the plan would create for every kind that writes a file
+    /// into one, not only for files: the check of a new application's directory and its
+    /// configuration succeeds and says what the apply would do.
+    #[test]
+    fn check_mode_sees_directories_an_earlier_resource_would_create() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_str().unwrap();
+        let plan = plan_in(
+            dir.path(),
+            root,
+            "\
+- directory: {path: ROOT/etc}
+- line: {path: ROOT/etc/app.conf, line: port = 80, create: true}
+- cron: {name: svc-check-test, schedule: '@daily', run: /bin/true, file: ROOT/etc/cron-svc}
+- sysctl: {name: vm.swappiness, value: '10', file: ROOT/etc/sysctl.conf, runtime: false}
+",
+        );
+        let check = run(&plan, Mode::Check, &RunOptions::default());
+        for outcome in &check {
+            assert!(outcome.changed && outcome.error.is_none(), "{outcome:?}");
+        }
+        assert!(!dir.path().join("etc").exists(), "check changed the host");
+        let apply = run(&plan, Mode::Apply, &RunOptions::default());
+        assert!(
+            apply.iter().all(|o| o.changed && o.error.is_none()),
+            "{apply:?}"
+        );
+        let again = run(&plan, Mode::Apply, &RunOptions::default());
+        assert!(
+            again.iter().all(|o| !o.changed && o.error.is_none()),
+            "{again:?}"
+        );
     }
 
     #[test]

@@ -24,12 +24,21 @@ use crate::state::{Mode, SysctlResource};
 const PROC_SYS: &str = "/proc/sys";
 const DEFAULT_FILE: &str = "/etc/sysctl.d/99-svc.conf";
 
-pub(super) fn run(sysctl: &SysctlResource, mode: Mode) -> Result<Report, String> {
-    run_with(sysctl, mode, Path::new(PROC_SYS))
+pub(super) fn run(
+    sysctl: &SysctlResource,
+    mode: Mode,
+    planned: &PlannedDirectories,
+) -> Result<Report, String> {
+    run_with(sysctl, mode, Path::new(PROC_SYS), planned)
 }
 
 /// The provider with /proc/sys elsewhere, so tests can set values without touching the kernel.
-fn run_with(sysctl: &SysctlResource, mode: Mode, proc_sys: &Path) -> Result<Report, String> {
+fn run_with(
+    sysctl: &SysctlResource,
+    mode: Mode,
+    proc_sys: &Path,
+    planned: &PlannedDirectories,
+) -> Result<Report, String> {
     let name = sysctl.name.as_str();
     let value = normalize(&sysctl.value);
     let mut changes = Vec::new();
@@ -51,7 +60,7 @@ fn run_with(sysctl: &SysctlResource, mode: Mode, proc_sys: &Path) -> Result<Repo
         }
     }
     let file = Path::new(sysctl.file.as_deref().unwrap_or(DEFAULT_FILE));
-    if let Some(change) = persist(file, name, &value, mode)? {
+    if let Some(change) = persist(file, name, &value, mode, planned)? {
         changes.push(change);
     }
     if changes.is_empty() {
@@ -88,10 +97,16 @@ fn write_runtime(path: &Path, value: &str) -> io::Result<()> {
 }
 
 /// Brings the file's setting to `value`; what changed (or would), for the report.
-fn persist(path: &Path, name: &str, value: &str, mode: Mode) -> Result<Option<String>, String> {
+fn persist(
+    path: &Path,
+    name: &str,
+    value: &str,
+    mode: Mode,
+    planned: &PlannedDirectories,
+) -> Result<Option<String>, String> {
     let found = text::read(path)?;
     if found.is_none() {
-        require_parent(path, &PlannedDirectories::default())?;
+        require_parent(path, planned)?;
     }
     let current = found.as_ref().map_or("", |found| found.text.as_str());
     let Some(edited) = edit(current, name, value) else {
@@ -212,6 +227,15 @@ fn setting_of(line: &str, name: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The providers with nothing planned by earlier resources.
+    fn run(sysctl: &SysctlResource, mode: Mode) -> Result<Report, String> {
+        super::run(sysctl, mode, &PlannedDirectories::default())
+    }
+
+    fn run_with(sysctl: &SysctlResource, mode: Mode, proc_sys: &Path) -> Result<Report, String> {
+        super::run_with(sysctl, mode, proc_sys, &PlannedDirectories::default())
+    }
 
     #[test]
     fn the_file_gets_one_line_per_name() {
