@@ -504,7 +504,7 @@ enum StateCommand {
 /// compiled plan. Errors name the line.
 #[argh(subcommand, name = "compile", help_triggers("-h", "--help"))]
 struct CompileArgs {
-    /// the state file (YAML list of resources)
+    /// the state file (a YAML list of resources, or vars: and resources:)
     #[argh(positional)]
     file: PathBuf,
     /// a template parameter NAME=VALUE, over the file's vars (repeatable)
@@ -521,7 +521,7 @@ struct CompileArgs {
 /// Report what applying the state file would change on the targeted agents (dry run).
 #[argh(subcommand, name = "check", help_triggers("-h", "--help"))]
 struct RunArgs {
-    /// the state file (YAML list of resources)
+    /// the state file (a YAML list of resources, or vars: and resources:)
     #[argh(positional)]
     file: PathBuf,
     /// which agents: * (default), id globs, a comma list, or labels and facts (role=web,arch=x86_64)
@@ -549,7 +549,7 @@ struct RunArgs {
 /// state again changes nothing. Exits 1 if any resource or agent failed.
 #[argh(subcommand, name = "apply", help_triggers("-h", "--help"))]
 struct ApplyArgs {
-    /// the state file (YAML list of resources)
+    /// the state file (a YAML list of resources, or vars: and resources:)
     #[argh(positional)]
     file: PathBuf,
     /// which agents: * (default), id globs, a comma list, or labels and facts (role=web,arch=x86_64)
