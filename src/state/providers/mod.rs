@@ -118,6 +118,7 @@ pub(super) fn run_plan(plan: &Plan, mode: Mode, options: &RunOptions) -> Vec<Out
     };
     let mut ran: HashMap<&str, Ran> = HashMap::new();
     let no_links = Links::default();
+    let mut diff_bytes = 0;
     plan.resources
         .iter()
         .enumerate()
@@ -153,9 +154,29 @@ pub(super) fn run_plan(plan: &Plan, mode: Mode, options: &RunOptions) -> Vec<Out
             if let Some(id) = &links.id {
                 ran.insert(id, result);
             }
+            let mut outcome = outcome;
+            bound_diffs(&mut outcome, &mut diff_bytes);
             outcome
         })
         .collect()
+}
+
+/// All of a run's diffs together: the reply must still fit in one bus message with the
+/// outcomes (each diff is already cut at 16 KiB; a plan may change many files).
+const MAX_DIFF_BYTES_PER_RUN: usize = 256 * 1024;
+
+/// Replaces a diff by a one-line note once the run's diffs pass [`MAX_DIFF_BYTES_PER_RUN`].
+fn bound_diffs(outcome: &mut Outcome, total: &mut usize) {
+    let Some(diff) = &outcome.diff else {
+        return;
+    };
+    *total += diff.len();
+    if *total > MAX_DIFF_BYTES_PER_RUN {
+        outcome.diff = Some(format!(
+            "diff left out: this run's diffs passed {} KiB (check fewer files to see it)",
+            MAX_DIFF_BYTES_PER_RUN / 1024
+        ));
+    }
 }
 
 /// A resource runs when nothing it waits for failed, and, with `onchanges`, when at least one
@@ -725,6 +746,40 @@ mod tests {
             again.iter().all(|o| !o.changed && o.error.is_none()),
             "{again:?}"
         );
+    }
+
+    #[test]
+    fn a_run_s_diffs_are_bounded_together() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_str().unwrap();
+        // 40 new files of 12 KiB each: every diff fits its own cap, all of them do not.
+        let line = "x".repeat(100);
+        let content: String = (0..120).map(|_| format!("{line}\\n")).collect();
+        let yaml: String = (0..40)
+            .map(|i| format!("- file: {{path: ROOT/f{i}, content: \"{content}\"}}\n"))
+            .collect();
+        let plan = plan_in(dir.path(), root, &yaml);
+        let options = RunOptions {
+            diff: true,
+            ..RunOptions::default()
+        };
+        let check = run(&plan, Mode::Check, &options);
+        let total: usize = check
+            .iter()
+            .filter_map(|o| o.diff.as_ref())
+            .map(String::len)
+            .sum();
+        assert!(total <= MAX_DIFF_BYTES_PER_RUN + 40 * 100, "{total}");
+        assert!(check[0]
+            .diff
+            .as_deref()
+            .unwrap()
+            .starts_with("--- /dev/null"));
+        assert!(check[39]
+            .diff
+            .as_deref()
+            .unwrap()
+            .starts_with("diff left out"));
     }
 
     #[test]
