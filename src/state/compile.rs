@@ -965,8 +965,17 @@ mod tests {
         compile(yaml, Path::new("/nonexistent"), &[])
     }
 
-    fn error_text(yaml: &str) -> String {
-        compile_here(yaml).expect_err(yaml).to_string()
+    /// Each YAML fails to compile (sources relative to `base`) with a message that starts
+    /// with the expected text.
+    fn expect_errors_in<Y: AsRef<str>, E: AsRef<str>>(base: &Path, cases: &[(Y, E)]) {
+        for (yaml, expected) in cases {
+            let (yaml, expected) = (yaml.as_ref(), expected.as_ref());
+            let message = compile(yaml, base, &[]).expect_err(yaml).to_string();
+            assert!(
+                message.starts_with(expected),
+                "{yaml:?}\n got {message:?}\nwant {expected:?}"
+            );
+        }
     }
 
     #[test]
@@ -1133,13 +1142,7 @@ mod tests {
                 "deserializing from YAML containing more than one document is not supported",
             ),
         ];
-        for (yaml, expected) in cases {
-            let message = error_text(yaml);
-            assert!(
-                message.starts_with(expected),
-                "{yaml:?}\n got {message:?}\nwant {expected:?}"
-            );
-        }
+        expect_errors_in(Path::new("/nonexistent"), &cases);
     }
 
     #[test]
@@ -1296,13 +1299,7 @@ mod tests {
                 "line 1: unknown key 'resource' at the top of the file",
             ),
         ];
-        for (yaml, expected) in cases {
-            let message = error_text(yaml);
-            assert!(
-                message.starts_with(expected),
-                "{yaml:?}\n got {message:?}\nwant {expected:?}"
-            );
-        }
+        expect_errors_in(Path::new("/nonexistent"), &cases);
     }
 
     #[test]
@@ -1588,13 +1585,7 @@ resources:
                 "line 1: package: version cannot go with state absent",
             ),
         ];
-        for (yaml, expected) in cases {
-            let message = error_text(yaml);
-            assert!(
-                message.starts_with(expected),
-                "{yaml:?}\n got {message:?}\nwant {expected:?}"
-            );
-        }
+        expect_errors_in(Path::new("/nonexistent"), &cases);
     }
 
     const KEY: &str =
@@ -1677,15 +1668,7 @@ resources:
                 "line 1: pkgrepo: missing field `name`",
             ),
         ];
-        for (yaml, expected) in cases {
-            let message = compile(&yaml, dir.path(), &[])
-                .expect_err(&yaml)
-                .to_string();
-            assert!(
-                message.starts_with(expected),
-                "{yaml:?}\n got {message:?}\nwant {expected:?}"
-            );
-        }
+        expect_errors_in(dir.path(), &cases);
     }
 
     #[test]
@@ -1769,15 +1752,7 @@ resources:
                 "line 1: archive: file contents total".to_string(),
             ),
         ];
-        for (yaml, expected) in cases {
-            let message = compile(&yaml, dir.path(), &[])
-                .expect_err(&yaml)
-                .to_string();
-            assert!(
-                message.starts_with(&expected),
-                "{yaml:?}\n got {message:?}\nwant {expected:?}"
-            );
-        }
+        expect_errors_in(dir.path(), &cases);
     }
 
     #[test]
@@ -1824,12 +1799,6 @@ resources:
                 "line 3: git: repo 'site.git' must be a URL",
             ),
         ];
-        for (yaml, expected) in cases {
-            let message = error_text(yaml);
-            assert!(
-                message.starts_with(expected),
-                "{yaml:?}\n got {message:?}\nwant {expected:?}"
-            );
-        }
+        expect_errors_in(Path::new("/nonexistent"), &cases);
     }
 }

@@ -17,7 +17,7 @@
 //! marker, so the next run extracts again over it.
 
 use std::fs::{self, DirBuilder, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -26,7 +26,7 @@ use sha2::{Digest, Sha256};
 
 use super::download::Downloads;
 use super::process;
-use super::{require_parent, temporary_path_beside, PlannedDirectories, Report};
+use super::{require_parent, temporary_path_beside, write_new_file, PlannedDirectories, Report};
 use crate::state::{validate, ArchiveResource, Mode};
 
 /// Listing and extracting: generous for a large archive on a slow disk, bounded for a hung
@@ -186,15 +186,9 @@ impl Drop for Scratch {
     }
 }
 
+/// A new private file with `bytes`, synced: the archive's scratch copy and its marker.
 fn write_new(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)?;
-    file.write_all(bytes)?;
-    file.sync_all()
+    write_new_file(path, bytes)?.sync_all()
 }
 
 fn create_directory(path: &Path) -> Result<(), String> {

@@ -89,8 +89,10 @@ struct Run<'a> {
     mode: Mode,
     options: &'a RunOptions,
     planned: PlannedDirectories,
-    /// `vars` at the top level and `facts`, as templates see them.
+    /// `vars` at the top level and `facts`, as templates see them, and the engine, set up
+    /// once for all the plan's templates.
     context: minijinja::Value,
+    templates: minijinja::Environment<'static>,
     /// The values of the plan's secret vars, redacted from diffs.
     secrets: Vec<String>,
 }
@@ -114,6 +116,7 @@ pub(super) fn run_plan(plan: &Plan, mode: Mode, options: &RunOptions) -> Vec<Out
         options,
         planned: PlannedDirectories::default(),
         context: minijinja::Value::from_serialize(&context),
+        templates: crate::template::environment(),
         secrets,
     };
     let mut ran: HashMap<&str, Ran> = HashMap::new();
@@ -204,15 +207,16 @@ fn run_resource(resource: &Resource, run: &mut Run) -> Outcome {
     let (mode, planned) = (run.mode, &mut run.planned);
     let mut diff = None;
     let result = validate::check_compiled(resource).and_then(|()| match resource {
-        Resource::File(resource) if resource.template.is_some() => render(resource, &run.context)
-            .and_then(|rendered| {
+        Resource::File(resource) if resource.template.is_some() => {
+            render(resource, &run.templates, &run.context).and_then(|rendered| {
                 file::run(
                     &rendered,
                     mode,
                     planned,
                     diff_request(run.options, mode, &run.secrets, &mut diff),
                 )
-            }),
+            })
+        }
         Resource::File(resource) => file::run(
             resource,
             mode,
@@ -252,10 +256,14 @@ fn run_resource(resource: &Resource, run: &mut Run) -> Outcome {
 
 /// A file resource with its template rendered into `content` (this host's facts, the plan's
 /// vars). An error names the template file and line.
-fn render(file: &FileResource, context: &minijinja::Value) -> Result<FileResource, String> {
+fn render(
+    file: &FileResource,
+    env: &minijinja::Environment<'static>,
+    context: &minijinja::Value,
+) -> Result<FileResource, String> {
     let name = file.template.as_deref().unwrap_or_default();
     let text = file.content.as_deref().unwrap_or_default();
-    let rendered = crate::template::render(&crate::template::environment(), name, text, context)?;
+    let rendered = crate::template::render(env, name, text, context)?;
     Ok(FileResource {
         content: Some(rendered),
         template: None,
