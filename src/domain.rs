@@ -36,6 +36,8 @@ pub struct Domain {
     /// This server's place in the cluster: membership, leadership, agent ownership (the one
     /// member, leader and owner of everything outside cluster mode).
     pub cluster: Arc<crate::cluster::Cluster>,
+    /// The file service (`svc-files`, and the state plans too large for a command).
+    pub files: Arc<crate::files::Files>,
     /// Outbound webhooks: settings, the HTTP client, the delivery workers.
     pub webhooks: crate::webhooks::Webhooks,
     /// The runbooks loaded from runbook_dir (reloaded on SIGHUP).
@@ -53,15 +55,19 @@ pub struct Domain {
 /// The parts of the domain built from their own configuration alone.
 struct Parts {
     fleet: crate::fleet::Fleet,
+    files: Arc<crate::files::Files>,
     webhooks: crate::webhooks::Webhooks,
     runbooks: crate::runbooks::Runbooks,
 }
 
-/// The durable streams the domain writes.
+/// What the domain keeps beside the store: the durable streams it writes and the file
+/// service's objects.
 pub struct Logs {
     pub events: Arc<dyn Stream>,
     /// The copy of every audit row (`audit/commit.rs`).
     pub audit: Arc<dyn Stream>,
+    /// Local disk, or JetStream in cluster mode (`server::files::object_store`).
+    pub files: Arc<dyn crate::files::ObjectStore>,
 }
 
 impl Domain {
@@ -92,6 +98,7 @@ impl Domain {
             Some(logs.audit),
             Parts {
                 fleet: crate::fleet::Fleet::new(config.agents.heartbeat_timeout.0, Some(bus)),
+                files: Arc::new(crate::files::Files::new(logs.files, config.files.clone())),
                 webhooks: crate::webhooks::Webhooks::new(&config.webhooks)?,
                 runbooks: crate::runbooks::Runbooks::load(config.runbook_dir.clone()),
             },
@@ -124,6 +131,7 @@ impl Domain {
     ) -> Self {
         let Parts {
             fleet,
+            files,
             webhooks,
             runbooks,
         } = parts;
@@ -141,6 +149,7 @@ impl Domain {
             fleet,
             // The one server; `start` puts the real membership in before sharing the domain.
             cluster: crate::cluster::Cluster::single("local", ""),
+            files,
             webhooks,
             runbooks,
             keys,
@@ -164,6 +173,10 @@ impl Domain {
             None,
             Parts {
                 fleet: crate::fleet::Fleet::new(Duration::from_secs(30), None),
+                files: Arc::new(crate::files::Files::new(
+                    Arc::new(crate::files::local::LocalStore::new(dir.join("files"))),
+                    Default::default(),
+                )),
                 webhooks: crate::webhooks::Webhooks::new(&Default::default())?,
                 runbooks: crate::runbooks::Runbooks::load(dir.join("runbooks")),
             },

@@ -279,6 +279,41 @@ fn exec_and_state_through_the_executor_and_forgeries_refused() {
     );
     assert_eq!(std::fs::read_to_string(&target).unwrap(), "split\n");
 
+    // A plan too large for its command: the daemon fetches it, the executor checks and runs it.
+    let large = work.path().join("large");
+    let text = "0123456789abcdef\n".repeat(40_000);
+    let large_state = work.path().join("large.yaml");
+    std::fs::write(
+        &large_state,
+        format!(
+            "- file: {{path: {}, content: {}}}\n",
+            large.display(),
+            serde_json::to_string(&text).unwrap()
+        ),
+    )
+    .unwrap();
+    let applied = svcctl(
+        &server,
+        &operator,
+        &[
+            "-o",
+            "json",
+            "state",
+            "apply",
+            large_state.to_str().unwrap(),
+            "-t",
+            "split-01",
+        ],
+    );
+    assert_eq!(
+        result_of(&applied, "split-01")["status"],
+        "changed",
+        "{applied:?}\n{}\n{}",
+        agent.log(),
+        executor.log()
+    );
+    assert_eq!(std::fs::read_to_string(&large).unwrap(), text);
+
     // A replay of the real signed command, straight to the socket: already run.
     let (bytes, signature) = captured
         .recv_timeout(Duration::from_secs(30))

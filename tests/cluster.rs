@@ -490,6 +490,36 @@ fn exec_through_any_member_reaches_agents_and_a_quarantine_is_seen_everywhere() 
         assert!(Instant::now() < deadline, "{sent:?}");
         std::thread::sleep(Duration::from_millis(200));
     }
+    // A plan past what a command carries: stored in the shared JetStream store by m2, its
+    // chunks fetched by each agent from whichever member answers. Checked, not applied: both
+    // agents run on this one host.
+    let work = tempfile::tempdir().unwrap();
+    let text = "cluster-wide content\n".repeat(20_000);
+    let state_file = work.path().join("large.yaml");
+    let plan = format!(
+        "- file: {{path: {}/large, content: {}}}\n",
+        work.path().display(),
+        serde_json::to_string(&text).unwrap()
+    );
+    std::fs::write(&state_file, plan).unwrap();
+    let checked = svcctl(
+        &members,
+        1,
+        &[
+            "-o",
+            "json",
+            "state",
+            "check",
+            state_file.to_str().unwrap(),
+            "--target",
+            "role=web",
+        ],
+    );
+    let results = exec_results(&checked);
+    assert_eq!(results.len(), 2, "{checked:?}");
+    for result in results.values() {
+        assert_eq!(result["status"], "changed", "{result}");
+    }
     // Quarantined through m1: m2 and m3 know at once (NOTIFY), not at their next reload.
     let quarantined = svcctl(
         &members,

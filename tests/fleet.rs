@@ -1356,3 +1356,180 @@ fn agents_stay_connected_across_a_server_restart() {
     assert_eq!(events(&server, &["agent_connected"]).len(), 1);
     assert!(events(&server, &["agent_disconnected"]).is_empty());
 }
+
+/// A request on an agent's content subject, as that agent, with a reply subject of its own:
+/// the answer's body (the server's error JSON for a refusal).
+fn content_request(server: &TestServer, agent: &Agent, body: &str) -> String {
+    use std::io::Read;
+    let reply = format!("svc.agent.{}.content.reply.test", agent.id);
+    let ops = format!(
+        "SUB {reply} 1\r\nPUB svc.agent.{id}.content {reply} {len}\r\n{body}\r\n",
+        id = agent.id,
+        len = body.len()
+    );
+    let (cert_pem, signer) = svc::agent::bus_credentials(&agent.home.path().join("state")).unwrap();
+    let stream = TcpStream::connect(bus_socket(&server.bus)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut info = String::new();
+    reader.read_line(&mut info).unwrap();
+    let info: serde_json::Value = serde_json::from_str(info.trim_start_matches("INFO ")).unwrap();
+    let signature = signer
+        .sign(
+            &ring::rand::SystemRandom::new(),
+            info["nonce"].as_str().unwrap().as_bytes(),
+        )
+        .unwrap();
+    use base64::Engine;
+    let connect = serde_json::json!({
+        "verbose": false, "pedantic": false, "jwt": cert_pem,
+        "sig": base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(signature.as_ref()),
+    });
+    let mut writer = stream;
+    write!(writer, "CONNECT {connect}\r\n{ops}").unwrap();
+    // HMSG subject sid header_len total_len, then the headers and the body.
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        if let Some(rest) = line.strip_prefix("HMSG ") {
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            let total: usize = fields[fields.len() - 1].parse().unwrap();
+            let headers: usize = fields[fields.len() - 2].parse().unwrap();
+            let mut bytes = vec![0; total + 2];
+            reader.read_exact(&mut bytes).unwrap();
+            return String::from_utf8_lossy(&bytes[headers..total]).into_owned();
+        }
+        assert!(!line.starts_with("-ERR"), "{line}");
+    }
+}
+
+/// A plan larger than a bus message (a tree of 2,000 files and a 2 MiB binary): the server
+/// stores it once by SHA-256, the agent fetches its chunks and keeps them, so a second apply
+/// and a drift check fetch nothing; an agent cannot read chunks without a command naming them.
+#[test]
+fn large_plans_travel_by_sha256_and_agents_fetch_only_what_they_lack() {
+    let server = TestServer::start();
+    let web1 = Agent::start(&server, "web-01", "role=web");
+    let web2 = Agent::start(&server, "web-02", "role=web");
+    for agent in [&web1, &web2] {
+        wait_for_state(&server, &agent.id, "connected", Duration::from_secs(10));
+    }
+    let (_, operator) = server.create_key("ops", "operator");
+    let work = tempfile::tempdir().unwrap();
+    let states = work.path().join("states");
+    for d in 0..20 {
+        std::fs::create_dir_all(states.join(format!("site/d{d:02}"))).unwrap();
+    }
+    for n in 0..2000 {
+        let text = format!("file {n}\n{}\n", "x".repeat(200));
+        std::fs::write(
+            states.join(format!("site/d{:02}/f{n:04}.txt", n % 20)),
+            text,
+        )
+        .unwrap();
+    }
+    // Not UTF-8, so it travels base64: 2.7 MB of the plan.
+    let big: Vec<u8> = (0..2 * 1024 * 1024u32)
+        .map(|i| (i * 7 % 251) as u8 | 0x80)
+        .collect();
+    std::fs::write(states.join("big.bin"), &big).unwrap();
+    let root = work.path().join("host");
+    std::fs::create_dir(&root).unwrap();
+    let state_file = states.join("site.yaml");
+    std::fs::write(
+        &state_file,
+        format!(
+            "- tree: {{path: {r}/www, source: site}}\n- file: {{path: {r}/big.bin, source: big.bin}}\n",
+            r = root.display()
+        ),
+    )
+    .unwrap();
+    let file = state_file.to_str().unwrap();
+
+    let applied = state(&server, &operator, &["apply", file, "-t", "web-01"]);
+    assert_eq!(applied.code, 0, "{applied:?}\n{}", web1.log());
+    let result = &by_agent(&json_lines(&applied))["web-01"];
+    assert_eq!(result["status"], "changed", "{result}");
+    assert_eq!(std::fs::read(root.join("big.bin")).unwrap(), big);
+    assert_eq!(
+        std::fs::read_to_string(root.join("www/d07/f1987.txt")).unwrap(),
+        format!("file 1987\n{}\n", "x".repeat(200))
+    );
+    // Stored once, in the file service's reserved cluster; the agent kept the chunks.
+    let stored = server.data_dir.join("files/svc-state/chunks");
+    let stored_chunks: Vec<std::path::PathBuf> = std::fs::read_dir(&stored)
+        .unwrap()
+        .flat_map(|dir| std::fs::read_dir(dir.unwrap().path()).unwrap())
+        .map(|entry| entry.unwrap().path())
+        .collect();
+    // More than 3 MiB of plan, three times what one bus message takes.
+    assert!(stored_chunks.len() >= 12, "{stored_chunks:?}");
+    let cached = std::fs::read_dir(web1.home.path().join("state/content"))
+        .unwrap()
+        .count();
+    assert_eq!(cached, stored_chunks.len());
+
+    // Drift checks the stored plan again (the agent's row keeps only its reference).
+    std::fs::remove_file(root.join("www/d03/f0003.txt")).unwrap();
+    let drift = state(&server, &operator, &["drift", "-t", "web-01"]);
+    let result = &by_agent(&json_lines(&drift))["web-01"];
+    assert_eq!(result["status"], "drift", "{result}");
+    assert_eq!(
+        result["drift"],
+        serde_json::json!([format!("tree:{}/www", root.display())])
+    );
+    // With the server's copies damaged, the agent still has everything: it fetches nothing.
+    for chunk in &stored_chunks {
+        std::fs::write(chunk, b"damaged").unwrap();
+    }
+    let again = state(&server, &operator, &["apply", file, "-t", "web-01"]);
+    let result = &by_agent(&json_lines(&again))["web-01"];
+    assert_eq!(result["status"], "changed", "{result}\n{}", web1.log());
+    assert!(root.join("www/d03/f0003.txt").exists());
+
+    // Another agent has no chunks and the server only damaged ones: the run fails and says
+    // why, changing nothing.
+    let other = state(&server, &operator, &["apply", file, "-t", "web-02"]);
+    let result = &by_agent(&json_lines(&other))["web-02"];
+    assert_eq!(result["status"], "failed", "{result}");
+    assert!(
+        result["error"]
+            .as_str()
+            .unwrap()
+            .contains("stored plan not fetched"),
+        "{result}"
+    );
+
+    // Without a command signed for it, an agent gets nothing, whatever it claims.
+    let chunk = stored_chunks[0].file_name().unwrap().to_str().unwrap();
+    let forged = serde_json::json!({
+        "command": format!(r#"{{"job_id":"J","timeout_ms":1,"agent_id":"web-02","issued_at_ms":1,"kind":"state","mode":"check","plan_ref":{{"size":1,"sha256":"{chunk}","chunk_size":262144,"chunks":["{chunk}"]}}}}"#),
+        "signature": "AAAA",
+        "chunk": chunk,
+    });
+    let answer = content_request(&server, &web2, &forged.to_string());
+    assert!(
+        answer.contains("permission_denied") && answer.contains("not signed by this server"),
+        "{answer}"
+    );
+    let answer = content_request(&server, &web2, "not json");
+    assert!(answer.contains("malformed content request"), "{answer}");
+
+    // The stored plans are the server's: an operator key may not even list them.
+    let files = |key: &str| {
+        let mut command = server.cli("svc-files");
+        command
+            .env("SVC_NATS_URL", &server.bus)
+            .env("SVC_API_KEY", key);
+        command.args(["-o", "json", "--cluster", "svc-state", "list", "plans/"]);
+        run(&mut command)
+    };
+    let listed = files(&operator);
+    assert_eq!(listed.code, 4, "{listed:?}");
+    assert!(listed.stderr.contains("admin keys only"), "{listed:?}");
+    let listed = files(&server.admin_key);
+    assert_eq!(listed.code, 0, "{listed:?}");
+    assert!(listed.stdout.contains("plans/"), "{listed:?}");
+}

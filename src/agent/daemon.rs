@@ -7,7 +7,7 @@
 //! One thread: a current-thread runtime keeps an idle agent at a few MB; command output is
 //! read asynchronously and state runs on the blocking pool.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -168,16 +168,17 @@ async fn run(config: AgentConfig) -> Result<(), CliError> {
         connected,
     ));
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_JOBS));
+    let content_dir = Arc::new(state_dir.join("content"));
     loop {
         tokio::select! {
             message = commands.next() => {
                 let Some(message) = message else { break };
                 let Ok(permit) = slots.clone().acquire_owned().await else { break };
                 let (client, id, running) = (client.clone(), id.clone(), running.clone());
-                let runner = runner.clone();
+                let (runner, content_dir) = (runner.clone(), content_dir.clone());
                 tokio::spawn(async move {
                     running.fetch_add(1, Ordering::Relaxed);
-                    handle(&client, &id, &runner, &message).await;
+                    handle(&client, &id, &runner, &content_dir, &message).await;
                     running.fetch_sub(1, Ordering::Relaxed);
                     drop(permit);
                 });
@@ -286,6 +287,7 @@ async fn handle(
     client: &async_nats::Client,
     id: &str,
     runner: &Runner,
+    content_dir: &Path,
     message: &async_nats::Message,
 ) {
     let started = Instant::now();
@@ -296,13 +298,30 @@ async fn handle(
         .map(|value| value.as_str().to_string())
         .unwrap_or_default();
     let bytes = &message.payload;
-    let reply = match runner {
-        Runner::Inline(executor) => executor.run(bytes, &signature).await,
-        Runner::Socket(socket) => match executor::forward(socket, bytes, &signature).await {
-            Ok(reply) => reply,
-            Err(why) => {
-                tracing::error!(error = %why, "command not run");
-                executor::refusal(bytes, &why, started)
+    // A plan too large for the command is fetched first; the executor checks it.
+    let fetched = match super::content::plan_ref(bytes) {
+        None => Ok(None),
+        Some(plan_ref) => {
+            super::content::fetch(client, id, content_dir, bytes, &signature, &plan_ref)
+                .await
+                .map(Some)
+        }
+    };
+    let reply = match fetched {
+        Err(why) => {
+            tracing::error!(error = %why, "stored plan not fetched");
+            executor::refusal(bytes, &format!("stored plan not fetched: {why}"), started)
+        }
+        Ok(fetched) => match runner {
+            Runner::Inline(executor) => executor.run(bytes, &signature, fetched.as_deref()).await,
+            Runner::Socket(socket) => {
+                match executor::forward(socket, bytes, &signature, fetched.as_deref()).await {
+                    Ok(reply) => reply,
+                    Err(why) => {
+                        tracing::error!(error = %why, "command not run");
+                        executor::refusal(bytes, &why, started)
+                    }
+                }
             }
         },
     };
@@ -310,6 +329,8 @@ async fn handle(
         tracing::warn!("malformed command ignored");
         return;
     };
+    // From the command's arrival: fetching a stored plan is part of the job.
+    reply.duration_ms = reply.duration_ms.max(started.elapsed().as_millis() as u64);
     let max = client.server_info().max_payload.max(64 * 1024);
     let bytes = encode_within(&mut reply, max);
     if let Err(e) = client

@@ -19,19 +19,23 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use base64::Engine;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 use crate::cli::{exit, CliError};
 use crate::config::AgentSection;
-use crate::fleet::protocol::{Command, ExecOutcome, Reply, ReplyOutcome, StateOutcome, Work};
+use crate::fleet::protocol::{
+    Command, ExecOutcome, PlanRef, Reply, ReplyOutcome, StateOutcome, Work,
+};
 use crate::fleet::signature::{Refused, SeenJobs, Verifier};
 use crate::modules::bundle::{self, Call};
 use crate::modules::sandbox::Limits;
 use crate::modules::sign::Policy;
 
-/// The longest request or answer line (a state plan, or two capped outputs JSON-escaped).
-const MAX_LINE: u64 = 16 * 1024 * 1024;
+/// The longest request or answer line: a stored state plan (base64) beside its command, or
+/// two capped outputs JSON-escaped.
+const MAX_LINE: u64 = (crate::fleet::content::MAX_PLAN_BYTES as u64 / 3 + 1) * 4 + 1024 * 1024;
 /// Jobs run at once by the executor (the daemon has the same limit).
 const MAX_JOBS: usize = 16;
 /// The file of job ids already run, under the executor's state directory.
@@ -45,6 +49,10 @@ pub struct Request {
     /// The `Svc-Signature` header's value (empty when there was none).
     #[serde(default)]
     pub signature: String,
+    /// The stored plan the command names (`plan_ref`), as the daemon fetched it, base64;
+    /// checked against the signed command's SHA-256 before it is used.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub plan_base64: String,
 }
 
 /// What the executor answers: the reply to publish (a refusal is a reply with its error), or
@@ -107,8 +115,13 @@ impl Executor {
     }
 
     /// Checks and runs one command. None when `bytes` is not a command at all (no job to
-    /// answer for).
-    pub async fn run(&self, bytes: &[u8], signature: &str) -> Option<Reply> {
+    /// answer for). `fetched`: the stored plan a state command names, as the daemon fetched it.
+    pub async fn run(
+        &self,
+        bytes: &[u8],
+        signature: &str,
+        fetched: Option<&[u8]>,
+    ) -> Option<Reply> {
         let started = Instant::now();
         let now = now_ms();
         let checked = match &self.verifier {
@@ -139,10 +152,21 @@ impl Executor {
                 ];
                 ReplyOutcome::Exec(super::exec::run(&argv, &env, timeout).await)
             }
-            Work::State { mode, plan, diff } => {
-                tracing::info!(job_id = %command.job_id, ?mode, resources = plan.resources.len(), "state");
-                ReplyOutcome::State(run_state(plan, mode, diff, timeout).await)
-            }
+            Work::State {
+                mode,
+                plan,
+                diff,
+                plan_ref,
+            } => match stored_plan(plan, plan_ref.as_ref(), fetched) {
+                Ok(plan) => {
+                    tracing::info!(job_id = %command.job_id, ?mode, resources = plan.resources.len(), "state");
+                    ReplyOutcome::State(run_state(plan, mode, diff, timeout).await)
+                }
+                Err(why) => ReplyOutcome::State(StateOutcome {
+                    error: Some(why),
+                    ..StateOutcome::default()
+                }),
+            },
             Work::Module {
                 mode,
                 module,
@@ -183,6 +207,28 @@ impl Executor {
             outcome,
         })
     }
+}
+
+/// The plan to run: the command's own, or the stored one it names, which must be exactly the
+/// bytes the signed command describes (the daemon that fetched them is not trusted).
+fn stored_plan(
+    plan: crate::state::Plan,
+    plan_ref: Option<&PlanRef>,
+    fetched: Option<&[u8]>,
+) -> Result<crate::state::Plan, String> {
+    let Some(plan_ref) = plan_ref else {
+        return Ok(plan);
+    };
+    let Some(bytes) = fetched else {
+        return Err("the command names a stored plan, which was not fetched".into());
+    };
+    if bytes.len() as u64 != plan_ref.size || crate::files::sha256_hex(bytes) != plan_ref.sha256 {
+        return Err(format!(
+            "the fetched plan does not match the command's SHA-256 {}",
+            plan_ref.sha256
+        ));
+    }
+    serde_json::from_slice(bytes).map_err(|e| format!("the stored plan does not read: {e}"))
 }
 
 fn now_ms() -> u64 {
@@ -280,6 +326,7 @@ pub async fn forward(
     socket: &Path,
     bytes: &[u8],
     signature: &str,
+    fetched: Option<&[u8]>,
 ) -> Result<Option<Reply>, String> {
     let command = std::str::from_utf8(bytes).map_err(|_| "the command is not UTF-8".to_string())?;
     let timeout_ms = serde_json::from_slice::<Command>(bytes)
@@ -293,6 +340,9 @@ pub async fn forward(
         let mut line = serde_json::to_vec(&Request {
             command: command.to_string(),
             signature: signature.to_string(),
+            plan_base64: fetched
+                .map(|bytes| base64::engine::general_purpose::STANDARD.encode(bytes))
+                .unwrap_or_default(),
         })
         .map_err(|e| e.to_string())?;
         line.push(b'\n');
@@ -487,17 +537,27 @@ async fn connection(executor: &Executor, stream: tokio::net::UnixStream) {
     let answer = match read.map_err(|e| e.to_string()).and_then(|_| {
         serde_json::from_str::<Request>(&line).map_err(|e| format!("malformed request: {e}"))
     }) {
-        Ok(request) => match executor
-            .run(request.command.as_bytes(), &request.signature)
-            .await
-        {
-            Some(reply) => Answer {
-                reply: Some(reply),
-                error: None,
-            },
-            None => Answer {
+        Ok(request) => match fetched_plan(&request) {
+            Err(error) => Answer {
                 reply: None,
-                error: Some("command refused: not a command".into()),
+                error: Some(error),
+            },
+            Ok(fetched) => match executor
+                .run(
+                    request.command.as_bytes(),
+                    &request.signature,
+                    fetched.as_deref(),
+                )
+                .await
+            {
+                Some(reply) => Answer {
+                    reply: Some(reply),
+                    error: None,
+                },
+                None => Answer {
+                    reply: None,
+                    error: Some("command refused: not a command".into()),
+                },
             },
         },
         Err(error) => Answer {
@@ -508,6 +568,16 @@ async fn connection(executor: &Executor, stream: tokio::net::UnixStream) {
     write_answer(write, answer).await;
 }
 
+fn fetched_plan(request: &Request) -> Result<Option<Vec<u8>>, String> {
+    if request.plan_base64.is_empty() {
+        return Ok(None);
+    }
+    base64::engine::general_purpose::STANDARD
+        .decode(&request.plan_base64)
+        .map(Some)
+        .map_err(|e| format!("malformed request: plan_base64: {e}"))
+}
+
 async fn write_answer(mut stream: impl tokio::io::AsyncWrite + Unpin, answer: Answer) {
     let mut bytes = serde_json::to_vec(&answer).expect("answers serialize");
     bytes.push(b'\n');
@@ -515,4 +585,36 @@ async fn write_answer(mut stream: impl tokio::io::AsyncWrite + Unpin, answer: An
         tracing::warn!(error = %e, "answer not sent");
     }
     let _ = stream.shutdown().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::Plan;
+
+    #[test]
+    fn a_stored_plan_must_be_the_one_the_command_names() {
+        let json = serde_json::to_vec(&Plan::default()).unwrap();
+        let plan_ref = PlanRef {
+            size: json.len() as u64,
+            sha256: crate::files::sha256_hex(&json),
+            chunk_size: 262144,
+            chunks: vec![crate::files::sha256_hex(&json)],
+        };
+        assert_eq!(
+            stored_plan(Plan::default(), Some(&plan_ref), Some(&json)),
+            Ok(Plan::default())
+        );
+        let missing = stored_plan(Plan::default(), Some(&plan_ref), None).unwrap_err();
+        assert!(missing.contains("was not fetched"), "{missing}");
+        let mut other = json.clone();
+        other[1] = b' ';
+        let swapped = stored_plan(Plan::default(), Some(&plan_ref), Some(&other)).unwrap_err();
+        assert!(swapped.contains("does not match"), "{swapped}");
+        // A command that carries its plan ignores anything fetched.
+        assert_eq!(
+            stored_plan(Plan::default(), None, Some(b"junk")),
+            Ok(Plan::default())
+        );
+    }
 }

@@ -10,6 +10,7 @@
 //! it is taken out here before the command's own parser runs.
 
 mod bootstrap;
+mod content;
 mod daemon;
 mod exec;
 mod executor;

@@ -28,8 +28,8 @@ use crate::state::{Plan, Resource};
 use crate::{Error, Result};
 
 pub const MANIFEST_FILE: &str = "blueprint.yaml";
-/// Caps what a blueprint may hold, so a bundle always fits one gRPC message and one plan one
-/// bus message (the state compiler caps inlined content at 512 KiB on its own).
+/// Caps what a blueprint may hold, so a bundle always fits one gRPC message (the state
+/// compiler caps a plan's inlined content on its own).
 pub const MAX_TOTAL_BYTES: usize = 1024 * 1024;
 const MAX_FILES: usize = 512;
 

@@ -42,6 +42,20 @@ pub fn agent_jwt_reply_prefix(agent_id: &str) -> String {
     format!("svc.agent.{agent_id}.jwt.reply.")
 }
 
+/// Every agent's requests for chunks of stored state plans (the server's subscription).
+pub const AGENTS_CONTENT: &str = "svc.agent.*.content";
+
+/// `svc.agent.<id>.content`: an agent asks for a chunk of a state plan its command named.
+pub fn agent_content(agent_id: &str) -> String {
+    format!("svc.agent.{agent_id}.content")
+}
+
+/// `svc.agent.<id>.content.reply.`: where the server answers content requests (the agent adds
+/// a random last token), private to the agent like [`agent_jwt_reply_prefix`].
+pub fn agent_content_reply_prefix(agent_id: &str) -> String {
+    format!("svc.agent.{agent_id}.content.reply.")
+}
+
 /// `svc.agent.<id>.>`: everything one agent may publish and subscribe to.
 pub fn agent_all(agent_id: &str) -> String {
     format!("svc.agent.{agent_id}.>")

@@ -46,6 +46,10 @@ pub mod wire {
     pub const ERROR_HEADER: &str = "Svc-Error";
 }
 
+/// The cluster the server keeps stored state plans in (`fleet::content`): admin keys only,
+/// since a plan can carry secret template values.
+pub const STATE_CLUSTER: &str = "svc-state";
+
 /// Largest `kv://` value.
 pub const MAX_KV_SIZE: u64 = 1024 * 1024;
 /// Longest remote path or key, in bytes.
@@ -310,6 +314,11 @@ impl Files {
         let principal = caller.principal()?;
         principal.require(needed)?;
         check_name("cluster", cluster)?;
+        if cluster == STATE_CLUSTER && principal.role < Role::Admin {
+            return Err(Error::Forbidden(format!(
+                "cluster '{STATE_CLUSTER}' holds the server's stored state plans: admin keys only"
+            )));
+        }
         let allowed = [&caller.key.id, &caller.key.name]
             .iter()
             .find_map(|name| self.limits.key_clusters.get(name.as_str()));
@@ -512,6 +521,60 @@ impl Files {
         };
         self.store.commit(cluster, &remote, &meta).await?;
         Ok(meta.summary())
+    }
+
+    /// Stores `bytes` at `path` for the server itself (the state plans agents fetch,
+    /// `fleet::content`): no caller and no audit row, since the operation that needs the object
+    /// is audited; chunks already held are not written again, and an object already there
+    /// with the same content is left alone. Returns the object's record with its chunks.
+    pub async fn put_own(&self, cluster: &str, path: &str, bytes: &[u8]) -> Result<ObjectMeta> {
+        let remote = Remote::parse(path)?;
+        let chunk_size = self.limits.chunk_size;
+        let pieces: Vec<&[u8]> = bytes.chunks(chunk_size as usize).collect();
+        let chunks: Vec<String> = pieces.iter().map(|piece| sha256_hex(piece)).collect();
+        // Even for an object already there: a chunk lost since is written again.
+        for index in self.store.missing_chunks(cluster, &chunks).await? {
+            let piece = Bytes::copy_from_slice(pieces[index]);
+            self.store
+                .write_chunk(cluster, &chunks[index], piece)
+                .await?;
+        }
+        let sha256 = sha256_hex(bytes);
+        if let Some(existing) = self.store.stat(cluster, &remote).await? {
+            if existing.sha256 == sha256 && existing.chunks == chunks {
+                return Ok(existing);
+            }
+        }
+        let now = crate::clock::now_rfc3339();
+        let meta = ObjectMeta {
+            path: remote.display(),
+            size: bytes.len() as u64,
+            sha256,
+            chunk_size,
+            chunks,
+            created_at: now.clone(),
+            updated_at: now,
+            writer: Writer {
+                key_id: "server".into(),
+                key_name: "server".into(),
+                principal_id: None,
+                role: Role::Admin.to_string(),
+            },
+        };
+        self.store.commit(cluster, &remote, &meta).await?;
+        Ok(meta)
+    }
+
+    /// A chunk the server reads for itself or for an agent it has checked; the hash is
+    /// checked here, so a damaged store answers an error rather than wrong bytes.
+    pub async fn read_own_chunk(&self, cluster: &str, sha256: &str) -> Result<Bytes> {
+        let bytes = self.store.read_chunk(cluster, sha256).await?;
+        if sha256_hex(&bytes) != sha256 {
+            return Err(Error::Internal(format!(
+                "chunk {sha256} of cluster '{cluster}' does not match its SHA-256"
+            )));
+        }
+        Ok(bytes)
     }
 
     /// Deletes an object; writes the audit row.

@@ -8,11 +8,13 @@
 //! - `signature.rs`: signing commands (server) and checking them (agent);
 //! - `jobs.rs`: sending one command to many agents and collecting their answers by deadline;
 //! - `exec.rs`, `state.rs`: `svcctl exec` and `svcctl state check|apply|drift` on top of jobs;
+//! - `content.rs`: state plans too large for a command, stored by SHA-256 for agents to fetch;
 //! - `module.rs`: `svc-module run --target`, a module run on agents as a state job.
 //!
 //! Transports (gRPC FleetService, the server's bus subscriptions) call the functions here with
 //! a `Principal`; the bus client that carries commands is the fleet's from the start.
 
+pub mod content;
 pub mod exec;
 pub mod jobs;
 pub mod module;

@@ -3,7 +3,10 @@
 //! - agent → server `svc.agent.<id>.heartbeat`: [`Heartbeat`], every `heartbeat_interval`;
 //! - server → agent `svc.agent.<id>.cmd`: [`Command`] (exec, state or module), signed by the server
 //!   (`Svc-Signature` header, `signature.rs`); the agent runs nothing unsigned;
-//! - agent → server `svc.agent.<id>.result`: [`Reply`], carrying the command's `job_id`.
+//! - agent → server `svc.agent.<id>.result`: [`Reply`], carrying the command's `job_id`;
+//! - agent → server `svc.agent.<id>.content` (reply under `svc.agent.<id>.content.reply.`):
+//!   [`ContentRequest`], one chunk of a state plan too large to travel in its command
+//!   ([`PlanRef`]; `fleet::content`).
 //!
 //! Results travel on the agent's own subject rather than to a reply inbox: the broker lets an
 //! agent publish only under `svc.agent.<its id>.`, so the subject a result arrives on proves
@@ -59,12 +62,16 @@ pub enum Work {
     /// Run a program (no shell): argv[0] looked up on PATH.
     Exec { argv: Vec<String> },
     /// Check or apply a compiled state; `diff` (check only) asks for each changed file's
-    /// unified diff.
+    /// unified diff. A plan too large for one bus message is left empty here and named by
+    /// `plan_ref` instead: the agent fetches it by its chunks' SHA-256 (`fleet::content`).
     State {
         mode: Mode,
+        #[serde(default)]
         plan: Plan,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         diff: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        plan_ref: Option<PlanRef>,
     },
     /// Run a module's exported function on the host (its facts are the host's), then check
     /// or apply the resources it returned like a state. Answered with a state outcome that
@@ -81,6 +88,26 @@ pub enum Work {
         #[serde(default)]
         max_memory: u64,
     },
+}
+
+/// A compiled plan (its JSON) that the server stored in the file service rather than send in
+/// the command: its size and SHA-256 and those of its chunks, in order. Under the command's
+/// signature, so the agent's executor checks what the daemon fetched against it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanRef {
+    pub size: u64,
+    pub sha256: String,
+    pub chunk_size: u64,
+    pub chunks: Vec<String>,
+}
+
+/// An agent asks for one chunk of a stored plan, showing the signed command that named it:
+/// the command's exact bytes and signature, as the agent received them, are its capability.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContentRequest {
+    pub command: String,
+    pub signature: String,
+    pub chunk: String,
 }
 
 /// A module ZIP as it travels to an agent: its bytes (base64), their SHA-256, the author's

@@ -18,7 +18,8 @@ use std::time::Duration;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use ring::signature::{
-    EcdsaKeyPair, UnparsedPublicKey, ECDSA_P256_SHA256_FIXED, ECDSA_P256_SHA256_FIXED_SIGNING,
+    EcdsaKeyPair, KeyPair, UnparsedPublicKey, ECDSA_P256_SHA256_FIXED,
+    ECDSA_P256_SHA256_FIXED_SIGNING,
 };
 
 use super::protocol::Command;
@@ -59,6 +60,19 @@ impl Signer {
         let bytes = serde_json::to_vec(&command).map_err(Error::internal)?;
         let signature = self.sign_bytes(&bytes)?;
         Ok((bytes, signature))
+    }
+
+    /// The command in `bytes` when `signature` is this key's over them: how the server knows
+    /// a command it issued when an agent shows it back (`fleet::content`). Who it is addressed
+    /// to and when it was issued are the caller's to check.
+    pub fn verify(&self, bytes: &[u8], signature: &str) -> Result<Command> {
+        let raw = URL_SAFE_NO_PAD
+            .decode(signature.trim())
+            .map_err(|_| Error::Forbidden("malformed command signature".into()))?;
+        UnparsedPublicKey::new(&ECDSA_P256_SHA256_FIXED, self.key.public_key().as_ref())
+            .verify(&[DOMAIN, bytes].concat(), &raw)
+            .map_err(|_| Error::Forbidden("the command was not signed by this server".into()))?;
+        serde_json::from_slice(bytes).map_err(|e| Error::Invalid(format!("malformed command: {e}")))
     }
 
     fn sign_bytes(&self, bytes: &[u8]) -> Result<String> {

@@ -15,8 +15,9 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::mpsc;
 
+use super::content::{self, Applied};
 use super::jobs::{self, Delivery, EventSink};
-use super::protocol::{Command, Reply, ReplyOutcome, Work};
+use super::protocol::{Command, PlanRef, Reply, ReplyOutcome, Work};
 use super::{JobStatus, Skip, Targets};
 use crate::audit::Action;
 use crate::auth::{Principal, Role};
@@ -73,6 +74,8 @@ pub struct Job {
     timeout: Duration,
     /// Per reachable agent: what it gets (`Work::State` or `Work::Module`).
     work: Vec<(String, Work)>,
+    /// The plans that went out by reference (`Work::State::plan_ref`), by SHA-256.
+    stored: HashMap<String, Plan>,
     /// Targets that get nothing, with the result to report for them.
     skipped: Vec<AgentStateResult>,
     concurrency: usize,
@@ -109,8 +112,8 @@ pub async fn prepare(
             detail["agents"] = serde_json::json!(job.work.len());
             detail["skipped"] = serde_json::json!(job.skipped.len());
             let resources = match job.work.first() {
-                Some((_, Work::State { plan, .. })) => plan.resources.len(),
-                _ => 0,
+                Some((_, work)) => job.plan_of(work).map_or(0, |plan| plan.resources.len()),
+                None => 0,
             };
             detail["resources"] = serde_json::json!(resources);
         }
@@ -138,6 +141,11 @@ async fn prepare_checked(
         Operation::Drift => None,
         _ => Some(parse_plan(&request.plan)?),
     };
+    // A plan too large for its command goes to the file service first, once for all agents.
+    let sent = match &plan {
+        Some(plan) => Some(outgoing(domain, plan).await?),
+        None => None,
+    };
     let timeout = match request.timeout {
         None => DEFAULT_TIMEOUT,
         some => super::exec::check_timeout(some)?,
@@ -153,10 +161,17 @@ async fn prepare_checked(
     );
     let mode = operation.mode();
     for agent_id in reachable {
-        let plan = match &plan {
-            Some(plan) => plan.clone(),
+        let (plan, plan_ref) = match &sent {
+            Some(sent) => sent.clone(),
             None => match last_applied(domain, &agent_id).await? {
-                Some(plan) => plan,
+                Some(Applied::Inline(plan)) => (plan, None),
+                Some(Applied::Stored { plan_ref }) => {
+                    if !job.stored.contains_key(&plan_ref.sha256) {
+                        let plan = content::load_plan(&domain.files, &plan_ref).await?;
+                        job.stored.insert(plan_ref.sha256.clone(), plan);
+                    }
+                    (Plan::default(), Some(plan_ref))
+                }
                 None => {
                     job.skipped.push(AgentStateResult {
                         agent_id,
@@ -169,9 +184,31 @@ async fn prepare_checked(
             },
         };
         let diff = request.diff && mode == Mode::Check;
-        job.work.push((agent_id, Work::State { mode, plan, diff }));
+        job.work.push((
+            agent_id,
+            Work::State {
+                mode,
+                plan,
+                diff,
+                plan_ref,
+            },
+        ));
+    }
+    if let (Some((_, Some(plan_ref))), Some(plan)) = (sent, plan) {
+        job.stored.insert(plan_ref.sha256, plan);
     }
     Ok(job)
+}
+
+/// What a command carries for `plan`: the plan itself, or, past
+/// [`content::INLINE_PLAN_BYTES`], an empty plan and the reference to where it was stored.
+async fn outgoing(domain: &Domain, plan: &Plan) -> Result<(Plan, Option<PlanRef>)> {
+    let json = serde_json::to_vec(plan).map_err(Error::internal)?;
+    if json.len() <= content::INLINE_PLAN_BYTES {
+        return Ok((plan.clone(), None));
+    }
+    let plan_ref = content::store_plan(&domain.files, &json).await?;
+    Ok((Plan::default(), Some(plan_ref)))
 }
 
 impl Operation {
@@ -184,7 +221,7 @@ impl Operation {
     }
 }
 
-async fn last_applied(domain: &Domain, agent_id: &str) -> Result<Option<Plan>> {
+async fn last_applied(domain: &Domain, agent_id: &str) -> Result<Option<Applied>> {
     let Some(row) = domain.store.fleet().get_agent_state(agent_id).await? else {
         return Ok(None);
     };
@@ -210,6 +247,7 @@ impl Job {
             operation,
             timeout,
             work: Vec::with_capacity(reachable.len()),
+            stored: HashMap::new(),
             skipped: skipped
                 .into_iter()
                 .map(|(agent_id, skip)| AgentStateResult {
@@ -295,10 +333,7 @@ impl Job {
                     (Delivery::Answered(reply), Operation::Apply) => applied_plan(sent, reply),
                     _ => None,
                 };
-                let plan = match sent {
-                    Some(Work::State { plan, .. }) => Some(plan),
-                    _ => None,
-                };
+                let plan = sent.and_then(|work| self.plan_of(work));
                 let result = self.result(agent_id, delivery, plan);
                 if let Some(applied) = applied {
                     self.remember(domain, &result.agent_id, applied).await;
@@ -377,6 +412,18 @@ impl Job {
         result
     }
 
+    /// The plan a state command stands for (the stored one for a command that names it).
+    fn plan_of<'a>(&'a self, work: &'a Work) -> Option<&'a Plan> {
+        match work {
+            Work::State {
+                plan_ref: Some(plan_ref),
+                ..
+            } => self.stored.get(&plan_ref.sha256),
+            Work::State { plan, .. } => Some(plan),
+            Work::Module { .. } | Work::Exec { .. } => None,
+        }
+    }
+
     /// Stores the plan as the agent's last applied state (what drift compares against).
     async fn remember(&self, domain: &Domain, agent_id: &str, plan: String) {
         let row = AgentStateRow {
@@ -428,14 +475,23 @@ impl Job {
 /// The plan an agent answered an apply for, as JSON: the one sent, or the resources a module
 /// returned (None when the answer had to leave them out to fit in a bus message).
 fn applied_plan(sent: Option<&Work>, reply: &Reply) -> Option<String> {
-    let plan = match (sent?, &reply.outcome) {
-        (Work::State { plan, .. }, _) => plan.clone(),
+    let applied = match (sent?, &reply.outcome) {
+        (
+            Work::State {
+                plan_ref: Some(plan_ref),
+                ..
+            },
+            _,
+        ) => Applied::Stored {
+            plan_ref: plan_ref.clone(),
+        },
+        (Work::State { plan, .. }, _) => Applied::Inline(plan.clone()),
         (Work::Module { .. }, ReplyOutcome::State(outcome)) if !outcome.resources.is_empty() => {
-            Plan::of(outcome.resources.clone())
+            Applied::Inline(Plan::of(outcome.resources.clone()))
         }
         _ => return None,
     };
-    serde_json::to_string(&plan).ok()
+    serde_json::to_string(&applied).ok()
 }
 
 /// The resources of `plan` whose check says they would change, leaving out commands that

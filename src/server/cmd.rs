@@ -614,9 +614,11 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
         Some(logs) => logs,
         None => shared_streams(&config, &bus.client, &stream_config).await?,
     };
+    let replicas = jetstream_replicas(&config, &bus.client);
     let logs = crate::domain::Logs {
         events: events_log.clone(),
         audit: audit_log.clone(),
+        files: super::files::object_store(&config, &data_dir, &bus.client, replicas).await?,
     };
     let cluster = if config.cluster.enabled {
         crate::cluster::Cluster::join(&config, bus.client.clone(), grpc_listener.local_addr()?)
@@ -649,8 +651,8 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     tokio::spawn(enforce_retention(vec![events_log, audit_log]));
     tokio::spawn(super::enrol::serve(context.clone()));
     super::fleet::start(context.clone()).await?;
-    let replicas = jetstream_replicas(&context.config, &context.bus.client);
-    super::files::start(context.clone(), replicas).await?;
+    super::files::start(context.clone()).await?;
+    super::fleet::serve_content(context.clone()).await?;
     crate::secrets::leases::spawn_reaper(context.domain.clone());
     crate::identity::spawn_token_cleanup(context.domain.clone());
     crate::cluster::spawn(context.domain.clone());

@@ -37,15 +37,17 @@ use crate::{Error, Result};
 
 const QUEUE_GROUP: &str = "svc-server";
 
-/// Starts the file service on the server's bus client; it runs until the client goes away.
 /// The backend: local disk under `data_dir/files` on a single server (embedded broker or
 /// external NATS); in cluster mode, the JetStream stream `SVC_FILES` with `replicas` replicas
-/// (what the events and audit streams get), shared by every member.
-pub async fn start(context: Arc<Context>, replicas: usize) -> Result<()> {
-    let problems = context
-        .config
-        .files
-        .problems(context.config.bus.max_payload);
+/// (what the events and audit streams get), shared by every member. Made before the domain,
+/// which owns it (`Domain::files`).
+pub async fn object_store(
+    config: &crate::config::ServerConfig,
+    data_dir: &std::path::Path,
+    client: &async_nats::Client,
+    replicas: usize,
+) -> Result<Arc<dyn ObjectStore>> {
+    let problems = config.files.problems(config.bus.max_payload);
     if !problems.is_empty() {
         return Err(Error::Invalid(problems.join("; ")));
     }
@@ -53,12 +55,16 @@ pub async fn start(context: Arc<Context>, replicas: usize) -> Result<()> {
     // several members must see one store. A single server on an external NATS keeps its
     // objects on local disk: that NATS need not run JetStream (requests are signed there all
     // the same, below).
-    let store: Arc<dyn ObjectStore> = if context.config.cluster.enabled {
-        Arc::new(JetStreamStore::open(context.bus.client.clone(), replicas).await?)
+    Ok(if config.cluster.enabled {
+        Arc::new(JetStreamStore::open(client.clone(), replicas).await?)
     } else {
-        Arc::new(LocalStore::new(context.data_dir.join("files")))
-    };
-    let files = Arc::new(Files::new(store, context.config.files.clone()));
+        Arc::new(LocalStore::new(data_dir.join("files")))
+    })
+}
+
+/// Starts the file service on the server's bus client; it runs until the client goes away.
+pub async fn start(context: Arc<Context>) -> Result<()> {
+    let files = context.domain.files.clone();
     let nonces = Arc::new(Nonces::default());
     let mut requests = context
         .bus
@@ -315,7 +321,7 @@ fn json_reply<T: serde::Serialize>(value: &T) -> Result<(HeaderMap, Bytes)> {
     Ok((HeaderMap::new(), body.into()))
 }
 
-fn error_reply(error: &Error) -> (HeaderMap, Bytes) {
+pub(super) fn error_reply(error: &Error) -> (HeaderMap, Bytes) {
     let mut headers = HeaderMap::new();
     headers.insert(ERROR_HEADER, error.code());
     let message = match error {

@@ -13,6 +13,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 
 use super::Context;
+use crate::bus::subjects;
 use crate::fleet::{self, protocol};
 
 /// Heartbeat times reach the store at most this often (batched).
@@ -87,6 +88,65 @@ pub async fn start(context: Arc<Context>) -> crate::Result<()> {
                 fleet::save_heartbeats(&sweep_context.domain).await;
                 last_save = tokio::time::Instant::now();
             }
+        }
+    });
+    Ok(())
+}
+
+/// Answers agents' requests for chunks of stored state plans (`fleet::content`), in the
+/// members' queue group: the plans are in the file service's store, which every member shares.
+/// The reply must go to the agent's own `svc.agent.<id>.content.reply.` subjects.
+pub async fn serve_content(context: Arc<Context>) -> crate::Result<()> {
+    let mut requests = context
+        .bus
+        .client
+        .queue_subscribe(subjects::AGENTS_CONTENT, "svc-server".into())
+        .await
+        .map_err(|e| {
+            crate::Error::Unavailable(format!("bus: cannot subscribe for state content: {e}"))
+        })?;
+    tokio::spawn(async move {
+        while let Some(message) = requests.next().await {
+            let Some(agent_id) = protocol::agent_of(&message.subject) else {
+                continue;
+            };
+            let reply = match &message.reply {
+                Some(reply)
+                    if reply.starts_with(&subjects::agent_content_reply_prefix(agent_id))
+                        && subjects::is_valid_literal(reply) =>
+                {
+                    reply.clone()
+                }
+                _ => {
+                    tracing::debug!(agent_id, "content request without an own reply subject");
+                    continue;
+                }
+            };
+            let agent_id = agent_id.to_string();
+            let context = context.clone();
+            let span = super::request_span("bus", &message.subject, &super::request_id());
+            span.record("key_id", format!("agent:{agent_id}").as_str());
+            let task = async move {
+                let answer =
+                    fleet::content::chunk_for_agent(&context.domain, &agent_id, &message.payload)
+                        .await;
+                let (headers, body) = match answer {
+                    Ok(bytes) => (async_nats::HeaderMap::new(), bytes),
+                    Err(error) => {
+                        tracing::warn!(agent_id, error = %error, "content request refused");
+                        super::files::error_reply(&error)
+                    }
+                };
+                let sent = context
+                    .bus
+                    .client
+                    .publish_with_headers(reply, headers, body)
+                    .await;
+                if let Err(e) = sent {
+                    tracing::warn!(error = %e, "content reply not sent");
+                }
+            };
+            tokio::spawn(tracing::Instrument::instrument(task, span));
         }
     });
     Ok(())

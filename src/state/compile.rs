@@ -804,10 +804,10 @@ fn read_beside(name: &str, base_dir: &Path, what: &str) -> Result<Vec<u8>, Strin
     // Refuse before reading: a mistaken source could be a disk image.
     if metadata.len() > MAX_CONTENT_BYTES as u64 {
         return Err(format!(
-            "{what} '{name}' is {} KiB, more than the {} KiB a plan may carry (a plan travels \
-             in one 1 MiB bus message); ship large files another way",
+            "{what} '{name}' is {} KiB, more than the {} a plan may carry; ship larger files \
+             as an archive with a url",
             metadata.len().div_ceil(1024),
-            MAX_CONTENT_BYTES / 1024
+            validate::content_budget()
         ));
     }
     fs::read(&path).map_err(unreadable)
@@ -855,8 +855,8 @@ fn inline_tree(tree: &mut crate::state::TreeResource, base_dir: &Path) -> Result
                 // Refuse before reading: the whole tree must fit in a plan.
                 if read_bytes > MAX_CONTENT_BYTES {
                     return Err(format!(
-                        "source '{source}' holds more than the {} KiB a plan may carry",
-                        MAX_CONTENT_BYTES / 1024
+                        "source '{source}' holds more than the {} a plan may carry",
+                        validate::content_budget()
                     ));
                 }
                 let bytes = fs::read(entry.path())
@@ -1195,7 +1195,7 @@ mod tests {
         assert_eq!(big.line, Some(1));
         assert!(
             big.message
-                .contains("source 'big' is 513 KiB, more than the 512 KiB"),
+                .contains("source 'big' is 49153 KiB, more than the 48 MiB"),
             "{big}"
         );
 

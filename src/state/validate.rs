@@ -12,10 +12,16 @@ use super::{
     Plan, Presence, Resource, SysctlResource, TreeResource, UserResource, YumRepository,
 };
 
-/// File contents a plan may carry in all, measured as encoded in the JSON plan. The plan
-/// travels in one bus message of at most 1 MiB, and text can grow when escaped, so half of that
-/// leaves room for the rest of the plan and the envelope.
-pub(super) const MAX_CONTENT_BYTES: usize = 512 * 1024;
+/// File contents a plan may carry in all, measured as encoded in the JSON plan. A plan past
+/// 256 KiB does not travel in its command: the server stores it and agents fetch it by its
+/// chunks' SHA-256 (`fleet::content`), up to 64 MiB of JSON; this leaves room in that for
+/// the rest of the plan and for text that grows when escaped.
+pub(super) const MAX_CONTENT_BYTES: usize = 48 * 1024 * 1024;
+
+/// The budget as people read it: "48 MiB".
+pub(super) fn content_budget() -> String {
+    format!("{} MiB", MAX_CONTENT_BYTES / (1024 * 1024))
+}
 
 pub(super) fn validate(plan: &Plan) -> Result<(), String> {
     let mut content_bytes = 0;
@@ -626,10 +632,10 @@ pub(super) fn check_content_budget(content_bytes: usize) -> Result<(), String> {
         return Ok(());
     }
     Err(format!(
-        "file contents total {} KiB once encoded, more than the {} KiB a plan may carry (a plan \
-         travels in one 1 MiB bus message); ship large files another way",
+        "file contents total {} KiB once encoded, more than the {} a plan may carry; ship \
+         larger files as an archive with a url",
         content_bytes.div_ceil(1024),
-        MAX_CONTENT_BYTES / 1024
+        content_budget()
     ))
 }
 
@@ -1470,7 +1476,7 @@ mod tests {
             ..Plan::default()
         };
         let error = validate(&plan).unwrap_err();
-        assert!(error.contains("more than the 512 KiB"), "{error}");
+        assert!(error.contains("more than the 48 MiB"), "{error}");
     }
 
     #[test]
@@ -2118,7 +2124,7 @@ mod tests {
             ..PkgrepoResource::default()
         };
         let error = validate(&Plan::of(vec![Resource::Pkgrepo(big)])).unwrap_err();
-        assert!(error.contains("more than the 512 KiB"), "{error}");
+        assert!(error.contains("more than the 48 MiB"), "{error}");
     }
 
     #[test]
@@ -2235,7 +2241,7 @@ mod tests {
             }),
         ]);
         let error = validate(&plan).unwrap_err();
-        assert!(error.contains("more than the 512 KiB"), "{error}");
+        assert!(error.contains("more than the 48 MiB"), "{error}");
     }
 
     #[test]

@@ -79,9 +79,14 @@ pub async fn serve(
         .add_service(ClusterServiceServer::new(cluster::Cluster {
             context: context.clone(),
         }))
-        .add_service(FleetServiceServer::new(fleet::Fleet {
-            context: context.clone(),
-        }))
+        // A state request carries a whole compiled plan (up to fleet::content's limit), past
+        // tonic's default of 4 MiB; the key was checked (AuthLayer) before the body is read.
+        .add_service(
+            FleetServiceServer::new(fleet::Fleet {
+                context: context.clone(),
+            })
+            .max_decoding_message_size(crate::fleet::content::MAX_PLAN_BYTES + 1024 * 1024),
+        )
         .add_service(WebhookServiceServer::new(webhooks::Webhooks {
             context: context.clone(),
         }))

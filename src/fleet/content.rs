@@ -1,0 +1,148 @@
+//! State plans too large to travel in their command (a tree of thousands of files, large
+//! files): the server stores the plan's JSON once in the file service, in the reserved
+//! cluster `svc-state` at `plans/<sha256>`, and the command names it by size and SHA-256 and
+//! its chunks' ([`PlanRef`]). Each agent's daemon fetches the chunks it does not already hold
+//! (`agent::content` keeps the last ones it fetched), and the executor checks the whole
+//! against the signed command before it runs anything.
+//!
+//! The same content sent again (a second apply, the same plan to a thousand agents) is stored
+//! once, and an agent that holds the chunks fetches nothing. In cluster mode the file
+//! service's store is JetStream, shared by every member, so any member answers.
+//!
+//! An agent may read a chunk only by showing the signed command that named it, addressed to
+//! that agent and still fresh (`signature::MAX_AGE`): the command is its capability, so one
+//! agent cannot read the plan sent to another, even knowing the chunk's hash.
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use super::protocol::{ContentRequest, PlanRef, Work};
+use super::signature::MAX_AGE;
+use crate::domain::Domain;
+use crate::files::Files;
+use crate::state::Plan;
+use crate::{clock, Error, Result};
+
+/// The file-service cluster the server keeps stored plans in: `svc-files --cluster svc-state
+/// ls plans/` lists them, for admin keys only (a plan can carry secret template values).
+pub const CLUSTER: &str = crate::files::STATE_CLUSTER;
+/// Plans whose JSON is larger than this are stored rather than sent in the command, so that
+/// a command always fits in one bus message (`bus.max_payload`, 1 MiB by default) with room
+/// to spare.
+pub const INLINE_PLAN_BYTES: usize = 256 * 1024;
+/// The largest compiled plan (its JSON) a state run takes.
+pub const MAX_PLAN_BYTES: usize = 64 * 1024 * 1024;
+
+fn object_path(sha256: &str) -> String {
+    format!("plans/{sha256}")
+}
+
+/// Stores a plan's JSON (when it is already stored, nothing is written) and returns what the
+/// command carries instead of it.
+pub async fn store_plan(files: &Files, json: &[u8]) -> Result<PlanRef> {
+    if json.len() > MAX_PLAN_BYTES {
+        return Err(Error::Invalid(format!(
+            "the compiled plan is {} KiB, more than the {} MiB a state run takes",
+            json.len() / 1024,
+            MAX_PLAN_BYTES / (1024 * 1024)
+        )));
+    }
+    let sha256 = crate::files::sha256_hex(json);
+    let meta = files.put_own(CLUSTER, &object_path(&sha256), json).await?;
+    Ok(PlanRef {
+        size: meta.size,
+        sha256: meta.sha256,
+        chunk_size: meta.chunk_size,
+        chunks: meta.chunks,
+    })
+}
+
+/// Reads a stored plan back (drift: what the server compares the agent's answer with).
+pub async fn load_plan(files: &Files, plan_ref: &PlanRef) -> Result<Plan> {
+    let mut json = Vec::with_capacity(plan_ref.size as usize);
+    for chunk in &plan_ref.chunks {
+        json.extend_from_slice(&files.read_own_chunk(CLUSTER, chunk).await?);
+    }
+    if crate::files::sha256_hex(&json) != plan_ref.sha256 {
+        return Err(Error::Internal(format!(
+            "stored plan {} does not match its SHA-256",
+            plan_ref.sha256
+        )));
+    }
+    serde_json::from_slice(&json)
+        .map_err(|e| Error::Internal(format!("stored plan {}: {e}", plan_ref.sha256)))
+}
+
+/// What the store keeps as an agent's last applied state: the plan itself, or, for a stored
+/// one, only its reference (so ten thousand agents do not each keep a copy).
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Applied {
+    Stored { plan_ref: PlanRef },
+    Inline(Plan),
+}
+
+/// Answers an agent's request for one chunk: `agent_id` is the one the subject names (the
+/// broker lets an agent publish only on its own subjects).
+pub async fn chunk_for_agent(domain: &Domain, agent_id: &str, body: &[u8]) -> Result<Bytes> {
+    let request: ContentRequest = serde_json::from_slice(body)
+        .map_err(|e| Error::Invalid(format!("malformed content request: {e}")))?;
+    let signer = crate::identity::command_signer(domain).await?;
+    let command = signer.verify(request.command.as_bytes(), &request.signature)?;
+    if command.agent_id != agent_id {
+        return Err(Error::Forbidden(format!(
+            "the command is addressed to agent '{}', not '{agent_id}'",
+            command.agent_id
+        )));
+    }
+    let age = (clock::now_millis().max(0) as u64).saturating_sub(command.issued_at_ms);
+    if age > MAX_AGE.as_millis() as u64 {
+        return Err(Error::Forbidden(format!(
+            "the command was issued {} s ago, more than the {} s its content stays available",
+            age / 1000,
+            MAX_AGE.as_secs()
+        )));
+    }
+    let Work::State {
+        plan_ref: Some(plan_ref),
+        ..
+    } = &command.work
+    else {
+        return Err(Error::Invalid("the command names no stored plan".into()));
+    };
+    if !plan_ref.chunks.contains(&request.chunk) {
+        return Err(Error::Forbidden(format!(
+            "chunk {} is not part of the command's plan",
+            request.chunk
+        )));
+    }
+    domain.files.read_own_chunk(CLUSTER, &request.chunk).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn applied_rows_read_both_shapes() {
+        let plan_ref = PlanRef {
+            size: 3,
+            sha256: "a".repeat(64),
+            chunk_size: 262144,
+            chunks: vec!["a".repeat(64)],
+        };
+        let stored = serde_json::to_string(&Applied::Stored {
+            plan_ref: plan_ref.clone(),
+        })
+        .unwrap();
+        assert!(matches!(
+            serde_json::from_str::<Applied>(&stored).unwrap(),
+            Applied::Stored { plan_ref: r } if r == plan_ref
+        ));
+        let inline = serde_json::to_string(&Plan::default()).unwrap();
+        assert!(matches!(
+            serde_json::from_str::<Applied>(&inline).unwrap(),
+            Applied::Inline(plan) if plan == Plan::default()
+        ));
+    }
+}
