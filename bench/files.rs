@@ -47,9 +47,11 @@ fn main() {
     });
     report("cat FILE > /dev/null", bytes, cat);
 
-    let (put, get) = svc_files(root.path(), &file);
+    let (put, get, get_file) = svc_files(root.path(), &file);
     let svc_put = report("svc-files put", bytes, put);
-    let svc_get = report("svc-files get", bytes, get);
+    // To stdout (/dev/null): what the JetStream get below does (into a sink, nothing synced).
+    let svc_get = report("svc-files get (to stdout)", bytes, get);
+    report("svc-files get (to a file, fsync'd)", bytes, get_file);
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -106,8 +108,9 @@ fn report(what: &str, bytes: u64, took: Duration) -> f64 {
     rate
 }
 
-/// A put and a get through the CLI (the same binary as the server, by its `svc-files` name).
-fn svc_files(root: &Path, file: &Path) -> (Duration, Duration) {
+/// A put, a get to stdout and a get to a file through the CLI (the same binary as the server,
+/// by its `svc-files` name).
+fn svc_files(root: &Path, file: &Path) -> (Duration, Duration, Duration) {
     let server = Server::start(tempfile::tempdir_in(root).expect("server dir"), "");
     let names = tempfile::tempdir_in(root).expect("names dir");
     let cli = names.path().join("svc-files");
@@ -118,6 +121,7 @@ fn svc_files(root: &Path, file: &Path) -> (Duration, Duration) {
             .env("SVC_NATS_URL", &server.bus)
             .env("SVC_API_KEY", &server.key)
             .args(args)
+            .stdout(std::fs::File::create("/dev/null").expect("/dev/null"))
             .output()
             .expect("svc-files runs");
         assert!(
@@ -129,13 +133,14 @@ fn svc_files(root: &Path, file: &Path) -> (Duration, Duration) {
     let file = file.to_str().unwrap();
     let out = root.join("output");
     let put = timed(|| run(&["put", file, "bench/input"]));
-    let get = timed(|| run(&["get", "bench/input", out.to_str().unwrap()]));
+    let get = timed(|| run(&["get", "bench/input", "-"]));
+    let get_file = timed(|| run(&["get", "bench/input", out.to_str().unwrap()]));
     assert_eq!(
         std::fs::metadata(&out).unwrap().len(),
         std::fs::metadata(file).unwrap().len()
     );
     let _ = std::fs::remove_file(&out);
-    (put, get)
+    (put, get, get_file)
 }
 
 /// A put and a get of the same file through a JetStream object store bucket (R1, file

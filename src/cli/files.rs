@@ -528,34 +528,49 @@ fn spool_stdin() -> Result<File, CliError> {
 }
 
 /// Every chunk's SHA-256 and the whole file's.
+/// The file's size and SHA-256 and each chunk's, in one read: the chunks are hashed on a
+/// second thread beside the whole, so two cores share the work.
 fn hash_file(file: &File, chunk_size: u64) -> Result<(u64, String, Vec<[u8; 32]>), CliError> {
-    let mut whole = Sha256::new();
-    let mut chunks = Vec::new();
-    let mut buffer = vec![0u8; chunk_size as usize];
-    let mut size = 0u64;
-    let mut reader = file;
-    loop {
-        let mut filled = 0;
-        while filled < buffer.len() {
-            let read = reader
-                .read(&mut buffer[filled..])
-                .map_err(|e| io_failed("cannot read", "LOCAL", e))?;
-            if read == 0 {
+    let (to_hasher, from_reader) = std::sync::mpsc::sync_channel::<Arc<Vec<u8>>>(4);
+    std::thread::scope(|scope| {
+        let chunk_hasher = scope.spawn(move || {
+            from_reader
+                .iter()
+                .map(|buffer| <[u8; 32]>::from(Sha256::digest(&buffer[..])))
+                .collect::<Vec<_>>()
+        });
+        let mut whole = Sha256::new();
+        let mut size = 0u64;
+        let mut reader = file;
+        loop {
+            let mut buffer = vec![0u8; chunk_size as usize];
+            let mut filled = 0;
+            while filled < buffer.len() {
+                let read = reader
+                    .read(&mut buffer[filled..])
+                    .map_err(|e| io_failed("cannot read", "LOCAL", e))?;
+                if read == 0 {
+                    break;
+                }
+                filled += read;
+            }
+            if filled == 0 {
                 break;
             }
-            filled += read;
+            buffer.truncate(filled);
+            let buffer = Arc::new(buffer);
+            whole.update(&buffer[..]);
+            size += filled as u64;
+            if to_hasher.send(buffer).is_err() || (filled as u64) < chunk_size {
+                break;
+            }
         }
-        if filled == 0 {
-            break;
-        }
-        whole.update(&buffer[..filled]);
-        chunks.push(Sha256::digest(&buffer[..filled]).into());
-        size += filled as u64;
-        if filled < buffer.len() {
-            break;
-        }
-    }
-    Ok((size, hex::encode(whole.finalize()), chunks))
+        drop(to_hasher);
+        let chunks = chunk_hasher
+            .join()
+            .expect("the chunk hasher does not panic");
+        Ok((size, hex::encode(whole.finalize()), chunks))
+    })
 }
 
 async fn put(common: Common, flags: Flags, local: String, remote: String) -> Result<(), CliError> {
@@ -619,15 +634,18 @@ async fn put(common: Common, flags: Flags, local: String, remote: String) -> Res
                 let mut buffer = vec![0u8; length as usize];
                 file.read_exact_at(&mut buffer, index as u64 * limits.chunk_size)
                     .map_err(|e| io_failed("cannot read", "LOCAL", e))?;
-                if <[u8; 32]>::from(Sha256::digest(&buffer)) != chunks[index] {
-                    return Err(CliError::failed(
-                        "LOCAL changed while it was being uploaded",
-                    ));
-                }
+                // Not hashed again here: the server checks every chunk against the hash the
+                // manifest declared, so a file that changed since is refused there.
                 let hash = hex::encode(chunks[index]);
                 session
                     .request("chunk", &[(CHUNK_HEADER, hash.as_str())], buffer.into())
-                    .await?;
+                    .await
+                    .map_err(|error| match error.message.contains("SHA-256 mismatch") {
+                        true => CliError::failed(format!(
+                            "LOCAL changed while it was being uploaded (chunk {index})"
+                        )),
+                        false => error,
+                    })?;
                 Ok::<u64, CliError>(length)
             }
         })
@@ -783,11 +801,18 @@ async fn fetch(
             let message = session
                 .request("read", &[(CHUNK_HEADER, hash.as_str())], Bytes::new())
                 .await?;
-            Ok::<_, CliError>((index, hash, message.payload))
+            // Each chunk's hash on the blocking pool, beside the whole file's below.
+            let bytes = message.payload;
+            let (bytes, actual) = tokio::task::spawn_blocking(move || {
+                let actual = crate::files::sha256_hex(&bytes);
+                (bytes, actual)
+            })
+            .await
+            .map_err(|e| CliError::failed(format!("hashing failed: {e}")))?;
+            Ok::<_, CliError>((index, hash, bytes, actual))
         })
         .buffered(WINDOW);
-    while let Some((index, hash, bytes)) = chunks.try_next().await? {
-        let actual = crate::files::sha256_hex(&bytes);
+    while let Some((index, hash, bytes, actual)) = chunks.try_next().await? {
         if &actual != hash {
             return Err(CliError::failed(format!(
                 "chunk {index} of {}: SHA-256 mismatch (expected {hash}, got {actual}); nothing written",

@@ -3,23 +3,33 @@
 //! Layout (docs/files.md):
 //! ```text
 //! files/<cluster>/chunks/<aa>/<sha256>     content-addressed chunks (aa: the hash's first byte)
+//! files/<cluster>/chunks/<aa>/<sha256>.pending  a chunk received, not yet durable
 //! files/<cluster>/objects/<hex(path)>.json one metadata record per file path
 //! files/<cluster>/kv/<bucket>/<hex(key)>.json  one record per kv key (bytes in chunks/)
 //! files/<cluster>/tmp/                     files being written, renamed into place
 //! ```
-//! Every file is written to `tmp/`, fsync'd, and renamed into place (then the directory is
-//! fsync'd), so a crash leaves either the old file or the new one. An object is visible only
-//! through its metadata record, written last: an interrupted put leaves chunks and no record,
-//! so nothing is listed, and a retried put finds those chunks and does not send them again.
+//! Every file is written to `tmp/` and renamed into place, so a crash leaves either the old file
+//! or the new one. Records are fsync'd before the rename (and the directory after). Chunks are
+//! not, one by one: a chunk arrives as `<sha256>.pending`, and the commit that needs it makes
+//! all its pending chunks durable together (one `syncfs`), renames them to their names and
+//! syncs again, before it writes the record. A put of 1 GiB costs four syncs instead of two
+//! per 256 KiB chunk. Pending chunks count as present only for the process that wrote them:
+//! after a restart they may be half-written, so a resumed put sends them again.
+//! An object is visible only through its metadata record, written last: an interrupted put
+//! leaves chunks and no record, so nothing is listed, and a retried put finds the durable
+//! chunks and does not send them again.
 //! Paths are hex-encoded in record names so no user path can reach outside the directory.
 //!
 //! Chunks no record refers to (a put that never finished, a deleted or replaced object) are
 //! removed by [`LocalStore::collect_garbage`], after each delete and replacement, once older
 //! than `ORPHAN_GRACE`, which leaves time to resume. The blocking file I/O runs on tokio's blocking pool.
 
+use std::collections::HashSet;
 use std::fs;
 use std::io::Write;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -33,12 +43,18 @@ const ORPHAN_GRACE: Duration = Duration::from_secs(24 * 3600);
 
 pub struct LocalStore {
     root: PathBuf,
+    /// The final paths of the chunks this process wrote as `.pending` and no commit has made
+    /// durable yet.
+    pending: Arc<Mutex<HashSet<PathBuf>>>,
 }
 
 impl LocalStore {
     /// Objects under `root` (`data_dir/files`).
     pub fn new(root: PathBuf) -> LocalStore {
-        LocalStore { root }
+        LocalStore {
+            root,
+            pending: Arc::default(),
+        }
     }
 
     fn cluster_dir(&self, cluster: &str) -> PathBuf {
@@ -109,6 +125,44 @@ fn read_dir_or_empty(dir: &Path) -> Result<Vec<PathBuf>> {
     }
 }
 
+/// `chunks/aa/<sha256>.pending`.
+fn pending_path(target: &Path) -> PathBuf {
+    target.with_extension("pending")
+}
+
+/// Flushes everything written to the file system holding `dir` (data and names) in one call.
+fn sync_file_system(dir: &Path) -> Result<()> {
+    let handle = fs::File::open(dir).map_err(|e| io_error("cannot open", dir, e))?;
+    // SAFETY: syncfs takes a descriptor, which `handle` keeps open for the call.
+    if unsafe { libc::syncfs(handle.as_raw_fd()) } != 0 {
+        return Err(io_error(
+            "cannot sync",
+            dir,
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
+}
+
+/// Writes `bytes` to `target` through `tmp_dir` and renames it into place, without syncing:
+/// a chunk, made durable by the commit that needs it.
+fn write_renamed(tmp_dir: &Path, target: &Path, bytes: &[u8]) -> Result<()> {
+    fs::create_dir_all(tmp_dir).map_err(|e| io_error("cannot create", tmp_dir, e))?;
+    let parent = target
+        .parent()
+        .expect("targets are inside a cluster directory");
+    fs::create_dir_all(parent).map_err(|e| io_error("cannot create", parent, e))?;
+    let temp = tmp_dir.join(format!("{}.tmp", crate::ids::random_base62(20)));
+    let written = fs::File::create(&temp)
+        .and_then(|mut file| file.write_all(bytes))
+        .and_then(|()| fs::rename(&temp, target));
+    if let Err(e) = written {
+        let _ = fs::remove_file(&temp);
+        return Err(io_error("cannot write", target, e));
+    }
+    Ok(())
+}
+
 /// Writes `bytes` to `target` through `tmp_dir`: write, fsync, rename, fsync the directory.
 fn write_atomically(tmp_dir: &Path, target: &Path, bytes: &[u8]) -> Result<()> {
     fs::create_dir_all(tmp_dir).map_err(|e| io_error("cannot create", tmp_dir, e))?;
@@ -161,6 +215,31 @@ fn read_records(cluster_dir: &Path) -> Result<Vec<ObjectMeta>> {
     Ok(records)
 }
 
+/// Makes the pending chunks among `chunks` durable under their names: one sync for their
+/// bytes, the renames, one sync for the names. A chunk neither durable nor pending is an error
+/// (the caller checked they had all arrived).
+fn make_durable(
+    cluster_dir: &Path,
+    chunks: &[PathBuf],
+    pending: &Mutex<HashSet<PathBuf>>,
+) -> Result<()> {
+    let waiting: Vec<&PathBuf> = chunks.iter().filter(|path| !path.exists()).collect();
+    if waiting.is_empty() {
+        return Ok(());
+    }
+    sync_file_system(cluster_dir)?;
+    for target in waiting {
+        match fs::rename(pending_path(target), target) {
+            Ok(()) => {}
+            // Another commit of the same chunk got there first.
+            Err(_) if target.exists() => {}
+            Err(e) => return Err(io_error("cannot store", target, e)),
+        }
+        pending.lock().expect("pending chunks lock").remove(target);
+    }
+    sync_file_system(cluster_dir)
+}
+
 async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T> + Send + 'static,
 ) -> Result<T> {
@@ -195,11 +274,16 @@ impl ObjectStore for LocalStore {
             .iter()
             .map(|sha| self.chunk_path(cluster, sha))
             .collect();
+        let pending = self.pending.clone();
         blocking(move || {
+            let pending = pending.lock().expect("pending chunks lock");
             Ok(paths
                 .iter()
                 .enumerate()
-                .filter(|(_, path)| !path.exists())
+                .filter(|(_, path)| {
+                    let held = pending.contains(*path) && pending_path(path).exists();
+                    !(held || path.exists())
+                })
                 .map(|(index, _)| index)
                 .collect())
         })
@@ -209,11 +293,14 @@ impl ObjectStore for LocalStore {
     async fn write_chunk(&self, cluster: &str, sha256: &str, bytes: Bytes) -> Result<()> {
         let target = self.chunk_path(cluster, sha256);
         let tmp = self.cluster_dir(cluster).join("tmp");
+        let pending = self.pending.clone();
         blocking(move || {
             if target.exists() {
                 return Ok(());
             }
-            write_atomically(&tmp, &target, &bytes)
+            write_renamed(&tmp, &pending_path(&target), &bytes)?;
+            pending.lock().expect("pending chunks lock").insert(target);
+            Ok(())
         })
         .await
     }
@@ -233,11 +320,19 @@ impl ObjectStore for LocalStore {
 
     async fn commit(&self, cluster: &str, remote: &Remote, meta: &ObjectMeta) -> Result<()> {
         let target = self.record_path(cluster, remote);
-        let tmp = self.cluster_dir(cluster).join("tmp");
+        let cluster_dir = self.cluster_dir(cluster);
+        let tmp = cluster_dir.join("tmp");
         let bytes = serde_json::to_vec(meta).expect("records serialize");
         let store = LocalStore::new(self.root.clone());
+        let chunks: Vec<PathBuf> = meta
+            .chunks
+            .iter()
+            .map(|sha| self.chunk_path(cluster, sha))
+            .collect();
+        let pending = self.pending.clone();
         let cluster = cluster.to_string();
         blocking(move || {
+            make_durable(&cluster_dir, &chunks, &pending)?;
             let replaces = target.exists();
             write_atomically(&tmp, &target, &bytes)?;
             // The replaced version's chunks may now be unreferenced.
@@ -323,5 +418,44 @@ mod tests {
         assert!(store.delete("c", &remote).await.unwrap());
         assert!(!store.delete("c", &remote).await.unwrap());
         assert!(store.stat("c", &remote).await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn chunks_become_durable_at_commit_and_a_restart_distrusts_pending_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalStore::new(dir.path().to_path_buf());
+        let chunk = Bytes::from_static(b"y");
+        let sha = super::super::sha256_hex(&chunk);
+        let chunks = std::slice::from_ref(&sha);
+        store.write_chunk("c", &sha, chunk.clone()).await.unwrap();
+        let target = store.chunk_path("c", &sha);
+        assert!(!target.exists() && pending_path(&target).exists());
+        assert!(store.missing_chunks("c", chunks).await.unwrap().is_empty());
+        // Another process (a restart) cannot know the pending chunk was written whole.
+        let restarted = LocalStore::new(dir.path().to_path_buf());
+        assert_eq!(restarted.missing_chunks("c", chunks).await.unwrap(), [0]);
+        let remote = Remote::parse("a").unwrap();
+        store
+            .commit("c", &remote, &meta("a", vec![sha.clone()]))
+            .await
+            .unwrap();
+        assert!(target.exists() && !pending_path(&target).exists());
+        assert!(restarted
+            .missing_chunks("c", chunks)
+            .await
+            .unwrap()
+            .is_empty());
+        assert_eq!(restarted.read_chunk("c", &sha).await.unwrap(), chunk);
+        // A commit naming a chunk that never arrived fails and writes no record.
+        let absent = super::super::sha256_hex(b"absent");
+        let failed = store
+            .commit("c", &Remote::parse("b").unwrap(), &meta("b", vec![absent]))
+            .await;
+        assert!(failed.is_err());
+        assert!(store
+            .stat("c", &Remote::parse("b").unwrap())
+            .await
+            .unwrap()
+            .is_none());
     }
 }

@@ -9,7 +9,9 @@
 //! and not the hash, which is the HMAC key). The signed text binds the subject, the reply
 //! subject (a replayed request answers only the original inbox), the time, the nonce, the
 //! headers that change what a request does (manifest, chunk, declared principal) and the
-//! payload's SHA-256.
+//! payload's SHA-256. For a chunk being stored (a payload and an `Svc-Chunk` header) that is
+//! the header's value: the server checks the payload against it before storing anything, so
+//! neither side hashes a chunk twice, and for an honest request the text is the same.
 //!
 //! Owns the format, signing and checking; the lookup of the key and the nonce memory live
 //! with the caller (`server::files`).
@@ -85,7 +87,12 @@ fn text(request: &Request, key_id: &str, time: i64, nonce: &str) -> Vec<u8> {
         // Lengths first, so no value can borrow another's bytes.
         text.push_str(&format!("{}:{value}\n", value.len()));
     }
-    text.push_str(&hex::encode(Sha256::digest(request.payload)));
+    let chunk = request.headers[1];
+    if !request.payload.is_empty() && super::is_sha256_hex(chunk) {
+        text.push_str(chunk);
+    } else {
+        text.push_str(&hex::encode(Sha256::digest(request.payload)));
+    }
     text.into_bytes()
 }
 
