@@ -26,7 +26,7 @@ use sha2::{Digest, Sha256};
 
 use super::download::Downloads;
 use super::process;
-use super::{require_parent, temporary_path_beside, write_new_file, PlannedDirectories, Report};
+use super::{require_parent, temporary_path_beside, write_new_file, Planned, Report};
 use crate::state::{validate, ArchiveResource, Mode};
 
 /// Listing and extracting: generous for a large archive on a slow disk, bounded for a hung
@@ -46,7 +46,7 @@ enum Format {
 pub(super) fn run(
     archive: &ArchiveResource,
     mode: Mode,
-    planned: &mut PlannedDirectories,
+    planned: &mut Planned,
 ) -> Result<Report, String> {
     let destination = Path::new(&archive.path);
     let sha256 = archive.sha256.to_ascii_lowercase();
@@ -69,7 +69,7 @@ pub(super) fn run(
             ))
         }
         Err(error) if error.kind() == io::ErrorKind::NotFound => {
-            if planned.0.contains(destination) {
+            if planned.dirs.contains(destination) {
                 false
             } else if archive.mkdir == Some(true) {
                 require_parent(destination, planned)?;
@@ -96,7 +96,7 @@ pub(super) fn run(
     let mut steps = Vec::new();
     if must_create {
         if mode == Mode::Check {
-            planned.0.insert(destination.to_path_buf());
+            planned.dirs.insert(destination.to_path_buf());
             steps.push(format!(
                 "would create {} (mode 0755)",
                 destination.display()
@@ -409,8 +409,7 @@ mod tests {
     }
 
     fn outcome(archive: &ArchiveResource, mode: Mode) -> Result<(bool, String), String> {
-        run(archive, mode, &mut PlannedDirectories::default())
-            .map(|report| (report.changed, report.detail))
+        run(archive, mode, &mut Planned::default()).map(|report| (report.changed, report.detail))
     }
 
     const APP: [&str; 5] = [
@@ -659,7 +658,7 @@ mod tests {
             mkdir: Some(true),
             ..archive.clone()
         };
-        let mut planned = PlannedDirectories::default();
+        let mut planned = Planned::default();
         let check = run(&mkdir, Mode::Check, &mut planned).unwrap();
         assert_eq!(
             check.detail,
@@ -670,7 +669,10 @@ mod tests {
             )
         );
         assert!(!missing.exists());
-        assert!(planned.0.contains(&missing), "later resources may use it");
+        assert!(
+            planned.dirs.contains(&missing),
+            "later resources may use it"
+        );
         let applied = outcome(&mkdir, Mode::Apply).unwrap();
         assert!(applied.1.starts_with(&format!(
             "created {} (mode 0755); extracted 4 entries",

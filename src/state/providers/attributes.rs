@@ -8,6 +8,7 @@ use std::fs::{File, Metadata, Permissions};
 use std::io;
 use std::os::unix::fs::{fchown, MetadataExt, PermissionsExt};
 
+use super::Planned;
 use crate::state::validate;
 
 /// A user or group as resolved here, with the text the resource gave for messages.
@@ -26,18 +27,33 @@ pub(super) struct Attributes {
 }
 
 impl Attributes {
+    /// `planned`: users and groups an earlier resource would create (check mode), which
+    /// resolve to a placeholder id that differs from whatever is on disk.
     pub fn resolve(
         mode: Option<&str>,
         owner: Option<&str>,
         group: Option<&str>,
+        planned: &Planned,
     ) -> Result<Self, String> {
+        let planned_id = |name: &str, names: &std::collections::HashSet<String>| {
+            names.contains(name).then(|| Account {
+                id: u32::MAX,
+                name: name.to_string(),
+            })
+        };
         Ok(Attributes {
             mode: mode.map(validate::parse_mode).transpose()?,
             owner: owner
-                .map(|name| lookup(name, Database::Users))
+                .map(|name| {
+                    lookup(name, Database::Users)
+                        .or_else(|e| planned_id(name, &planned.users).ok_or(e))
+                })
                 .transpose()?,
             group: group
-                .map(|name| lookup(name, Database::Groups))
+                .map(|name| {
+                    lookup(name, Database::Groups)
+                        .or_else(|e| planned_id(name, &planned.groups).ok_or(e))
+                })
                 .transpose()?,
         })
     }

@@ -18,18 +18,13 @@ use std::time::Duration;
 
 use super::attributes;
 use super::{
-    process, require_parent, temporary_path_beside, text, write_new_file, PlannedDirectories,
-    Report,
+    process, require_parent, temporary_path_beside, text, write_new_file, Planned, Report,
 };
 use crate::state::{CronResource, Mode, Presence};
 
 const CRONTAB_TIMEOUT: Duration = Duration::from_secs(60);
 
-pub(super) fn run(
-    cron: &CronResource,
-    mode: Mode,
-    planned: &PlannedDirectories,
-) -> Result<Report, String> {
+pub(super) fn run(cron: &CronResource, mode: Mode, planned: &Planned) -> Result<Report, String> {
     let user = cron.user.as_deref().unwrap_or("root");
     let is_present = cron.state != Some(Presence::Absent);
     let schedule = cron
@@ -152,7 +147,7 @@ fn run_in_file(
     name: &str,
     wanted: Option<&str>,
     mode: Mode,
-    planned: &PlannedDirectories,
+    planned: &Planned,
 ) -> Result<Report, String> {
     let place = path.display().to_string();
     // cron does not follow links in cron.d either; text::read refuses them.
@@ -303,7 +298,7 @@ mod tests {
 
     /// The provider with nothing planned by earlier resources.
     fn run(cron: &CronResource, mode: Mode) -> Result<Report, String> {
-        super::run(cron, mode, &PlannedDirectories::default())
+        super::run(cron, mode, &Planned::default())
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::Path;
 
 use super::attributes::Attributes;
-use super::{describe, require_parent, PlannedDirectories, Report};
+use super::{describe, require_parent, Planned, Report};
 use crate::state::{validate, DirectoryResource, Mode};
 
 /// The mode of a new directory whose resource gives none.
@@ -20,7 +20,7 @@ const DEFAULT_MODE: u32 = 0o755;
 pub(super) fn run(
     directory: &DirectoryResource,
     mode: Mode,
-    planned: &mut PlannedDirectories,
+    planned: &mut Planned,
 ) -> Result<Report, String> {
     let path = Path::new(&directory.path);
     if directory.state == Some(crate::state::Presence::Absent) {
@@ -30,6 +30,7 @@ pub(super) fn run(
         directory.mode.as_deref(),
         directory.owner.as_deref(),
         directory.group.as_deref(),
+        planned,
     )?;
     let inspect_error = |error: io::Error| format!("inspecting {}: {error}", path.display());
 
@@ -38,7 +39,7 @@ pub(super) fn run(
             require_parent(path, planned)?;
             let mode_text = validate::format_mode(*wanted.mode.get_or_insert(DEFAULT_MODE));
             if mode == Mode::Check {
-                planned.0.insert(path.to_path_buf());
+                planned.dirs.insert(path.to_path_buf());
                 return Ok(Report::changed(format!("would create (mode {mode_text})")));
             }
             match create(path, &wanted) {
@@ -143,7 +144,7 @@ mod tests {
     }
 
     fn run_alone(directory: &DirectoryResource, mode: Mode) -> Result<Report, String> {
-        run(directory, mode, &mut PlannedDirectories::default())
+        run(directory, mode, &mut Planned::default())
     }
 
     fn mode_of(path: &Path) -> u32 {
@@ -199,7 +200,7 @@ mod tests {
             "{error}"
         );
         // In check mode, a parent that an earlier resource would create counts.
-        let mut planned = PlannedDirectories::default();
+        let mut planned = Planned::default();
         assert!(run(&parent, Mode::Check, &mut planned).unwrap().changed);
         assert_eq!(
             run(&child, Mode::Check, &mut planned).unwrap().detail,

@@ -14,8 +14,8 @@ use std::path::Path;
 
 use super::attributes::Attributes;
 use super::{
-    describe, diff, require_parent, sync_directory, temporary_path_beside, write_new_file,
-    PlannedDirectories, Report,
+    describe, diff, require_parent, sync_directory, temporary_path_beside, write_new_file, Planned,
+    Report,
 };
 use crate::state::{validate, FileResource, Mode};
 
@@ -25,7 +25,7 @@ const DEFAULT_MODE: u32 = 0o644;
 pub(super) fn run(
     file: &FileResource,
     mode: Mode,
-    planned: &PlannedDirectories,
+    planned: &Planned,
     diff: Option<diff::Request>,
 ) -> Result<Report, String> {
     let path = Path::new(&file.path);
@@ -41,6 +41,7 @@ pub(super) fn run(
         file.mode.as_deref(),
         file.owner.as_deref(),
         file.group.as_deref(),
+        planned,
     )?;
 
     let Some(existing) = open_existing(path, planned)? else {
@@ -112,7 +113,7 @@ pub(super) fn run(
 
 /// The regular file at `path`, opened for reading without following a symlink; None if
 /// nothing is there.
-fn open_existing(path: &Path, planned: &PlannedDirectories) -> Result<Option<File>, String> {
+fn open_existing(path: &Path, planned: &Planned) -> Result<Option<File>, String> {
     match fs::symlink_metadata(path) {
         Err(error) if error.kind() == io::ErrorKind::NotFound => {
             require_parent(path, planned)?;
@@ -230,11 +231,11 @@ mod tests {
     }
 
     fn apply(file: &FileResource) -> Result<Report, String> {
-        run(file, Mode::Apply, &PlannedDirectories::default(), None)
+        run(file, Mode::Apply, &Planned::default(), None)
     }
 
     fn check(file: &FileResource) -> Result<Report, String> {
-        run(file, Mode::Check, &PlannedDirectories::default(), None)
+        run(file, Mode::Check, &Planned::default(), None)
     }
 
     fn mode_of(path: &Path) -> u32 {

@@ -21,7 +21,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::process::{self, Finished};
-use super::{describe, require_parent, PlannedDirectories, Report};
+use super::{describe, require_parent, Planned, Report};
 use crate::state::{validate, GitResource, Mode};
 
 /// Cloning or fetching a large repository over a slow link.
@@ -83,11 +83,7 @@ struct Checkout {
     changes: Vec<String>,
 }
 
-pub(super) fn run(
-    git: &GitResource,
-    mode: Mode,
-    planned: &mut PlannedDirectories,
-) -> Result<Report, String> {
+pub(super) fn run(git: &GitResource, mode: Mode, planned: &mut Planned) -> Result<Report, String> {
     let program = process::find_program("git").ok_or("git is not installed")?;
     Git {
         program: &program,
@@ -107,7 +103,7 @@ impl Git<'_> {
         &self,
         git: &GitResource,
         mode: Mode,
-        planned: &mut PlannedDirectories,
+        planned: &mut Planned,
     ) -> Result<Report, String> {
         let force = git.force == Some(true);
         let current = self.inspect(planned)?;
@@ -131,7 +127,7 @@ impl Git<'_> {
             Current::Nothing => {
                 let action = format!("clone {} at {}", git.repo, wanted.describe(wanted.commit()));
                 if mode == Mode::Check {
-                    planned.0.insert(self.path.to_path_buf());
+                    planned.dirs.insert(self.path.to_path_buf());
                     return Ok(Report::changed(format!("would {action}")));
                 }
                 self.create(&git.repo)?;
@@ -218,7 +214,7 @@ impl Git<'_> {
 
     /// What is at the path: nothing (or an empty directory), a checkout whose top is the path,
     /// or an error for anything else, which is never touched.
-    fn inspect(&self, planned: &PlannedDirectories) -> Result<Current, String> {
+    fn inspect(&self, planned: &Planned) -> Result<Current, String> {
         let path = self.path;
         match fs::symlink_metadata(path) {
             Err(error) if error.kind() == io::ErrorKind::NotFound => {
@@ -568,8 +564,7 @@ mod tests {
     }
 
     fn outcome(git: &GitResource, mode: Mode) -> Result<(bool, String), String> {
-        run(git, mode, &mut PlannedDirectories::default())
-            .map(|report| (report.changed, report.detail))
+        run(git, mode, &mut Planned::default()).map(|report| (report.changed, report.detail))
     }
 
     #[test]

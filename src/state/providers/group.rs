@@ -6,10 +6,15 @@
 //! group of an existing user; its message becomes the error.
 
 use super::accounts::{self, GroupEntry};
-use super::Report;
+use super::{Planned, Report};
 use crate::state::{GroupResource, Mode, Presence};
 
-pub(super) fn run(group: &GroupResource, mode: Mode) -> Result<Report, String> {
+/// `planned`: in check mode, a group that would be created is noted there (see `user::run`).
+pub(super) fn run(
+    group: &GroupResource,
+    mode: Mode,
+    planned: &mut Planned,
+) -> Result<Report, String> {
     let name = group.name.as_str();
     let current = find(name)?;
     if group.state == Some(Presence::Absent) {
@@ -41,6 +46,7 @@ pub(super) fn run(group: &GroupResource, mode: Mode) -> Result<Report, String> {
             format!(" ({})", settings.join(", "))
         };
         if mode == Mode::Check {
+            planned.groups.insert(name.to_string());
             return Ok(Report::changed(format!(
                 "would create group {name}{settings}"
             )));
@@ -108,7 +114,7 @@ mod tests {
     }
 
     fn outcome(group: &GroupResource, mode: Mode) -> (bool, String) {
-        let report = run(group, mode).unwrap();
+        let report = run(group, mode, &mut Planned::default()).unwrap();
         (report.changed, report.detail)
     }
 
@@ -163,7 +169,11 @@ mod tests {
         assert_eq!(testing::snapshot(), before, "check changed the databases");
         assert_eq!(outcome(&renumbered, Mode::Apply), (true, expected));
         assert_eq!(find(&name).unwrap().unwrap().gid, second);
-        assert!(!run(&renumbered, Mode::Apply).unwrap().changed);
+        assert!(
+            !run(&renumbered, Mode::Apply, &mut Planned::default())
+                .unwrap()
+                .changed
+        );
 
         let absent = GroupResource {
             name: name.clone(),
@@ -225,7 +235,7 @@ mod tests {
             state: Some(Presence::Absent),
             ..GroupResource::default()
         };
-        let error = run(&absent, Mode::Apply).unwrap_err();
+        let error = run(&absent, Mode::Apply, &mut Planned::default()).unwrap_err();
         assert!(
             error.starts_with(&format!("groupdel -- {name}: exit code"))
                 && error.contains("primary group"),

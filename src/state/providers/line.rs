@@ -19,7 +19,7 @@ use std::path::Path;
 
 use regex::Regex;
 
-use super::{require_parent, text, PlannedDirectories, Report};
+use super::{require_parent, text, Planned, Report};
 use crate::state::{validate, LineResource, Mode, Presence};
 
 /// Lines named in a report before the rest are only counted.
@@ -28,7 +28,7 @@ const LINES_SHOWN: usize = 5;
 pub(super) fn run(
     resource: &LineResource,
     mode: Mode,
-    planned: &PlannedDirectories,
+    planned: &Planned,
 ) -> Result<Report, String> {
     let path = Path::new(&resource.path);
     let is_present = resource.state != Some(Presence::Absent);
@@ -280,7 +280,7 @@ mod tests {
 
     /// The provider with nothing planned by earlier resources.
     fn run(resource: &LineResource, mode: Mode) -> Result<Report, String> {
-        super::run(resource, mode, &PlannedDirectories::default())
+        super::run(resource, mode, &Planned::default())
     }
     use std::fs;
     use std::os::unix::fs::PermissionsExt;

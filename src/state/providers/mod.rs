@@ -59,11 +59,15 @@ impl Report {
     }
 }
 
-/// Directories that earlier resources of the plan would create. In check mode they do not exist
-/// yet, and without this a file planned inside one would be reported as an error although the
-/// apply would succeed.
+/// What earlier resources of the plan would create: directories, users and groups. In check
+/// mode they do not exist yet, and without this a file planned inside one, or owned by one,
+/// would be reported as an error although the apply would succeed.
 #[derive(Default)]
-struct PlannedDirectories(HashSet<PathBuf>);
+struct Planned {
+    dirs: HashSet<PathBuf>,
+    users: HashSet<String>,
+    groups: HashSet<String>,
+}
 
 /// What a resource with an id did in this run, for the ones that wait for it.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -88,7 +92,7 @@ enum Gate {
 struct Run<'a> {
     mode: Mode,
     options: &'a RunOptions,
-    planned: PlannedDirectories,
+    planned: Planned,
     /// `vars` at the top level and `facts`, as templates see them, and the engine, set up
     /// once for all the plan's templates.
     context: minijinja::Value,
@@ -114,7 +118,7 @@ pub(super) fn run_plan(plan: &Plan, mode: Mode, options: &RunOptions) -> Vec<Out
     let mut run = Run {
         mode,
         options,
-        planned: PlannedDirectories::default(),
+        planned: Planned::default(),
         context: minijinja::Value::from_serialize(&context),
         templates: crate::template::environment(),
         secrets,
@@ -229,8 +233,8 @@ fn run_resource(resource: &Resource, run: &mut Run) -> Outcome {
         Resource::Service(resource) => service::run(resource, mode),
         Resource::Command(resource) => command::run(resource, mode),
         Resource::Tree(resource) => tree::run(resource, mode, planned),
-        Resource::User(resource) => user::run(resource, mode),
-        Resource::Group(resource) => group::run(resource, mode),
+        Resource::User(resource) => user::run(resource, mode, planned),
+        Resource::Group(resource) => group::run(resource, mode, planned),
         Resource::Cron(resource) => cron::run(resource, mode, planned),
         Resource::Sysctl(resource) => sysctl::run(resource, mode, planned),
         Resource::Line(resource) => line::run(resource, mode, planned),
@@ -284,11 +288,11 @@ fn diff_request<'a>(
 /// No implicit mkdir: a missing parent is the operator's to create (with a `directory`
 /// resource, which says its mode and owner). In check mode, a parent that an earlier resource
 /// would create counts as there.
-fn require_parent(path: &Path, planned: &PlannedDirectories) -> Result<(), String> {
+fn require_parent(path: &Path, planned: &Planned) -> Result<(), String> {
     let Some(parent) = path.parent() else {
         return Err(format!("{} has no parent directory", path.display()));
     };
-    if planned.0.contains(parent) {
+    if planned.dirs.contains(parent) {
         return Ok(());
     }
     match fs::metadata(parent) {
@@ -754,6 +758,33 @@ mod tests {
             again.iter().all(|o| !o.changed && o.error.is_none()),
             "{again:?}"
         );
+    }
+
+    /// Users and groups an earlier resource would create own files in check mode as they will
+    /// in the apply (no account is created: check mode only reads /etc/passwd and /etc/group).
+    #[test]
+    fn check_mode_sees_users_and_groups_an_earlier_resource_would_create() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_str().unwrap();
+        let plan = plan_in(
+            dir.path(),
+            root,
+            "\
+- group: {name: svc-chk-grp}
+- user: {name: svc-chk-usr}
+- directory: {path: ROOT/data, owner: svc-chk-usr, group: svc-chk-grp}
+- file: {path: ROOT/app.conf, content: x, owner: svc-chk-usr, group: svc-chk-usr}
+- file: {path: ROOT/other.conf, content: x, owner: svc-chk-nobody}
+",
+        );
+        let check = run(&plan, Mode::Check, &RunOptions::default());
+        for outcome in &check[..4] {
+            assert!(outcome.changed && outcome.error.is_none(), "{outcome:?}");
+        }
+        // A user nothing creates is still an error, as the apply would find.
+        let error = check[4].error.as_deref().unwrap_or_default();
+        assert!(error.contains("unknown user 'svc-chk-nobody'"), "{check:?}");
+        assert!(!dir.path().join("data").exists(), "check changed the host");
     }
 
     #[test]

@@ -21,7 +21,7 @@ use std::time::Duration;
 use base64::Engine as _;
 
 use super::process;
-use super::{file, PlannedDirectories, Report};
+use super::{file, Planned, Report};
 use crate::state::{
     validate, AptRepository, FileResource, Mode, PkgrepoResource, Presence, YumRepository,
 };
@@ -59,11 +59,7 @@ struct Managed {
     content: Option<String>,
 }
 
-pub(super) fn run(
-    repo: &PkgrepoResource,
-    mode: Mode,
-    planned: &PlannedDirectories,
-) -> Result<Report, String> {
+pub(super) fn run(repo: &PkgrepoResource, mode: Mode, planned: &Planned) -> Result<Report, String> {
     run_with(repo, mode, planned, detect())
 }
 
@@ -71,7 +67,7 @@ pub(super) fn run(
 fn run_with(
     repo: &PkgrepoResource,
     mode: Mode,
-    planned: &PlannedDirectories,
+    planned: &Planned,
     family: Option<Family>,
 ) -> Result<Report, String> {
     let family = family.ok_or("no supported package manager found (need apt-get, dnf or yum)")?;
@@ -291,11 +287,7 @@ fn read_regular(path: &Path) -> Option<Vec<u8>> {
 }
 
 /// Puts the files back as `previous` had them; says how that went, for the error message.
-fn restore(
-    files: &[Managed],
-    previous: Vec<Option<Vec<u8>>>,
-    planned: &PlannedDirectories,
-) -> String {
+fn restore(files: &[Managed], previous: Vec<Option<Vec<u8>>>, planned: &Planned) -> String {
     let mut failures = Vec::new();
     for (managed, bytes) in files.iter().zip(previous) {
         let resource = FileResource {
@@ -390,13 +382,8 @@ mod tests {
         mode: Mode,
         family: &Family,
     ) -> Result<(bool, String), String> {
-        run_with(
-            repo,
-            mode,
-            &PlannedDirectories::default(),
-            Some(family.clone()),
-        )
-        .map(|report| (report.changed, report.detail))
+        run_with(repo, mode, &Planned::default(), Some(family.clone()))
+            .map(|report| (report.changed, report.detail))
     }
 
     #[test]
@@ -520,13 +507,7 @@ mod tests {
             apt: Some(apt_block()),
             ..scratch.repo()
         };
-        run_with(
-            &repo,
-            Mode::Apply,
-            &PlannedDirectories::default(),
-            Some(scratch.apt()),
-        )
-        .unwrap();
+        run_with(&repo, Mode::Apply, &Planned::default(), Some(scratch.apt())).unwrap();
         fs::create_dir_all(scratch.path("lists/partial")).unwrap();
         fs::create_dir(scratch.path("cache")).unwrap();
         let options = [
@@ -703,7 +684,7 @@ mod tests {
         assert!(outcome(&both, Mode::Apply, &scratch.apt()).unwrap().0);
         assert!(scratch.path("sources/example.sources").exists());
 
-        let error = run_with(&both, Mode::Check, &PlannedDirectories::default(), None).unwrap_err();
+        let error = run_with(&both, Mode::Check, &Planned::default(), None).unwrap_err();
         assert!(error.starts_with("no supported package manager"), "{error}");
     }
 

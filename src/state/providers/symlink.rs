@@ -11,16 +11,10 @@ use std::io;
 use std::os::unix::fs::symlink;
 use std::path::Path;
 
-use super::{
-    describe, require_parent, sync_directory, temporary_path_beside, PlannedDirectories, Report,
-};
+use super::{describe, require_parent, sync_directory, temporary_path_beside, Planned, Report};
 use crate::state::{Mode, SymlinkResource};
 
-pub(super) fn run(
-    link: &SymlinkResource,
-    mode: Mode,
-    planned: &PlannedDirectories,
-) -> Result<Report, String> {
+pub(super) fn run(link: &SymlinkResource, mode: Mode, planned: &Planned) -> Result<Report, String> {
     let path = Path::new(&link.path);
     if link.state == Some(crate::state::Presence::Absent) {
         return remove(path, mode);
@@ -105,7 +99,7 @@ mod tests {
     }
 
     fn run_alone(link: &SymlinkResource, mode: Mode) -> Result<Report, String> {
-        run(link, mode, &PlannedDirectories::default())
+        run(link, mode, &Planned::default())
     }
 
     #[test]

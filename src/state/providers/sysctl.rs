@@ -18,7 +18,7 @@ use std::fs::{self, OpenOptions};
 use std::io::{self, Write};
 use std::path::Path;
 
-use super::{require_parent, text, PlannedDirectories, Report};
+use super::{require_parent, text, Planned, Report};
 use crate::state::{Mode, SysctlResource};
 
 const PROC_SYS: &str = "/proc/sys";
@@ -27,7 +27,7 @@ const DEFAULT_FILE: &str = "/etc/sysctl.d/99-svc.conf";
 pub(super) fn run(
     sysctl: &SysctlResource,
     mode: Mode,
-    planned: &PlannedDirectories,
+    planned: &Planned,
 ) -> Result<Report, String> {
     run_with(sysctl, mode, Path::new(PROC_SYS), planned)
 }
@@ -37,7 +37,7 @@ fn run_with(
     sysctl: &SysctlResource,
     mode: Mode,
     proc_sys: &Path,
-    planned: &PlannedDirectories,
+    planned: &Planned,
 ) -> Result<Report, String> {
     let name = sysctl.name.as_str();
     let value = normalize(&sysctl.value);
@@ -102,7 +102,7 @@ fn persist(
     name: &str,
     value: &str,
     mode: Mode,
-    planned: &PlannedDirectories,
+    planned: &Planned,
 ) -> Result<Option<String>, String> {
     let found = text::read(path)?;
     if found.is_none() {
@@ -230,11 +230,11 @@ mod tests {
 
     /// The providers with nothing planned by earlier resources.
     fn run(sysctl: &SysctlResource, mode: Mode) -> Result<Report, String> {
-        super::run(sysctl, mode, &PlannedDirectories::default())
+        super::run(sysctl, mode, &Planned::default())
     }
 
     fn run_with(sysctl: &SysctlResource, mode: Mode, proc_sys: &Path) -> Result<Report, String> {
-        super::run_with(sysctl, mode, proc_sys, &PlannedDirectories::default())
+        super::run_with(sysctl, mode, proc_sys, &Planned::default())
     }
 
     #[test]

@@ -18,9 +18,7 @@ use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use super::attributes::Attributes;
-use super::{
-    describe, require_parent, temporary_path_beside, write_new_file, PlannedDirectories, Report,
-};
+use super::{describe, require_parent, temporary_path_beside, write_new_file, Planned, Report};
 use crate::state::{validate, Mode, TreeResource};
 
 /// The mode of the tree's directories unless `dir_mode` says otherwise.
@@ -37,7 +35,7 @@ struct Counts {
 pub(super) fn run(
     tree: &TreeResource,
     mode: Mode,
-    planned: &mut PlannedDirectories,
+    planned: &mut Planned,
 ) -> Result<Report, String> {
     let root = Path::new(&tree.path);
     let dir_attributes = {
@@ -45,11 +43,13 @@ pub(super) fn run(
             tree.dir_mode.as_deref(),
             tree.owner.as_deref(),
             tree.group.as_deref(),
+            planned,
         )?;
         wanted.mode.get_or_insert(DEFAULT_DIR_MODE);
         wanted
     };
-    let file_owner = Attributes::resolve(None, tree.owner.as_deref(), tree.group.as_deref())?;
+    let file_owner =
+        Attributes::resolve(None, tree.owner.as_deref(), tree.group.as_deref(), planned)?;
     let file_mode = tree.mode.as_deref().map(validate::parse_mode).transpose()?;
 
     let mut counts = Counts::default();
@@ -60,7 +60,7 @@ pub(super) fn run(
             if mode == Mode::Apply {
                 make_directory(root, &dir_attributes)?;
             } else {
-                planned.0.insert(root.to_path_buf());
+                planned.dirs.insert(root.to_path_buf());
             }
             HashMap::new()
         }

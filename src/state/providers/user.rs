@@ -14,10 +14,16 @@
 use std::collections::BTreeSet;
 
 use super::accounts::{self, GroupEntry, UserEntry};
-use super::Report;
+use super::{Planned, Report};
 use crate::state::{Mode, Presence, UserResource};
 
-pub(super) fn run(user: &UserResource, mode: Mode) -> Result<Report, String> {
+/// `planned`: in check mode, a user that would be created is noted there, so that files a
+/// later resource gives to it are checked as the apply would do them.
+pub(super) fn run(
+    user: &UserResource,
+    mode: Mode,
+    planned: &mut Planned,
+) -> Result<Report, String> {
     let name = user.name.as_str();
     let current = accounts::read_users()?
         .into_iter()
@@ -36,6 +42,14 @@ pub(super) fn run(user: &UserResource, mode: Mode) -> Result<Report, String> {
     }
     let groups = accounts::read_groups()?;
     let Some(current) = current else {
+        if mode == Mode::Check {
+            planned.users.insert(user.name.clone());
+            // useradd makes a group of the user's name when none is given (USERGROUPS_ENAB,
+            // the default of every current distribution).
+            if user.gid.is_none() {
+                planned.groups.insert(user.name.clone());
+            }
+        }
         return create(user, mode, &groups);
     };
     let differences = differences(user, &current, &groups);
@@ -299,7 +313,7 @@ mod tests {
     }
 
     fn outcome(user: &UserResource, mode: Mode) -> (bool, String) {
-        let report = run(user, mode).unwrap();
+        let report = run(user, mode, &mut Planned::default()).unwrap();
         (report.changed, report.detail)
     }
 
@@ -457,7 +471,7 @@ mod tests {
                 )
             )
         );
-        let error = run(&user, Mode::Apply).unwrap_err();
+        let error = run(&user, Mode::Apply, &mut Planned::default()).unwrap_err();
         assert!(
             error.starts_with(&format!(
                 "useradd --system --groups {missing} --no-create-home -- {name}: exit code"
