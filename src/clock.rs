@@ -2,10 +2,16 @@
 //!
 //! Timestamps are RFC 3339 UTC with milliseconds (`2026-11-21T08:15:02.123Z`), which sort as
 //! strings, so the store keeps them as TEXT on both SQLite and PostgreSQL. Durations accept
-//! `500ms`, `30s`, `5m`, `24h`, `7d`. The calendar maths is here (a few lines) rather than in a
-//! date crate because nothing else needs time zones.
+//! `500ms`, `30s`, `5m`, `24h`, `7d`. The calendar (days in a month, leap years, day numbers)
+//! is the `time` crate's, already compiled in for certificates; this module only reads and
+//! writes the one text shape, without the crate's format-description machinery.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use time::{Date, Month};
+
+/// Julian day number of 1970-01-01: `time` counts days from the Julian epoch.
+const UNIX_EPOCH_JULIAN_DAY: i64 = 2_440_588;
 
 /// Milliseconds since the Unix epoch, now.
 pub fn now_millis() -> i64 {
@@ -20,37 +26,47 @@ pub fn now_rfc3339() -> String {
     format_rfc3339(now_millis())
 }
 
-/// Formats Unix milliseconds as `YYYY-MM-DDTHH:MM:SS.mmmZ`.
+/// Formats Unix milliseconds as `YYYY-MM-DDTHH:MM:SS.mmmZ` (years 0000 to 9999; a time
+/// outside them is written as the nearest end of that range).
 pub fn format_rfc3339(millis: i64) -> String {
     let seconds = millis.div_euclid(1000);
     let ms = millis.rem_euclid(1000);
-    let (year, month, day) = civil_from_days(seconds.div_euclid(86_400));
+    let days = seconds.div_euclid(86_400);
     let rem = seconds.rem_euclid(86_400);
-    if (0..=9999).contains(&year) {
-        // Digits written in place: this runs for every event and audit row, and `format!`
-        // costs several times more (issue 21). Same text as the `format!` below.
-        let mut text = *b"0000-00-00T00:00:00.000Z";
-        let mut put = |at: usize, width: usize, mut value: i64| {
-            for i in (0..width).rev() {
-                text[at + i] = b'0' + (value % 10) as u8;
-                value /= 10;
-            }
-        };
-        put(0, 4, year);
-        put(5, 2, month as i64);
-        put(8, 2, day as i64);
-        put(11, 2, rem / 3600);
-        put(14, 2, rem % 3600 / 60);
-        put(17, 2, rem % 60);
-        put(20, 3, ms);
-        return String::from_utf8(text.to_vec()).expect("digits are ASCII");
-    }
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{ms:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    let date = i32::try_from(days + UNIX_EPOCH_JULIAN_DAY)
+        .ok()
+        .and_then(|day| Date::from_julian_day(day).ok())
+        .filter(|date| (0..=9999).contains(&date.year()));
+    let (date, rem, ms) = match date {
+        Some(date) => (date, rem, ms),
+        None if days < 0 => (
+            Date::from_calendar_date(0, Month::January, 1).expect("valid"),
+            0,
+            0,
+        ),
+        None => (
+            Date::from_calendar_date(9999, Month::December, 31).expect("valid"),
+            86_399,
+            999,
+        ),
+    };
+    // Digits written in place: this runs for every event and audit row, and `format!` costs
+    // several times more (issue 21).
+    let mut text = *b"0000-00-00T00:00:00.000Z";
+    let mut put = |at: usize, width: usize, mut value: i64| {
+        for i in (0..width).rev() {
+            text[at + i] = b'0' + (value % 10) as u8;
+            value /= 10;
+        }
+    };
+    put(0, 4, i64::from(date.year()));
+    put(5, 2, i64::from(u8::from(date.month())));
+    put(8, 2, i64::from(date.day()));
+    put(11, 2, rem / 3600);
+    put(14, 2, rem % 3600 / 60);
+    put(17, 2, rem % 60);
+    put(20, 3, ms);
+    String::from_utf8(text.to_vec()).expect("digits are ASCII")
 }
 
 /// Parses RFC 3339 (`Z` or `±HH:MM` offsets, optional fraction) into Unix milliseconds.
@@ -98,7 +114,11 @@ pub fn parse_rfc3339(text: &str) -> Option<i64> {
         }
         _ => return None,
     };
-    let days = days_from_civil(year, month as u32, day as u32);
+    // The calendar decides which days exist: 2026-02-31 is refused, not read as March 3rd.
+    let month = Month::try_from(u8::try_from(month).ok()?).ok()?;
+    let date =
+        Date::from_calendar_date(i32::try_from(year).ok()?, month, u8::try_from(day).ok()?).ok()?;
+    let days = i64::from(date.to_julian_day()) - UNIX_EPOCH_JULIAN_DAY;
     let seconds = days * 86_400 + hour * 3600 + minute * 60 + second - offset_seconds;
     Some(seconds * 1000 + millis)
 }
@@ -145,28 +165,6 @@ pub fn parse_time_or_ago(text: &str) -> Option<i64> {
         .or_else(|| parse_duration(text).map(|ago| now_millis() - ago.as_millis() as i64))
 }
 
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (yoe + era * 400 + i64::from(month <= 2), month, day)
-}
-
-fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
-    let year = if month <= 2 { year - 1 } else { year };
-    let era = year.div_euclid(400);
-    let yoe = year.rem_euclid(400);
-    let month = i64::from(month);
-    let doy = (153 * (if month > 2 { month - 3 } else { month + 9 }) + 2) / 5 + i64::from(day) - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -184,36 +182,24 @@ mod tests {
         }
     }
 
-    /// The digit-writing path gives the `format!` text for every kind of date it handles.
+    /// Every kind of date in range reads back as written; the ends of the range hold.
     #[test]
-    fn rfc3339_text_matches_the_format_macro() {
-        let reference = |millis: i64| {
-            let seconds = millis.div_euclid(1000);
-            let (year, month, day) = civil_from_days(seconds.div_euclid(86_400));
-            let rem = seconds.rem_euclid(86_400);
-            format!(
-                "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-                rem / 3600,
-                rem % 3600 / 60,
-                rem % 60,
-                millis.rem_euclid(1000)
-            )
-        };
+    fn rfc3339_round_trips_across_the_calendar() {
         let mut millis: i64 = -62_167_219_200_000; // 0000-01-01
         while millis < 253_402_300_800_000 {
-            assert_eq!(format_rfc3339(millis), reference(millis));
+            let text = format_rfc3339(millis);
+            assert_eq!(parse_rfc3339(&text), Some(millis), "{text}");
             millis += 7_919_999_937;
         }
-        for millis in [
-            -1,
-            0,
-            999,
-            1_795_248_902_123,
-            253_402_300_799_999,
-            253_402_300_800_000,
-        ] {
-            assert_eq!(format_rfc3339(millis), reference(millis));
-        }
+        assert_eq!(format_rfc3339(-1), "1969-12-31T23:59:59.999Z");
+        assert_eq!(
+            format_rfc3339(253_402_300_800_000),
+            "9999-12-31T23:59:59.999Z"
+        );
+        assert_eq!(
+            format_rfc3339(-62_167_219_200_001),
+            "0000-01-01T00:00:00.000Z"
+        );
     }
 
     #[test]
@@ -226,6 +212,8 @@ mod tests {
             "",
             "yesterday",
             "2026-13-01T00:00:00Z",
+            "2026-02-31T00:00:00Z",
+            "2025-02-29T00:00:00Z",
             "2026-11-21T08:15:02",
             "2026-11-21T08:15:02.Z",
         ] {

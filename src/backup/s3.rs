@@ -1096,18 +1096,11 @@ fn amz_date(millis: i64) -> String {
     )
 }
 
-/// An IMF-fixdate (`Wed, 21 Oct 2015 07:28:00 GMT`, what S3 sends) as Unix milliseconds.
+/// An HTTP date (`Wed, 21 Oct 2015 07:28:00 GMT`, what S3 sends) as Unix milliseconds.
 fn parse_http_date(text: &str) -> Option<i64> {
-    let mut parts = text.split_whitespace().skip(1);
-    let day: u32 = parts.next()?.parse().ok()?;
-    let month = parts.next()?;
-    let year: u32 = parts.next()?.parse().ok()?;
-    let time = parts.next()?;
-    const MONTHS: [&str; 12] = [
-        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-    ];
-    let month = MONTHS.iter().position(|m| *m == month)? + 1;
-    crate::clock::parse_rfc3339(&format!("{year:04}-{month:02}-{day:02}T{time}Z"))
+    let time = httpdate::parse_http_date(text).ok()?;
+    let since = time.duration_since(std::time::UNIX_EPOCH).ok()?;
+    i64::try_from(since.as_millis()).ok()
 }
 
 /// The inner text of each `<tag>...</tag>` in `xml`, in order (raw, not unescaped). S3's
@@ -1396,5 +1389,6 @@ mod tests {
             parse_http_date("Fri, 24 May 2013 00:00:00 GMT"),
             Some(1_369_353_600_000)
         );
+        assert_eq!(parse_http_date("Fri, 31 Feb 2013 00:00:00 GMT"), None);
     }
 }
