@@ -1,6 +1,7 @@
 //! Bus benchmark: the embedded broker against nats-server, same async-nats client, one run.
 //!
-//! `cargo bench --bench bus`. Our broker runs in a separate OS process (this binary re-run
+//! `cargo bench --bench bus [-- --scale 1 --rounds 2]`: `--scale` multiplies every scenario's
+//! message count (CI runs `--scale 0.01 --rounds 1` on the debug build). Our broker runs in a separate OS process (this binary re-run
 //! with `SVC_BUS_BENCH_BROKER=1`, a 2-worker tokio runtime), like nats-server, so neither
 //! shares a runtime or allocator with the client. Everything is on loopback; every scenario
 //! is bounded by a message count and a timeout, so the whole run stays well under three
@@ -18,6 +19,8 @@ const STALL: Duration = Duration::from_secs(3);
 
 mod brokers;
 use brokers::{start_nats_server, start_ours};
+#[path = "common/run.rs"]
+mod run;
 
 fn main() {
     brokers::main(run_benchmarks());
@@ -118,7 +121,7 @@ async fn round_trips(url: &str, count: usize) -> (f64, f64) {
     });
     let requester = connect(url).await;
     let payload = bytes::Bytes::from_static(b"ping-128-bytes-ping-128-bytes-ping-128-bytes-ping-128-bytes-ping-128-bytes-ping-128-bytes-ping-128-bytes-ping-128-bytes-ping-128-");
-    for _ in 0..200 {
+    for _ in 0..count.min(200) {
         requester
             .request("bench.rpc", payload.clone())
             .await
@@ -147,6 +150,11 @@ struct Row {
     values: Vec<(f64, String)>,
 }
 
+/// A scenario's message count times `--scale` (at least 1).
+fn scaled(messages: u64) -> u64 {
+    ((messages as f64 * run::flag("--scale", 1.0f64)) as u64).max(1)
+}
+
 async fn scenario_rows(url: &str) -> Vec<(String, &'static str, bool, f64, String)> {
     let mut rows = Vec::new();
     for (size, messages) in [
@@ -155,7 +163,7 @@ async fn scenario_rows(url: &str) -> Vec<(String, &'static str, bool, f64, Strin
         (1024, 200_000),
         (64 * 1024, 8_000),
     ] {
-        let (rate, received, expected) = throughput(url, size, messages, 1, false).await;
+        let (rate, received, expected) = throughput(url, size, scaled(messages), 1, false).await;
         rows.push((
             format!("pub->sub {size} B"),
             "msg/s",
@@ -164,7 +172,7 @@ async fn scenario_rows(url: &str) -> Vec<(String, &'static str, bool, f64, Strin
             format!("{received}/{expected}"),
         ));
     }
-    let (rate, received, expected) = throughput(url, 128, 50_000, 10, false).await;
+    let (rate, received, expected) = throughput(url, 128, scaled(50_000), 10, false).await;
     rows.push((
         "fan-out 128 B x10 subs".into(),
         "deliveries/s",
@@ -172,7 +180,7 @@ async fn scenario_rows(url: &str) -> Vec<(String, &'static str, bool, f64, Strin
         rate,
         format!("{received}/{expected}"),
     ));
-    let (rate, received, expected) = throughput(url, 128, 200_000, 4, true).await;
+    let (rate, received, expected) = throughput(url, 128, scaled(200_000), 4, true).await;
     rows.push((
         "queue group 128 B, 4 members".into(),
         "msg/s",
@@ -180,7 +188,7 @@ async fn scenario_rows(url: &str) -> Vec<(String, &'static str, bool, f64, Strin
         rate,
         format!("{received}/{expected}"),
     ));
-    let (p50, p99) = round_trips(url, 5_000).await;
+    let (p50, p99) = round_trips(url, scaled(5_000) as usize).await;
     rows.push(("request/reply p50".into(), "us", false, p50, String::new()));
     rows.push(("request/reply p99".into(), "us", false, p99, String::new()));
     rows
@@ -189,13 +197,18 @@ async fn scenario_rows(url: &str) -> Vec<(String, &'static str, bool, f64, Strin
 async fn run_benchmarks() {
     let started = Instant::now();
     let Some(reference) = start_nats_server() else {
-        println!("skip: nats-server not found; the bus benchmark compares against it");
+        run::missing_peer(
+            "nats-server",
+            "apt-get install nats-server",
+            "the bus benchmark (it compares against it)",
+        );
         return;
     };
+    let rounds = run::flag("--rounds", 2usize).max(1);
     let ours = start_ours();
     let mut table: Vec<Row> = Vec::new();
     // Alternate servers so background load on a shared machine hits both alike.
-    for round in 0..2 {
+    for round in 0..rounds {
         for server in [&reference, &ours] {
             let rows = scenario_rows(&server.url()).await;
             for (index, (name, unit, higher_is_better, value, note)) in rows.into_iter().enumerate()
@@ -205,17 +218,17 @@ async fn run_benchmarks() {
                         name,
                         unit,
                         higher_is_better,
-                        values: vec![(0.0, String::new()); 4],
+                        values: vec![(0.0, String::new()); 2 * rounds],
                     });
                 }
-                let column = if server.name == "ours" { 2 } else { 0 } + round;
+                let column = if server.name == "ours" { rounds } else { 0 } + round;
                 table[index].values[column] = (value, note);
             }
         }
     }
     println!();
     println!(
-        "{:<32} {:>14} {:>14} {:>8}  {:<12} (best of 2 rounds; delivered/expected)",
+        "{:<32} {:>14} {:>14} {:>8}  {:<12} (best of {rounds} rounds; delivered/expected)",
         "scenario", "nats-server", "ours", "ratio", "unit"
     );
     for row in &table {
@@ -231,8 +244,9 @@ async fn run_benchmarks() {
                 b.clone()
             }
         };
-        let reference = best(&row.values[0], &row.values[1]);
-        let ours = best(&row.values[2], &row.values[3]);
+        let (theirs, ours) = row.values.split_at(rounds);
+        let reference = theirs.iter().fold(theirs[0].clone(), |a, b| best(&a, b));
+        let ours = ours.iter().fold(ours[0].clone(), |a, b| best(&a, b));
         let ratio = ours.0 / reference.0;
         println!(
             "{:<32} {:>14.0} {:>14.0} {:>7.2}x  {:<12} {} | {}",

@@ -9,6 +9,9 @@
 //! figure), RSS peak during the burst (sampled every 10 ms), RSS 60 s after, how many of
 //! the 500 were closed, and the normal subscriber's rate during the burst as a ratio of a
 //! quiet run (same publish, no hostile connections). Loopback only; about 2.5 minutes.
+//!
+//! Smaller runs: `-- --connections N --messages N --after SECONDS` (defaults 500, 50,000,
+//! 60); CI runs `--connections 20 --messages 2000 --after 1` on the debug build.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -18,32 +21,51 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 
-const SLOW: usize = 500;
-const MESSAGES: usize = 50_000;
 const PAYLOAD: usize = 64;
-const AFTER: Duration = Duration::from_secs(60);
+/// How long after the burst the connections are still watched for being cut (write deadlines).
+const CUT_WITHIN: Duration = Duration::from_secs(12);
 
 mod brokers;
 use brokers::{start_nats_server, start_ours, Server};
+#[path = "common/run.rs"]
+mod run;
+
+/// The run's sizes: hostile connections, messages in the burst, seconds watched after it.
+#[derive(Clone, Copy)]
+struct Sizes {
+    slow: usize,
+    messages: usize,
+    after: Duration,
+}
 
 fn main() {
-    brokers::main(async {
+    let sizes = Sizes {
+        slow: run::flag("--connections", 500usize),
+        messages: run::flag("--messages", 50_000usize).max(1),
+        after: Duration::from_secs(run::flag("--after", 60u64)),
+    };
+    let Sizes {
+        slow,
+        messages,
+        after,
+    } = sizes;
+    brokers::main(async move {
         let mut rows = Vec::new();
         let ours = start_ours();
-        rows.push(run(&ours).await);
+        rows.push(run(&ours, sizes).await);
         drop(ours);
         match start_nats_server() {
-            Some(nats) => rows.push(run(&nats).await),
-            None => println!("skip: nats-server not found"),
+            Some(nats) => rows.push(run(&nats, sizes).await),
+            None => run::missing_peer("nats-server", "apt-get install nats-server", "its column"),
         }
-        println!("\n{SLOW} non-reading `SUB >` connections, {MESSAGES} × {PAYLOAD} B published");
+        println!("\n{slow} non-reading `SUB >` connections, {messages} × {PAYLOAD} B published");
         println!(
             "{:<12} {:>9} {:>11} {:>9} {:>12} {:>8} {:>12} {:>12} {:>7}",
             "server",
             "idle MiB",
-            "+500 MiB",
+            format!("+{slow} MiB"),
             "peak MiB",
-            "after 60 s",
+            format!("after {} s", after.as_secs()),
             "closed",
             "quiet msg/s",
             "burst msg/s",
@@ -105,7 +127,7 @@ fn hostile(port: u16) -> TcpStream {
 }
 
 /// Publishes the burst and returns the normal subscriber's rate (messages/s) and count.
-async fn burst(url: &str) -> (f64, usize) {
+async fn burst(url: &str, messages: usize) -> (f64, usize) {
     let subscriber = async_nats::ConnectOptions::new()
         .subscription_capacity(1 << 20)
         .connect(url)
@@ -117,7 +139,7 @@ async fn burst(url: &str) -> (f64, usize) {
     let payload = bytes::Bytes::from(vec![b'x'; PAYLOAD]);
     let started = Instant::now();
     let publish = tokio::spawn(async move {
-        for _ in 0..MESSAGES {
+        for _ in 0..messages {
             publisher
                 .publish("burst.x", payload.clone())
                 .await
@@ -127,7 +149,7 @@ async fn burst(url: &str) -> (f64, usize) {
         publisher
     });
     let mut received = 0;
-    while received < MESSAGES {
+    while received < messages {
         match tokio::time::timeout(Duration::from_secs(10), subscription.next()).await {
             Ok(Some(_)) => received += 1,
             _ => break,
@@ -138,15 +160,20 @@ async fn burst(url: &str) -> (f64, usize) {
     (received as f64 / elapsed.as_secs_f64(), received)
 }
 
-async fn run(server: &Server) -> String {
+async fn run(server: &Server, sizes: Sizes) -> String {
+    let Sizes {
+        slow,
+        messages,
+        after,
+    } = sizes;
     let url = server.url();
     let pid = server.child.id();
-    let (quiet, quiet_received) = burst(&url).await;
+    let (quiet, quiet_received) = burst(&url, messages).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let idle = rss_mib(pid);
     let port = server.port;
     let hostile =
-        tokio::task::spawn_blocking(move || (0..SLOW).map(|_| hostile(port)).collect::<Vec<_>>())
+        tokio::task::spawn_blocking(move || (0..slow).map(|_| hostile(port)).collect::<Vec<_>>())
             .await
             .expect("hostile connections");
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -163,19 +190,20 @@ async fn run(server: &Server) -> String {
             peak
         })
     };
-    let (rate, received) = burst(&url).await;
+    let (rate, received) = burst(&url, messages).await;
     // Keep sampling while the connections are cut (write deadlines included).
-    tokio::time::sleep(Duration::from_secs(12)).await;
+    let sampled = CUT_WITHIN.min(after);
+    tokio::time::sleep(sampled).await;
     sampling.store(false, Ordering::Relaxed);
     let peak = sampler.join().expect("sampler");
-    tokio::time::sleep(AFTER - Duration::from_secs(12)).await;
+    tokio::time::sleep(after - sampled).await;
     let after = rss_mib(pid);
     let closed = tokio::task::spawn_blocking(move || hostile.into_iter().filter(is_closed).count())
         .await
         .expect("closed count");
-    if received < MESSAGES || quiet_received < MESSAGES {
+    if received < messages || quiet_received < messages {
         println!(
-            "{}: the normal subscriber got {received} of {MESSAGES} (quiet run: {quiet_received})",
+            "{}: the normal subscriber got {received} of {messages} (quiet run: {quiet_received})",
             server.name
         );
     }

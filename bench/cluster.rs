@@ -8,7 +8,8 @@
 //!    the same clients on one member of a one-member cluster (same NATS cluster and
 //!    PostgreSQL), and, for context, a single server on its defaults (local stream log).
 //!
-//! Usage: cargo bench --bench cluster
+//! Usage: cargo bench --bench cluster [-- --rounds 3 --seconds 8] (failover rounds, seconds of
+//! each emit phase); CI runs `--rounds 1 --seconds 0.5` on the debug build.
 //! Everything shares the machine's cores: three members, three nats-servers, PostgreSQL and
 //! the clients. The 3-vs-1 ratio is CPU-bound here and says nothing of separate hosts.
 
@@ -20,7 +21,7 @@ use svc::proto::cluster_service_client::ClusterServiceClient;
 use svc::proto::event_service_client::EventServiceClient;
 
 mod common;
-use common::{authorized, Server};
+use common::{authorized, run, Server};
 
 #[path = "../tests/common/postgres.rs"]
 #[allow(dead_code)]
@@ -31,10 +32,10 @@ mod postgres;
 mod nats_cluster;
 
 const EMITTERS: usize = 16;
-const EMIT_PHASE: Duration = Duration::from_secs(8);
-const ROUNDS: usize = 3;
 
 fn main() {
+    let rounds = run::flag("--rounds", 3usize).max(1);
+    let emit_phase = run::seconds_flag("--seconds", 8.0);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -57,7 +58,7 @@ fn main() {
     };
 
     let mut failovers = Vec::new();
-    for round in 0..ROUNDS {
+    for round in 0..rounds {
         let members = start_members(&runtime, pg, &nats, 3, "");
         let took = runtime.block_on(failover(&members));
         eprintln!("round {}: new leader after {took:?}", round + 1);
@@ -67,12 +68,13 @@ fn main() {
 
     let three = start_members(&runtime, pg, &nats, 3, "");
     let grpc: Vec<String> = three.iter().map(|m| m.grpc.clone()).collect();
-    let through_three = runtime.block_on(emit_throughput(&grpc, &three[0].key));
+    let through_three = runtime.block_on(emit_throughput(&grpc, &three[0].key, emit_phase));
     drop(three);
     let one = start_members(&runtime, pg, &nats, 1, "");
     let through_one = runtime.block_on(emit_throughput(
         std::slice::from_ref(&one[0].grpc),
         &one[0].key,
+        emit_phase,
     ));
     drop(one);
     let single_root = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
@@ -80,19 +82,20 @@ fn main() {
     let through_single = runtime.block_on(emit_throughput(
         std::slice::from_ref(&single.grpc),
         &single.key,
+        emit_phase,
     ));
     drop(single);
 
-    println!("cluster failover (kill -9 of the leader → another member holds the lease), {ROUNDS} rounds:");
+    println!("cluster failover (kill -9 of the leader → another member holds the lease), {rounds} rounds:");
     println!(
         "  min {:.2} s, median {:.2} s, max {:.2} s (goal ≤ 10 s, target 5 s; lease_ttl 5 s)",
         failovers[0].as_secs_f64(),
-        failovers[ROUNDS / 2].as_secs_f64(),
-        failovers[ROUNDS - 1].as_secs_f64()
+        failovers[rounds / 2].as_secs_f64(),
+        failovers[rounds - 1].as_secs_f64()
     );
     println!(
-        "durable emit over gRPC, {EMITTERS} clients, {}s each:",
-        EMIT_PHASE.as_secs()
+        "durable emit over gRPC, {EMITTERS} clients, {:.1} s each:",
+        emit_phase.as_secs_f64()
     );
     println!("  3 members (JetStream R3):       {through_three:>8.0} emits/s");
     println!("  1 member  (JetStream R3):       {through_one:>8.0} emits/s");
@@ -168,9 +171,9 @@ async fn failover(members: &[Server]) -> Duration {
 }
 
 /// Emits per second from `EMITTERS` clients spread round-robin over `grpc`.
-async fn emit_throughput(grpc: &[String], key: &str) -> f64 {
+async fn emit_throughput(grpc: &[String], key: &str, phase: Duration) -> f64 {
     let total = Arc::new(AtomicU64::new(0));
-    let deadline = Instant::now() + EMIT_PHASE;
+    let deadline = Instant::now() + phase;
     let mut tasks = Vec::new();
     for index in 0..EMITTERS {
         let channel = tonic::transport::Endpoint::from_shared(grpc[index % grpc.len()].clone())

@@ -12,6 +12,11 @@
 //! `SVC_BENCH_EMIT_ONLY=1` runs only the emit phase and its ceiling, on an empty data dir (for
 //! A/B runs in a short quiet window). Both phases also report the server's CPU per call (user +
 //! system time from /proc over the phase, divided by the calls answered).
+//!
+//! Smaller runs: `-- --events N --audit-rows N --seconds S --appends N` (defaults 1,000,000,
+//! 1,000,000, 8, 2,000; at least 2,000 audit rows, which hold the 50 rows the audit query
+//! reads); CI runs `--events 2000 --audit-rows 2000 --seconds 0.5 --appends 50` on the debug
+//! build.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -23,14 +28,30 @@ use std::time::{Duration, Instant};
 use svc::proto::event_service_client::EventServiceClient;
 
 mod common;
-use common::{authorized, server_binary, Server};
+use common::{authorized, run, server_binary, Server};
 
-const EVENTS: u64 = 1_000_000;
-const AUDIT_ROWS: i64 = 1_000_000;
 const EMITTERS: usize = 16;
-const EMIT_PHASE: Duration = Duration::from_secs(8);
+
+/// The sizes of one run (see the usage above).
+struct Sizes {
+    events: u64,
+    audit_rows: i64,
+    emit_phase: Duration,
+    appends: usize,
+}
 
 fn main() {
+    let Sizes {
+        events,
+        audit_rows,
+        emit_phase,
+        appends,
+    } = Sizes {
+        events: run::flag("--events", 1_000_000),
+        audit_rows: run::flag("--audit-rows", 1_000_000i64).max(2000),
+        emit_phase: run::seconds_flag("--seconds", 8.0),
+        appends: run::flag("--appends", 2000usize).max(1),
+    };
     let root = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("bench dir");
     let data = common::data_dir(root.path());
     std::fs::create_dir_all(&data).unwrap();
@@ -43,18 +64,18 @@ fn main() {
     let emit_only = std::env::var_os("SVC_BENCH_EMIT_ONLY").is_some();
     if !emit_only {
         let started = Instant::now();
-        runtime.block_on(common::fill_events(&data, EVENTS));
+        runtime.block_on(common::fill_events(&data, events));
         println!(
-            "set-up: {EVENTS} events written to the stream log in {:.1?}",
+            "set-up: {events} events written to the stream log in {:.1?}",
             started.elapsed()
         );
         let started = Instant::now();
-        common::fill_audit(&data, AUDIT_ROWS);
+        common::fill_audit(&data, audit_rows);
         println!(
-            "set-up: {AUDIT_ROWS} audit rows written to SQLite in {:.1?}",
+            "set-up: {audit_rows} audit rows written to SQLite in {:.1?}",
             started.elapsed()
         );
-        audit_overhead(&runtime, &data);
+        audit_overhead(&runtime, &data, appends);
     }
 
     let bin = root.path().join("bin");
@@ -67,14 +88,14 @@ fn main() {
     let pid = server.child.id();
 
     let cpu = common::cpu_time(pid);
-    let (rate, per_client, emitted) = runtime.block_on(emit_throughput(&grpc, &key));
+    let (rate, per_client, emitted) = runtime.block_on(emit_throughput(&grpc, &key, emit_phase));
     let emit_cpu = (common::cpu_time(pid) - cpu).as_secs_f64() * 1e6 / emitted.max(1) as f64;
-    println!("emit (durable, audited) over gRPC, {EMITTERS} clients, {EMIT_PHASE:?}: {rate:.0} events/s (goal 30,000; slowest client {per_client} events); server CPU {emit_cpu:.0} µs per emit");
+    println!("emit (durable, audited) over gRPC, {EMITTERS} clients, {emit_phase:?}: {rate:.0} events/s (goal 30,000; slowest client {per_client} events); server CPU {emit_cpu:.0} µs per emit");
     let cpu = common::cpu_time(pid);
-    let (ceiling, checks) = runtime.block_on(health_ceiling(&grpc));
+    let (ceiling, checks) = runtime.block_on(health_ceiling(&grpc, emit_phase));
     let check_cpu = (common::cpu_time(pid) - cpu).as_secs_f64() * 1e6 / checks.max(1) as f64;
     println!(
-        "gRPC health check (ceiling: no key, no store, no log), same clients, {EMIT_PHASE:?}: {ceiling:.0} calls/s; server CPU {check_cpu:.0} µs per call; emit/ceiling = {:.2}",
+        "gRPC health check (ceiling: no key, no store, no log), same clients, {emit_phase:?}: {ceiling:.0} calls/s; server CPU {check_cpu:.0} µs per call; emit/ceiling = {:.2}",
         rate / ceiling
     );
     if emit_only {
@@ -113,7 +134,7 @@ fn main() {
         &key,
         50,
     ));
-    println!("audit log, --action 'secret.*' --user user-3, limit 50, over {AUDIT_ROWS} rows (gRPC): p50 {p50:.2?}, p99 {p99:.2?} (goal p50 20 ms)");
+    println!("audit log, --action 'secret.*' --user user-3, limit 50, over {audit_rows} rows (gRPC): p50 {p50:.2?}, p99 {p99:.2?} (goal p50 20 ms)");
     let mut cli_times = Vec::new();
     for _ in 0..10 {
         let started = Instant::now();
@@ -145,8 +166,9 @@ fn main() {
     server.stop();
 }
 
-/// What one audit append costs, measured in-process on the million-row database.
-fn audit_overhead(runtime: &tokio::runtime::Runtime, data: &Path) {
+/// What one audit append costs (`appends` of them), measured in-process on the database
+/// filled above.
+fn audit_overhead(runtime: &tokio::runtime::Runtime, data: &Path, appends: usize) {
     let copy = data.with_file_name("overhead.db");
     std::fs::copy(data.join("svc.db"), &copy).unwrap();
     let store: Arc<dyn svc::store::Store> = Arc::new(svc::store::SqliteStore::open(&copy).unwrap());
@@ -157,7 +179,7 @@ fn audit_overhead(runtime: &tokio::runtime::Runtime, data: &Path) {
     let mut times = runtime
         .block_on(runtime.spawn(async move {
             let mut times = Vec::new();
-            for i in 0..2000 {
+            for i in 0..appends {
                 let action = svc::audit::Action::new("apikey.create", "apikey", format!("k{i}"))
                     .detail(serde_json::json!({"name": "bench", "role": "readonly"}));
                 let started = Instant::now();
@@ -176,9 +198,9 @@ fn audit_overhead(runtime: &tokio::runtime::Runtime, data: &Path) {
 }
 
 /// (events/s, the slowest client's count, events emitted).
-async fn emit_throughput(grpc: &str, key: &str) -> (f64, u64, u64) {
+async fn emit_throughput(grpc: &str, key: &str, phase: Duration) -> (f64, u64, u64) {
     let total = Arc::new(AtomicU64::new(0));
-    let deadline = Instant::now() + EMIT_PHASE;
+    let deadline = Instant::now() + phase;
     let mut tasks = Vec::new();
     for client_index in 0..EMITTERS {
         let channel = tonic::transport::Endpoint::from_shared(format!("http://{grpc}"))
@@ -212,10 +234,7 @@ async fn emit_throughput(grpc: &str, key: &str) -> (f64, u64, u64) {
     }
     (
         total.load(Ordering::Relaxed) as f64
-            / started
-                .elapsed()
-                .as_secs_f64()
-                .max(EMIT_PHASE.as_secs_f64()),
+            / started.elapsed().as_secs_f64().max(phase.as_secs_f64()),
         slowest,
         total.load(Ordering::Relaxed),
     )
@@ -224,10 +243,10 @@ async fn emit_throughput(grpc: &str, key: &str) -> (f64, u64, u64) {
 /// The same clients calling the standard gRPC health check: what the machine allows a unary
 /// call at the moment, so that an emit figure taken under load can be read against it.
 /// Returns (calls/s, calls).
-async fn health_ceiling(grpc: &str) -> (f64, u64) {
+async fn health_ceiling(grpc: &str, phase: Duration) -> (f64, u64) {
     use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
     let total = Arc::new(AtomicU64::new(0));
-    let deadline = Instant::now() + EMIT_PHASE;
+    let deadline = Instant::now() + phase;
     let mut tasks = Vec::new();
     for _ in 0..EMITTERS {
         let channel = tonic::transport::Endpoint::from_shared(format!("http://{grpc}"))
@@ -255,11 +274,7 @@ async fn health_ceiling(grpc: &str) -> (f64, u64) {
     }
     let calls = total.load(Ordering::Relaxed);
     (
-        calls as f64
-            / started
-                .elapsed()
-                .as_secs_f64()
-                .max(EMIT_PHASE.as_secs_f64()),
+        calls as f64 / started.elapsed().as_secs_f64().max(phase.as_secs_f64()),
         calls,
     )
 }

@@ -3,9 +3,9 @@
 //! /dev/null` and a JetStream object-store put and get of the same file with async-nats
 //! against Debian's `nats-server -js` (file storage in a temporary directory), in one run.
 //!
-//! Usage: `SVC_FILES_BENCH_MB=1024 cargo bench --bench files` (release; 1024 MiB is the
-//! default). On the shared builders, a debug smoke run: `SVC_FILES_BENCH_MB=32 cargo test
-//! --bench files` (a `harness = false` bench is just run by `cargo test`).
+//! Usage: `cargo bench --bench files -- --mb 1024` (release; 1024 MiB is the default, also set
+//! by `SVC_FILES_BENCH_MB`). On the shared builders, a debug smoke run: `cargo bench --profile
+//! dev --bench files -- --mb 32`; CI runs `--mb 2`.
 //! `SVC_BENCH_SERVER=/path/to/svc` runs another build, for both the server and the CLI.
 //!
 //! Prints MB/s (10^6 bytes per second) for each, and the ratios svc/JetStream and svc against
@@ -24,13 +24,16 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{server_binary, Server};
+use common::{run, server_binary, Server};
 
 fn main() {
-    let mb: u64 = std::env::var("SVC_FILES_BENCH_MB")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1024);
+    let mb: u64 = run::flag(
+        "--mb",
+        std::env::var("SVC_FILES_BENCH_MB")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1024),
+    );
     let bytes = mb * 1024 * 1024;
     let root = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("bench dir");
     let file = root.path().join("input");

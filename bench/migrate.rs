@@ -6,7 +6,9 @@
 //! the same shape (`LIKE ... INCLUDING ALL`: the same indexes and constraints, plus
 //! secret_versions' foreign key).
 //!
-//! Usage: cargo bench --bench migrate [-- --audit-rows N --secrets N]
+//! Usage: cargo bench --bench migrate [-- --audit-rows N --secrets N] (CI runs
+//! `--audit-rows 2000 --secrets 200` on the debug build). Without PostgreSQL's binaries (and no
+//! `SVC_BENCH_PG_URL`) it is skipped, or fails when `CI` is set.
 //! `SVC_BENCH_PG_URL=postgres://user:pw@host:port/db` uses that server (it creates and drops
 //! a database `mig_bench` there) instead of starting a cluster with initdb/pg_ctl.
 //! `SVC_BENCH_SERVER=/path/to/svc` runs another build of svc-migrate.
@@ -25,6 +27,9 @@ use futures_util::SinkExt;
 use svc::store::tables::{self, ColumnType};
 use svc::store::AuditRow;
 
+#[path = "common/run.rs"]
+mod run;
+
 const GOAL_ROWS_PER_SECOND: f64 = 50_000.0;
 const VERSIONS_PER_SECRET: i64 = 2;
 const TABLES: [&str; 3] = ["audit_events", "secrets", "secret_versions"];
@@ -40,6 +45,14 @@ fn main() {
     };
     let audit_rows = flag("--audit-rows", 1_000_000);
     let secrets = flag("--secrets", 100_000);
+    if std::env::var_os("SVC_BENCH_PG_URL").is_none() && find_postgres().is_none() {
+        run::missing_peer(
+            "PostgreSQL (initdb, pg_ctl)",
+            "apt-get install postgresql, or set SVC_BENCH_PG_URL",
+            "the migrate bench",
+        );
+        return;
+    }
 
     let work = tempfile::tempdir().unwrap();
     let source = work.path().join("data").join("svc.db");

@@ -3,7 +3,9 @@
 //! clients (throughput and p50), and `svc-audit log` with two filters over 200,000 audit rows
 //! (p50 over gRPC). The figures are reported as PostgreSQL / SQLite ratios.
 //!
-//! Usage: cargo bench --bench store
+//! Usage: cargo bench --bench store [-- --audit-rows 200000 --seconds 6 --queries 100]
+//! (rows rounded up to thousands, at least 2,000, which hold the 50 rows the audit query
+//! reads); CI runs `--audit-rows 2000 --seconds 0.5 --queries 5` on the debug build.
 //! PostgreSQL: a throwaway cluster (initdb/pg_ctl, as `nobody` when root), or the server at
 //! `SVC_TEST_PG_URL` (an admin URL; a database is created per run). Both run on this machine,
 //! so PostgreSQL's own CPU competes with the server's: the ratio is a floor for a database on
@@ -19,16 +21,21 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
 mod common;
-use common::Server;
+use common::{run, Server};
 
 #[path = "../tests/common/postgres.rs"]
 #[allow(dead_code)]
 mod postgres;
 
 const CLIENTS: usize = 16;
-const CREATE_PHASE: Duration = Duration::from_secs(6);
-const AUDIT_ROWS: i64 = 200_000;
-const QUERIES: usize = 100;
+
+/// The sizes of one run (see the usage above).
+#[derive(Clone, Copy)]
+struct Sizes {
+    audit_rows: i64,
+    create_phase: Duration,
+    queries: usize,
+}
 
 struct Figures {
     creates_per_second: f64,
@@ -37,6 +44,11 @@ struct Figures {
 }
 
 fn main() {
+    let sizes = Sizes {
+        audit_rows: run::flag("--audit-rows", 200_000i64).max(2000),
+        create_phase: run::seconds_flag("--seconds", 6.0),
+        queries: run::flag("--queries", 100usize).max(1),
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -59,9 +71,10 @@ fn main() {
     };
     let url = cluster.fresh_database();
 
-    let sqlite = measure(&runtime, "sqlite", "");
+    let sqlite = measure(&runtime, sizes, "sqlite", "");
     let postgres = measure(
         &runtime,
+        sizes,
         "postgres",
         &format!("store: {{ driver: postgres, url: \"{url}\" }}\n"),
     );
@@ -75,31 +88,41 @@ fn main() {
     );
 }
 
-fn measure(runtime: &tokio::runtime::Runtime, driver: &str, store_config: &str) -> Figures {
+fn measure(
+    runtime: &tokio::runtime::Runtime,
+    sizes: Sizes,
+    driver: &str,
+    store_config: &str,
+) -> Figures {
+    let Sizes {
+        audit_rows,
+        create_phase,
+        queries,
+    } = sizes;
     let root = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("bench dir");
     let data = common::data_dir(root.path());
     std::fs::create_dir_all(&data).unwrap();
     let started = Instant::now();
-    runtime.block_on(fill_audit(&data, store_config));
+    runtime.block_on(fill_audit(&data, store_config, audit_rows));
     println!(
-        "[{driver}] set-up: {AUDIT_ROWS} audit rows appended through the Store trait in {:.1?}",
+        "[{driver}] set-up: {audit_rows} audit rows appended through the Store trait in {:.1?}",
         started.elapsed()
     );
     let mut server = Server::start(root, store_config);
     let http: SocketAddr = server.http.parse().unwrap();
     let (creates_per_second, create_p50, create_p99) =
-        runtime.block_on(create_keys(http, &server.key));
+        runtime.block_on(create_keys(http, &server.key, create_phase));
     println!(
-        "[{driver}] API-key create (audited) over REST, {CLIENTS} clients, {CREATE_PHASE:?}: \
+        "[{driver}] API-key create (audited) over REST, {CLIENTS} clients, {create_phase:?}: \
          {creates_per_second:.0}/s, p50 {create_p50:.2?}, p99 {create_p99:.2?}"
     );
     let (log_p50, log_p99) = runtime.block_on(common::audit_log_latency(
         &server.grpc,
         &server.key,
-        QUERIES,
+        queries,
     ));
     println!(
-        "[{driver}] audit log --action 'secret.*' --user user-3, limit 50, over {AUDIT_ROWS} rows \
+        "[{driver}] audit log --action 'secret.*' --user user-3, limit 50, over {audit_rows} rows \
          (gRPC): p50 {log_p50:.2?}, p99 {log_p99:.2?}"
     );
     server.stop();
@@ -123,7 +146,7 @@ const ACTIONS: &[&str] = &[
 
 /// Appends the rows through the driver's own `append_audit_batch` (a chain the server's
 /// `svc-audit verify` accepts), in batches as the auditor's group commit makes them.
-async fn fill_audit(data: &std::path::Path, store_config: &str) {
+async fn fill_audit(data: &std::path::Path, store_config: &str, audit_rows: i64) {
     let config: svc::config::StoreConfig = if store_config.is_empty() {
         Default::default()
     } else {
@@ -133,7 +156,7 @@ async fn fill_audit(data: &std::path::Path, store_config: &str) {
     let store = svc::store::open(&config, data).await.unwrap();
     let start = svc::clock::now_millis() - 86_400_000;
     let mut seq = 0;
-    while seq < AUDIT_ROWS {
+    while seq < audit_rows {
         let rows = (0..1000)
             .map(|_| {
                 seq += 1;
@@ -168,7 +191,7 @@ async fn fill_audit(data: &std::path::Path, store_config: &str) {
 
 /// 16 keep-alive clients creating keys for a fixed time; every create is authenticated,
 /// checked, stored and audited before the 201.
-async fn create_keys(http: SocketAddr, key: &str) -> (f64, Duration, Duration) {
+async fn create_keys(http: SocketAddr, key: &str, phase: Duration) -> (f64, Duration, Duration) {
     let client: Client<_, Full<bytes::Bytes>> = Client::builder(TokioExecutor::new()).build_http();
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();
@@ -195,13 +218,13 @@ async fn create_keys(http: SocketAddr, key: &str) -> (f64, Duration, Duration) {
             times
         }));
     }
-    tokio::time::sleep(CREATE_PHASE).await;
+    tokio::time::sleep(phase).await;
     stop.store(true, Ordering::Relaxed);
     let mut times = Vec::new();
     for task in tasks {
         times.extend(task.await.unwrap());
     }
     times.sort();
-    let rate = times.len() as f64 / CREATE_PHASE.as_secs_f64();
+    let rate = times.len() as f64 / phase.as_secs_f64();
     (rate, times[times.len() / 2], times[times.len() * 99 / 100])
 }

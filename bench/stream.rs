@@ -4,7 +4,8 @@
 //! The fsync figure comes first because it bounds everything else: 16 appenders that each wait
 //! for their acknowledgement can put at most 16 records into one group commit, so single-record
 //! appends cannot exceed 16 / (fsync latency) per second however fast the code is. Batched
-//! appends show what the log does when callers hand it more per sync. Runs in about 20 seconds;
+//! appends show what the log does when callers hand it more per sync. Runs in about 20 seconds
+//! (`cargo bench --bench stream [-- --seconds 4]`, the length of each append phase);
 //! files go under cargo's target tmp dir, on the same disk as the build, never on a tmpfs.
 //!
 //! For context (issue 21), the same 16-way load as raw JetStream publishes awaiting their ack,
@@ -16,6 +17,8 @@ mod load;
 #[path = "../tests/common/nats_cluster.rs"]
 #[allow(dead_code)]
 mod nats_cluster;
+#[path = "common/run.rs"]
+mod run;
 
 use std::fs::OpenOptions;
 use std::io::Write;
@@ -26,7 +29,11 @@ use svc::stream::{StreamConfig, StreamLog};
 
 const APPENDERS: usize = 16;
 const RECORD_BYTES: usize = 256;
-const PHASE: Duration = Duration::from_secs(4);
+
+/// How long each append phase lasts: `--seconds` (default 4; CI runs 0.3 on the debug build).
+fn phase() -> Duration {
+    run::seconds_flag("--seconds", 4.0)
+}
 
 fn main() {
     let root = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("bench dir");
@@ -136,10 +143,10 @@ async fn jetstream_publish() -> Option<f64> {
         svc::stream::JetStreamLog::open(client.clone(), "events", &StreamConfig::default(), 1)
             .await
             .expect("JetStream stream");
-    Some(load::publish_rate(client, APPENDERS, RECORD_BYTES, PHASE).await)
+    Some(load::publish_rate(client, APPENDERS, RECORD_BYTES, phase()).await)
 }
 
 /// `tasks` appenders, `per_call` records per call, for one phase; records/s.
 async fn append_for(log: &Arc<StreamLog>, tasks: usize, per_call: usize) -> f64 {
-    load::append_rate(log.clone(), tasks, per_call, RECORD_BYTES, PHASE).await
+    load::append_rate(log.clone(), tasks, per_call, RECORD_BYTES, phase()).await
 }

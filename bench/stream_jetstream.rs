@@ -8,15 +8,17 @@
 //! (gets by sequence) against the same read far behind (an ephemeral consumer), and a long
 //! sequential read. Needs nats-server (skips without it).
 //!
-//! `cargo bench --bench stream_jetstream` (release), or on the shared builders
-//! `cargo test --bench stream_jetstream` (debug client; the servers are nats-server's own
-//! release build either way).
+//! `cargo bench --bench stream_jetstream [-- --seconds 3]` (release; the length of each
+//! phase), or on the shared builders `cargo bench --profile dev --bench stream_jetstream`
+//! (debug client; the servers are nats-server's own release build either way).
 
 #[path = "load.rs"]
 mod load;
 #[path = "../tests/common/nats_cluster.rs"]
 #[allow(dead_code)]
 mod nats_cluster;
+#[path = "common/run.rs"]
+mod run;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,7 +27,11 @@ use svc::stream::{JetStreamLog, Stream, StreamConfig, StreamLog};
 
 const APPENDERS: usize = 16;
 const RECORD_BYTES: usize = 256;
-const PHASE: Duration = Duration::from_secs(3);
+
+/// How long each append phase lasts: `--seconds` (default 3; CI runs 0.3 on the debug build).
+fn phase() -> Duration {
+    run::seconds_flag("--seconds", 3.0)
+}
 
 fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -52,7 +58,7 @@ async fn run() {
         .expect("open");
     let rate = append_for(log.clone(), 1).await;
     println!("JetStreamLog R1, append, {APPENDERS} tasks:            {rate:>8.0} records/s");
-    let rate = load::publish_rate(client.clone(), APPENDERS, RECORD_BYTES, PHASE).await;
+    let rate = load::publish_rate(client.clone(), APPENDERS, RECORD_BYTES, phase()).await;
     println!("raw JetStream publish+ack R1, {APPENDERS} tasks:       {rate:>8.0} records/s");
     let rate = append_for(log.clone(), 32).await;
     println!("JetStreamLog R1, append_batch 32, {APPENDERS} tasks:   {rate:>8.0} records/s");
@@ -107,5 +113,5 @@ async fn time_reads(log: &dyn Stream, from: u64, n: usize) -> Duration {
 
 /// `APPENDERS` appenders, `per_call` records per call, for one phase; records/s.
 async fn append_for(log: Arc<dyn Stream>, per_call: usize) -> f64 {
-    load::append_rate(log, APPENDERS, per_call, RECORD_BYTES, PHASE).await
+    load::append_rate(log, APPENDERS, per_call, RECORD_BYTES, phase()).await
 }

@@ -8,7 +8,8 @@
 //! subscriptions are) POSTing a body of the same size to a second receiver over a new
 //! connection each, as the server does, with nothing else (no store, no signing, no events).
 //!
-//! `SVC_BENCH_EVENTS=N` sets the number of events (default 2,000, so 32,000 deliveries);
+//! `-- --events N` (or `SVC_BENCH_EVENTS=N`) sets the number of events (default 2,000, so
+//! 32,000 deliveries; CI runs `--events 20` on the debug build);
 //! `SVC_BENCH_SERVER=/path/to/svc` runs another build of the server.
 
 use std::sync::{Arc, Mutex};
@@ -19,16 +20,19 @@ use svc::proto::webhook_service_client::WebhookServiceClient;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 mod common;
-use common::{authorized, Server};
+use common::{authorized, run, Server};
 
 const SUBSCRIPTIONS: usize = 16;
 const EMITTERS: usize = 4;
 
 fn main() {
-    let events: usize = std::env::var("SVC_BENCH_EVENTS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2_000);
+    let events: usize = run::flag(
+        "--events",
+        std::env::var("SVC_BENCH_EVENTS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(2_000),
+    );
     let root = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("bench dir");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -139,12 +143,22 @@ async fn run(server: &Server, events: usize) {
     }
     let emitted = started.elapsed();
     let expected = events * SUBSCRIPTIONS;
-    let deadline = Instant::now() + Duration::from_secs(600);
-    while seen.lock().unwrap().len() < expected && Instant::now() < deadline {
+    // Every delivery arrives, or the bench fails: a minute without a new one ends the wait.
+    let (mut count, mut moved) = (0, Instant::now());
+    while count < expected && moved.elapsed() < Duration::from_secs(60) {
         tokio::time::sleep(Duration::from_millis(20)).await;
+        let now = seen.lock().unwrap().len();
+        if now > count {
+            (count, moved) = (now, Instant::now());
+        }
     }
     let elapsed = started.elapsed();
     let seen = seen.lock().unwrap().clone();
+    assert_eq!(
+        seen.len(),
+        expected,
+        "deliveries received of {events} events x {SUBSCRIPTIONS} subscriptions (none for a minute)"
+    );
     let mut latencies: Vec<i64> = seen.iter().map(|(got, stored)| got - stored).collect();
     latencies.sort_unstable();
     let at = |q: f64| latencies[((latencies.len() as f64 * q) as usize).min(latencies.len() - 1)];

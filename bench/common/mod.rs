@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 
+pub mod run;
+
 /// The server's HMAC secret, from which an agent's bootstrap PSK is derived.
 pub const HMAC_SECRET: &str = "bench-hmac-secret";
 
