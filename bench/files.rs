@@ -1,11 +1,14 @@
 //! svc-files throughput (issue 15): a put and a get of one file through the real `svc-files`
 //! CLI against a real single server (embedded broker, local disk), beside `cat FILE >
 //! /dev/null` and a JetStream object-store put and get of the same file with async-nats
-//! against Debian's `nats-server -js` (file storage in a temporary directory), in one run.
+//! against Debian's `nats-server -js` (file storage in a temporary directory), in one run;
+//! then the same in cluster mode: one member on PostgreSQL and a three-node nats-server
+//! cluster (the file service's JetStream stream, R3) beside an R3 object store there.
 //!
-//! Usage: `cargo bench --bench files -- --mb 1024` (release; 1024 MiB is the default, also set
-//! by `SVC_FILES_BENCH_MB`). On the shared builders, a debug smoke run: `cargo bench --profile
-//! dev --bench files -- --mb 32`; CI runs `--mb 2`.
+//! Usage: `cargo bench --bench files -- --mb 1024 --cluster-mb 256` (release; the defaults;
+//! `--cluster-mb 0` leaves cluster mode out; `--mb` may also come from `SVC_FILES_BENCH_MB`).
+//! A debug smoke run: `cargo bench --profile dev --bench files -- --mb 32 --cluster-mb 8`;
+//! CI runs `--mb 2 --cluster-mb 2`.
 //! `SVC_BENCH_SERVER=/path/to/svc` runs another build, for both the server and the CLI.
 //!
 //! Prints MB/s (10^6 bytes per second) for each, and the ratios svc/JetStream and svc against
@@ -16,6 +19,10 @@
 #[path = "../tests/common/nats_cluster.rs"]
 #[allow(dead_code)]
 mod nats_cluster;
+
+#[path = "../tests/common/postgres.rs"]
+#[allow(dead_code)]
+mod postgres;
 
 mod common;
 
@@ -61,9 +68,14 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    let Some((put, get)) = runtime.block_on(object_store(&file, bytes)) else {
+    // Room for the objects beside the test harness's 1 GB default cap.
+    let gigabytes = bytes.div_ceil(1 << 30) * 2 + 1;
+    std::env::set_var("SVC_TEST_NATS_MAX_FILE_STORE", format!("{gigabytes}GB"));
+    let Some(nats) = runtime.block_on(nats_cluster::NatsCluster::start(1)) else {
         return;
     };
+    let (put, get) = runtime.block_on(object_store(&nats, &file, bytes, 1));
+    drop(nats);
     let js_put = report("JetStream object store put (R1, file)", bytes, put);
     let js_get = report("JetStream object store get", bytes, get);
     println!(
@@ -75,6 +87,68 @@ fn main() {
         "svc vs 200 MB/s: put {:.2}x, get {:.2}x",
         svc_put / 200.0,
         svc_get / 200.0
+    );
+    let cluster_mb: u64 = run::flag("--cluster-mb", 256);
+    if cluster_mb > 0 {
+        cluster_mode(&runtime, root.path(), cluster_mb);
+    }
+}
+
+/// Cluster mode: one svc member (PostgreSQL, a three-node nats-server cluster; the file
+/// service keeps objects in its JetStream stream, R3) beside a JetStream object store with
+/// three replicas on the same nodes, with a file of `mb` MiB (its own size: each byte is
+/// stored six times on this one disk).
+fn cluster_mode(runtime: &tokio::runtime::Runtime, root: &Path, mb: u64) {
+    let bytes = mb * 1024 * 1024;
+    let file = root.join("cluster-input");
+    write_input(&file, bytes);
+    println!("cluster mode: {mb} MiB, one member, three nats-server nodes (R3)");
+    let own;
+    let pg = match std::env::var(postgres::URL_VAR) {
+        Ok(url) if !url.is_empty() => postgres::shared(),
+        _ => {
+            own = postgres::Postgres::start_durable();
+            own.as_ref()
+        }
+    };
+    let Some(pg) = pg else {
+        run::missing_peer(
+            "PostgreSQL (initdb)",
+            "apt-get install postgresql",
+            "cluster mode",
+        );
+        return;
+    };
+    let gigabytes = (bytes * 2).div_ceil(1 << 30) + 1;
+    std::env::set_var("SVC_TEST_NATS_MAX_FILE_STORE", format!("{gigabytes}GB"));
+    let Some(nats) = runtime.block_on(nats_cluster::NatsCluster::start(3)) else {
+        return;
+    };
+    let urls: Vec<String> = nats.urls().iter().map(|u| format!("\"{u}\"")).collect();
+    let key = format!("svc_{}", svc::ids::random_base62(40));
+    let config = format!(
+        "store: {{ driver: postgres, url: \"{}\" }}\nbus: {{ external_urls: [{}] }}\n\
+         streams: {{ max_bytes: 268435456 }}\ncluster:\n  enabled: true\n  member_id: m1\n",
+        pg.fresh_database(),
+        urls.join(", ")
+    );
+    let member = Server::start_member(
+        tempfile::tempdir_in(root).expect("member dir"),
+        &config,
+        rand::random(),
+        &key,
+    );
+    let (put, get, _) = svc_files_on(root, &file, &nats.urls()[0], &member.key, false);
+    drop(member);
+    let (js_put, js_get) = runtime.block_on(object_store(&nats, &file, bytes, 3));
+    let svc_put = report("svc-files put (cluster mode)", bytes, put);
+    let svc_get = report("svc-files get (cluster mode, to stdout)", bytes, get);
+    let js_put = report("JetStream object store put (R3)", bytes, js_put);
+    let js_get = report("JetStream object store get (R3)", bytes, js_get);
+    println!(
+        "ratio svc/JetStream in cluster mode: put {:.2}x, get {:.2}x",
+        svc_put / js_put,
+        svc_get / js_get
     );
 }
 
@@ -112,17 +186,28 @@ fn report(what: &str, bytes: u64, took: Duration) -> f64 {
 }
 
 /// A put, a get to stdout and a get to a file through the CLI (the same binary as the server,
-/// by its `svc-files` name).
+/// by its `svc-files` name), against a single server.
 fn svc_files(root: &Path, file: &Path) -> (Duration, Duration, Duration) {
     let server = Server::start(tempfile::tempdir_in(root).expect("server dir"), "");
+    svc_files_on(root, file, &server.bus, &server.key, true)
+}
+
+/// The CLI against the file service on `bus` with `key`; the get to a file only `to_file`.
+fn svc_files_on(
+    root: &Path,
+    file: &Path,
+    bus: &str,
+    key: &str,
+    to_file: bool,
+) -> (Duration, Duration, Duration) {
     let names = tempfile::tempdir_in(root).expect("names dir");
     let cli = names.path().join("svc-files");
     std::os::unix::fs::symlink(server_binary(), &cli).expect("symlink");
     let run = |args: &[&str]| {
         let output = Command::new(&cli)
             .env_clear()
-            .env("SVC_NATS_URL", &server.bus)
-            .env("SVC_API_KEY", &server.key)
+            .env("SVC_NATS_URL", bus)
+            .env("SVC_API_KEY", key)
             .args(args)
             .stdout(std::fs::File::create("/dev/null").expect("/dev/null"))
             .output()
@@ -137,6 +222,9 @@ fn svc_files(root: &Path, file: &Path) -> (Duration, Duration, Duration) {
     let out = root.join("output");
     let put = timed(|| run(&["put", file, "bench/input"]));
     let get = timed(|| run(&["get", "bench/input", "-"]));
+    if !to_file {
+        return (put, get, Duration::ZERO);
+    }
     let get_file = timed(|| run(&["get", "bench/input", out.to_str().unwrap()]));
     assert_eq!(
         std::fs::metadata(&out).unwrap().len(),
@@ -146,14 +234,15 @@ fn svc_files(root: &Path, file: &Path) -> (Duration, Duration, Duration) {
     (put, get, get_file)
 }
 
-/// A put and a get of the same file through a JetStream object store bucket (R1, file
-/// storage) on a fresh nats-server with JetStream; None when nats-server is missing.
-async fn object_store(file: &Path, bytes: u64) -> Option<(Duration, Duration)> {
+/// A put and a get of the same file through a JetStream object store bucket (file storage,
+/// `replicas` replicas) on `nats`.
+async fn object_store(
+    nats: &nats_cluster::NatsCluster,
+    file: &Path,
+    bytes: u64,
+    replicas: usize,
+) -> (Duration, Duration) {
     use async_nats::jetstream::object_store;
-    // Room for the object beside the test harness's 1 GB default cap.
-    let gigabytes = bytes.div_ceil(1 << 30) * 2 + 1;
-    std::env::set_var("SVC_TEST_NATS_MAX_FILE_STORE", format!("{gigabytes}GB"));
-    let nats = nats_cluster::NatsCluster::start(1).await?;
     let client = async_nats::connect(nats.urls()).await.expect("connect");
     let context = async_nats::jetstream::new(client);
     let bucket = context
@@ -161,6 +250,7 @@ async fn object_store(file: &Path, bytes: u64) -> Option<(Duration, Duration)> {
             bucket: "bench".into(),
             storage: async_nats::jetstream::stream::StorageType::File,
             max_bytes: (bytes as i64) * 2,
+            num_replicas: replicas,
             ..Default::default()
         })
         .await
@@ -175,5 +265,5 @@ async fn object_store(file: &Path, bytes: u64) -> Option<(Duration, Duration)> {
     let copied = tokio::io::copy(&mut object, &mut sink).await.expect("read");
     let get = start.elapsed();
     assert_eq!(copied, bytes);
-    Some((put, get))
+    (put, get)
 }
