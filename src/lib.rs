@@ -34,6 +34,7 @@ pub mod store;
 pub mod stream;
 pub mod template;
 pub mod tls;
+pub mod version;
 pub mod webhooks;
 
 /// Code generated from proto/svc/v1 (messages, clients, servers).

@@ -17,7 +17,6 @@
 
 pub mod bundle;
 pub mod catalogue;
-pub mod version;
 
 use std::collections::BTreeMap;
 use std::path::{Component, Path};
@@ -25,6 +24,7 @@ use std::path::{Component, Path};
 use serde::{Deserialize, Serialize};
 
 use crate::state::{Plan, Resource};
+use crate::version;
 use crate::{Error, Result};
 
 pub const MANIFEST_FILE: &str = "blueprint.yaml";

@@ -810,8 +810,7 @@ async fn install(a: InstallArgs, json: bool, update: bool) -> Result<(), CliErro
         (read(path)?, signature)
     } else {
         let (name, range) = name_and_range(&a.source);
-        let range = crate::blueprint::version::Range::parse(range.unwrap_or("*"))
-            .map_err(CliError::usage)?;
+        let range = crate::version::Range::parse(range.unwrap_or("*")).map_err(CliError::usage)?;
         if registries.is_empty() {
             return Err(CliError::usage(format!(
                 "{} is not a file or directory; to install it from a registry give --registry URL",
@@ -827,9 +826,10 @@ async fn install(a: InstallArgs, json: bool, update: bool) -> Result<(), CliErro
                         .rev()
                         .find(|(v, _)| range.matches(v))
                     {
-                        if best.as_ref().is_none_or(
-                            |(b, _, _): &(crate::blueprint::version::Version, _, _)| version > *b,
-                        ) {
+                        if best
+                            .as_ref()
+                            .is_none_or(|(b, _, _): &(crate::version::Version, _, _)| version > *b)
+                        {
                             best = Some((version, v, registry));
                         }
                     }

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::blueprint::version::{Range, Version};
+use crate::version::{Range, Version};
 use crate::{Error, Result};
 
 pub mod bundle;

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use super::registry::{by_version, RegistryClient};
 use super::sign::Policy;
 use super::{sha256_hex, Module, LOCK};
-use crate::blueprint::version::{Range, Version};
+use crate::version::{Range, Version};
 use crate::{Error, Result};
 
 /// `module.lock`.
