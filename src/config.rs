@@ -466,7 +466,54 @@ pub struct AgentConfig {
     pub nats: NatsSection,
     /// Which modules the agent runs (`svc-module run --target`): `require_signature` and
     /// `trusted_keys`, as in svc-module's own configuration.
-    pub modules: crate::modules::sign::Policy,
+    pub modules: TrustPolicy,
+}
+
+/// Which module ZIPs may run: `modules:` of the agent's configuration (what modules sent by
+/// `run --target` must be signed by) and of svc-module's own configuration file
+/// ([`TrustPolicy::load`]). The check itself is `modules::sign`'s.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrustPolicy {
+    /// Refuse modules without a valid signature by one of `trusted_keys`.
+    #[serde(default)]
+    pub require_signature: bool,
+    /// Public keys (base64), or paths of files holding one.
+    #[serde(default)]
+    pub trusted_keys: Vec<String>,
+}
+
+impl TrustPolicy {
+    /// `modules:` of the module configuration: `path` (`--config`), else env
+    /// SVC_MODULES_CONFIG, else /etc/svc/modules.yaml when it exists (the default policy when
+    /// it does not).
+    pub fn load(path: Option<&Path>) -> crate::Result<TrustPolicy> {
+        #[derive(Deserialize)]
+        struct ModulesFile {
+            #[serde(default)]
+            modules: TrustPolicy,
+        }
+        let (path, explicit) = match path {
+            Some(p) => (p.to_path_buf(), true),
+            None => match std::env::var_os("SVC_MODULES_CONFIG").filter(|v| !v.is_empty()) {
+                Some(p) => (PathBuf::from(p), true),
+                None => (PathBuf::from("/etc/svc/modules.yaml"), false),
+            },
+        };
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(_) if !explicit => return Ok(TrustPolicy::default()),
+            Err(e) => {
+                return Err(crate::Error::NotFound(format!(
+                    "cannot read {}: {e}",
+                    path.display()
+                )))
+            }
+        };
+        let file: ModulesFile = parse_yaml(&text)
+            .map_err(|e| crate::Error::Invalid(format!("{}: {e}", path.display())))?;
+        Ok(file.modules)
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -25,13 +25,13 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 use crate::cli::{exit, CliError};
 use crate::config::AgentSection;
+use crate::config::TrustPolicy;
 use crate::fleet::protocol::{
     Command, ExecOutcome, PlanRef, Reply, ReplyOutcome, StateOutcome, Work,
 };
 use crate::fleet::signature::{Refused, SeenJobs, Verifier};
 use crate::modules::bundle::{self, Call};
 use crate::modules::sandbox::Limits;
-use crate::modules::sign::Policy;
 
 /// The longest request or answer line: a stored state plan (base64) beside its command, or
 /// two capped outputs JSON-escaped.
@@ -71,7 +71,7 @@ pub struct Executor {
     seen: Mutex<SeenJobs>,
     agent_id: String,
     /// The signatures a module must carry to run here (`modules:` of the agent's config).
-    modules: Arc<Policy>,
+    modules: Arc<TrustPolicy>,
 }
 
 impl Executor {
@@ -80,7 +80,7 @@ impl Executor {
     /// (the executor running as root beside an unprivileged daemon).
     pub fn open(
         agent: &AgentSection,
-        modules: Policy,
+        modules: TrustPolicy,
         seen_file: Option<PathBuf>,
         root_owned_key: bool,
     ) -> Result<Executor, String> {
