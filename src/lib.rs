@@ -36,6 +36,7 @@ pub mod template;
 pub mod tls;
 pub mod version;
 pub mod webhooks;
+pub mod zip;
 
 /// Code generated from proto/svc/v1 (messages, clients, servers).
 pub mod proto {

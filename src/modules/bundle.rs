@@ -11,13 +11,27 @@
 use std::collections::BTreeMap;
 
 use base64::Engine;
+use serde::{Deserialize, Serialize};
 
 use super::sandbox::{self, Limits};
 use super::{sha256_hex, Module};
 use crate::config::TrustPolicy;
-use crate::fleet::protocol::{ModuleBundle, StateOutcome};
-use crate::state::{self, Mode, Plan};
+use crate::state::{self, Mode, Plan, StateOutcome};
 use crate::{Error, Result};
+
+/// A module ZIP as it travels to an agent: its bytes (base64), their SHA-256, the author's
+/// detached signature (checked against the agent's `modules.trusted_keys`), and the
+/// dependencies it loads, each in the same shape.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ModuleBundle {
+    pub zip_base64: String,
+    pub sha256: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signature: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub dependencies: Vec<ModuleBundle>,
+}
 
 /// A ZIP and its signature, as the client sends them.
 pub struct Packed<'a> {
