@@ -15,6 +15,7 @@ pub mod clock;
 pub mod cluster;
 pub mod codec;
 pub mod config;
+pub mod datadir;
 pub mod dispatch;
 pub mod domain;
 pub mod error;

@@ -41,8 +41,6 @@ struct Args {
 const DEV_DATA_DIR: &str = ".svc-dev";
 const DEV_SECRETS_FILE: &str = "dev-secrets.yaml";
 const BOOTSTRAP_KEY_FILE: &str = "bootstrap-admin.key";
-/// The data dir's advisory lock (flock), held by a running server and by `--recover-admin`.
-const LOCK_FILE: &str = "server.lock";
 /// Admin keys minted by `--recover-admin` and not yet audited: one JSON object per line,
 /// turned into audit rows (principal "server") at the next start, then removed.
 const RECOVERIES_FILE: &str = "admin-recoveries.jsonl";
@@ -160,7 +158,9 @@ fn validate(config: &ServerConfig, dev: bool) -> Vec<String> {
             );
         }
     }
-    if !config.master_key.is_empty() && decode_master_key(&config.master_key).is_none() {
+    if !config.master_key.is_empty()
+        && crate::datadir::decode_master_key(&config.master_key).is_none()
+    {
         problems.push("master_key must be base64 of exactly 32 bytes".into());
     }
     if config.rate_limit.requests_per_second <= 0.0 || config.rate_limit.burst == 0 {
@@ -241,13 +241,6 @@ fn validate(config: &ServerConfig, dev: bool) -> Vec<String> {
     }
     problems.extend(crate::cluster::config_problems(config));
     problems
-}
-
-pub fn decode_master_key(key: &Secret) -> Option<[u8; 32]> {
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(key.expose().trim())
-        .ok()?;
-    bytes.try_into().ok()
 }
 
 fn init_logging(config: &ServerConfig) {
@@ -335,47 +328,6 @@ fn ensure_dev_secrets(program: &str, config: &mut ServerConfig) -> Result<()> {
     Ok(())
 }
 
-/// Takes the data dir's lock (an exclusive `flock` on `data_dir/server.lock`), held while the
-/// returned file stays open and released by the kernel when the process ends, however it ends.
-fn lock_data_dir(data_dir: &Path) -> Result<std::fs::File> {
-    use std::os::fd::AsRawFd;
-    use std::os::unix::fs::OpenOptionsExt;
-    let path = data_dir.join(LOCK_FILE);
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .open(&path)
-        .map_err(|e| crate::Error::Internal(format!("cannot open {}: {e}", path.display())))?;
-    // SAFETY: flock on a file descriptor this function owns; no memory is involved.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let error = std::io::Error::last_os_error();
-        if error.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            return Err(crate::Error::Unavailable(format!(
-                "a server is running on this data dir ({} is locked by another process)",
-                path.display()
-            )));
-        }
-        return Err(crate::Error::Internal(format!(
-            "cannot lock {}: {error}",
-            path.display()
-        )));
-    }
-    Ok(file)
-}
-
-/// The data dir's lock when no server holds it (None when one does), for offline tools that
-/// change the data dir (`svc-cluster-backup restore`); held until the file is dropped.
-pub fn try_lock_data_dir(data_dir: &Path) -> Result<Option<std::fs::File>> {
-    match lock_data_dir(data_dir) {
-        Ok(file) => Ok(Some(file)),
-        Err(crate::Error::Unavailable(_)) => Ok(None),
-        Err(error) => Err(error),
-    }
-}
-
 /// `svc-server --recover-admin`: for when no admin key is left. Needs the server stopped (its
 /// lock) and write access to the data dir; mints an admin key into a 0600 file there, prints
 /// the file's path, and leaves a line in `admin-recoveries.jsonl` for the next start to audit.
@@ -388,7 +340,7 @@ fn recover_admin(program: &str, config: &ServerConfig) -> i32 {
         );
         return 1;
     }
-    let _lock = match lock_data_dir(data_dir) {
+    let _lock = match crate::datadir::lock(data_dir) {
         Ok(lock) => lock,
         Err(e) => {
             eprintln!("{program}: {e}; stop it first");
@@ -497,7 +449,7 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     create_private_dir(&config.data_dir)?;
     // Held until run returns (and by the kernel until the process ends): one server per data
     // dir, and `--recover-admin` only while none runs.
-    let _lock = lock_data_dir(&config.data_dir)?;
+    let _lock = crate::datadir::lock(&config.data_dir)?;
     if dev {
         ensure_dev_secrets(program, &mut config)?;
     }
@@ -529,16 +481,11 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     // Start-up order: store (above) → master-key check → CA → stream logs → broker → the
     // server's bus client → Domain::start → listeners. The CA comes before the broker because
     // bus.tls verifies agents' certificates against its root; a wrong master_key is refused
-    // (with what to do) before anything sealed is opened.
-    let master_key = decode_master_key(&config.master_key).ok_or_else(|| {
-        crate::Error::Invalid("master_key must be base64 of exactly 32 bytes".into())
-    })?;
-    crate::secrets::verify_master_key(store.as_ref(), &master_key).await?;
-    crate::identity::ensure_ca(
-        store.as_ref(),
-        &crate::identity::Keys::from_config(&config)?,
-    )
-    .await?;
+    // (with what to do) before anything sealed is opened. The key is decoded here, once, and
+    // checked against the store once; the domain gets these keys.
+    let keys = crate::identity::Keys::from_config(&config)?;
+    crate::secrets::verify_master_key(store.as_ref(), keys.master_key()).await?;
+    crate::identity::ensure_ca(store.as_ref(), &keys).await?;
 
     let (stop_sender, stop) = tokio::sync::watch::channel(false);
     let jetstream = data_dir.join("jetstream");
@@ -628,7 +575,7 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     };
     let domain = Domain::start(
         &config,
-        store,
+        crate::domain::Unlocked { store, keys },
         logs,
         bus.client.clone(),
         bus.local_publisher(),
