@@ -275,7 +275,7 @@ pub fn validate(root: &Path, seed: &Seed) -> Result<String, String> {
     let mut done = Vec::new();
     if seed.server.is_some() {
         let path = server_config_path(root);
-        let problems = crate::server::check_config_file(&path);
+        let problems = crate::preflight::check_config_file(&path);
         if !problems.is_empty() {
             return Err(format!("{}: {}", path.display(), problems.join("; ")));
         }
