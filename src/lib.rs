@@ -28,6 +28,7 @@ pub mod ids;
 pub mod metrics;
 pub mod modules;
 pub mod preflight;
+pub mod program;
 pub mod runbooks;
 pub mod secrets;
 pub mod server;

@@ -23,7 +23,6 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
-use crate::cli::{exit, CliError};
 use crate::config::AgentSection;
 use crate::config::TrustPolicy;
 use crate::fleet::protocol::{
@@ -32,6 +31,7 @@ use crate::fleet::protocol::{
 use crate::fleet::signature::{Refused, SeenJobs, Verifier};
 use crate::modules::bundle::{self, Call};
 use crate::modules::sandbox::Limits;
+use crate::program::{exit, CliError};
 
 /// The longest request or answer line: a stored state plan (base64) beside its command, or
 /// two capped outputs JSON-escaped.
@@ -389,12 +389,12 @@ struct Args {
     #[argh(option)]
     state_dir: Option<PathBuf>,
     /// log level or filter (default info; SVC_LOG and RUST_LOG also work)
-    #[argh(option, from_str_fn(crate::cli::values::log_filter))]
+    #[argh(option, from_str_fn(crate::program::log_filter))]
     log_level: Option<String>,
 }
 
 pub fn main(program: &str, config_path: Option<PathBuf>, args: &[String]) -> i32 {
-    let args = match crate::cli::parse_args::<Args>(&format!("{program} executor"), args) {
+    let args = match crate::program::parse_args::<Args>(&format!("{program} executor"), args) {
         Ok(args) => args,
         Err(code) => return code,
     };
@@ -431,7 +431,7 @@ pub fn main(program: &str, config_path: Option<PathBuf>, args: &[String]) -> i32
         eprintln!("{program}: {problem}");
         return exit::FAILED;
     }
-    crate::cli::run_async(program, serve(Arc::new(executor), args))
+    crate::program::run_async(program, serve(Arc::new(executor), args))
 }
 
 /// uid and gid of a user name.

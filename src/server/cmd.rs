@@ -30,7 +30,7 @@ struct Args {
     #[argh(switch)]
     check_config: bool,
     /// log level or filter (overrides log_level; SVC_LOG and RUST_LOG also work)
-    #[argh(option, from_str_fn(crate::cli::values::log_filter))]
+    #[argh(option, from_str_fn(crate::program::log_filter))]
     log_level: Option<String>,
     /// with the server stopped: mint a new admin API key into a 0600 file in the data dir
     /// (its path is printed, the key is not) and exit; audited at the next start
@@ -46,7 +46,7 @@ const BOOTSTRAP_KEY_FILE: &str = "bootstrap-admin.key";
 const RECOVERIES_FILE: &str = "admin-recoveries.jsonl";
 
 pub fn main(program: &str, args: Vec<String>) -> i32 {
-    let args = match crate::cli::parse_args::<Args>(program, &args) {
+    let args = match crate::program::parse_args::<Args>(program, &args) {
         Ok(args) => args,
         Err(code) => return code,
     };
@@ -132,7 +132,7 @@ fn init_logging(config: &ServerConfig) {
     let filter = EnvFilter::try_new(&filter).unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(crate::cli::output::stderr_colour())
+        .with_ansi(crate::program::output::stderr_colour())
         .with_writer(std::io::stderr);
     let _ = match config.log_format {
         LogFormat::Json => {
