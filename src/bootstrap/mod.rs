@@ -319,7 +319,7 @@ pub fn install(root: &Path, seed: &Seed) -> Result<String, String> {
         changed.push(format!("{}", target.display()));
     }
     let mut links = 0;
-    for name in crate::dispatch::names() {
+    for name in crate::program::NAMES {
         let link = bindir.join(name);
         if std::fs::read_link(&link).ok().as_deref() == Some(Path::new("svc")) {
             continue;

@@ -20,6 +20,32 @@ pub mod planned;
 
 pub use output::Output;
 
+/// Every name the binary answers to besides `svc` itself, in `svc --list` order: what
+/// install.sh and svc-bootstrap link, and what completions and man pages cover. `dispatch`
+/// maps each to its entry function, and its tests hold the two together.
+pub const NAMES: &[&str] = &[
+    "svc-server",
+    "svcctl",
+    "svc-migrate",
+    "svc-agent",
+    "svc-audit",
+    "svc-events",
+    "svc-identity",
+    "svc-secrets",
+    "svc-policy",
+    "svc-cluster",
+    "svc-cluster-backup",
+    "svc-files",
+    "svc-backup",
+    "svc-blueprint",
+    "svc-bootstrap",
+    "svc-gitops",
+    "svc-module",
+    "svc-registry",
+    "svc-runbook",
+    "svc-webhook",
+];
+
 /// Exit codes of every program (contract §1).
 pub mod exit {
     pub const OK: i32 = 0;
