@@ -3,7 +3,9 @@
 //! Both daemons load the same way: parse the file into a YAML tree, lay the environment over
 //! it, check every key against the tree of defaults (so every unknown key is reported at once,
 //! named with its file or variable), then deserialize. serde_yaml is archived upstream, so
-//! `serde_yaml_ng` stays behind [`parse_yaml`], the one place that parses YAML.
+//! configuration goes through [`parse_yaml`] (`serde_yaml_ng`); state has its own
+//! (`state/compile.rs`), and blueprints, modules, runbooks, svc-gitops and svc-agent's
+//! bootstrap still call `serde_yaml_ng` themselves.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -35,7 +37,7 @@ const NON_CONFIG_VARIABLES: &[&str] = &[
     "SVC_BACKUP_BUCKET",
 ];
 
-/// Parses YAML text into any deserializable type. The only caller of the YAML crate.
+/// Parses YAML text into any deserializable type (configuration, policies, svc-secrets' files).
 pub fn parse_yaml<T: DeserializeOwned>(text: &str) -> Result<T, String> {
     serde_yaml_ng::from_str(text).map_err(|e| e.to_string())
 }

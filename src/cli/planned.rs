@@ -1,9 +1,7 @@
-//! CLIs whose features are not built yet: their help and subcommand lists, from one table.
-//!
-//! Each name parses `--help`/`--version` and knows its subcommands, so scripts and operators
-//! can discover the surface today; running a subcommand exits 1 with
-//! `NAME: 'SUB' is not implemented yet` — never a fake success. When a CLI is built it moves
-//! out of this table into its own file.
+//! Every CLI's help and command list, from one table: what each `svc-NAME` is, its commands,
+//! and which of them its own file runs (`built`). Every command listed is built today; one
+//! that is not (a new CLI's first rows) answers `NAME: 'SUB' is not implemented yet` and exits
+//! 1 — never a fake success (`program::planned`).
 
 pub use crate::program::planned::{run, Planned};
 

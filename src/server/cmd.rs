@@ -421,7 +421,7 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     );
     // With bus.tls, agents may log in by mutual TLS: client certificates are requested (not
     // required) and must chain to the embedded root CA.
-    // (validate() has checked both files are set, or neither.)
+    // (preflight::check_config has checked both files are set, or neither.)
     let bus_tls = if config.bus.tls.cert.is_empty() {
         None
     } else {
