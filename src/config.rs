@@ -3,7 +3,9 @@
 //! Both daemons load the same way: parse the file into a YAML tree, lay the environment over
 //! it, check every key against the tree of defaults (so every unknown key is reported at once,
 //! named with its file or variable), then deserialize. serde_yaml is archived upstream, so
-//! `serde_yaml_ng` stays behind [`parse_yaml`], the one place that parses YAML.
+//! configuration goes through [`parse_yaml`] (`serde_yaml_ng`); state has its own
+//! (`state/compile.rs`), and blueprints, modules, runbooks, svc-gitops and svc-agent's
+//! bootstrap still call `serde_yaml_ng` themselves.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -35,7 +37,7 @@ const NON_CONFIG_VARIABLES: &[&str] = &[
     "SVC_BACKUP_BUCKET",
 ];
 
-/// Parses YAML text into any deserializable type. The only caller of the YAML crate.
+/// Parses YAML text into any deserializable type (configuration, policies, svc-secrets' files).
 pub fn parse_yaml<T: DeserializeOwned>(text: &str) -> Result<T, String> {
     serde_yaml_ng::from_str(text).map_err(|e| e.to_string())
 }
@@ -466,7 +468,54 @@ pub struct AgentConfig {
     pub nats: NatsSection,
     /// Which modules the agent runs (`svc-module run --target`): `require_signature` and
     /// `trusted_keys`, as in svc-module's own configuration.
-    pub modules: crate::modules::sign::Policy,
+    pub modules: TrustPolicy,
+}
+
+/// Which module ZIPs may run: `modules:` of the agent's configuration (what modules sent by
+/// `run --target` must be signed by) and of svc-module's own configuration file
+/// ([`TrustPolicy::load`]). The check itself is `modules::sign`'s.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrustPolicy {
+    /// Refuse modules without a valid signature by one of `trusted_keys`.
+    #[serde(default)]
+    pub require_signature: bool,
+    /// Public keys (base64), or paths of files holding one.
+    #[serde(default)]
+    pub trusted_keys: Vec<String>,
+}
+
+impl TrustPolicy {
+    /// `modules:` of the module configuration: `path` (`--config`), else env
+    /// SVC_MODULES_CONFIG, else /etc/svc/modules.yaml when it exists (the default policy when
+    /// it does not).
+    pub fn load(path: Option<&Path>) -> crate::Result<TrustPolicy> {
+        #[derive(Deserialize)]
+        struct ModulesFile {
+            #[serde(default)]
+            modules: TrustPolicy,
+        }
+        let (path, explicit) = match path {
+            Some(p) => (p.to_path_buf(), true),
+            None => match std::env::var_os("SVC_MODULES_CONFIG").filter(|v| !v.is_empty()) {
+                Some(p) => (PathBuf::from(p), true),
+                None => (PathBuf::from("/etc/svc/modules.yaml"), false),
+            },
+        };
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(_) if !explicit => return Ok(TrustPolicy::default()),
+            Err(e) => {
+                return Err(crate::Error::NotFound(format!(
+                    "cannot read {}: {e}",
+                    path.display()
+                )))
+            }
+        };
+        let file: ModulesFile = parse_yaml(&text)
+            .map_err(|e| crate::Error::Invalid(format!("{}: {e}", path.display())))?;
+        Ok(file.modules)
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -7,6 +7,7 @@
 use std::ffi::OsString;
 
 use crate::cli::{self, exit, planned};
+use crate::program::NAMES;
 
 /// A mode's entry point: program name and arguments in, exit code out.
 type Main = fn(&str, Vec<String>) -> i32;
@@ -16,46 +17,53 @@ enum Entry {
     Planned(&'static planned::Planned),
 }
 
-/// Every name the binary answers to, besides `svc` itself.
-fn table() -> Vec<(&'static str, Entry)> {
-    let mut names: Vec<(&'static str, Entry)> = vec![
-        ("svc-server", Entry::Run(crate::server::main)),
-        ("svcctl", Entry::Run(cli::ctl::main)),
-        // Fully built CLIs with no planned row.
-        ("svc-migrate", Entry::Run(cli::migrate::main)),
-    ];
-    // CLIs with some commands built have their own entry; the rest come from the table.
-    let built: &[(&str, Main)] = &[
-        ("svc-audit", cli::audit::main),
-        ("svc-events", cli::events::main),
-        ("svc-policy", cli::policy::main),
-        ("svc-identity", cli::identity::main),
-        ("svc-agent", crate::agent::main),
-        ("svc-secrets", cli::secrets::main),
-        ("svc-cluster", cli::cluster::main),
-        ("svc-cluster-backup", cli::cluster::backup_main),
-        ("svc-backup", cli::backup::main),
-        ("svc-files", cli::files::main),
-        ("svc-webhook", cli::webhook::main),
-        ("svc-runbook", cli::runbook::main),
-        ("svc-blueprint", cli::blueprint::main),
-        ("svc-bootstrap", cli::bootstrap::main),
-        ("svc-gitops", cli::gitops::main),
-        ("svc-module", cli::module::main),
-        ("svc-registry", cli::registry::main),
-    ];
-    for tool in planned::TOOLS {
-        match built.iter().find(|(name, _)| *name == tool.name) {
-            Some((name, entry)) => names.push((name, Entry::Run(*entry))),
-            None => names.push((tool.name, Entry::Planned(tool))),
+/// The entry of each name the binary answers to (`program::NAMES`, besides `svc` itself):
+/// a built CLI or daemon has its function; a name without one runs from its planned row.
+fn entry(name: &'static str) -> Entry {
+    let main: Main = match name {
+        "svc-server" => crate::server::main,
+        "svcctl" => svcctl,
+        "svc-migrate" => cli::migrate::main,
+        "svc-agent" => crate::agent::main,
+        "svc-audit" => cli::audit::main,
+        "svc-events" => cli::events::main,
+        "svc-identity" => cli::identity::main,
+        "svc-secrets" => cli::secrets::main,
+        "svc-policy" => cli::policy::main,
+        "svc-cluster" => cli::cluster::main,
+        "svc-cluster-backup" => cli::cluster::backup_main,
+        "svc-files" => cli::files::main,
+        "svc-backup" => cli::backup::main,
+        "svc-blueprint" => cli::blueprint::main,
+        "svc-bootstrap" => cli::bootstrap::main,
+        "svc-gitops" => cli::gitops::main,
+        "svc-module" => cli::module::main,
+        "svc-registry" => cli::registry::main,
+        "svc-runbook" => cli::runbook::main,
+        "svc-webhook" => cli::webhook::main,
+        _ => {
+            return Entry::Planned(
+                planned::find(name).expect("every name has an entry function or a planned row"),
+            )
         }
-    }
-    names
+    };
+    Entry::Run(main)
+}
+
+/// Every name with its entry, in `program::NAMES` order.
+fn table() -> Vec<(&'static str, Entry)> {
+    NAMES.iter().map(|&name| (name, entry(name))).collect()
+}
+
+/// svcctl, which runs the built-in `svc-NAME` modes in-process (`svcctl events list`) with
+/// this table.
+fn svcctl(program: &str, args: Vec<String>) -> i32 {
+    cli::ctl::main(program, args, run_mode)
 }
 
 /// All names, in table order (for `svc --list` and install.sh).
 pub fn names() -> Vec<&'static str> {
-    table().into_iter().map(|(name, _)| name).collect()
+    NAMES.to_vec()
 }
 
 /// Whether `name` is a mode of this binary.
@@ -246,5 +254,14 @@ mod tests {
         }
         assert_eq!(names().len(), expected.len());
         assert!(!is_mode("svc-nope"));
+    }
+
+    #[test]
+    fn every_name_has_an_entry() {
+        for (name, entry) in table() {
+            if let Entry::Planned(tool) = entry {
+                assert_eq!(tool.name, name);
+            }
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! The domain: what every domain function receives first, built once and whole at start.
 //!
-//! Start-up order (server::cmd): store → stream logs → broker → the server's bus client →
+//! Start-up order (server::cmd): store → the master key, decoded and checked against the store
+//! once ([`Unlocked`]) → CA → stream logs → broker → the server's bus client →
 //! [`Domain::start`] → listeners. `Domain::start` returns a finished `Arc<Domain>`: nothing in
 //! it is set later (no late-bound bus client, publisher callback or swapped-in part), so a
 //! domain function can never meet a half-built domain.
@@ -60,6 +61,14 @@ struct Parts {
     runbooks: crate::runbooks::Runbooks,
 }
 
+/// The store, open and migrated, and the keys decoded from the configuration whose master key
+/// that store accepted (`secrets::verify_master_key`): the server decodes and checks them once,
+/// before anything sealed is opened, and the domain takes them as they are.
+pub struct Unlocked {
+    pub store: Arc<dyn Store>,
+    pub keys: Keys,
+}
+
 /// What the domain keeps beside the store: the durable streams it writes and the file
 /// service's objects.
 pub struct Logs {
@@ -71,21 +80,21 @@ pub struct Logs {
 }
 
 impl Domain {
-    /// Builds the whole domain over an open store, its logs and the server's bus client:
-    /// unseals secrets (refusing a wrong master key), makes or opens the embedded CA, and
-    /// loads the agent registry. `stopping` flips when the server stops, ending live streams.
-    /// With `broker` (the embedded one), stored events are fanned out into it in process
-    /// rather than through `bus`.
+    /// Builds the whole domain over an open store whose master key was checked, its logs and
+    /// the server's bus client: unseals secrets with that key (the server made or opened the
+    /// embedded CA with it already) and loads the agent registry. `stopping` flips when the
+    /// server stops, ending live streams. With `broker` (the embedded one), stored events are
+    /// fanned out into it in process rather than through `bus`.
     pub async fn start(
         config: &ServerConfig,
-        store: Arc<dyn Store>,
+        unlocked: Unlocked,
         logs: Logs,
         bus: async_nats::Client,
         broker: Option<crate::bus::broker::LocalPublisher>,
         cluster: Arc<crate::cluster::Cluster>,
         stopping: watch::Receiver<bool>,
     ) -> Result<Arc<Domain>> {
-        let keys = Keys::from_config(config)?;
+        let Unlocked { store, keys } = unlocked;
         let events = match broker {
             Some(broker) => Events::new(logs.events, stopping, None).with_broker(broker),
             None => Events::new(logs.events, stopping, Some(bus.clone())),
@@ -112,9 +121,7 @@ impl Domain {
             },
         );
         domain.cluster = cluster;
-        // A wrong master_key is refused (with what to do) before anything sealed is opened.
-        crate::secrets::start(&domain, domain.keys.master_key(), &config.secrets).await?;
-        crate::identity::ensure_ca(domain.store.as_ref(), &domain.identity_keys()).await?;
+        crate::secrets::unlock(&domain, domain.keys.master_key(), &config.secrets).await;
         let agents = crate::fleet::load(&domain).await?;
         tracing::debug!(agents, "agent registry loaded");
         Ok(Arc::new(domain))

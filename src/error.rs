@@ -1,7 +1,10 @@
-//! The domain error enum, and its one mapping per transport (HTTP status, gRPC code, exit code).
+//! The domain error enum, and its mappings to HTTP (status and the REST error code) and to gRPC.
 //!
-//! Domain modules return `Error`; REST, gRPC and the CLIs translate it here and nowhere else,
-//! so a new variant is handled everywhere or the build fails.
+//! Domain modules return `Error`; REST and gRPC translate it here, with exhaustive matches, so
+//! a new variant is handled on both or the build fails. Exit codes are not mapped here: the
+//! CLIs map the gRPC status (`program::CliError::from`), the HTTP status
+//! (`cli::client::http_json`) and, in a few local or bus commands, errors of their own
+//! (docs/ARCHITECTURE.md, "Errors map to HTTP and gRPC in one place").
 
 use std::time::Duration;
 

@@ -15,6 +15,7 @@ pub mod clock;
 pub mod cluster;
 pub mod codec;
 pub mod config;
+pub mod datadir;
 pub mod dispatch;
 pub mod domain;
 pub mod error;
@@ -26,6 +27,8 @@ pub mod identity;
 pub mod ids;
 pub mod metrics;
 pub mod modules;
+pub mod preflight;
+pub mod program;
 pub mod runbooks;
 pub mod secrets;
 pub mod server;
@@ -34,7 +37,9 @@ pub mod store;
 pub mod stream;
 pub mod template;
 pub mod tls;
+pub mod version;
 pub mod webhooks;
+pub mod zip;
 
 /// Code generated from proto/svc/v1 (messages, clients, servers).
 pub mod proto {

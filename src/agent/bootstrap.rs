@@ -18,8 +18,8 @@ use serde_yaml_ng::{Mapping, Value};
 
 use super::{CA_FILE, CERT_FILE, DEFAULT_CONFIG, KEY_FILE};
 use crate::bus::subjects;
-use crate::cli::{exit, parse_args, run_async, CliError};
 use crate::identity::{EnrolRequest, Enrolled};
+use crate::program::{exit, parse_args, run_async, CliError};
 
 const DEFAULT_STATE_DIR: &str = "/var/lib/svc-agent";
 const ENROL_TIMEOUT: Duration = Duration::from_secs(15);

@@ -15,11 +15,11 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 
 use crate::bus::subjects;
-use crate::cli::{exit, CliError};
 use crate::config::AgentConfig;
 use crate::facts::{self, Facts};
 use crate::fleet::protocol::{ExecOutcome, Heartbeat, Reply, ReplyOutcome};
 use crate::fleet::signature;
+use crate::program::{exit, CliError};
 
 use super::executor::{self, Executor};
 
@@ -42,7 +42,7 @@ const FACTS_EVERY: Duration = Duration::from_secs(60);
 #[argh(help_triggers("-h", "--help"))]
 pub struct RunArgs {
     /// log level or filter (default info; SVC_LOG and RUST_LOG also work)
-    #[argh(option, from_str_fn(crate::cli::values::log_filter))]
+    #[argh(option, from_str_fn(crate::program::log_filter))]
     log_level: Option<String>,
 }
 
@@ -60,7 +60,7 @@ pub fn main(program: &str, config_path: Option<PathBuf>, args: RunArgs) -> i32 {
         return exit::FAILED;
     }
     init_logging(args.log_level.as_deref().unwrap_or("info"));
-    crate::cli::run_async(program, run(config))
+    crate::program::run_async(program, run(config))
 }
 
 pub(super) fn init_logging(level: &str) {
@@ -70,7 +70,7 @@ pub(super) fn init_logging(level: &str) {
         .unwrap_or_else(|_| level.to_string());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_new(&filter).unwrap_or_else(|_| EnvFilter::new("info")))
-        .with_ansi(crate::cli::output::stderr_colour())
+        .with_ansi(crate::program::output::stderr_colour())
         .with_writer(std::io::stderr)
         .try_init();
 }

@@ -23,15 +23,15 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
-use crate::cli::{exit, CliError};
 use crate::config::AgentSection;
+use crate::config::TrustPolicy;
 use crate::fleet::protocol::{
     Command, ExecOutcome, PlanRef, Reply, ReplyOutcome, StateOutcome, Work,
 };
 use crate::fleet::signature::{Refused, SeenJobs, Verifier};
 use crate::modules::bundle::{self, Call};
 use crate::modules::sandbox::Limits;
-use crate::modules::sign::Policy;
+use crate::program::{exit, CliError};
 
 /// The longest request or answer line: a stored state plan (base64) beside its command, or
 /// two capped outputs JSON-escaped.
@@ -71,7 +71,7 @@ pub struct Executor {
     seen: Mutex<SeenJobs>,
     agent_id: String,
     /// The signatures a module must carry to run here (`modules:` of the agent's config).
-    modules: Arc<Policy>,
+    modules: Arc<TrustPolicy>,
 }
 
 impl Executor {
@@ -80,7 +80,7 @@ impl Executor {
     /// (the executor running as root beside an unprivileged daemon).
     pub fn open(
         agent: &AgentSection,
-        modules: Policy,
+        modules: TrustPolicy,
         seen_file: Option<PathBuf>,
         root_owned_key: bool,
     ) -> Result<Executor, String> {
@@ -389,12 +389,12 @@ struct Args {
     #[argh(option)]
     state_dir: Option<PathBuf>,
     /// log level or filter (default info; SVC_LOG and RUST_LOG also work)
-    #[argh(option, from_str_fn(crate::cli::values::log_filter))]
+    #[argh(option, from_str_fn(crate::program::log_filter))]
     log_level: Option<String>,
 }
 
 pub fn main(program: &str, config_path: Option<PathBuf>, args: &[String]) -> i32 {
-    let args = match crate::cli::parse_args::<Args>(&format!("{program} executor"), args) {
+    let args = match crate::program::parse_args::<Args>(&format!("{program} executor"), args) {
         Ok(args) => args,
         Err(code) => return code,
     };
@@ -431,7 +431,7 @@ pub fn main(program: &str, config_path: Option<PathBuf>, args: &[String]) -> i32
         eprintln!("{program}: {problem}");
         return exit::FAILED;
     }
-    crate::cli::run_async(program, serve(Arc::new(executor), args))
+    crate::program::run_async(program, serve(Arc::new(executor), args))
 }
 
 /// uid and gid of a user name.

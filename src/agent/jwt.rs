@@ -13,9 +13,9 @@ use argh::FromArgs;
 use futures_util::StreamExt;
 
 use crate::bus::subjects;
-use crate::cli::{exit, parse_args, run_async, CliError};
 use crate::config;
 use crate::identity::jwt::{AgentRequest, IssuedJwt};
+use crate::program::{exit, parse_args, run_async, CliError};
 use crate::{Error, Result};
 
 const TIMEOUT: Duration = Duration::from_secs(10);

@@ -19,13 +19,29 @@ mod service;
 
 use std::path::{Path, PathBuf};
 
-use crate::cli::{exit, planned};
+use crate::program::exit;
+use crate::program::planned::{self, Planned};
 
 /// The agent's files under `state_dir`.
 pub const KEY_FILE: &str = "key.pem";
 pub const CERT_FILE: &str = "cert.pem";
 pub const CA_FILE: &str = "ca.pem";
 pub const DEFAULT_CONFIG: &str = "/etc/svc/agent.yaml";
+
+/// svc-agent's commands, for its help (and the CLIs' table, `cli::planned::TOOLS`).
+pub const COMMANDS: Planned = Planned {
+    name: "svc-agent",
+    about: "Host daemon: enrols with the server, heartbeats, runs commands and applies state.\nWith no command it runs the daemon (--config PATH, default /etc/svc/agent.yaml).",
+    commands: &[
+        ("bootstrap", "enrol: interactive wizard, or --non-interactive --server URL --agent-id ID (--token T | --psk P) [--labels k=v,...]"),
+        ("service", "manage the systemd unit: install | uninstall | status"),
+        ("run", "run the daemon (the default): [--log-level LEVEL]"),
+        ("jwt", "print this agent's JWT-SVID: --audience A [--ttl D] [-o json]"),
+    ],
+    default: Some("run"),
+    is_client: false,
+    built: &["bootstrap", "service", "run", "jwt"],
+};
 
 pub fn main(program: &str, args: Vec<String>) -> i32 {
     let (config, rest) = match take_config(args) {
@@ -45,12 +61,12 @@ pub fn main(program: &str, args: Vec<String>) -> i32 {
         Some(flag) if flag.starts_with("--") && !matches!(flag, "--help" | "--version") => {
             run_daemon(program, config, &rest)
         }
-        _ => planned::run(&planned::AGENT, &rest),
+        _ => planned::run(&COMMANDS, &rest),
     }
 }
 
 fn run_daemon(program: &str, config: Option<PathBuf>, args: &[String]) -> i32 {
-    match crate::cli::parse_args::<daemon::RunArgs>(&format!("{program} run"), args) {
+    match crate::program::parse_args::<daemon::RunArgs>(&format!("{program} run"), args) {
         Ok(args) => daemon::main(program, config, args),
         Err(code) => code,
     }

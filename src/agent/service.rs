@@ -13,7 +13,7 @@ use std::process::Command;
 
 use argh::FromArgs;
 
-use crate::cli::{exit, parse_args, CliError, Output};
+use crate::program::{exit, parse_args, CliError, Output};
 
 const UNIT_NAME: &str = "svc-agent.service";
 const UNIT_TEMPLATE: &str = include_str!("../../systemd/svc-agent.service");
@@ -282,10 +282,10 @@ fn status(args: StatusArgs) -> Result<i32, CliError> {
     let active = query("is-active");
     let enabled = query("is-enabled");
     match args.output {
-        Output::Json => crate::cli::output::print_json(&serde_json::json!({
+        Output::Json => crate::program::output::print_json(&serde_json::json!({
             "unit": path, "installed": installed, "active": active, "enabled": enabled,
         }))?,
-        Output::Table => crate::cli::output::print_table(
+        Output::Table => crate::program::output::print_table(
             &["UNIT", "INSTALLED", "ENABLED", "ACTIVE"],
             &[vec![
                 path.display().to_string(),

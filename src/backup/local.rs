@@ -338,7 +338,7 @@ pub async fn restore(
 
     // Now the server: it must not run on this data dir while the files change.
     let mut restarted_server = false;
-    let lock = match crate::server::try_lock_data_dir(&data_dir)? {
+    let lock = match crate::datadir::try_lock(&data_dir)? {
         Some(lock) => lock,
         None if service.is_active() => {
             service.stop()?;
@@ -387,7 +387,7 @@ pub async fn restore(
 
 async fn wait_for_lock(data_dir: &Path) -> Result<std::fs::File> {
     for _ in 0..100 {
-        if let Some(lock) = crate::server::try_lock_data_dir(data_dir)? {
+        if let Some(lock) = crate::datadir::try_lock(data_dir)? {
             return Ok(lock);
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
@@ -469,7 +469,7 @@ async fn stage(options: &RestoreOptions<'_>, staging: &Path) -> Result<Manifest>
 /// Refuses a snapshot whose secrets the configured master key cannot open: restored, the
 /// server would refuse to start.
 async fn check_master_key(config: &ServerConfig, store_file: &Path) -> Result<()> {
-    let Some(master_key) = crate::server::decode_master_key(&config.master_key) else {
+    let Some(master_key) = crate::datadir::decode_master_key(&config.master_key) else {
         return Err(Error::Invalid(
             "the configuration has no valid master_key (base64 of 32 bytes): the restored server could not open its secrets".into(),
         ));

@@ -13,7 +13,6 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 
 use super::bundle;
-use super::version::{self, Range, Version};
 use super::{Blueprint, Manifest};
 use crate::audit::Action;
 use crate::auth::{Principal, Role};
@@ -22,6 +21,7 @@ use crate::fleet::state::{self as fleet_state, AgentStateResult, Operation, Stat
 use crate::fleet::JobStatus;
 use crate::state::{DirectoryResource, FileResource, Plan, Presence, Resource, SymlinkResource};
 use crate::store::{BlueprintAgentRow, BlueprintApplyRow, BlueprintRow};
+use crate::version::{self, Range, Version};
 use crate::{clock, Error, Result};
 
 /// An installed blueprint version as operators see it.

@@ -17,14 +17,14 @@
 
 pub mod bundle;
 pub mod catalogue;
-pub mod version;
 
 use std::collections::BTreeMap;
-use std::path::{Component, Path};
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
 use crate::state::{Plan, Resource};
+use crate::version;
 use crate::{Error, Result};
 
 pub const MANIFEST_FILE: &str = "blueprint.yaml";
@@ -363,24 +363,7 @@ pub fn parse_sets(sets: &[String]) -> Result<BTreeMap<String, String>> {
 
 /// A relative path inside a blueprint: no `..`, not absolute, `/`-separated, UTF-8.
 pub fn check_relative(path: &str) -> Result<()> {
-    check_relative_inside(path, "blueprint")
-}
-
-/// `path` as a plain relative path (normal components only, no backslashes) inside an
-/// archive of `what` (a blueprint, a module); `what` names it in the error.
-pub fn check_relative_inside(path: &str, what: &str) -> Result<()> {
-    let fine = !path.is_empty()
-        && Path::new(path)
-            .components()
-            .all(|c| matches!(c, Component::Normal(_)))
-        && !path.contains('\\');
-    if fine {
-        Ok(())
-    } else {
-        Err(Error::Invalid(format!(
-            "'{path}' is not a plain relative path inside the {what}"
-        )))
-    }
+    crate::modules::check_relative_inside(path, "blueprint")
 }
 
 impl Blueprint {

@@ -275,7 +275,7 @@ pub fn validate(root: &Path, seed: &Seed) -> Result<String, String> {
     let mut done = Vec::new();
     if seed.server.is_some() {
         let path = server_config_path(root);
-        let problems = crate::server::check_config_file(&path);
+        let problems = crate::preflight::check_config_file(&path);
         if !problems.is_empty() {
             return Err(format!("{}: {}", path.display(), problems.join("; ")));
         }
@@ -319,7 +319,7 @@ pub fn install(root: &Path, seed: &Seed) -> Result<String, String> {
         changed.push(format!("{}", target.display()));
     }
     let mut links = 0;
-    for name in crate::dispatch::names() {
+    for name in crate::program::NAMES {
         let link = bindir.join(name);
         if std::fs::read_link(&link).ok().as_deref() == Some(Path::new("svc")) {
             continue;

@@ -1,8 +1,12 @@
 //! Bus subjects: validation, wildcard matching, and the names svc itself uses (contract §7).
 //!
 //! Owns what a subject *is* (dot-separated tokens, `*` one token, `>` one or more trailing
-//! tokens) and every subject string svc publishes or subscribes to, so no other module spells
-//! `svc.agent.` by hand. Pure functions only: no I/O, no allocation on the matching path.
+//! tokens) and the subjects of the control plane: enrolment, the agents', the events', the
+//! files'. Not all: the server subscribes to agents' heartbeats and results with wildcards of
+//! its own (`server/fleet.rs`), `fleet::protocol::agent_of` reads an agent id back out of a
+//! subject, and the JetStream streams name their internal subjects beside them
+//! (`stream/jetstream.rs`, `files/jetstream.rs`). Pure functions only: no I/O, no allocation on
+//! the matching path.
 
 /// Enrolment requests from agents that have no credentials yet.
 pub const ENROLL: &str = "svc.enroll";

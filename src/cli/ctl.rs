@@ -27,7 +27,9 @@ Commands:
               or an executable svc-NAME found on PATH (plugins)
 ";
 
-pub fn main(program: &str, mut args: Vec<String>) -> i32 {
+/// svcctl. `run_mode` runs a built-in `svc-NAME` mode in-process (`svcctl NAME ...`): the
+/// table of modes is `dispatch`'s, above the CLIs, which hands it in.
+pub fn main(program: &str, mut args: Vec<String>, run_mode: fn(&str, Vec<String>) -> i32) -> i32 {
     let common = match take_common(&mut args) {
         Ok(common) => common,
         Err(error) => {
@@ -58,10 +60,10 @@ pub fn main(program: &str, mut args: Vec<String>) -> i32 {
         name => {
             // Built-in svc-NAME modes run in-process with the common flags passed on.
             let mode = format!("svc-{name}");
-            if crate::dispatch::is_mode(&mode) {
+            if crate::program::NAMES.contains(&mode.as_str()) {
                 let mut forwarded = common_flags(&common);
                 forwarded.extend(rest);
-                return crate::dispatch::run_mode(&mode, forwarded);
+                return run_mode(&mode, forwarded);
             }
             run_plugin(program, name, &rest)
         }

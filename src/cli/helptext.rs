@@ -334,8 +334,8 @@ fn fill(exe: &Path, node: &mut Node, text: &str, depth: usize) -> Result<(), Str
 
 /// Every top-level name's tree, in `svc --list` order.
 pub fn forest(exe: &Path) -> Result<Vec<Node>, String> {
-    crate::dispatch::names()
-        .into_iter()
+    crate::program::NAMES
+        .iter()
         .map(|name| tree(exe, name))
         .collect()
 }

@@ -289,7 +289,7 @@ fn files(out: &mut String, name: &str) {
 
 fn see_also(out: &mut String, name: &str) {
     let mut refs: Vec<String> = Vec::new();
-    for other in std::iter::once("svc").chain(crate::dispatch::names()) {
+    for &other in std::iter::once(&"svc").chain(crate::program::NAMES) {
         if other != name && matches!(other, "svc" | "svc-server" | "svc-agent" | "svcctl") {
             refs.push(format!(".BR {} ({})", escape(other), section(other)));
         }

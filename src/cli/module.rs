@@ -13,9 +13,10 @@ use argh::FromArgs;
 use super::client::{authorized, grpc_channel};
 use super::output::{print_json, print_table};
 use super::{CliError, Common, Output};
+use crate::config::TrustPolicy;
 use crate::modules::registry::{by_version, RegistryClient};
 use crate::modules::sandbox::{self, Limits};
-use crate::modules::sign::{self, Policy};
+use crate::modules::sign;
 use crate::modules::store::{self, Added, Store};
 use crate::modules::{self, sha256_hex, Module, BUILD_DIR, LOCK};
 use crate::proto::{self, fleet_service_client::FleetServiceClient};
@@ -636,7 +637,7 @@ async fn body(common: Common, args: Args) -> Result<(), CliError> {
             let store = Store::open(a.modules_dir);
             let module = Module::load_dir(&a.dir)
                 .map_err(|e| CliError::failed(format!("{}: {e}", a.dir.display())))?;
-            let policy = Policy::load(a.config.as_deref())?;
+            let policy = TrustPolicy::load(a.config.as_deref())?;
             let lock = store::resolve(&module, &store, &registries(&a.registry), &policy).await?;
             let file = a.dir.join(LOCK);
             std::fs::write(&file, lock.to_text())
@@ -793,7 +794,7 @@ fn print_tree(node: &serde_json::Value, prefix: &str, last: bool, root: bool) {
 
 async fn install(a: InstallArgs, json: bool, update: bool) -> Result<(), CliError> {
     let store = Store::open(a.modules_dir);
-    let policy = Policy::load(a.config.as_deref())?;
+    let policy = TrustPolicy::load(a.config.as_deref())?;
     let registries = registries(&a.registry);
     let path = Path::new(&a.source);
     let (zip, signature) = if path.is_dir() {
@@ -810,8 +811,7 @@ async fn install(a: InstallArgs, json: bool, update: bool) -> Result<(), CliErro
         (read(path)?, signature)
     } else {
         let (name, range) = name_and_range(&a.source);
-        let range = crate::blueprint::version::Range::parse(range.unwrap_or("*"))
-            .map_err(CliError::usage)?;
+        let range = crate::version::Range::parse(range.unwrap_or("*")).map_err(CliError::usage)?;
         if registries.is_empty() {
             return Err(CliError::usage(format!(
                 "{} is not a file or directory; to install it from a registry give --registry URL",
@@ -827,9 +827,10 @@ async fn install(a: InstallArgs, json: bool, update: bool) -> Result<(), CliErro
                         .rev()
                         .find(|(v, _)| range.matches(v))
                     {
-                        if best.as_ref().is_none_or(
-                            |(b, _, _): &(crate::blueprint::version::Version, _, _)| version > *b,
-                        ) {
+                        if best
+                            .as_ref()
+                            .is_none_or(|(b, _, _): &(crate::version::Version, _, _)| version > *b)
+                        {
                             best = Some((version, v, registry));
                         }
                     }

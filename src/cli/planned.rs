@@ -1,46 +1,18 @@
-//! CLIs whose features are not built yet: their help and subcommand lists, from one table.
-//!
-//! Each name parses `--help`/`--version` and knows its subcommands, so scripts and operators
-//! can discover the surface today; running a subcommand exits 1 with
-//! `NAME: 'SUB' is not implemented yet` — never a fake success. When a CLI is built it moves
-//! out of this table into its own file.
+//! Every CLI's help and command list, from one table: what each `svc-NAME` is, its commands,
+//! and which of them its own file runs (`built`). Every command listed is built today; one
+//! that is not (a new CLI's first rows) answers `NAME: 'SUB' is not implemented yet` and exits
+//! 1 — never a fake success (`program::planned`).
 
-use super::{exit, version_line, COMMON_HELP};
+pub use crate::program::planned::{run, Planned};
 
-pub struct Planned {
-    pub name: &'static str,
-    pub about: &'static str,
-    pub commands: &'static [(&'static str, &'static str)],
-    /// What runs when no subcommand is given (daemons); None means "usage error".
-    pub default: Option<&'static str>,
-    /// Whether it talks to the server with the common client flags.
-    pub is_client: bool,
-    /// Commands that are built (handled by the CLI's own file); the rest are planned.
-    pub built: &'static [&'static str],
-}
-
-pub const AGENT: Planned = Planned {
-    name: "svc-agent",
-    about: "Host daemon: enrols with the server, heartbeats, runs commands and applies state.\nWith no command it runs the daemon (--config PATH, default /etc/svc/agent.yaml).",
-    commands: &[
-        ("bootstrap", "enrol: interactive wizard, or --non-interactive --server URL --agent-id ID (--token T | --psk P) [--labels k=v,...]"),
-        ("service", "manage the systemd unit: install | uninstall | status"),
-        ("run", "run the daemon (the default): [--log-level LEVEL]"),
-        ("jwt", "print this agent's JWT-SVID: --audience A [--ttl D] [-o json]"),
-    ],
-    default: Some("run"),
-    is_client: false,
-    built: &["bootstrap", "service", "run", "jwt"],
-};
-
-/// Every planned `svc-NAME` CLI.
 /// Looks a CLI up by name.
 pub fn find(name: &str) -> Option<&'static Planned> {
     TOOLS.iter().find(|tool| tool.name == name)
 }
 
+/// Every `svc-NAME` CLI with commands in this table (svc-agent's row is the agent's own).
 pub const TOOLS: &[Planned] = &[
-    AGENT,
+    crate::agent::COMMANDS,
     Planned {
         name: "svc-audit",
         about: "Audit log: query, export, report, verify the hash chain.",
@@ -307,95 +279,3 @@ pub const TOOLS: &[Planned] = &[
         built: &["outbound"],
     },
 ];
-
-/// The help text of a planned CLI.
-pub fn help(planned: &Planned) -> String {
-    let mut text = if planned.commands.is_empty() {
-        format!("Usage: {} [<options>]\n\n{}\n", planned.name, planned.about)
-    } else {
-        format!(
-            "Usage: {} <command> [<args>]\n\n{}\n\nCommands:\n",
-            planned.name, planned.about
-        )
-    };
-    let width = planned
-        .commands
-        .iter()
-        .map(|(name, _)| name.len())
-        .max()
-        .unwrap_or(0);
-    for (name, about) in planned.commands {
-        let status = if planned.built.is_empty() || planned.built.contains(name) {
-            ""
-        } else {
-            " (not implemented yet)"
-        };
-        text.push_str(&format!("  {name:width$}  {about}{status}\n"));
-    }
-    text.push('\n');
-    if planned.is_client {
-        text.push_str(COMMON_HELP);
-    } else {
-        text.push_str("Options:\n  -h, --help     show help\n  -v, --version  show the version");
-    }
-    if planned.built.is_empty() {
-        text.push_str("\n\nStatus: this command's features are not built yet; each command exits 1 with 'not implemented yet'.\n");
-    } else {
-        text.push('\n');
-    }
-    text
-}
-
-/// Runs a planned CLI: help and version work; every command says it is not built yet.
-pub fn run(planned: &Planned, args: &[String]) -> i32 {
-    let program = planned.name;
-    let (error_prefix, command_prefix) = match program.split_once(' ') {
-        Some((root, sub)) => (root, format!("{sub} ")),
-        None => (program, String::new()),
-    };
-    if super::wants_version(args) {
-        println!("{}", version_line(error_prefix));
-        return exit::OK;
-    }
-    // The common flags take values; remove them so a value is never mistaken for a command.
-    let mut args = args.to_vec();
-    if let Err(error) = super::take_common(&mut args) {
-        eprintln!("{error_prefix}: {error}");
-        return error.code;
-    }
-    let mut command = None;
-    for arg in &args {
-        match arg.as_str() {
-            "-h" | "--help" | "help" => {
-                print!("{}", help(planned));
-                return exit::OK;
-            }
-            "--" => break,
-            flag if flag.starts_with('-') => {}
-            word if command.is_none() => command = Some(word.to_string()),
-            _ => {}
-        }
-    }
-    let command = match (command, planned.default) {
-        (Some(word), _) if planned.commands.iter().any(|(name, _)| *name == word) => word,
-        (Some(word), None) => {
-            eprintln!("{error_prefix}: unknown command '{command_prefix}{word}'");
-            eprintln!("{error_prefix}: run '{program} --help' for the commands");
-            return exit::USAGE;
-        }
-        (_, Some(default)) => default.to_string(),
-        (None, None) => {
-            eprintln!("{error_prefix}: missing command");
-            eprint!("{}", help(planned));
-            return exit::USAGE;
-        }
-    };
-    // A command without subcommands (`svcctl exec`) is named by itself.
-    let full = if planned.commands.is_empty() && !command_prefix.is_empty() {
-        command_prefix.trim().to_string()
-    } else {
-        format!("{command_prefix}{command}")
-    };
-    eprintln!("{error_prefix}: '{full}' is not implemented yet");
-    exit::FAILED
-}

@@ -107,17 +107,8 @@ pub fn target(value: &str) -> Result<String, String> {
         .map_err(|e| e.to_string())
 }
 
-/// A log level or filter (`info`, `debug`, `svc=debug,info`).
-pub fn log_filter(value: &str) -> Result<String, String> {
-    tracing_subscriber::EnvFilter::try_new(value)
-        .map(|_| value.to_string())
-        .map_err(|e| {
-            format!(
-                "not a log level or filter ({e}); expected one of error, warn, info, debug, \
-                 trace, or a filter like svc=debug,info"
-            )
-        })
-}
+/// A log level or filter (`info`, `debug`, `svc=debug,info`): the daemons' too.
+pub use crate::program::log_filter;
 
 #[cfg(test)]
 mod tests {

@@ -2,8 +2,11 @@
 //! arrive on `svc.agent.<id>.result`, and give up on an agent at its deadline.
 //!
 //! The server has one subscription to every agent's results and hands each answer to the job
-//! waiting for it ([`Jobs::deliver`]); an answer for a job or agent that is not waited for
-//! (late, duplicated or forged by an admin key) is dropped.
+//! waiting for it ([`Jobs::deliver`]); an answer for a job or agent that is not waited for here
+//! (late, duplicated, or for another cluster member's job: every member receives every result)
+//! is dropped. No API key, admin included, may publish on an agent's subjects
+//! (`auth::bus_permissions`), so on the embedded broker an answer comes from the agent its
+//! subject names.
 //!
 //! `concurrency` bounds how many agents are working at once, as Salt's batch mode does.
 

@@ -13,10 +13,10 @@ use super::protocol::Work;
 use super::state::{Job, Operation, DEFAULT_TIMEOUT};
 use crate::audit::Action;
 use crate::auth::{Principal, Role};
+use crate::config::TrustPolicy;
 use crate::domain::Domain;
 use crate::modules::bundle::{self, Opened, Packed};
 use crate::modules::sha256_hex;
-use crate::modules::sign::Policy;
 use crate::{ids, Error, Result};
 
 /// Room left in a bus message for the command's other fields and headers.
@@ -66,7 +66,7 @@ pub async fn prepare(
     let (root, dependencies) = request.packed();
     // What every agent would refuse, found once here (after the role check, below). No
     // signature policy: that is the agents' (an empty policy checks nothing).
-    let opened = bundle::open_packed(root, &dependencies, &Policy::default());
+    let opened = bundle::open_packed(root, &dependencies, &TrustPolicy::default());
     let module_id = opened.as_ref().ok().map(|o| o.module.id());
     let prepared = prepare_checked(domain, principal, &request, operation, opened, &job_id);
     let result = match operation {

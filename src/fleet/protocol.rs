@@ -15,7 +15,12 @@
 use serde::{Deserialize, Serialize};
 
 use crate::facts::Facts;
-use crate::state::{Mode, Outcome, Plan, Resource};
+use crate::state::{Mode, Plan};
+
+// A module on its way to an agent, and what a state or module run reports: part of this
+// protocol, defined where they are made (`modules::bundle`, `state`), below the fleet.
+pub use crate::modules::bundle::ModuleBundle;
+pub use crate::state::StateOutcome;
 
 /// Most output an agent returns per stream (stdout, stderr); the rest is cut and flagged, so
 /// that a result always fits in one bus message.
@@ -110,20 +115,6 @@ pub struct ContentRequest {
     pub chunk: String,
 }
 
-/// A module ZIP as it travels to an agent: its bytes (base64), their SHA-256, the author's
-/// detached signature (checked against the agent's `modules.trusted_keys`), and the
-/// dependencies it loads, each in the same shape.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct ModuleBundle {
-    pub zip_base64: String,
-    pub sha256: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub signature: Option<String>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub dependencies: Vec<ModuleBundle>,
-}
-
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Reply {
     pub job_id: String,
@@ -150,22 +141,6 @@ pub struct ExecOutcome {
     pub truncated: bool,
     pub timed_out: bool,
     /// The command could not run at all (not found, not executable).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct StateOutcome {
-    pub outcomes: Vec<Outcome>,
-    pub timed_out: bool,
-    /// A module run: the resources the function returned (what was checked or applied).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub resources: Vec<Resource>,
-    /// A module run: the lines it logged.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub logs: Vec<String>,
-    /// The plan could not run at all.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }

@@ -56,12 +56,10 @@ impl Keys {
 
     /// From the validated server configuration (master_key: base64 of 32 bytes).
     pub fn from_config(config: &ServerConfig) -> Result<Keys> {
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(config.master_key.expose().trim())
-            .map_err(|_| Error::Invalid("master_key must be base64 of exactly 32 bytes".into()))?;
-        let master_key = bytes
-            .try_into()
-            .map_err(|_| Error::Invalid("master_key must be base64 of exactly 32 bytes".into()))?;
+        let master_key =
+            crate::datadir::decode_master_key(&config.master_key).ok_or_else(|| {
+                Error::Invalid("master_key must be base64 of exactly 32 bytes".into())
+            })?;
         Ok(Keys::new(
             master_key,
             config.hmacsecret.expose().as_bytes().to_vec(),

@@ -11,13 +11,27 @@
 use std::collections::BTreeMap;
 
 use base64::Engine;
+use serde::{Deserialize, Serialize};
 
 use super::sandbox::{self, Limits};
-use super::sign::Policy;
 use super::{sha256_hex, Module};
-use crate::fleet::protocol::{ModuleBundle, StateOutcome};
-use crate::state::{self, Mode, Plan};
+use crate::config::TrustPolicy;
+use crate::state::{self, Mode, Plan, StateOutcome};
 use crate::{Error, Result};
+
+/// A module ZIP as it travels to an agent: its bytes (base64), their SHA-256, the author's
+/// detached signature (checked against the agent's `modules.trusted_keys`), and the
+/// dependencies it loads, each in the same shape.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ModuleBundle {
+    pub zip_base64: String,
+    pub sha256: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signature: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub dependencies: Vec<ModuleBundle>,
+}
 
 /// A ZIP and its signature, as the client sends them.
 pub struct Packed<'a> {
@@ -55,7 +69,7 @@ pub struct Opened {
 
 /// Decodes every ZIP of `bundle`, checks each against the SHA-256 it was sent with, then
 /// opens them as [`open_packed`] does (the agent's side).
-pub fn open(bundle: &ModuleBundle, policy: &Policy) -> Result<Opened> {
+pub fn open(bundle: &ModuleBundle, policy: &TrustPolicy) -> Result<Opened> {
     let root = decode(bundle, "the module")?;
     let dependencies = bundle
         .dependencies
@@ -77,7 +91,7 @@ pub fn open(bundle: &ModuleBundle, policy: &Policy) -> Result<Opened> {
 /// Opens a module and its dependencies from their bytes: each checked against the signature
 /// `policy`, the dependencies against the module's `module.lock` when it has one, none
 /// missing or given twice (the server's side, before anything is encoded for the wire).
-pub fn open_packed(root: Packed, dependencies: &[Packed], policy: &Policy) -> Result<Opened> {
+pub fn open_packed(root: Packed, dependencies: &[Packed], policy: &TrustPolicy) -> Result<Opened> {
     let module = open_one(&root, policy)?;
     let mut opened = BTreeMap::new();
     let mut hashes = BTreeMap::new();
@@ -129,7 +143,7 @@ fn decode(bundle: &ModuleBundle, what: &str) -> Result<Vec<u8>> {
     Ok(zip)
 }
 
-fn open_one(packed: &Packed, policy: &Policy) -> Result<Module> {
+fn open_one(packed: &Packed, policy: &TrustPolicy) -> Result<Module> {
     let module = Module::from_zip(packed.zip)?;
     policy.check(&module.id(), packed.zip, packed.signature)?;
     Ok(module)
@@ -159,7 +173,7 @@ pub fn arguments(
 /// Every failure is the outcome's error; nothing is applied unless the module ran cleanly.
 pub fn run_on_host(
     bundle: &ModuleBundle,
-    policy: &Policy,
+    policy: &TrustPolicy,
     call: &Call,
     mode: Mode,
 ) -> StateOutcome {
@@ -237,9 +251,9 @@ mod tests {
             },
             &[],
         );
-        open(&bundle, &Policy::default()).unwrap();
+        open(&bundle, &TrustPolicy::default()).unwrap();
 
-        let strict = Policy {
+        let strict = TrustPolicy {
             require_signature: true,
             trusted_keys: vec![super::super::sign::keygen().unwrap().1],
         };
@@ -247,7 +261,10 @@ mod tests {
         assert!(e.contains("not signed"), "{e}");
 
         bundle.sha256 = "0".repeat(64);
-        let e = open(&bundle, &Policy::default()).err().unwrap().to_string();
+        let e = open(&bundle, &TrustPolicy::default())
+            .err()
+            .unwrap()
+            .to_string();
         assert!(e.contains("SHA-256"), "{e}");
     }
 
@@ -274,17 +291,17 @@ mod tests {
             args: &args,
             limits: Limits::default(),
         };
-        let checked = run_on_host(&bundle, &Policy::default(), &call, Mode::Check);
+        let checked = run_on_host(&bundle, &TrustPolicy::default(), &call, Mode::Check);
         assert_eq!(checked.error, None);
         assert!(checked.outcomes[0].changed);
         assert!(!path.exists());
-        let applied = run_on_host(&bundle, &Policy::default(), &call, Mode::Apply);
+        let applied = run_on_host(&bundle, &TrustPolicy::default(), &call, Mode::Apply);
         assert_eq!(applied.resources.len(), 1);
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "hi\n");
 
         let bad = [String::from("nope=1")];
         let call = Call { args: &bad, ..call };
-        let e = run_on_host(&bundle, &Policy::default(), &call, Mode::Apply)
+        let e = run_on_host(&bundle, &TrustPolicy::default(), &call, Mode::Apply)
             .error
             .unwrap();
         assert!(e.contains("no parameter 'nope'"), "{e}");

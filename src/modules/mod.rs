@@ -3,20 +3,21 @@
 //! registry, installed, and run in a sandbox that returns state resources (contract §10).
 //!
 //! Code map: this file owns the manifest (`module.yaml`), the in-memory module (its files,
-//! from a directory or a ZIP) and validation. `zip.rs` is the archive format, `sandbox.rs`
+//! from a directory or a ZIP) and validation; the archive format is `crate::zip`. `sandbox.rs`
 //! runs Starlark with svc's builtins and the step and memory limits, `sign.rs` is ed25519
 //! signing, `store.rs` the installed modules, `module.lock` and dependency resolution, and
 //! `registry.rs` the registry's HTTP server and its client, `bundle.rs` a module sent to agents
 //! (`run --target`) and run there.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Component, Path};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::blueprint::version::{Range, Version};
+use crate::version::{Range, Version};
+use crate::zip;
 use crate::{Error, Result};
 
 pub mod bundle;
@@ -24,7 +25,6 @@ pub mod registry;
 pub mod sandbox;
 pub mod sign;
 pub mod store;
-pub mod zip;
 
 pub const MANIFEST: &str = "module.yaml";
 pub const LOCK: &str = "module.lock";
@@ -154,7 +154,24 @@ fn check_name(what: &str, name: &str) -> Result<()> {
 
 /// A module's path must stay inside it: plain relative components, no backslashes.
 pub fn check_relative(path: &str) -> Result<()> {
-    crate::blueprint::check_relative_inside(path, "module")
+    check_relative_inside(path, "module")
+}
+
+/// `path` as a plain relative path (normal components only, no backslashes) inside an
+/// archive of `what` (a blueprint, a module); `what` names it in the error.
+pub fn check_relative_inside(path: &str, what: &str) -> Result<()> {
+    let fine = !path.is_empty()
+        && Path::new(path)
+            .components()
+            .all(|c| matches!(c, Component::Normal(_)))
+        && !path.contains('\\');
+    if fine {
+        Ok(())
+    } else {
+        Err(Error::Invalid(format!(
+            "'{path}' is not a plain relative path inside the {what}"
+        )))
+    }
 }
 
 impl Manifest {

@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::{sha256_hex, Module, MAX_TOTAL_BYTES};
-use crate::blueprint::version;
+use crate::version;
 use crate::{Error, Result};
 
 pub const SIGNATURE_HEADER: &str = "x-module-signature";

@@ -1,17 +1,18 @@
-//! Detached ed25519 signatures of module ZIPs (ring), and the trust policy that requires them.
+//! Detached ed25519 signatures of module ZIPs (ring), and the check of the trust policy that
+//! requires them (its settings, `config::TrustPolicy`, are the configuration's).
 //!
 //! Files are one line of standard base64 each, so they paste into YAML and survive email:
 //! a private key is the PKCS#8 document ring makes (written 0600), a public key is its 32
 //! raw bytes, a signature (`MODULE.zip.sig`) the 64 bytes over the whole ZIP. A signature
 //! covers the exact bytes, which the reproducible build makes a function of the sources.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use ring::signature::{Ed25519KeyPair, KeyPair, UnparsedPublicKey, ED25519};
-use serde::{Deserialize, Serialize};
 
+use crate::config::TrustPolicy;
 use crate::{Error, Result};
 
 /// A new key pair: (private PKCS#8, public), both base64.
@@ -52,50 +53,8 @@ pub fn verify(zip: &[u8], signature: &str, public_key: &str) -> Result<()> {
         .map_err(|_| Error::Forbidden("bad signature: the module was not signed by this key, or it was changed after signing".into()))
 }
 
-/// `modules:` of the module configuration (`--config`, env SVC_MODULES_CONFIG, default
-/// /etc/svc/modules.yaml when it exists), and of the agent's configuration (what modules
-/// sent by `run --target` must be signed by).
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Policy {
-    /// Refuse modules without a valid signature by one of `trusted_keys`.
-    #[serde(default)]
-    pub require_signature: bool,
-    /// Public keys (base64), or paths of files holding one.
-    #[serde(default)]
-    pub trusted_keys: Vec<String>,
-}
-
-#[derive(Deserialize)]
-struct ConfigFile {
-    #[serde(default)]
-    modules: Policy,
-}
-
-impl Policy {
-    pub fn load(path: Option<&Path>) -> Result<Policy> {
-        let (path, explicit) = match path {
-            Some(p) => (p.to_path_buf(), true),
-            None => match std::env::var_os("SVC_MODULES_CONFIG").filter(|v| !v.is_empty()) {
-                Some(p) => (PathBuf::from(p), true),
-                None => (PathBuf::from("/etc/svc/modules.yaml"), false),
-            },
-        };
-        let text = match std::fs::read_to_string(&path) {
-            Ok(text) => text,
-            Err(_) if !explicit => return Ok(Policy::default()),
-            Err(e) => {
-                return Err(Error::NotFound(format!(
-                    "cannot read {}: {e}",
-                    path.display()
-                )))
-            }
-        };
-        let file: ConfigFile = serde_yaml_ng::from_str(&text)
-            .map_err(|e| Error::Invalid(format!("{}: {e}", path.display())))?;
-        Ok(file.modules)
-    }
-
+/// The trust policy applied to a ZIP.
+impl TrustPolicy {
     fn keys(&self) -> Result<Vec<String>> {
         self.trusted_keys
             .iter()
@@ -147,7 +106,7 @@ mod tests {
         let sig = sign(b"zip bytes", &key).unwrap();
         verify(b"zip bytes", &sig, &public).unwrap();
         assert!(verify(b"zip bytez", &sig, &public).is_err());
-        let policy = Policy {
+        let policy = TrustPolicy {
             require_signature: true,
             trusted_keys: vec![public],
         };

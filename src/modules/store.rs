@@ -14,9 +14,9 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use super::registry::{by_version, RegistryClient};
-use super::sign::Policy;
 use super::{sha256_hex, Module, LOCK};
-use crate::blueprint::version::{Range, Version};
+use crate::config::TrustPolicy;
+use crate::version::{Range, Version};
 use crate::{Error, Result};
 
 /// `module.lock`.
@@ -192,7 +192,7 @@ pub async fn install(
     store: &Store,
     zip: &[u8],
     signature: Option<&str>,
-    policy: &Policy,
+    policy: &TrustPolicy,
     registries: &[RegistryClient],
 ) -> Result<Vec<(Installed, Added)>> {
     let module = Module::from_zip(zip)?;
@@ -270,7 +270,7 @@ pub async fn resolve(
     module: &Module,
     store: &Store,
     registries: &[RegistryClient],
-    policy: &Policy,
+    policy: &TrustPolicy,
 ) -> Result<Lock> {
     let mut constraints: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
     let mut chosen: BTreeMap<String, Locked> = BTreeMap::new();

@@ -106,11 +106,19 @@ impl Secrets {
     }
 }
 
-/// Unlocks the secrets engine at server start: on first start stores the master-key check
-/// value, on every later start verifies it. A wrong master key is refused with an error that
-/// says so (the server then exits 1), before any request is served.
+/// Unlocks the secrets engine with a master key not checked yet: [`verify_master_key`] (on a
+/// new store it records the check value), then [`unlock`]. A wrong master key is refused with
+/// an error that says so.
 pub async fn start(domain: &Domain, master_key: &[u8; 32], config: &SecretsConfig) -> Result<()> {
     verify_master_key(domain.store.as_ref(), master_key).await?;
+    unlock(domain, master_key, config).await;
+    Ok(())
+}
+
+/// Unlocks the secrets engine with a master key [`verify_master_key`] accepted on this store:
+/// at server start, where the server checked it once before anything sealed was opened
+/// (`domain::Unlocked`).
+pub async fn unlock(domain: &Domain, master_key: &[u8; 32], config: &SecretsConfig) {
     *domain
         .secrets
         .current_master
@@ -118,11 +126,11 @@ pub async fn start(domain: &Domain, master_key: &[u8; 32], config: &SecretsConfi
         .expect("master lock poisoned") = Some(*master_key);
     *domain.secrets.keyring.write().await = Some(Keyring::new(master_key));
     *domain.secrets.config.write().expect("config lock poisoned") = config.clone();
-    Ok(())
 }
 
 /// Refuses a master key other than the one this store's secrets were sealed with (the first
-/// call on a new store records it). The server runs this before it opens anything sealed.
+/// call on a new store records it). The server runs this once at start, before it opens
+/// anything sealed; the offline restore runs it on the snapshot's store.
 pub async fn verify_master_key(
     store: &dyn crate::store::Store,
     master_key: &[u8; 32],

@@ -1,6 +1,6 @@
-//! The `svc-server` command: flags, configuration checks, `--dev`, logging and the run loop.
+//! The `svc-server` command: flags, `--check-config` (the checks are `crate::preflight`'s),
+//! `--dev`, logging and the run loop.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -30,7 +30,7 @@ struct Args {
     #[argh(switch)]
     check_config: bool,
     /// log level or filter (overrides log_level; SVC_LOG and RUST_LOG also work)
-    #[argh(option, from_str_fn(crate::cli::values::log_filter))]
+    #[argh(option, from_str_fn(crate::program::log_filter))]
     log_level: Option<String>,
     /// with the server stopped: mint a new admin API key into a 0600 file in the data dir
     /// (its path is printed, the key is not) and exit; audited at the next start
@@ -41,14 +41,12 @@ struct Args {
 const DEV_DATA_DIR: &str = ".svc-dev";
 const DEV_SECRETS_FILE: &str = "dev-secrets.yaml";
 const BOOTSTRAP_KEY_FILE: &str = "bootstrap-admin.key";
-/// The data dir's advisory lock (flock), held by a running server and by `--recover-admin`.
-const LOCK_FILE: &str = "server.lock";
 /// Admin keys minted by `--recover-admin` and not yet audited: one JSON object per line,
 /// turned into audit rows (principal "server") at the next start, then removed.
 const RECOVERIES_FILE: &str = "admin-recoveries.jsonl";
 
 pub fn main(program: &str, args: Vec<String>) -> i32 {
-    let args = match crate::cli::parse_args::<Args>(program, &args) {
+    let args = match crate::program::parse_args::<Args>(program, &args) {
         Ok(args) => args,
         Err(code) => return code,
     };
@@ -64,7 +62,7 @@ pub fn main(program: &str, args: Vec<String>) -> i32 {
         server_config.log_level = level;
     }
     if args.check_config {
-        let problems = validate(&server_config, args.dev);
+        let problems = crate::preflight::check_config(&server_config, args.dev);
         if problems.is_empty() {
             println!("{program}: configuration is valid");
             return 0;
@@ -126,130 +124,6 @@ fn resolve(loaded: Loaded<ServerConfig>, dev: bool) -> Result<ServerConfig, Conf
     Ok(server_config)
 }
 
-/// What `svc-server --config PATH --check-config` reports, for svc-bootstrap's validate phase.
-pub fn check_config_file(path: &std::path::Path) -> Vec<String> {
-    match config::load_server(Some(path), &[]) {
-        Ok(loaded) => validate(&loaded.config, false),
-        Err(errors) => errors.0,
-    }
-}
-
-/// Every problem with a configuration, for `--check-config` and start-up.
-fn validate(config: &ServerConfig, dev: bool) -> Vec<String> {
-    let mut problems = Vec::new();
-    for (key, value) in [
-        ("listen.http", &config.listen.http),
-        ("listen.grpc", &config.listen.grpc),
-        ("listen.bus", &config.listen.bus),
-    ] {
-        if value.parse::<SocketAddr>().is_err() {
-            problems.push(format!(
-                "{key}: '{value}' is not a host:port socket address"
-            ));
-        }
-    }
-    // In dev mode the keys are generated at start when they are missing.
-    if !dev {
-        if config.hmacsecret.is_empty() {
-            problems.push("hmacsecret is missing (required; derives agent bootstrap PSKs)".into());
-        }
-        if config.master_key.is_empty() {
-            problems.push(
-                "master_key is missing (required; base64 of 32 bytes, e.g. `openssl rand -base64 32`)"
-                    .into(),
-            );
-        }
-    }
-    if !config.master_key.is_empty() && decode_master_key(&config.master_key).is_none() {
-        problems.push("master_key must be base64 of exactly 32 bytes".into());
-    }
-    if config.rate_limit.requests_per_second <= 0.0 || config.rate_limit.burst == 0 {
-        problems.push("rate_limit: requests_per_second and burst must be positive".into());
-    }
-    if config.limits.max_connections == 0 || config.bus.max_connections == 0 {
-        problems.push("limits.max_connections and bus.max_connections must be at least 1".into());
-    }
-    if config.limits.handshake_timeout.0.is_zero()
-        || config.limits.max_grpc_streams == 0
-        || config.limits.grpc_stream_stall.0.is_zero()
-    {
-        problems.push(
-            "limits.handshake_timeout, limits.max_grpc_streams and limits.grpc_stream_stall \
-             must be positive"
-                .into(),
-        );
-    }
-    if config.store.driver == crate::config::StoreDriver::Postgres {
-        if let Err(e) = crate::store::postgres::Target::from_config(&config.store) {
-            problems.push(e.to_string());
-        }
-    }
-    if config.rate_limit.max_in_flight == 0 {
-        problems.push("rate_limit.max_in_flight must be at least 1".into());
-    }
-    if config.limits.body_timeout.0.is_zero() {
-        problems.push("limits.body_timeout must be longer than 0s (default 30s)".into());
-    }
-    if config.limits.idle_timeout.0.is_zero() {
-        problems.push("limits.idle_timeout must be longer than 0s (default 10s)".into());
-    }
-    // Reads and parses the files: a missing, unreadable or mismatched file is a problem here
-    // rather than a failure at the first handshake.
-    if let Err(problem) = crate::tls::server_tls(&config.tls) {
-        problems.push(problem);
-    }
-    let has_bus_tls = !config.bus.tls.cert.is_empty() || !config.bus.tls.key.is_empty();
-    if has_bus_tls && !config.bus.external_urls.is_empty() {
-        problems.push(
-            "bus.tls configures the embedded broker's listener, which does not run when \
-             bus.external_urls is set: configure TLS on that cluster and use tls:// URLs"
-                .into(),
-        );
-    } else if let Err(problem) = crate::tls::bus_server_tls(&config.bus.tls, &[]) {
-        problems.push(problem);
-    }
-    if config.bus.ping_interval.0.is_zero() {
-        problems
-            .push("bus.ping_interval must be longer than 0s (nats-server's default: 2m)".into());
-    }
-    let monitor = config.listen.bus_monitor.trim();
-    if !monitor.is_empty() && monitor.parse::<SocketAddr>().is_err() {
-        problems.push(format!(
-            "listen.bus_monitor: '{monitor}' is not a host:port socket address (empty: off)"
-        ));
-    }
-    if config.bus.lame_duck_grace_period.0 >= config.bus.lame_duck_duration.0 {
-        problems
-            .push("bus.lame_duck_grace_period must be shorter than bus.lame_duck_duration".into());
-    }
-    if config.bus.max_pending_total < config.bus.max_payload.max(1024 * 1024) {
-        problems.push(format!(
-            "bus.max_pending_total must be at least 1 MiB and bus.max_payload ({}); default 64 MiB",
-            config.bus.max_payload
-        ));
-    }
-    if config.bus.ping_max == 0 {
-        problems.push("bus.ping_max must be at least 1 (nats-server's default: 2)".into());
-    }
-    if config.bus.server_name.trim().is_empty()
-        || config.bus.server_name.contains(char::is_whitespace)
-    {
-        problems.push("bus.server_name must be non-empty and without spaces".into());
-    }
-    if config.store.driver == config::StoreDriver::Postgres && config.store.url.is_empty() {
-        problems.push("store.url is required when store.driver is postgres".into());
-    }
-    problems.extend(crate::cluster::config_problems(config));
-    problems
-}
-
-pub fn decode_master_key(key: &Secret) -> Option<[u8; 32]> {
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(key.expose().trim())
-        .ok()?;
-    bytes.try_into().ok()
-}
-
 fn init_logging(config: &ServerConfig) {
     use tracing_subscriber::EnvFilter;
     let filter = std::env::var("SVC_LOG")
@@ -258,7 +132,7 @@ fn init_logging(config: &ServerConfig) {
     let filter = EnvFilter::try_new(&filter).unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(crate::cli::output::stderr_colour())
+        .with_ansi(crate::program::output::stderr_colour())
         .with_writer(std::io::stderr);
     let _ = match config.log_format {
         LogFormat::Json => {
@@ -335,47 +209,6 @@ fn ensure_dev_secrets(program: &str, config: &mut ServerConfig) -> Result<()> {
     Ok(())
 }
 
-/// Takes the data dir's lock (an exclusive `flock` on `data_dir/server.lock`), held while the
-/// returned file stays open and released by the kernel when the process ends, however it ends.
-fn lock_data_dir(data_dir: &Path) -> Result<std::fs::File> {
-    use std::os::fd::AsRawFd;
-    use std::os::unix::fs::OpenOptionsExt;
-    let path = data_dir.join(LOCK_FILE);
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .open(&path)
-        .map_err(|e| crate::Error::Internal(format!("cannot open {}: {e}", path.display())))?;
-    // SAFETY: flock on a file descriptor this function owns; no memory is involved.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let error = std::io::Error::last_os_error();
-        if error.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            return Err(crate::Error::Unavailable(format!(
-                "a server is running on this data dir ({} is locked by another process)",
-                path.display()
-            )));
-        }
-        return Err(crate::Error::Internal(format!(
-            "cannot lock {}: {error}",
-            path.display()
-        )));
-    }
-    Ok(file)
-}
-
-/// The data dir's lock when no server holds it (None when one does), for offline tools that
-/// change the data dir (`svc-cluster-backup restore`); held until the file is dropped.
-pub fn try_lock_data_dir(data_dir: &Path) -> Result<Option<std::fs::File>> {
-    match lock_data_dir(data_dir) {
-        Ok(file) => Ok(Some(file)),
-        Err(crate::Error::Unavailable(_)) => Ok(None),
-        Err(error) => Err(error),
-    }
-}
-
 /// `svc-server --recover-admin`: for when no admin key is left. Needs the server stopped (its
 /// lock) and write access to the data dir; mints an admin key into a 0600 file there, prints
 /// the file's path, and leaves a line in `admin-recoveries.jsonl` for the next start to audit.
@@ -388,7 +221,7 @@ fn recover_admin(program: &str, config: &ServerConfig) -> i32 {
         );
         return 1;
     }
-    let _lock = match lock_data_dir(data_dir) {
+    let _lock = match crate::datadir::lock(data_dir) {
         Ok(lock) => lock,
         Err(e) => {
             eprintln!("{program}: {e}; stop it first");
@@ -497,11 +330,11 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     create_private_dir(&config.data_dir)?;
     // Held until run returns (and by the kernel until the process ends): one server per data
     // dir, and `--recover-admin` only while none runs.
-    let _lock = lock_data_dir(&config.data_dir)?;
+    let _lock = crate::datadir::lock(&config.data_dir)?;
     if dev {
         ensure_dev_secrets(program, &mut config)?;
     }
-    let problems = validate(&config, dev);
+    let problems = crate::preflight::check_config(&config, dev);
     if !problems.is_empty() {
         return Err(crate::Error::Invalid(problems.join("; ")));
     }
@@ -529,16 +362,11 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     // Start-up order: store (above) → master-key check → CA → stream logs → broker → the
     // server's bus client → Domain::start → listeners. The CA comes before the broker because
     // bus.tls verifies agents' certificates against its root; a wrong master_key is refused
-    // (with what to do) before anything sealed is opened.
-    let master_key = decode_master_key(&config.master_key).ok_or_else(|| {
-        crate::Error::Invalid("master_key must be base64 of exactly 32 bytes".into())
-    })?;
-    crate::secrets::verify_master_key(store.as_ref(), &master_key).await?;
-    crate::identity::ensure_ca(
-        store.as_ref(),
-        &crate::identity::Keys::from_config(&config)?,
-    )
-    .await?;
+    // (with what to do) before anything sealed is opened. The key is decoded here, once, and
+    // checked against the store once; the domain gets these keys.
+    let keys = crate::identity::Keys::from_config(&config)?;
+    crate::secrets::verify_master_key(store.as_ref(), keys.master_key()).await?;
+    crate::identity::ensure_ca(store.as_ref(), &keys).await?;
 
     let (stop_sender, stop) = tokio::sync::watch::channel(false);
     let jetstream = data_dir.join("jetstream");
@@ -593,7 +421,7 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     );
     // With bus.tls, agents may log in by mutual TLS: client certificates are requested (not
     // required) and must chain to the embedded root CA.
-    // (validate() has checked both files are set, or neither.)
+    // (preflight::check_config has checked both files are set, or neither.)
     let bus_tls = if config.bus.tls.cert.is_empty() {
         None
     } else {
@@ -628,7 +456,7 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     };
     let domain = Domain::start(
         &config,
-        store,
+        crate::domain::Unlocked { store, keys },
         logs,
         bus.client.clone(),
         bus.local_publisher(),

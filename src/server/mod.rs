@@ -1,8 +1,11 @@
-//! svc-server: builds the domain context, starts REST, gRPC (and later the bus), and shuts
-//! them down in order on SIGTERM/SIGINT.
+//! svc-server: builds the domain and its context, starts REST, gRPC and the bus (the embedded
+//! broker, or a client of `bus.external_urls`), and shuts them down in order on SIGTERM/SIGINT.
 //!
-//! Start-up order: config → data dir → store (migrations) → bootstrap admin key → listeners →
-//! `listen-addrs.json` (so tests and tools can find ports bound as `:0`) → serve.
+//! Start-up order (`cmd::run`): config → data dir and its lock → store (migrations) →
+//! bootstrap admin key → master key (decoded once, checked against the store) → embedded CA →
+//! stream logs → REST and gRPC listeners bound → broker → the server's bus client →
+//! `Domain::start` → bus subscribers (enrolment, fleet, files) → REST and gRPC serve →
+//! `listen-addrs.json` (so tests and tools can find ports bound as `:0`).
 
 pub mod bus;
 mod bus_monitor;
@@ -26,7 +29,7 @@ use crate::config::ServerConfig;
 use crate::domain::Domain;
 use crate::metrics::Metrics;
 
-pub use cmd::{check_config_file, decode_master_key, main, try_lock_data_dir};
+pub use cmd::main;
 pub use health::{Component, Readiness};
 
 /// How long in-flight requests and streams may run after a stop signal (contract §6).

@@ -687,6 +687,24 @@ pub struct Outcome {
     pub diff: Option<String>,
 }
 
+/// What a host reports of one state plan or module run (`svc.agent.<id>.result`): each
+/// resource's outcome, and for a module run what the function returned and logged.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StateOutcome {
+    pub outcomes: Vec<Outcome>,
+    pub timed_out: bool,
+    /// A module run: the resources the function returned (what was checked or applied).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub resources: Vec<Resource>,
+    /// A module run: the lines it logged.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub logs: Vec<String>,
+    /// The plan could not run at all.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
 /// What `run` needs besides the plan.
 #[derive(Clone, Debug, Default)]
 pub struct RunOptions {

@@ -12,7 +12,7 @@ pub(crate) fn check_insert(
     installed: &[String],
     is_update: bool,
 ) -> Result<()> {
-    use crate::blueprint::version::compare;
+    use crate::version::compare;
     let newest = installed.iter().max_by(|a, b| compare(a, b));
     match (is_update, newest) {
         (false, Some(newest)) => Err(Error::Conflict(format!(

@@ -247,8 +247,8 @@ enum Lock {
 fn lock_source(database: &Path) -> Result<Lock> {
     let lock_path = database
         .parent()
-        .map(|dir| dir.join("server.lock"))
-        .unwrap_or_else(|| PathBuf::from("server.lock"));
+        .map(|dir| dir.join(crate::datadir::LOCK_FILE))
+        .unwrap_or_else(|| PathBuf::from(crate::datadir::LOCK_FILE));
     let file = match std::fs::File::open(&lock_path) {
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Lock::Absent),

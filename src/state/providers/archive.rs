@@ -560,7 +560,7 @@ mod tests {
             ),
             (fixture.tar("absolute.tar", &["-P", readme]), readme),
             (
-                crate::modules::zip::write([("ok", &b"fine"[..]), ("a/../../evil", b"x")]).unwrap(),
+                crate::zip::write([("ok", &b"fine"[..]), ("a/../../evil", b"x")]).unwrap(),
                 "a/../../evil",
             ),
         ];
@@ -620,7 +620,7 @@ mod tests {
             return;
         }
         let fixture = Fixture::new();
-        let bytes = crate::modules::zip::write([
+        let bytes = crate::zip::write([
             ("app/README", &b"read me\n"[..]),
             ("app/bin/tool", b"#!/bin/sh\n"),
         ])

@@ -1,5 +1,6 @@
-//! A minimal ZIP writer and reader for module archives: stored entries only (no compression),
-//! so the format has no knobs that could make two builds of the same files differ.
+//! A minimal ZIP writer and reader for module archives (and the state tests' ZIP fixtures):
+//! stored entries only (no compression), so the format has no knobs that could make two builds
+//! of the same files differ.
 //!
 //! Reproducible by construction: entries in the order given (the caller sorts them), every
 //! timestamp 1980-01-01 00:00 (the DOS epoch), no extra fields, no comments, fixed "version

@@ -1,5 +1,6 @@
-//! Blueprint versions (MAJOR.MINOR.PATCH, no pre-release tags) and the version ranges of
-//! `requires:`. Small enough to keep here rather than take the semver crate.
+//! Versions (MAJOR.MINOR.PATCH, no pre-release tags) and version ranges (`requires:`), for
+//! blueprints, modules and the store's catalogue alike. Small enough to keep here rather than
+//! take the semver crate; a leaf, so the store and modules need not reach into `blueprint`.
 
 use std::cmp::Ordering;
 use std::fmt;

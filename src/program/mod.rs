@@ -1,0 +1,311 @@
+//! What every program under svc's names shares, the daemons and the CLIs alike: exit codes
+//! (contract §1) and the error that carries one, argument parsing with `--help` and
+//! `--version`, the common client flags, the runtime a command's body runs on, output formats
+//! (`output.rs`), the log-filter flag, a table of commands and its help (`planned.rs`), and the
+//! list of names the binary answers to. A leaf: it knows no domain, daemon or CLI, so the
+//! daemons use it without depending on the CLIs.
+//!
+//! Common flags (`--server`, `--http-url`, `--api-key`, `--ca-file`, `-o`) are taken out of the
+//! arguments here, before a CLI's own parser sees them, so they work at any position
+//! (`svcctl -o json apikey list` and `svcctl apikey list -o json`) without every subcommand
+//! declaring them again.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use argh::FromArgs;
+
+pub mod output;
+pub mod planned;
+
+pub use output::Output;
+
+/// Every name the binary answers to besides `svc` itself, in `svc --list` order: what
+/// install.sh and svc-bootstrap link, and what completions and man pages cover. `dispatch`
+/// maps each to its entry function, and its tests hold the two together.
+pub const NAMES: &[&str] = &[
+    "svc-server",
+    "svcctl",
+    "svc-migrate",
+    "svc-agent",
+    "svc-audit",
+    "svc-events",
+    "svc-identity",
+    "svc-secrets",
+    "svc-policy",
+    "svc-cluster",
+    "svc-cluster-backup",
+    "svc-files",
+    "svc-backup",
+    "svc-blueprint",
+    "svc-bootstrap",
+    "svc-gitops",
+    "svc-module",
+    "svc-registry",
+    "svc-runbook",
+    "svc-webhook",
+];
+
+/// Exit codes of every program (contract §1).
+pub mod exit {
+    pub const OK: i32 = 0;
+    pub const FAILED: i32 = 1;
+    pub const USAGE: i32 = 2;
+    pub const UNREACHABLE: i32 = 3;
+    pub const DENIED: i32 = 4;
+    pub const NOT_FOUND: i32 = 5;
+    pub const UNKNOWN_COMMAND: i32 = 127;
+}
+
+/// A CLI failure: the exit code and the one-line message for stderr.
+#[derive(Debug)]
+pub struct CliError {
+    pub code: i32,
+    pub message: String,
+}
+
+impl CliError {
+    pub fn new(code: i32, message: impl Into<String>) -> Self {
+        CliError {
+            code,
+            message: message.into(),
+        }
+    }
+    pub fn usage(message: impl Into<String>) -> Self {
+        CliError::new(exit::USAGE, message)
+    }
+    pub fn failed(message: impl Into<String>) -> Self {
+        CliError::new(exit::FAILED, message)
+    }
+}
+
+impl fmt::Display for CliError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl From<tonic::Status> for CliError {
+    fn from(status: tonic::Status) -> Self {
+        use tonic::Code;
+        let message = status.message().to_string();
+        match status.code() {
+            Code::Unauthenticated | Code::PermissionDenied => CliError::new(exit::DENIED, message),
+            Code::NotFound => CliError::new(exit::NOT_FOUND, message),
+            Code::Unavailable => CliError::new(
+                exit::UNREACHABLE,
+                format!("cannot reach the server: {message}"),
+            ),
+            Code::Unimplemented => CliError::failed(format!("Unimplemented: {message}")),
+            // Made here, not by the server (only a local transport failure carries a source):
+            // the connection itself broke, typically a plain client talking to a TLS port,
+            // whose server hangs up on the first bytes.
+            _ if std::error::Error::source(&status).is_some() => CliError::new(
+                exit::UNREACHABLE,
+                format!(
+                    "the connection to the server failed ({message}); if the server uses TLS, \
+                     give --server as https://HOST:PORT"
+                ),
+            ),
+            _ => CliError::failed(message),
+        }
+    }
+}
+
+/// The flags every client CLI shares, after environment defaults.
+#[derive(Clone, Debug)]
+pub struct Common {
+    /// gRPC address: host:port (plain), or `http://` / `https://` with host:port.
+    pub server: String,
+    /// REST base URL, `http://` or `https://`.
+    pub http_url: String,
+    pub api_key: Option<String>,
+    /// PEM CA bundle to trust for `https://` instead of the system's store.
+    pub ca_file: Option<PathBuf>,
+    pub output: Output,
+}
+
+pub const COMMON_HELP: &str = "\
+Common options:
+  --server HOST:PORT   gRPC address of svc-server (env SVC_SERVER, default localhost:5397);
+                       https://HOST:PORT when the server has TLS
+  --http-url URL       REST address of svc-server (env SVC_HTTP_URL, default http://localhost:8080);
+                       https://HOST:PORT when the server has TLS
+  --api-key KEY        API key (env SVC_API_KEY)
+  --ca-file PATH       PEM CA bundle to trust for https:// (env SVC_CA_FILE; default: the
+                       system's CA store), e.g. for a self-signed or internal CA
+  -o, --output FORMAT  table (default) or json
+  -h, --help           show help;  -v, --version  show the version";
+
+/// Takes the common flags out of `args` (stopping at `--`), falling back to the environment.
+pub fn take_common(args: &mut Vec<String>) -> Result<Common, CliError> {
+    let mut common = Common {
+        server: std::env::var("SVC_SERVER").unwrap_or_else(|_| "localhost:5397".into()),
+        http_url: std::env::var("SVC_HTTP_URL").unwrap_or_else(|_| "http://localhost:8080".into()),
+        api_key: std::env::var("SVC_API_KEY").ok().filter(|k| !k.is_empty()),
+        ca_file: std::env::var_os("SVC_CA_FILE")
+            .filter(|path| !path.is_empty())
+            .map(PathBuf::from),
+        output: Output::Table,
+    };
+    let mut kept = Vec::with_capacity(args.len());
+    let mut iter = std::mem::take(args).into_iter();
+    while let Some(arg) = iter.next() {
+        if arg == "--" {
+            kept.push(arg);
+            kept.extend(iter.by_ref());
+            break;
+        }
+        let (flag, inline) = match arg.split_once('=') {
+            Some((flag, value)) if flag.starts_with("--") => {
+                (flag.to_string(), Some(value.to_string()))
+            }
+            _ => (arg.clone(), None),
+        };
+        let slot = match flag.as_str() {
+            "--server" => "server",
+            "--http-url" => "http-url",
+            "--api-key" => "api-key",
+            "--ca-file" => "ca-file",
+            "-o" | "--output" => "output",
+            _ => {
+                kept.push(arg);
+                continue;
+            }
+        };
+        let value = match inline.or_else(|| iter.next()) {
+            Some(value) => value,
+            None => return Err(CliError::usage(format!("{flag} needs a value"))),
+        };
+        match slot {
+            "server" => common.server = value,
+            "http-url" => common.http_url = value,
+            "api-key" => common.api_key = Some(value),
+            "ca-file" => common.ca_file = Some(PathBuf::from(value)),
+            _ => common.output = value.parse()?,
+        }
+    }
+    *args = kept;
+    Ok(common)
+}
+
+/// The version line every name prints for `-v/--version`.
+pub fn version_line(program: &str) -> String {
+    format!(
+        "{program} {} (commit {}, built {})",
+        env!("CARGO_PKG_VERSION"),
+        env!("BUILT_GIT_COMMIT"),
+        env!("BUILT_DATE")
+    )
+}
+
+/// Whether the first argument asks for the version.
+pub fn wants_version(args: &[String]) -> bool {
+    matches!(args.first().map(String::as_str), Some("-v" | "--version"))
+}
+
+/// Parses `args` with argh: help goes to stdout (exit 0), usage errors to stderr (exit 2).
+/// `-v/--version` as the first argument prints the version (exit 0).
+pub fn parse_args<T: FromArgs>(program: &str, args: &[String]) -> Result<T, i32> {
+    if wants_version(args) {
+        println!("{}", version_line(program));
+        return Err(exit::OK);
+    }
+    let strs: Vec<&str> = args.iter().map(String::as_str).collect();
+    match T::from_args(&[program], &strs) {
+        Ok(parsed) => Ok(parsed),
+        Err(early) => match early.status {
+            Ok(()) => {
+                print!("{}", early.output);
+                Err(exit::OK)
+            }
+            Err(()) => {
+                let first = early.output.lines().next().unwrap_or("invalid arguments");
+                eprintln!("{program}: {first}");
+                eprintln!("{program}: run '{program} --help' for usage");
+                Err(exit::USAGE)
+            }
+        },
+    }
+}
+
+/// Runs a CLI body on a current-thread runtime; prints its error as `program: message`.
+pub fn run_async<F>(program: &str, body: F) -> i32
+where
+    F: std::future::Future<Output = Result<(), CliError>>,
+{
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("{program}: cannot start the async runtime: {e}");
+            return exit::FAILED;
+        }
+    };
+    match runtime.block_on(body) {
+        Ok(()) => exit::OK,
+        Err(error) => {
+            eprintln!("{program}: {}", error.message);
+            error.code
+        }
+    }
+}
+
+/// A log level or filter (`info`, `debug`, `svc=debug,info`): the `--log-level` value of the
+/// daemons and svc-bootstrap.
+pub fn log_filter(value: &str) -> Result<String, String> {
+    tracing_subscriber::EnvFilter::try_new(value)
+        .map(|_| value.to_string())
+        .map_err(|e| {
+            format!(
+                "not a log level or filter ({e}); expected one of error, warn, info, debug, \
+                 trace, or a filter like svc=debug,info"
+            )
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(args: &[&str]) -> Vec<String> {
+        args.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn common_flags_anywhere_before_double_dash() {
+        let mut args = strings(&[
+            "apikey",
+            "-o",
+            "json",
+            "list",
+            "--api-key=k",
+            "--server",
+            "h:1",
+            "--ca-file=/etc/ca.pem",
+            "--",
+            "-o",
+            "x",
+        ]);
+        let common = take_common(&mut args).unwrap();
+        assert_eq!(args, strings(&["apikey", "list", "--", "-o", "x"]));
+        assert_eq!(common.output, Output::Json);
+        assert_eq!(common.api_key.as_deref(), Some("k"));
+        assert_eq!(common.server, "h:1");
+        assert_eq!(common.ca_file, Some(PathBuf::from("/etc/ca.pem")));
+    }
+
+    #[test]
+    fn common_flag_errors() {
+        assert_eq!(
+            take_common(&mut strings(&["--api-key"])).unwrap_err().code,
+            exit::USAGE
+        );
+        assert_eq!(
+            take_common(&mut strings(&["-o", "yaml"])).unwrap_err().code,
+            exit::USAGE
+        );
+    }
+}
