@@ -144,27 +144,22 @@ fn sync_file_system(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Writes `bytes` to `target` through `tmp_dir` and renames it into place, without syncing:
-/// a chunk, made durable by the commit that needs it.
-fn write_renamed(tmp_dir: &Path, target: &Path, bytes: &[u8]) -> Result<()> {
-    fs::create_dir_all(tmp_dir).map_err(|e| io_error("cannot create", tmp_dir, e))?;
-    let parent = target
-        .parent()
-        .expect("targets are inside a cluster directory");
-    fs::create_dir_all(parent).map_err(|e| io_error("cannot create", parent, e))?;
-    let temp = tmp_dir.join(format!("{}.tmp", crate::ids::random_base62(20)));
-    let written = fs::File::create(&temp)
-        .and_then(|mut file| file.write_all(bytes))
-        .and_then(|()| fs::rename(&temp, target));
-    if let Err(e) = written {
-        let _ = fs::remove_file(&temp);
-        return Err(io_error("cannot write", target, e));
-    }
-    Ok(())
+/// Whether a write is durable when it returns (records) or made so later (chunks, by the
+/// commit that needs them).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Durability {
+    Now,
+    AtCommit,
 }
 
-/// Writes `bytes` to `target` through `tmp_dir`: write, fsync, rename, fsync the directory.
-fn write_atomically(tmp_dir: &Path, target: &Path, bytes: &[u8]) -> Result<()> {
+/// Writes `bytes` to `target` through `tmp_dir` and renames it into place; with `Durability::Now`
+/// the file is fsync'd before the rename and the directory after.
+fn write_atomically(
+    tmp_dir: &Path,
+    target: &Path,
+    bytes: &[u8],
+    durability: Durability,
+) -> Result<()> {
     fs::create_dir_all(tmp_dir).map_err(|e| io_error("cannot create", tmp_dir, e))?;
     let parent = target
         .parent()
@@ -174,15 +169,20 @@ fn write_atomically(tmp_dir: &Path, target: &Path, bytes: &[u8]) -> Result<()> {
     let written = fs::File::create(&temp)
         .and_then(|mut file| {
             file.write_all(bytes)?;
-            file.sync_data()
+            match durability {
+                Durability::Now => file.sync_data(),
+                Durability::AtCommit => Ok(()),
+            }
         })
         .and_then(|()| fs::rename(&temp, target));
     if let Err(e) = written {
         let _ = fs::remove_file(&temp);
         return Err(io_error("cannot write", target, e));
     }
-    if let Ok(dir) = fs::File::open(parent) {
-        let _ = dir.sync_all();
+    if durability == Durability::Now {
+        if let Ok(dir) = fs::File::open(parent) {
+            let _ = dir.sync_all();
+        }
     }
     Ok(())
 }
@@ -327,7 +327,7 @@ impl ObjectStore for LocalStore {
             if target.exists() {
                 return Ok(());
             }
-            write_renamed(&tmp, &pending_path(&target), &bytes)?;
+            write_atomically(&tmp, &pending_path(&target), &bytes, Durability::AtCommit)?;
             pending.lock().expect("pending chunks lock").insert(target);
             Ok(())
         })
@@ -363,7 +363,7 @@ impl ObjectStore for LocalStore {
         blocking(move || {
             make_durable(&cluster_dir, &chunks, &pending)?;
             let replaces = target.exists();
-            write_atomically(&tmp, &target, &bytes)?;
+            write_atomically(&tmp, &target, &bytes, Durability::Now)?;
             // The replaced version's chunks may now be unreferenced.
             if replaces {
                 if let Err(e) = store.collect_garbage(&cluster) {
