@@ -11,9 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use base64::Engine;
 use common::agent::Agent;
-use common::{bus_socket, run, Run, TestServer};
+use common::{run, Run, TestServer};
 
 fn svcctl(server: &TestServer, key: &str, args: &[&str]) -> Run {
     run(server.cli("svcctl").args(["--api-key", key]).args(args))
@@ -136,31 +135,11 @@ fn capture_command(
     state: &Path,
     id: &str,
 ) -> std::sync::mpsc::Receiver<(String, String)> {
-    let (cert_pem, signer) = svc::agent::bus_credentials(state).unwrap();
-    let stream = std::net::TcpStream::connect(bus_socket(&server.bus)).unwrap();
-    stream
+    let (mut reader, mut writer) = common::agent_connection(server, state);
+    writer
         .set_read_timeout(Some(Duration::from_secs(60)))
         .unwrap();
-    let mut reader = BufReader::new(stream.try_clone().unwrap());
-    let mut info = String::new();
-    reader.read_line(&mut info).unwrap();
-    let info: serde_json::Value = serde_json::from_str(info.trim_start_matches("INFO ")).unwrap();
-    let signature = signer
-        .sign(
-            &ring::rand::SystemRandom::new(),
-            info["nonce"].as_str().unwrap().as_bytes(),
-        )
-        .unwrap();
-    let connect = serde_json::json!({
-        "verbose": false, "pedantic": false, "headers": true, "jwt": cert_pem,
-        "sig": base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(signature.as_ref()),
-    });
-    let mut writer = stream;
-    write!(
-        writer,
-        "CONNECT {connect}\r\nSUB svc.agent.{id}.cmd 1\r\nPING\r\n"
-    )
-    .unwrap();
+    write!(writer, "SUB svc.agent.{id}.cmd 1\r\nPING\r\n").unwrap();
     let mut line = String::new();
     loop {
         line.clear();

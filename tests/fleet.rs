@@ -1367,28 +1367,9 @@ fn content_request(server: &TestServer, agent: &Agent, body: &str) -> String {
         id = agent.id,
         len = body.len()
     );
-    let (cert_pem, signer) = svc::agent::bus_credentials(&agent.home.path().join("state")).unwrap();
-    let stream = TcpStream::connect(bus_socket(&server.bus)).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    let mut reader = BufReader::new(stream.try_clone().unwrap());
-    let mut info = String::new();
-    reader.read_line(&mut info).unwrap();
-    let info: serde_json::Value = serde_json::from_str(info.trim_start_matches("INFO ")).unwrap();
-    let signature = signer
-        .sign(
-            &ring::rand::SystemRandom::new(),
-            info["nonce"].as_str().unwrap().as_bytes(),
-        )
-        .unwrap();
-    use base64::Engine;
-    let connect = serde_json::json!({
-        "verbose": false, "pedantic": false, "jwt": cert_pem,
-        "sig": base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(signature.as_ref()),
-    });
-    let mut writer = stream;
-    write!(writer, "CONNECT {connect}\r\n{ops}").unwrap();
+    let (mut reader, mut writer) =
+        common::agent_connection(server, &agent.home.path().join("state"));
+    write!(writer, "{ops}").unwrap();
     // HMSG subject sid header_len total_len, then the headers and the body.
     loop {
         let mut line = String::new();

@@ -647,9 +647,13 @@ pub fn assert_private(path: &Path) {
     assert_eq!(mode, 0o600, "{} has mode {mode:o}", path.display());
 }
 
-/// A raw bus session authenticated as the agent whose files are in `state`: reads INFO,
-/// signs its nonce, sends CONNECT + `ops` + PING, returns the lines up to PONG or the close.
-pub fn agent_session(server: &TestServer, state: &Path, ops: &str) -> Vec<String> {
+/// A raw bus connection logged in as the agent whose files are in `state`: INFO read, its
+/// nonce signed, CONNECT sent (headers on, as svc-agent does). Returns the reader and the
+/// writer; reads time out after 5 s (`set_read_timeout` on the writer changes that).
+pub fn agent_connection(
+    server: &TestServer,
+    state: &Path,
+) -> (std::io::BufReader<TcpStream>, TcpStream) {
     use std::io::BufRead;
     let (cert_pem, signer) = svc::agent::bus_credentials(state).unwrap();
     let stream = TcpStream::connect(bus_socket(&server.bus)).unwrap();
@@ -667,11 +671,19 @@ pub fn agent_session(server: &TestServer, state: &Path, ops: &str) -> Vec<String
         )
         .unwrap();
     let connect = serde_json::json!({
-        "verbose": false, "pedantic": false, "jwt": cert_pem,
+        "verbose": false, "pedantic": false, "headers": true, "jwt": cert_pem,
         "sig": base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(signature.as_ref()),
     });
     let mut writer = stream;
-    write!(writer, "CONNECT {connect}\r\n{ops}PING\r\n").unwrap();
+    write!(writer, "CONNECT {connect}\r\n").unwrap();
+    (reader, writer)
+}
+
+/// A raw bus session authenticated as the agent whose files are in `state`: sends `ops` and
+/// PING after CONNECT, returns the lines up to PONG or the close.
+pub fn agent_session(server: &TestServer, state: &Path, ops: &str) -> Vec<String> {
+    let (mut reader, mut writer) = agent_connection(server, state);
+    write!(writer, "{ops}PING\r\n").unwrap();
     lines_until_pong(&mut reader)
 }
 
