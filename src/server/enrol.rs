@@ -100,20 +100,13 @@ async fn serve_jwt(context: Arc<Context>) {
             continue;
         };
         let agent_id = agent_id.to_string();
-        let reply = match &message.reply {
-            Some(reply)
-                if reply.starts_with(&subjects::agent_jwt_reply_prefix(&agent_id))
-                    && subjects::is_valid_literal(reply) =>
-            {
-                reply.clone()
-            }
-            _ => {
-                tracing::debug!(
-                    agent_id,
-                    "JWT-SVID request without an own reply subject ignored"
-                );
-                continue;
-            }
+        let Some(reply) = super::own_reply(&message, &subjects::agent_jwt_reply_prefix(&agent_id))
+        else {
+            tracing::debug!(
+                agent_id,
+                "JWT-SVID request without an own reply subject ignored"
+            );
+            continue;
         };
         let context = context.clone();
         let span = super::request_span("bus", &message.subject, &super::request_id());

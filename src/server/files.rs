@@ -83,24 +83,17 @@ pub async fn start(context: Arc<Context>) -> Result<()> {
             let nonces = nonces.clone();
             let span = super::request_span("bus", &message.subject, &super::request_id());
             let task = async move {
-                let (headers, body) =
-                    match answer(&context, &files, trusts_sender, &nonces, &message).await {
-                        Ok(answer) => answer,
-                        Err(error) => {
-                            if let Error::Internal(cause) = &error {
-                                tracing::error!(%cause, "file request failed");
-                            }
-                            error_reply(&error)
+                let answer = match answer(&context, &files, trusts_sender, &nonces, &message).await
+                {
+                    Ok(answer) => answer,
+                    Err(error) => {
+                        if let Error::Internal(cause) = &error {
+                            tracing::error!(%cause, "file request failed");
                         }
-                    };
-                let sent = context
-                    .bus
-                    .client
-                    .publish_with_headers(reply, headers, body)
-                    .await;
-                if let Err(e) = sent {
-                    tracing::warn!(error = %e, "file reply not sent");
-                }
+                        error_reply(&error)
+                    }
+                };
+                super::send_reply(&context, reply, answer, "file").await;
             };
             tokio::spawn(tracing::Instrument::instrument(task, span));
         }

@@ -110,17 +110,10 @@ pub async fn serve_content(context: Arc<Context>) -> crate::Result<()> {
             let Some(agent_id) = protocol::agent_of(&message.subject) else {
                 continue;
             };
-            let reply = match &message.reply {
-                Some(reply)
-                    if reply.starts_with(&subjects::agent_content_reply_prefix(agent_id))
-                        && subjects::is_valid_literal(reply) =>
-                {
-                    reply.clone()
-                }
-                _ => {
-                    tracing::debug!(agent_id, "content request without an own reply subject");
-                    continue;
-                }
+            let prefix = subjects::agent_content_reply_prefix(agent_id);
+            let Some(reply) = super::own_reply(&message, &prefix) else {
+                tracing::debug!(agent_id, "content request without an own reply subject");
+                continue;
             };
             let agent_id = agent_id.to_string();
             let context = context.clone();
@@ -130,21 +123,14 @@ pub async fn serve_content(context: Arc<Context>) -> crate::Result<()> {
                 let answer =
                     fleet::content::chunk_for_agent(&context.domain, &agent_id, &message.payload)
                         .await;
-                let (headers, body) = match answer {
+                let answer = match answer {
                     Ok(bytes) => (async_nats::HeaderMap::new(), bytes),
                     Err(error) => {
                         tracing::warn!(agent_id, error = %error, "content request refused");
                         super::files::error_reply(&error)
                     }
                 };
-                let sent = context
-                    .bus
-                    .client
-                    .publish_with_headers(reply, headers, body)
-                    .await;
-                if let Err(e) = sent {
-                    tracing::warn!(error = %e, "content reply not sent");
-                }
+                super::send_reply(&context, reply, answer, "content").await;
             };
             tokio::spawn(tracing::Instrument::instrument(task, span));
         }

@@ -118,3 +118,30 @@ pub fn request_span(transport: &'static str, route: &str, id: &str) -> tracing::
         key_id = tracing::field::Empty
     )
 }
+
+/// The reply subject of an agent's request when it is one of the agent's own (a literal
+/// subject under `prefix`, inside `svc.agent.<id>.`): only that agent can read it, where an
+/// `_INBOX` could be read by operator keys. None for anything else, which is then ignored.
+fn own_reply(message: &async_nats::Message, prefix: &str) -> Option<async_nats::Subject> {
+    message
+        .reply
+        .clone()
+        .filter(|reply| reply.starts_with(prefix) && crate::bus::subjects::is_valid_literal(reply))
+}
+
+/// Publishes a request's answer; a failure is only logged, since the asker times out anyway.
+async fn send_reply(
+    context: &Context,
+    reply: async_nats::Subject,
+    (headers, body): (async_nats::HeaderMap, bytes::Bytes),
+    what: &str,
+) {
+    let sent = context
+        .bus
+        .client
+        .publish_with_headers(reply, headers, body)
+        .await;
+    if let Err(e) = sent {
+        tracing::warn!(error = %e, "{what} reply not sent");
+    }
+}
