@@ -41,15 +41,7 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let own;
-    let pg = match std::env::var(postgres::URL_VAR) {
-        Ok(url) if !url.is_empty() => postgres::shared(),
-        _ => {
-            own = postgres::Postgres::start_durable();
-            own.as_ref()
-        }
-    };
-    let Some(pg) = pg else {
+    let Some(pg) = postgres::for_bench() else {
         eprintln!("skipped: no PostgreSQL (initdb) on this machine");
         return;
     };
@@ -59,18 +51,18 @@ fn main() {
 
     let mut failovers = Vec::new();
     for round in 0..rounds {
-        let members = start_members(&runtime, pg, &nats, 3, "");
+        let members = start_members(&runtime, &pg, &nats, 3, "");
         let took = runtime.block_on(failover(&members));
         eprintln!("round {}: new leader after {took:?}", round + 1);
         failovers.push(took);
     }
     failovers.sort();
 
-    let three = start_members(&runtime, pg, &nats, 3, "");
+    let three = start_members(&runtime, &pg, &nats, 3, "");
     let grpc: Vec<String> = three.iter().map(|m| m.grpc.clone()).collect();
     let through_three = runtime.block_on(emit_throughput(&grpc, &three[0].key, emit_phase));
     drop(three);
-    let one = start_members(&runtime, pg, &nats, 1, "");
+    let one = start_members(&runtime, &pg, &nats, 1, "");
     let through_one = runtime.block_on(emit_throughput(
         std::slice::from_ref(&one[0].grpc),
         &one[0].key,

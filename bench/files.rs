@@ -103,15 +103,7 @@ fn cluster_mode(runtime: &tokio::runtime::Runtime, root: &Path, mb: u64) {
     let file = root.join("cluster-input");
     write_input(&file, bytes);
     println!("cluster mode: {mb} MiB, one member, three nats-server nodes (R3)");
-    let own;
-    let pg = match std::env::var(postgres::URL_VAR) {
-        Ok(url) if !url.is_empty() => postgres::shared(),
-        _ => {
-            own = postgres::Postgres::start_durable();
-            own.as_ref()
-        }
-    };
-    let Some(pg) = pg else {
+    let Some(pg) = postgres::for_bench() else {
         run::missing_peer(
             "PostgreSQL (initdb)",
             "apt-get install postgresql",

@@ -57,15 +57,7 @@ fn main() {
     // PostgreSQL with its durability defaults, as SQLite here syncs its commits (the tests'
     // shared cluster turns fsync and synchronous commit off for speed). SVC_TEST_PG_URL still
     // names an existing server instead.
-    let own;
-    let cluster = match std::env::var(postgres::URL_VAR) {
-        Ok(url) if !url.is_empty() => postgres::shared(),
-        _ => {
-            own = postgres::Postgres::start_durable();
-            own.as_ref()
-        }
-    };
-    let Some(cluster) = cluster else {
+    let Some(cluster) = postgres::for_bench() else {
         eprintln!("skipped: no PostgreSQL (initdb) on this machine");
         return;
     };

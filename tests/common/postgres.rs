@@ -52,6 +52,32 @@ pub fn shared() -> Option<&'static Postgres> {
         .as_ref()
 }
 
+/// What a benchmark measures on: the cluster `SVC_TEST_PG_URL` names, or else a durable one of
+/// its own (stopped when this is dropped).
+pub enum BenchPostgres {
+    Shared(&'static Postgres),
+    Own(Postgres),
+}
+
+impl std::ops::Deref for BenchPostgres {
+    type Target = Postgres;
+    fn deref(&self) -> &Postgres {
+        match self {
+            BenchPostgres::Shared(shared) => shared,
+            BenchPostgres::Own(own) => own,
+        }
+    }
+}
+
+/// The PostgreSQL a benchmark runs on (see [`BenchPostgres`]); None (after printing why) when
+/// none can be had and CI is not set.
+pub fn for_bench() -> Option<BenchPostgres> {
+    match std::env::var(URL_VAR) {
+        Ok(url) if !url.is_empty() => shared().map(BenchPostgres::Shared),
+        _ => Postgres::start_durable().map(BenchPostgres::Own),
+    }
+}
+
 impl Postgres {
     /// Starts a private cluster, stopped on drop (or when the process exits). None (after
     /// printing why) when PostgreSQL is not installed and CI is not set.
