@@ -122,6 +122,7 @@ async fn enrol(bus: &str, range: std::ops::Range<usize>, group: &str) -> Vec<Arc
                     psk: Some(psk(&id)),
                     labels: [("sim".to_string(), group.to_string())].into(),
                     token: None,
+                    bus_nkey: None,
                 };
                 let reply = client
                     .request("svc.enroll", serde_json::to_vec(&request).unwrap().into())

@@ -305,6 +305,15 @@ impl Default for StoreConfig {
     }
 }
 
+/// `bus.external_auth`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExternalAuth {
+    #[default]
+    Token,
+    Jwt,
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BusConfig {
@@ -315,6 +324,11 @@ pub struct BusConfig {
     /// Token the server presents to an external cluster (ignored for the embedded broker,
     /// where the server uses an internal credential made at start).
     pub external_token: Secret,
+    /// How clients log in to the external cluster: `token` (external_token, or none; the
+    /// cluster enforces nothing per agent) or `jwt` (nats-server's operator mode: every
+    /// member, agent and enrolling host has a user JWT svc issues with exactly its subjects;
+    /// each node includes `svc-cluster nats-config`'s output). Ignored for the embedded broker.
+    pub external_auth: ExternalAuth,
     /// PEM certificate chain and key for the embedded broker's listener: both set, every
     /// client must use TLS. Not for `external_urls` (that cluster has its own settings).
     pub tls: TlsConfig,
@@ -347,6 +361,7 @@ impl Default for BusConfig {
             external_urls: Vec::new(),
             max_payload: 1024 * 1024,
             external_token: Secret::default(),
+            external_auth: ExternalAuth::Token,
             tls: TlsConfig::default(),
             server_name: "svc".into(),
             ping_interval: ConfigDuration(Duration::from_secs(120)),

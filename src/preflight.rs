@@ -93,6 +93,22 @@ pub fn check_config(config: &ServerConfig, dev: bool) -> Vec<String> {
     } else if let Err(problem) = crate::tls::bus_server_tls(&config.bus.tls, &[]) {
         problems.push(problem);
     }
+    if config.bus.external_auth == crate::config::ExternalAuth::Jwt {
+        if config.bus.external_urls.is_empty() {
+            problems.push(
+                "bus.external_auth: jwt is for an external NATS cluster: set bus.external_urls \
+                 (the embedded broker checks agents itself)"
+                    .into(),
+            );
+        }
+        if !config.bus.external_token.expose().is_empty() {
+            problems.push(
+                "bus.external_auth: jwt and bus.external_token exclude each other: in operator \
+                 mode every client logs in with a user JWT"
+                    .into(),
+            );
+        }
+    }
     if config.bus.ping_interval.0.is_zero() {
         problems
             .push("bus.ping_interval must be longer than 0s (nats-server's default: 2m)".into());

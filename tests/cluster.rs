@@ -45,6 +45,8 @@ fn three_members(nats: &Nats, timing: &str) -> Option<Members> {
         nats_urls: (0..3).map(|i| nats.urls_from(i)).collect(),
         cluster_yaml: timing,
         extra_yaml: "",
+        bus_yaml: "",
+        prepared: None,
     })
 }
 
@@ -908,4 +910,250 @@ fn killing_the_leader_under_write_load_loses_nothing_acknowledged() {
         "verify",
     ]));
     assert_eq!(verified.code, 0, "{verified:?}");
+}
+
+/// A client of the NATS cluster logged in with a user JWT and its nkey (or anonymously when
+/// None), and the errors the server sent it.
+async fn nats_client(
+    url: &str,
+    login: Option<(String, String)>,
+) -> Result<
+    (
+        async_nats::Client,
+        tokio::sync::mpsc::UnboundedReceiver<String>,
+    ),
+    String,
+> {
+    let (errors, received) = tokio::sync::mpsc::unbounded_channel();
+    let options = match login {
+        Some((jwt, seed)) => {
+            let key = std::sync::Arc::new(nkeys::KeyPair::from_seed(&seed).unwrap());
+            async_nats::ConnectOptions::with_jwt(jwt, move |nonce| {
+                let key = key.clone();
+                async move { key.sign(&nonce).map_err(async_nats::AuthError::new) }
+            })
+        }
+        None => async_nats::ConnectOptions::new(),
+    }
+    .max_reconnects(Some(1))
+    .event_callback(move |event| {
+        let errors = errors.clone();
+        async move {
+            if let async_nats::Event::ServerError(error) = event {
+                let _ = errors.send(error.to_string());
+            }
+        }
+    });
+    let client = tokio::time::timeout(Duration::from_secs(5), options.connect(url))
+        .await
+        .map_err(|_| "connect timed out".to_string())?
+        .map_err(|e| e.to_string())?;
+    Ok((client, received))
+}
+
+/// The next server error a client got, within a few seconds.
+async fn next_error(errors: &mut tokio::sync::mpsc::UnboundedReceiver<String>) -> String {
+    tokio::time::timeout(Duration::from_secs(5), errors.recv())
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
+#[test]
+fn with_jwt_auth_the_nats_cluster_keeps_each_agent_to_its_own_subjects() {
+    let Some(prepared) = cluster::prepare() else {
+        return;
+    };
+    // The NATS nodes' block is made offline, before any member starts, from the store the
+    // members will share: the keys are created there, sealed under the master key.
+    let names = common::Names::new();
+    let setup_dir = tempfile::tempdir().unwrap();
+    let offline = cluster::member_yaml(
+        &Setup {
+            nats_urls: vec![vec!["nats://127.0.0.1:1".into()]],
+            cluster_yaml: "",
+            extra_yaml: "",
+            bus_yaml: "  external_auth: jwt\n",
+            prepared: None,
+        },
+        &prepared.database_url,
+        0,
+    );
+    let offline_config = setup_dir.path().join("server.yaml");
+    std::fs::write(
+        &offline_config,
+        format!(
+            "data_dir: {}\nhmacsecret: test-hmac-secret\nmaster_key: {}\n{offline}",
+            setup_dir.path().join("data").display(),
+            prepared.master_key
+        ),
+    )
+    .unwrap();
+    let config_arg = offline_config.to_str().unwrap();
+    let printed = run(names.command("svc-cluster").args([
+        "-o",
+        "json",
+        "nats-config",
+        "--config",
+        config_arg,
+    ]));
+    assert_eq!(printed.code, 0, "{printed:?}");
+    let printed: serde_json::Value = serde_json::from_str(&printed.stdout).unwrap();
+    let block = printed["nats_config"].as_str().unwrap().to_string();
+    assert!(block.contains("resolver: MEMORY"), "{block}");
+    let enrol_jwt = printed["enrol_jwt"].as_str().unwrap().to_string();
+    // Offline and idempotent: the second run reads the same keys.
+    let again = run(names
+        .command("svc-cluster")
+        .args(["nats-config", "--config", config_arg]));
+    assert_eq!(again.code, 0, "{again:?}");
+    assert_eq!(
+        again.stdout.lines().nth(2),
+        block.lines().nth(2),
+        "same operator"
+    );
+    let refused = run(names.command("svc-cluster").args([
+        "nats-config",
+        "--config",
+        "/nonexistent/server.yaml",
+    ]));
+    assert_ne!(refused.code, 0, "{refused:?}");
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let Some(nats) = runtime.block_on(NatsCluster::start_with(3, Some(&block))) else {
+        return;
+    };
+    let urls_from = |first: usize| {
+        let mut urls = nats.urls();
+        urls.rotate_left(first);
+        urls
+    };
+    let Some(members) = cluster::start(Setup {
+        nats_urls: (0..3).map(urls_from).collect(),
+        cluster_yaml: FAST,
+        extra_yaml: "",
+        bus_yaml: "  external_auth: jwt\n",
+        prepared: Some(prepared),
+    }) else {
+        return;
+    };
+    let jwt_flag = ["--enrol-jwt", enrol_jwt.as_str()];
+    let a = common::agent::Agent::start_on_with(
+        &members.servers[0],
+        &nats.url(1),
+        "web-1",
+        "role=web",
+        &jwt_flag,
+    );
+    let _b = common::agent::Agent::start_on_with(
+        &members.servers[2],
+        &nats.url(2),
+        "web-2",
+        "role=web",
+        &jwt_flag,
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let sent = svcctl(
+            &members,
+            1,
+            &[
+                "-o", "json", "exec", "--target", "role=web", "--", "echo", "hi",
+            ],
+        );
+        let results = exec_results(&sent);
+        if sent.code == 0 && results.len() == 2 {
+            for result in results.values() {
+                assert_eq!(result["stdout"], "hi\n", "{result}");
+            }
+            break;
+        }
+        assert!(Instant::now() < deadline, "{sent:?}\n{}", a.log());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    let read = |name: &str| std::fs::read_to_string(a.state_dir().join(name)).unwrap();
+    let agent_login = (
+        read("bus.jwt").trim().to_string(),
+        read("bus.nk").trim().to_string(),
+    );
+    common::assert_private(&a.state_dir().join("bus.nk"));
+    runtime.block_on(async {
+        // No credential, or a JWT without its key: no connection at all.
+        let anonymous = nats_client(&nats.url(0), None).await;
+        assert!(anonymous.is_err(), "an anonymous client connected");
+        let stolen = (
+            agent_login.0.clone(),
+            nkeys::KeyPair::new_user().seed().unwrap(),
+        );
+        assert!(
+            nats_client(&nats.url(0), Some(stolen)).await.is_err(),
+            "a JWT without its nkey connected"
+        );
+
+        // web-1's own credential: its own subjects only.
+        let (client, mut errors) = nats_client(&nats.url(0), Some(agent_login.clone()))
+            .await
+            .unwrap();
+        let _others = client.subscribe("svc.agent.web-2.cmd").await.unwrap();
+        let error = next_error(&mut errors).await;
+        assert!(
+            error.to_lowercase().contains("permissions violation"),
+            "subscribe: {error:?}"
+        );
+        let _all = client.subscribe("svc.agent.>").await.unwrap();
+        let error = next_error(&mut errors).await;
+        assert!(
+            error.to_lowercase().contains("permissions violation"),
+            "subscribe: {error:?}"
+        );
+        client
+            .publish("svc.agent.web-2.result", "forged".into())
+            .await
+            .unwrap();
+        client.flush().await.unwrap();
+        let error = next_error(&mut errors).await;
+        assert!(
+            error.to_lowercase().contains("permissions violation"),
+            "publish: {error:?}"
+        );
+        let _own = client.subscribe("svc.agent.web-1.cmd").await.unwrap();
+        client.flush().await.unwrap();
+        assert_eq!(
+            tokio::time::timeout(Duration::from_millis(500), errors.recv())
+                .await
+                .ok()
+                .flatten(),
+            None,
+            "its own subject is allowed"
+        );
+
+        // The enrolment JWT may request enrolment and nothing else.
+        let (enrolling, mut errors) = nats_client(
+            &nats.url(0),
+            Some((
+                enrol_jwt.clone(),
+                nkeys::KeyPair::new_user().seed().unwrap(),
+            )),
+        )
+        .await
+        .unwrap();
+        let _tokens = enrolling.subscribe("svc.enroll").await.unwrap();
+        let error = next_error(&mut errors).await;
+        assert!(
+            error.to_lowercase().contains("permissions violation"),
+            "enrolment JWT subscribe: {error:?}"
+        );
+    });
+    // The agents' own view is unchanged: both still answer through any member.
+    let sent = svcctl(
+        &members,
+        2,
+        &["-o", "json", "exec", "--target", "role=web", "--", "true"],
+    );
+    assert_eq!(exec_results(&sent).len(), 2, "{sent:?}");
 }

@@ -141,6 +141,8 @@ fn files_across_members_with_signed_requests() {
         nats_urls: vec![rotated(0), rotated(1)],
         cluster_yaml: "",
         extra_yaml: "files:\n  key_clusters:\n    reader-a: [a]\n",
+        bus_yaml: "",
+        prepared: None,
     }) else {
         return;
     };

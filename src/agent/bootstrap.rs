@@ -52,6 +52,10 @@ struct Args {
     /// labels: k=v,k2=v2 (default: agent.labels in the config file; these replace them)
     #[argh(option)]
     labels: Option<String>,
+    /// the enrolment JWT of a cluster whose NATS logs clients in with JWTs
+    /// (`svc-cluster nats-config --enrol-jwt`), or a file holding it
+    #[argh(option)]
+    enrol_jwt: Option<String>,
 }
 
 /// The values enrolment needs, after flags and prompts.
@@ -63,6 +67,8 @@ struct Settings {
     credential: Credential,
     /// From --labels or the wizard; None: agent.labels of the config file.
     labels: Option<BTreeMap<String, String>>,
+    /// --enrol-jwt, read from its file when it names one.
+    enrol_jwt: Option<String>,
 }
 
 enum Credential {
@@ -157,13 +163,40 @@ fn settings(args: Args) -> Result<Settings, CliError> {
         ));
     }
     crate::identity::validate_agent_id(&agent_id).map_err(|e| CliError::usage(e.to_string()))?;
+    let enrol_jwt = args
+        .enrol_jwt
+        .map(|value| read_enrol_jwt(&value))
+        .transpose()?;
     Ok(Settings {
         server,
         ca_file,
         agent_id,
         credential,
         labels,
+        enrol_jwt,
     })
+}
+
+/// --enrol-jwt: the JWT itself (three base64url parts), or a file that holds it.
+fn read_enrol_jwt(value: &str) -> Result<String, CliError> {
+    let looks_like_jwt = |text: &str| {
+        text.split('.').count() == 3
+            && text
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    };
+    if looks_like_jwt(value) {
+        return Ok(value.to_string());
+    }
+    let text = std::fs::read_to_string(value)
+        .map_err(|e| CliError::usage(format!("--enrol-jwt: {value}: {e}")))?;
+    let text = text.trim();
+    if !looks_like_jwt(text) {
+        return Err(CliError::usage(format!(
+            "--enrol-jwt: {value} does not hold a JWT"
+        )));
+    }
+    Ok(text.to_string())
 }
 
 /// Reads the agent config as YAML (empty when the file does not exist yet).
@@ -250,16 +283,41 @@ fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<(), CliError> {
 }
 
 /// Sends the CSR and waits for the certificate.
-async fn request_certificate(settings: &Settings, csr: String) -> Result<Enrolled, CliError> {
+async fn request_certificate(
+    settings: &Settings,
+    csr: String,
+    bus_nkey: String,
+) -> Result<Enrolled, CliError> {
     let unreachable = |e: &dyn std::fmt::Display| {
         CliError::new(
             exit::UNREACHABLE,
             format!("cannot reach the bus at {}: {e}", settings.server),
         )
     };
-    let options = async_nats::ConnectOptions::new()
-        .name("svc-agent bootstrap")
-        .custom_inbox_prefix(super::private_inbox_prefix());
+    // A JWT-mode cluster admits no anonymous client: the enrolment JWT may publish the
+    // request and read replies under svc.enroll.reply only (identity::nats).
+    let options = match &settings.enrol_jwt {
+        None => {
+            async_nats::ConnectOptions::new().custom_inbox_prefix(super::private_inbox_prefix())
+        }
+        Some(jwt) => {
+            let jwt = jwt.clone();
+            async_nats::ConnectOptions::with_auth_callback(move |_nonce| {
+                let jwt = jwt.clone();
+                async move {
+                    let mut auth = async_nats::Auth::new();
+                    auth.jwt = Some(jwt);
+                    Ok(auth)
+                }
+            })
+            .custom_inbox_prefix(format!(
+                "{}.{}",
+                crate::identity::nats::ENROL_REPLY_PREFIX,
+                crate::ids::random_base62(22)
+            ))
+        }
+    }
+    .name("svc-agent bootstrap");
     // --server may list a NATS cluster's nodes, comma-separated, as agent.yaml's nats.urls.
     let servers: Vec<String> = settings
         .server
@@ -291,6 +349,7 @@ async fn request_certificate(settings: &Settings, csr: String) -> Result<Enrolle
         csr,
         token,
         psk,
+        bus_nkey: Some(bus_nkey),
     };
     let payload = serde_json::to_vec(&request).expect("enrolment requests serialize");
     let reply = tokio::time::timeout(
@@ -357,7 +416,10 @@ async fn bootstrap(config_path: PathBuf, mut settings: Settings) -> Result<(), C
         .and_then(|csr| csr.pem())
         .map_err(|e| CliError::failed(format!("cannot make the CSR: {e}")))?;
 
-    let enrolled = request_certificate(&settings, csr).await?;
+    // The nkey for a cluster whose NATS logs clients in with JWTs: only its public half
+    // travels; the seed is written beside key.pem if the server answers with a bus JWT.
+    let bus_key = nkeys::KeyPair::new_user();
+    let enrolled = request_certificate(&settings, csr, bus_key.public_key()).await?;
 
     {
         use std::os::unix::fs::DirBuilderExt;
@@ -382,6 +444,26 @@ async fn bootstrap(config_path: PathBuf, mut settings: Settings) -> Result<(), C
         enrolled.ca_chain.as_bytes(),
         0o600,
     )?;
+    if enrolled.bus_jwt.is_empty() {
+        // Enrolled with a server that checks the certificate itself: an older bus login
+        // would only be refused.
+        for name in [super::BUS_JWT_FILE, super::BUS_NKEY_FILE] {
+            let _ = std::fs::remove_file(state_dir.join(name));
+        }
+    } else {
+        let seed =
+            crate::bus::natsjwt::seed(&bus_key).map_err(|e| CliError::failed(e.to_string()))?;
+        write_file(
+            &state_dir.join(super::BUS_NKEY_FILE),
+            seed.as_bytes(),
+            0o600,
+        )?;
+        write_file(
+            &state_dir.join(super::BUS_JWT_FILE),
+            enrolled.bus_jwt.as_bytes(),
+            0o600,
+        )?;
+    }
 
     let command_key = section(&mut config, "agent")
         .get("command_key")

@@ -26,6 +26,10 @@ use crate::program::planned::{self, Planned};
 pub const KEY_FILE: &str = "key.pem";
 pub const CERT_FILE: &str = "cert.pem";
 pub const CA_FILE: &str = "ca.pem";
+/// The agent's user JWT and nkey seed for an external NATS cluster in JWT mode (written by
+/// bootstrap when the server issues one; the daemon then logs in with them).
+pub const BUS_JWT_FILE: &str = "bus.jwt";
+pub const BUS_NKEY_FILE: &str = "bus.nk";
 pub const DEFAULT_CONFIG: &str = "/etc/svc/agent.yaml";
 
 /// svc-agent's commands, for its help (and the CLIs' table, `cli::planned::TOOLS`).
@@ -138,8 +142,25 @@ pub fn bus_credentials(state_dir: &Path) -> crate::Result<(String, ring::signatu
 
 /// Connect options that authenticate as the agent whose files are under `state_dir`, with a
 /// private reply-inbox prefix (`_INBOX.<22 random>`), as the broker requires.
+///
+/// Enrolled with a cluster whose NATS logs clients in with JWTs (bus.jwt and bus.nk exist),
+/// the agent presents its user JWT and signs the nonce with its nkey instead.
 pub fn connect_options(state_dir: &Path) -> crate::Result<async_nats::ConnectOptions> {
     use base64::Engine;
+    if let Ok(jwt) = std::fs::read_to_string(state_dir.join(BUS_JWT_FILE)) {
+        let seed = std::fs::read_to_string(state_dir.join(BUS_NKEY_FILE)).map_err(|e| {
+            crate::Error::Invalid(format!(
+                "{} exists but {}: {e} (run svc-agent bootstrap)",
+                state_dir.join(BUS_JWT_FILE).display(),
+                state_dir.join(BUS_NKEY_FILE).display()
+            ))
+        })?;
+        let key = crate::bus::natsjwt::key_pair(seed.trim())?;
+        return Ok(
+            crate::bus::natsjwt::connect_options(jwt.trim().to_string(), key)
+                .custom_inbox_prefix(private_inbox_prefix()),
+        );
+    }
     let (cert_pem, signer) = bus_credentials(state_dir)?;
     let signer = std::sync::Arc::new(signer);
     let options = async_nats::ConnectOptions::with_auth_callback(move |nonce: Vec<u8>| {

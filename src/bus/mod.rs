@@ -7,6 +7,7 @@
 
 pub mod broker;
 pub mod monitor;
+pub mod natsjwt;
 pub mod subjects;
 
 pub use broker::{

@@ -57,6 +57,9 @@ fn run_cluster(program: &str, command: &str, common: Common, args: &[String]) ->
     let name = format!("{program} {command}");
     match command {
         "backup" => super::run_command::<BackupArgs, _>(program, &name, args, common, backup),
+        "nats-config" => {
+            super::run_command::<NatsConfigArgs, _>(program, &name, args, common, nats_config)
+        }
         _ => {
             super::run_command::<OnlineRestoreArgs, _>(program, &name, args, common, online_restore)
         }
@@ -71,6 +74,39 @@ fn run_cluster_backup(program: &str, command: &str, common: Common, args: &[Stri
         "list" => super::run_command::<ListArgs, _>(program, &name, args, common, list),
         _ => super::run_command::<VerifyArgs, _>(program, &name, args, common, verify),
     }
+}
+
+#[derive(FromArgs)]
+/// Print the block every NATS node of the cluster includes when bus.external_auth is jwt:
+/// the operator JWT, the system account and a memory resolver preloaded with the system and
+/// svc accounts. Runs offline on the store of --config (PostgreSQL in cluster mode), making
+/// the keys (sealed under master_key) on first use, so the NATS cluster can be set up before
+/// any member starts. The block holds no private key. With --enrol-jwt: print the enrolment
+/// JWT instead, which `svc-agent bootstrap --enrol-jwt` needs (it may only request
+/// enrolment). -o json prints both, with the account's public key.
+#[argh(help_triggers("-h", "--help"))]
+struct NatsConfigArgs {
+    /// the server configuration (default /etc/svc/server.yaml)
+    #[argh(option)]
+    config: Option<PathBuf>,
+    /// print the enrolment JWT instead of the NATS configuration
+    #[argh(switch)]
+    enrol_jwt: bool,
+}
+
+async fn nats_config(common: Common, args: NatsConfigArgs) -> Result<(), CliError> {
+    let loaded = crate::config::load_server(args.config.as_deref(), &crate::config::process_env())
+        .map_err(|e| CliError::failed(format!("configuration: {e}")))?;
+    let printed = crate::identity::nats::offline_config(&loaded.config).await?;
+    if common.output == Output::Json {
+        return print_json(&printed);
+    }
+    if args.enrol_jwt {
+        println!("{}", printed.enrol_jwt);
+    } else {
+        print!("{}", printed.nats_config);
+    }
+    Ok(())
 }
 
 #[derive(FromArgs)]

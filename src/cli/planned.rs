@@ -116,6 +116,7 @@ pub const TOOLS: &[Planned] = &[
             ("transfer-leader", "move the leader lease (admin): [TARGET | --to ID]"),
             ("backup", "stream a snapshot into a file: [--output FILE] [--encrypt]"),
             ("restore", "runs offline: svc-cluster-backup restore --input FILE [--force]"),
+            ("nats-config", "offline: the JWT-auth block every NATS node includes: [--config F] [--enrol-jwt]"),
         ],
         default: None,
         is_client: true,
@@ -129,6 +130,7 @@ pub const TOOLS: &[Planned] = &[
             "transfer-leader",
             "backup",
             "restore",
+            "nats-config",
         ],
     },
     Planned {

@@ -20,7 +20,7 @@ use crate::{clock, Error, Result};
 /// re-bootstraps within a year (or at a rotation).
 const ROOT_DAYS: i64 = 3650;
 const SIGNING_DAYS: i64 = 730;
-const AGENT_DAYS: i64 = 365;
+pub(crate) const AGENT_DAYS: i64 = 365;
 
 /// The URI SAN every agent certificate carries.
 pub fn spiffe_id(agent_id: &str) -> String {

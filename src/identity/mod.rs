@@ -12,6 +12,7 @@
 
 pub mod ca;
 pub mod jwt;
+pub mod nats;
 mod tokens;
 
 use std::collections::BTreeMap;
@@ -38,6 +39,8 @@ pub use tokens::{
 pub struct Keys {
     master_key: [u8; 32],
     hmacsecret: Vec<u8>,
+    /// With `bus.external_auth: jwt`: the keys agents' bus JWTs are issued with.
+    nats: Option<std::sync::Arc<nats::NatsKeys>>,
 }
 
 impl std::fmt::Debug for Keys {
@@ -51,7 +54,13 @@ impl Keys {
         Keys {
             master_key,
             hmacsecret,
+            nats: None,
         }
+    }
+
+    /// The same keys, issuing agents' bus JWTs with `nats` (cluster mode, JWT login).
+    pub fn with_nats(self, nats: Option<std::sync::Arc<nats::NatsKeys>>) -> Keys {
+        Keys { nats, ..self }
     }
 
     /// From the validated server configuration (master_key: base64 of 32 bytes).
@@ -76,6 +85,7 @@ impl Keys {
         Keys {
             master_key,
             hmacsecret: self.hmacsecret.clone(),
+            nats: self.nats.clone(),
         }
     }
 }
@@ -504,6 +514,9 @@ pub struct EnrolRequest {
     pub csr: String,
     pub token: Option<String>,
     pub psk: Option<String>,
+    /// The public half of the nkey the agent made for an external cluster in JWT mode
+    /// (`U...`); the seed stays on the host. Sent always; used only in that mode.
+    pub bus_nkey: Option<String>,
 }
 
 /// What the agent gets back: public material only.
@@ -516,6 +529,10 @@ pub struct Enrolled {
     /// with its key. Empty from servers older than signed commands.
     #[serde(default)]
     pub command_key: String,
+    /// In cluster mode with `bus.external_auth: jwt`: the agent's user JWT for `bus_nkey`,
+    /// which it logs in to the NATS cluster with. Empty otherwise.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub bus_jwt: String,
 }
 
 /// Enrols an agent: checks the join token (or PSK), issues its certificate from the signing
@@ -600,6 +617,16 @@ async fn enrol_checked(
     let command_key = command_key_pem(store).await?;
     // Issue before burning the token: a bad CSR must not cost the operator a token.
     let certificate = ca::issue_agent(&signing, &request.agent_id, &request.csr)?;
+    let bus_jwt =
+        match (&keys.nats, &request.bus_nkey) {
+            (None, _) => String::new(),
+            (Some(nats), Some(user)) => nats::agent_jwt(nats, &request.agent_id, user)?,
+            (Some(_), None) => return Err(Error::Invalid(
+                "this cluster's NATS logs agents in with JWTs and the request has no bus_nkey: \
+                 upgrade svc-agent"
+                    .into(),
+            )),
+        };
     let fingerprint = ca::fingerprint(&ca::pem_to_der(&certificate)?);
     let now = clock::now_rfc3339();
     if let Some(row) = token {
@@ -625,6 +652,7 @@ async fn enrol_checked(
             certificate,
             ca_chain: format!("{}{}", signing_row.cert_pem, root.cert_pem),
             command_key,
+            bus_jwt,
         },
         fingerprint,
     ))
@@ -652,10 +680,7 @@ mod tests {
 
     #[test]
     fn psk_is_hmac_of_the_agent_id() {
-        let keys = Keys {
-            master_key: [0; 32],
-            hmacsecret: b"secret".to_vec(),
-        };
+        let keys = Keys::new([0; 32], b"secret".to_vec());
         let psk = psk_for(&keys, "web-01");
         assert_eq!(psk.len(), 64);
         assert!(is_valid_psk(&keys, "web-01", &psk));

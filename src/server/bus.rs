@@ -177,10 +177,12 @@ pub struct EmbeddedListener {
 /// Starts the embedded broker on `embedded` (or, without it, uses `bus.external_urls`) and
 /// connects the server's client. API keys in CONNECT are checked against `store`. Call
 /// [`Bus::report_health`] once the domain exists, so connection changes become events.
+/// With `nats` (an external cluster in JWT mode) the client logs in with a member JWT.
 pub async fn start(
     config: &ServerConfig,
     store: Arc<dyn Store>,
     embedded: Option<EmbeddedListener>,
+    nats: Option<&crate::identity::nats::NatsKeys>,
 ) -> Result<Bus> {
     let connected = Arc::new(AtomicBool::new(false));
     let mut pinned_certificate = None;
@@ -222,15 +224,29 @@ pub async fn start(
     };
     let address = urls.join(",");
     let (state_sender, state_changes) = mpsc::unbounded_channel();
-    let mut options = async_nats::ConnectOptions::new()
-        .name("svc-server")
-        .retry_on_initial_connect()
-        .event_callback(move |event| {
-            let sender = state_sender.clone();
-            async move {
-                let _ = sender.send(event);
-            }
-        });
+    let login = match nats.filter(|_| broker.is_none()) {
+        Some(keys) => {
+            let member = if config.cluster.member_id.is_empty() {
+                config.bus.server_name.as_str()
+            } else {
+                config.cluster.member_id.as_str()
+            };
+            Some(crate::identity::nats::member_login(keys, member)?)
+        }
+        None => None,
+    };
+    let mut options = match login {
+        Some((jwt, key)) => crate::bus::natsjwt::connect_options(jwt, key),
+        None => async_nats::ConnectOptions::new(),
+    }
+    .name("svc-server")
+    .retry_on_initial_connect()
+    .event_callback(move |event| {
+        let sender = state_sender.clone();
+        async move {
+            let _ = sender.send(event);
+        }
+    });
     if let Some(token) = token {
         options = options.token(token);
     }

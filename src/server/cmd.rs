@@ -367,6 +367,17 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     let keys = crate::identity::Keys::from_config(&config)?;
     crate::secrets::verify_master_key(store.as_ref(), keys.master_key()).await?;
     crate::identity::ensure_ca(store.as_ref(), &keys).await?;
+    // JWT login on the external cluster: the keys are made now if `svc-cluster nats-config`
+    // has not made them yet (the cluster then refuses everyone until its nodes include that
+    // command's output).
+    let nats_keys = if config.bus.external_auth == crate::config::ExternalAuth::Jwt {
+        Some(Arc::new(
+            crate::identity::nats::ensure(store.as_ref(), &keys).await?,
+        ))
+    } else {
+        None
+    };
+    let keys = keys.with_nats(nats_keys.clone());
 
     let (stop_sender, stop) = tokio::sync::watch::channel(false);
     let jetstream = data_dir.join("jetstream");
@@ -437,7 +448,7 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     } else {
         None
     };
-    let bus = super::bus::start(&config, store.clone(), bus_listener).await?;
+    let bus = super::bus::start(&config, store.clone(), bus_listener, nats_keys.as_deref()).await?;
     let (events_log, audit_log) = match local_logs {
         Some(logs) => logs,
         None => shared_streams(&config, &bus.client, &stream_config).await?,

@@ -41,11 +41,29 @@ impl Agent {
     /// Enrols `id` through `server` but on the bus at `bus` (a NATS cluster's node) and starts
     /// its daemon there.
     pub fn start_on(server: &TestServer, bus: &str, id: &str, labels: &str) -> Agent {
+        Self::start_on_with(server, bus, id, labels, &[])
+    }
+
+    /// [`start_on`](Self::start_on) with more bootstrap flags (e.g. `--enrol-jwt`).
+    pub fn start_on_with(
+        server: &TestServer,
+        bus: &str,
+        id: &str,
+        labels: &str,
+        extra: &[&str],
+    ) -> Agent {
         let mut agent = Agent::new(id);
-        let enrolled = agent.bootstrap(server, &["--server", bus, "--labels", labels]);
+        let mut flags = vec!["--server", bus, "--labels", labels];
+        flags.extend_from_slice(extra);
+        let enrolled = agent.bootstrap(server, &flags);
         assert_eq!(enrolled.code, 0, "{enrolled:?}");
         agent.spawn(&server.names);
         agent
+    }
+
+    /// The agent's state directory (key, certificates, bus JWT).
+    pub fn state_dir(&self) -> PathBuf {
+        self.home.path().join("state")
     }
 
     pub fn config(&self) -> PathBuf {

@@ -21,27 +21,60 @@ pub struct Setup<'a> {
     pub cluster_yaml: &'a str,
     /// Extra top-level YAML.
     pub extra_yaml: &'a str,
+    /// Extra lines under `bus:` (two-space indented), e.g. `  external_auth: jwt\n`.
+    pub bus_yaml: &'a str,
+    /// The database and master key to use (see [`prepare`]); None: fresh ones.
+    pub prepared: Option<Prepared>,
+}
+
+/// A fresh database and master key, for a test that must use them before the members start
+/// (`svc-cluster nats-config` runs offline on the store the members will share).
+pub struct Prepared {
+    pub database_url: String,
+    pub master_key: String,
+}
+
+/// None (with a message) when PostgreSQL is not available outside CI.
+pub fn prepare() -> Option<Prepared> {
+    let postgres = postgres::shared()?;
+    Some(Prepared {
+        database_url: postgres.fresh_database(),
+        master_key: random_master_key(),
+    })
+}
+
+/// A member's configuration (without the listeners and keys TestServer adds).
+pub fn member_yaml(setup: &Setup, database_url: &str, i: usize) -> String {
+    let urls: Vec<String> = setup.nats_urls[i]
+        .iter()
+        .map(|u| format!("\"{u}\""))
+        .collect();
+    format!(
+        "store:\n  driver: postgres\n  url: \"{database_url}\"\nbus:\n  external_urls: [{}]\n{}streams:\n  max_bytes: 67108864\nrate_limit:\n  requests_per_second: 100000\n  burst: 100000\ncluster:\n  enabled: true\n  member_id: m{}\n{}{}",
+        urls.join(", "),
+        setup.bus_yaml,
+        i + 1,
+        setup.cluster_yaml,
+        setup.extra_yaml,
+    )
 }
 
 /// Streams are capped at 64 MiB each: JetStream refuses a stream whose max_bytes does not fit
 /// its nodes' max_file_store (1 GB in tests/common/nats_cluster.rs).
 /// Starts `setup.nats_urls.len()` members named m1, m2, ... one after the other; None (with a
 /// message) when PostgreSQL is not available outside CI.
-pub fn start(setup: Setup) -> Option<Members> {
-    let postgres = postgres::shared()?;
-    let database_url = postgres.fresh_database();
-    let master_key = random_master_key();
+pub fn start(mut setup: Setup) -> Option<Members> {
+    let Prepared {
+        database_url,
+        master_key,
+    } = match setup.prepared.take() {
+        Some(prepared) => prepared,
+        None => prepare()?,
+    };
     let admin_key = format!("svc_{}", "c".repeat(40));
     let mut servers = Vec::new();
-    for (i, urls) in setup.nats_urls.iter().enumerate() {
-        let urls: Vec<String> = urls.iter().map(|u| format!("\"{u}\"")).collect();
-        let config_yaml = format!(
-            "store:\n  driver: postgres\n  url: \"{database_url}\"\nbus:\n  external_urls: [{}]\nstreams:\n  max_bytes: 67108864\nrate_limit:\n  requests_per_second: 100000\n  burst: 100000\ncluster:\n  enabled: true\n  member_id: m{}\n{}{}",
-            urls.join(", "),
-            i + 1,
-            setup.cluster_yaml,
-            setup.extra_yaml,
-        );
+    for i in 0..setup.nats_urls.len() {
+        let config_yaml = member_yaml(&setup, &database_url, i);
         servers.push(TestServer::start_with(Options {
             env: vec![("SVC_BOOTSTRAP_API_KEY".into(), admin_key.clone())],
             config_yaml,

@@ -55,6 +55,9 @@ fn free_port() -> u16 {
 struct Node {
     name: String,
     port: u16,
+    /// The monitoring port, in JWT mode only: there readiness is `/healthz` (no anonymous
+    /// client may ask JetStream).
+    http_port: Option<u16>,
     config: PathBuf,
     log: PathBuf,
     child: Option<Child>,
@@ -73,6 +76,12 @@ impl NatsCluster {
     /// answers on every node (in a cluster: a meta leader is elected). None when nats-server
     /// is not installed (the skip is printed).
     pub async fn start(nodes: usize) -> Option<NatsCluster> {
+        Self::start_with(nodes, None).await
+    }
+
+    /// [`start`](Self::start), every node's configuration ending with `auth` (the block
+    /// `svc-cluster nats-config` prints: operator mode, where every client needs a user JWT).
+    pub async fn start_with(nodes: usize, auth: Option<&str>) -> Option<NatsCluster> {
         assert!(nodes >= 1);
         let binary = nats_server_or_skip("this NATS cluster test")?;
         let dir = tempfile::tempdir().unwrap();
@@ -105,11 +114,17 @@ impl NatsCluster {
                     routes.join(", ")
                 ));
             }
+            let http_port = auth.map(|auth| {
+                let http_port = free_port();
+                config.push_str(&format!("http: \"127.0.0.1:{http_port}\"\n{auth}\n"));
+                http_port
+            });
             let path = dir.path().join(&name).join("nats.conf");
             std::fs::write(&path, config).unwrap();
             list.push(Node {
                 name,
                 port: *port,
+                http_port,
                 config: path,
                 log,
                 child: None,
@@ -148,8 +163,13 @@ impl NatsCluster {
         let deadline = Instant::now() + READY_WITHIN;
         let url = self.url(i);
         let mut last = String::from("not tried");
+        let http_port = self.nodes[i].http_port;
         while Instant::now() < deadline {
-            match js_info(&url).await {
+            let probe = match http_port {
+                Some(port) => healthz(port),
+                None => js_info(&url).await,
+            };
+            match probe {
                 Ok(()) => return,
                 Err(e) => last = e,
             }
@@ -222,6 +242,28 @@ impl Drop for NatsCluster {
         for i in 0..self.nodes.len() {
             self.kill(i);
         }
+    }
+}
+
+/// nats-server's `/healthz` on the monitoring port: 200 once JetStream is current. (A bare
+/// HTTP/1.0 GET: benches include this file without the tests' HTTP client.)
+fn healthz(port: u16) -> Result<(), String> {
+    use std::io::{Read, Write};
+    let mut socket =
+        std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+    socket
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .map_err(|e| e.to_string())?;
+    socket
+        .write_all(b"GET /healthz HTTP/1.0\r\n\r\n")
+        .map_err(|e| e.to_string())?;
+    let mut response = String::new();
+    socket
+        .read_to_string(&mut response)
+        .map_err(|e| e.to_string())?;
+    match response.lines().next() {
+        Some(status) if status.contains(" 200") => Ok(()),
+        _ => Err(format!("/healthz: {response}")),
     }
 }
 

@@ -1,0 +1,269 @@
+//! The NATS keys of cluster mode with `bus.external_auth: jwt` (docs/cluster.md): an operator,
+//! a system account, the svc account and the svc account's signing key, each an nkey whose
+//! seed is sealed under master_key in the `ca` table (kinds `nats-*`, the public key where a
+//! CA row keeps its certificate), so a database dump alone signs nothing. Made on first use,
+//! by `svc-cluster nats-config` (offline) or a member's start, whichever comes first; the
+//! race between members is settled by `insert_first_ca`, as for the CA.
+//!
+//! What is issued from them:
+//! - every NATS node's configuration block: operator JWT, system account, memory resolver
+//!   preloaded with both account JWTs ([`server_config`]);
+//! - a member's user JWT (everything), for a key the member makes at start and never stores;
+//! - an agent's user JWT at enrolment, for the nkey the agent made (its seed never leaves the
+//!   host), with exactly the subjects the embedded broker grants it;
+//! - the enrolment JWT: a bearer JWT that may only publish enrolment requests and read their
+//!   replies, which bootstrap needs because the cluster admits no anonymous client.
+
+use crate::bus::natsjwt::{self, UserPermissions};
+use crate::bus::subjects;
+use crate::store::{CaRow, Store};
+use crate::{clock, ids, Error, Result};
+
+use super::{ca, Keys};
+
+const OPERATOR: &str = "nats-operator";
+const SYSTEM: &str = "nats-system";
+const ACCOUNT: &str = "nats-account";
+const SIGNING: &str = "nats-signing";
+
+/// Where enrolment replies go in JWT mode: the enrolment JWT may subscribe here and nowhere
+/// else. A reply holds only public material (certificates, the agent's user JWT).
+pub const ENROL_REPLY_PREFIX: &str = "svc.enroll.reply";
+
+/// How long an agent's user JWT is valid: as long as its certificate, since both come from
+/// one enrolment and a new enrolment replaces both.
+const AGENT_JWT_DAYS: i64 = ca::AGENT_DAYS;
+
+/// The four keys, unsealed.
+pub struct NatsKeys {
+    operator: nkeys::KeyPair,
+    system: nkeys::KeyPair,
+    account: nkeys::KeyPair,
+    signing: nkeys::KeyPair,
+}
+
+impl NatsKeys {
+    /// The svc account's public key (the account every svc client is in).
+    pub fn account(&self) -> String {
+        self.account.public_key()
+    }
+}
+
+/// Reads the keys, making those that do not exist yet.
+pub async fn ensure(store: &dyn Store, keys: &Keys) -> Result<NatsKeys> {
+    let rows = store.active_ca().await?;
+    Ok(NatsKeys {
+        operator: key(store, keys, &rows, OPERATOR, nkeys::KeyPair::new_operator).await?,
+        system: key(store, keys, &rows, SYSTEM, nkeys::KeyPair::new_account).await?,
+        account: key(store, keys, &rows, ACCOUNT, nkeys::KeyPair::new_account).await?,
+        signing: key(store, keys, &rows, SIGNING, nkeys::KeyPair::new_account).await?,
+    })
+}
+
+/// The active key of `kind`, made with `make` (and stored sealed) when there is none.
+async fn key(
+    store: &dyn Store,
+    keys: &Keys,
+    rows: &[CaRow],
+    kind: &str,
+    make: fn() -> nkeys::KeyPair,
+) -> Result<nkeys::KeyPair> {
+    let row = match rows.iter().find(|row| row.kind == kind) {
+        Some(row) => row.clone(),
+        None => {
+            let fresh = sealed_row(keys, kind, &make())?;
+            match store.insert_first_ca(&fresh).await? {
+                Some(theirs) => theirs,
+                None => {
+                    tracing::info!(kind, "created a NATS key");
+                    fresh
+                }
+            }
+        }
+    };
+    unseal(keys, &row)
+}
+
+fn seal_context(kind: &str, id: &str) -> String {
+    format!("ca:{kind}:{id}")
+}
+
+fn sealed_row(keys: &Keys, kind: &str, key: &nkeys::KeyPair) -> Result<CaRow> {
+    let id = ids::ulid();
+    let now = clock::now_rfc3339();
+    Ok(CaRow {
+        key_encrypted: ca::seal(
+            keys.master_key(),
+            &seal_context(kind, &id),
+            natsjwt::seed(key)?.as_bytes(),
+        )?,
+        id,
+        kind: kind.into(),
+        // The public key stands where a CA row keeps its certificate.
+        cert_pem: key.public_key(),
+        fingerprint: key.public_key(),
+        not_before: now.clone(),
+        not_after: "9999-12-31T23:59:59Z".into(),
+        created_at: now,
+        retired_at: None,
+    })
+}
+
+fn unseal(keys: &Keys, row: &CaRow) -> Result<nkeys::KeyPair> {
+    let seed = ca::open(
+        keys.master_key(),
+        &seal_context(&row.kind, &row.id),
+        &row.key_encrypted,
+    )?;
+    let seed = String::from_utf8(seed).map_err(Error::internal)?;
+    natsjwt::key_pair(&seed)
+}
+
+/// The block every NATS node of the cluster includes: trust the operator, name the system
+/// account, resolve accounts from memory (preloaded: no account server to run).
+pub fn server_config(keys: &NatsKeys) -> Result<String> {
+    let system = keys.system.public_key();
+    let account = keys.account.public_key();
+    let operator = natsjwt::operator(&keys.operator, "svc", &system)?;
+    let system_jwt = natsjwt::account(&keys.operator, &system, "SYS", &[], false, &[])?;
+    let account_jwt = natsjwt::account(
+        &keys.operator,
+        &account,
+        "SVC",
+        &[keys.signing.public_key()],
+        true,
+        &[],
+    )?;
+    Ok(format!(
+        "# svc: NATS JWT authentication (operator mode). Include this file in every node's\n\
+         # configuration. Generated by `svc-cluster nats-config`; contains no private key.\n\
+         operator: {operator}\n\
+         system_account: {system}\n\
+         resolver: MEMORY\n\
+         resolver_preload: {{\n  \
+           {system}: {system_jwt}\n  \
+           {account}: {account_jwt}\n\
+         }}\n"
+    ))
+}
+
+/// What `svc-cluster nats-config` prints.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Printed {
+    pub account: String,
+    pub nats_config: String,
+    pub enrol_jwt: String,
+}
+
+/// `svc-cluster nats-config`: opens the configured store (no server needed), checks the
+/// master key against it, makes the keys if they do not exist yet.
+pub async fn offline_config(config: &crate::config::ServerConfig) -> Result<Printed> {
+    if config.bus.external_auth != crate::config::ExternalAuth::Jwt {
+        return Err(Error::Invalid(
+            "bus.external_auth is not jwt in this configuration: set it (with bus.external_urls) \
+             on every member first"
+                .into(),
+        ));
+    }
+    let store = crate::store::open(&config.store, &config.data_dir).await?;
+    let keys = Keys::from_config(config)?;
+    crate::secrets::verify_master_key(store.as_ref(), keys.master_key()).await?;
+    let nats = ensure(store.as_ref(), &keys).await?;
+    Ok(Printed {
+        account: nats.account(),
+        nats_config: server_config(&nats)?,
+        enrol_jwt: enrolment_jwt(&nats)?,
+    })
+}
+
+/// A member's bus login: a fresh user key and a JWT allowing everything in the svc account.
+pub fn member_login(keys: &NatsKeys, member_id: &str) -> Result<(String, nkeys::KeyPair)> {
+    let user = nkeys::KeyPair::new_user();
+    let permissions = UserPermissions {
+        all: true,
+        ..UserPermissions::default()
+    };
+    let jwt = natsjwt::user(
+        &keys.signing,
+        &keys.account.public_key(),
+        &user.public_key(),
+        &format!("member:{member_id}"),
+        &permissions,
+        None,
+        false,
+    )?;
+    Ok((jwt, user))
+}
+
+/// What an enrolled agent may do on an external cluster: the same as on the embedded broker
+/// (server::bus::agent_bus_permissions) — publish and subscribe under its own subjects only.
+pub fn agent_permissions(agent_id: &str) -> UserPermissions {
+    let own = subjects::agent_all(agent_id);
+    UserPermissions {
+        publish: vec![own.clone()],
+        subscribe: vec![own],
+        all: false,
+    }
+}
+
+/// An agent's user JWT for the nkey it made (`user`, a `U...` public key).
+pub fn agent_jwt(keys: &NatsKeys, agent_id: &str, user: &str) -> Result<String> {
+    if !natsjwt::is_user_public_key(user) {
+        return Err(Error::Invalid(
+            "bus_nkey is not a NATS user public key (U...)".into(),
+        ));
+    }
+    let expires = clock::now_millis() / 1000 + AGENT_JWT_DAYS * 86_400;
+    natsjwt::user(
+        &keys.signing,
+        &keys.account.public_key(),
+        user,
+        &format!("agent:{agent_id}"),
+        &agent_permissions(agent_id),
+        Some(expires),
+        false,
+    )
+}
+
+/// The enrolment JWT (bearer: the cluster checks no nonce signature, so it is usable alone).
+/// Publish `svc.enroll`, subscribe under [`ENROL_REPLY_PREFIX`]: nothing else.
+pub fn enrolment_jwt(keys: &NatsKeys) -> Result<String> {
+    let user = nkeys::KeyPair::new_user();
+    let permissions = UserPermissions {
+        publish: vec![subjects::ENROLL.into()],
+        subscribe: vec![format!("{ENROL_REPLY_PREFIX}.>")],
+        all: false,
+    };
+    natsjwt::user(
+        &keys.signing,
+        &keys.account.public_key(),
+        &user.public_key(),
+        "enrolment",
+        &permissions,
+        None,
+        true,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agent_jwt_refuses_what_is_not_a_user_key() {
+        let keys = NatsKeys {
+            operator: nkeys::KeyPair::new_operator(),
+            system: nkeys::KeyPair::new_account(),
+            account: nkeys::KeyPair::new_account(),
+            signing: nkeys::KeyPair::new_account(),
+        };
+        assert!(agent_jwt(&keys, "a1", &keys.account.public_key()).is_err());
+        let user = nkeys::KeyPair::new_user();
+        let jwt = agent_jwt(&keys, "a1", &user.public_key()).unwrap();
+        let claims = natsjwt::claims(&jwt).unwrap();
+        assert_eq!(claims["nats"]["sub"]["allow"][0], "svc.agent.a1.>");
+        let config = server_config(&keys).unwrap();
+        assert!(config.contains("resolver: MEMORY"));
+        assert!(!config.contains(&natsjwt::seed(&keys.signing).unwrap()));
+    }
+}
