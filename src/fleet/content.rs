@@ -87,8 +87,16 @@ pub enum Applied {
 pub async fn chunk_for_agent(domain: &Domain, agent_id: &str, body: &[u8]) -> Result<Bytes> {
     let request: ContentRequest = serde_json::from_slice(body)
         .map_err(|e| Error::Invalid(format!("malformed content request: {e}")))?;
-    let signer = crate::identity::command_signer(domain).await?;
-    let command = signer.verify(request.command.as_bytes(), &request.signature)?;
+    // The public certificate is enough to know our own signature: nothing is unsealed.
+    let certificate = crate::identity::command_key_pem(domain.store.as_ref()).await?;
+    let command = super::signature::Verifier::from_certificate_pem(&certificate, agent_id)?
+        .signed(request.command.as_bytes(), &request.signature)
+        .map_err(|refused| {
+            Error::Forbidden(format!(
+                "the command was not signed by this server ({})",
+                refused.0
+            ))
+        })?;
     if command.agent_id != agent_id {
         return Err(Error::Forbidden(format!(
             "the command is addressed to agent '{}', not '{agent_id}'",

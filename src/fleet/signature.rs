@@ -18,8 +18,7 @@ use std::time::Duration;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use ring::signature::{
-    EcdsaKeyPair, KeyPair, UnparsedPublicKey, ECDSA_P256_SHA256_FIXED,
-    ECDSA_P256_SHA256_FIXED_SIGNING,
+    EcdsaKeyPair, UnparsedPublicKey, ECDSA_P256_SHA256_FIXED, ECDSA_P256_SHA256_FIXED_SIGNING,
 };
 
 use super::protocol::Command;
@@ -62,19 +61,6 @@ impl Signer {
         Ok((bytes, signature))
     }
 
-    /// The command in `bytes` when `signature` is this key's over them: how the server knows
-    /// a command it issued when an agent shows it back (`fleet::content`). Who it is addressed
-    /// to and when it was issued are the caller's to check.
-    pub fn verify(&self, bytes: &[u8], signature: &str) -> Result<Command> {
-        let raw = URL_SAFE_NO_PAD
-            .decode(signature.trim())
-            .map_err(|_| Error::Forbidden("malformed command signature".into()))?;
-        UnparsedPublicKey::new(&ECDSA_P256_SHA256_FIXED, self.key.public_key().as_ref())
-            .verify(&[DOMAIN, bytes].concat(), &raw)
-            .map_err(|_| Error::Forbidden("the command was not signed by this server".into()))?;
-        serde_json::from_slice(bytes).map_err(|e| Error::Invalid(format!("malformed command: {e}")))
-    }
-
     fn sign_bytes(&self, bytes: &[u8]) -> Result<String> {
         let signature = self
             .key
@@ -94,7 +80,9 @@ impl std::fmt::Display for Refused {
     }
 }
 
-/// Checks commands for one agent against the server's public command key.
+/// Checks commands for one agent against the server's public command key. The server uses
+/// it too, to know a command it issued when an agent shows it back (`fleet::content`): the
+/// public key is enough, so nothing sealed is opened per request.
 pub struct Verifier {
     public_key: Vec<u8>,
     agent_id: String,
@@ -112,10 +100,9 @@ impl Verifier {
         })
     }
 
-    /// The command in `bytes` when `signature` is the server's over them, it is addressed to
-    /// this agent, and it was issued within the window around `now_ms`. Whether its job id
-    /// was seen before is the caller's [`SeenJobs`].
-    pub fn check(&self, bytes: &[u8], signature: &str, now_ms: u64) -> Result<Command, Refused> {
+    /// The command in `bytes` when `signature` is the server's over them (who it is addressed
+    /// to and when it was issued are [`check`](Self::check)'s, or the caller's).
+    pub fn signed(&self, bytes: &[u8], signature: &str) -> Result<Command, Refused> {
         if signature.is_empty() {
             return Err(Refused("not signed by the server".into()));
         }
@@ -125,8 +112,14 @@ impl Verifier {
         UnparsedPublicKey::new(&ECDSA_P256_SHA256_FIXED, &self.public_key)
             .verify(&[DOMAIN, bytes].concat(), &raw)
             .map_err(|_| Refused("the signature is not the server's".into()))?;
-        let command: Command = serde_json::from_slice(bytes)
-            .map_err(|e| Refused(format!("malformed command: {e}")))?;
+        serde_json::from_slice(bytes).map_err(|e| Refused(format!("malformed command: {e}")))
+    }
+
+    /// The command in `bytes` when `signature` is the server's over them, it is addressed to
+    /// this agent, and it was issued within the window around `now_ms`. Whether its job id
+    /// was seen before is the caller's [`SeenJobs`].
+    pub fn check(&self, bytes: &[u8], signature: &str, now_ms: u64) -> Result<Command, Refused> {
+        let command = self.signed(bytes, signature)?;
         if command.agent_id != self.agent_id {
             return Err(Refused(format!(
                 "addressed to agent '{}', this is '{}'",
