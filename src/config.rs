@@ -408,12 +408,16 @@ impl Default for RateLimitConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct AgentsConfig {
     pub heartbeat_timeout: ConfigDuration,
+    /// How long an agent's NATS user JWT is valid (`bus.external_auth: jwt`). Agents renew at
+    /// half of it; a removed or re-enrolled agent's old JWT stops connecting within it.
+    pub bus_jwt_ttl: ConfigDuration,
 }
 
 impl Default for AgentsConfig {
     fn default() -> Self {
         AgentsConfig {
             heartbeat_timeout: ConfigDuration(Duration::from_secs(30)),
+            bus_jwt_ttl: ConfigDuration(Duration::from_secs(24 * 3600)),
         }
     }
 }

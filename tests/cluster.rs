@@ -1035,7 +1035,9 @@ fn with_jwt_auth_the_nats_cluster_keeps_each_agent_to_its_own_subjects() {
     let Some(members) = cluster::start(Setup {
         nats_urls: (0..3).map(urls_from).collect(),
         cluster_yaml: FAST,
-        extra_yaml: "",
+        // Agents renew at half-life: every 3 s here, and nats-server drops a connection whose
+        // JWT has expired, so the exec below runs on renewed JWTs.
+        extra_yaml: "agents:\n  bus_jwt_ttl: 6s\n",
         bus_yaml: "  external_auth: jwt\n",
         prepared: Some(prepared),
     }) else {
@@ -1149,11 +1151,80 @@ fn with_jwt_auth_the_nats_cluster_keeps_each_agent_to_its_own_subjects() {
             "enrolment JWT subscribe: {error:?}"
         );
     });
-    // The agents' own view is unchanged: both still answer through any member.
-    let sent = svcctl(
-        &members,
-        2,
-        &["-o", "json", "exec", "--target", "role=web", "--", "true"],
+    // Past the JWTs' 6 s life: renewed (a later `iat`), and both agents still answer.
+    let issued_at = |jwt: &str| {
+        use base64::Engine;
+        let claims = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(jwt.trim().split('.').nth(1).unwrap())
+            .unwrap();
+        serde_json::from_slice::<serde_json::Value>(&claims).unwrap()["iat"]
+            .as_i64()
+            .unwrap()
+    };
+    let issued = issued_at(&agent_login.0);
+    std::thread::sleep(Duration::from_secs(7));
+    assert!(
+        issued_at(&read("bus.jwt")) > issued,
+        "bus.jwt not renewed\n{}",
+        a.log()
     );
-    assert_eq!(exec_results(&sent).len(), 2, "{sent:?}");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let sent = svcctl(
+            &members,
+            2,
+            &["-o", "json", "exec", "--target", "role=web", "--", "true"],
+        );
+        let ok = exec_results(&sent)
+            .values()
+            .filter(|r| r["status"] == "ok")
+            .count();
+        if ok == 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{sent:?}\n{}", a.log());
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // A renewal must be signed by the agent's key: its (public) certificate alone gets nothing.
+    runtime.block_on(async {
+        let (enrolling, _) = nats_client(
+            &nats.url(0),
+            Some((
+                enrol_jwt.clone(),
+                nkeys::KeyPair::new_user().seed().unwrap(),
+            )),
+        )
+        .await
+        .unwrap();
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        let forged = serde_json::json!({
+            "certificate": read("cert.pem"),
+            "bus_nkey": nkeys::KeyPair::new_user().public_key(),
+            "issued_at_ms": now_ms,
+            "signature": "AAAA",
+        });
+        let inbox = format!("svc.enroll.reply.{}", "x".repeat(22));
+        let mut replies = enrolling.subscribe(format!("{inbox}.>")).await.unwrap();
+        enrolling
+            .publish_with_reply(
+                "svc.enroll.renew",
+                format!("{inbox}.1"),
+                forged.to_string().into(),
+            )
+            .await
+            .unwrap();
+        let reply = tokio::time::timeout(
+            Duration::from_secs(5),
+            futures_util::StreamExt::next(&mut replies),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        let reply: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap();
+        assert_eq!(reply["error"]["code"], "unauthenticated", "{reply}");
+        assert!(reply.get("bus_jwt").is_none(), "{reply}");
+    });
 }

@@ -259,7 +259,7 @@ fn section<'a>(config: &'a mut Mapping, name: &str) -> &'a mut Mapping {
     entry.as_mapping_mut().expect("made a mapping above")
 }
 
-fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<(), CliError> {
+pub(super) fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<(), CliError> {
     use std::os::unix::fs::OpenOptionsExt;
     let fail =
         |e: std::io::Error| CliError::failed(format!("cannot write {}: {e}", path.display()));
@@ -294,30 +294,7 @@ async fn request_certificate(
             format!("cannot reach the bus at {}: {e}", settings.server),
         )
     };
-    // A JWT-mode cluster admits no anonymous client: the enrolment JWT may publish the
-    // request and read replies under svc.enroll.reply only (identity::nats).
-    let options = match &settings.enrol_jwt {
-        None => {
-            async_nats::ConnectOptions::new().custom_inbox_prefix(super::private_inbox_prefix())
-        }
-        Some(jwt) => {
-            let jwt = jwt.clone();
-            async_nats::ConnectOptions::with_auth_callback(move |_nonce| {
-                let jwt = jwt.clone();
-                async move {
-                    let mut auth = async_nats::Auth::new();
-                    auth.jwt = Some(jwt);
-                    Ok(auth)
-                }
-            })
-            .custom_inbox_prefix(format!(
-                "{}.{}",
-                crate::identity::nats::ENROL_REPLY_PREFIX,
-                crate::ids::random_base62(22)
-            ))
-        }
-    }
-    .name("svc-agent bootstrap");
+    let options = super::enrolment_options(settings.enrol_jwt.clone()).name("svc-agent bootstrap");
     // --server may list a NATS cluster's nodes, comma-separated, as agent.yaml's nats.urls.
     let servers: Vec<String> = settings
         .server
@@ -447,7 +424,11 @@ async fn bootstrap(config_path: PathBuf, mut settings: Settings) -> Result<(), C
     if enrolled.bus_jwt.is_empty() {
         // Enrolled with a server that checks the certificate itself: an older bus login
         // would only be refused.
-        for name in [super::BUS_JWT_FILE, super::BUS_NKEY_FILE] {
+        for name in [
+            super::BUS_JWT_FILE,
+            super::BUS_NKEY_FILE,
+            super::ENROL_JWT_FILE,
+        ] {
             let _ = std::fs::remove_file(state_dir.join(name));
         }
     } else {
@@ -463,6 +444,14 @@ async fn bootstrap(config_path: PathBuf, mut settings: Settings) -> Result<(), C
             enrolled.bus_jwt.as_bytes(),
             0o600,
         )?;
+        // Renewals (renew.rs) travel on the enrolment connection: kept beside the JWT.
+        if let Some(jwt) = &settings.enrol_jwt {
+            write_file(
+                &state_dir.join(super::ENROL_JWT_FILE),
+                jwt.as_bytes(),
+                0o600,
+            )?;
+        }
     }
 
     let command_key = section(&mut config, "agent")

@@ -104,6 +104,14 @@ async fn run(config: AgentConfig) -> Result<(), CliError> {
         Runner::Socket(PathBuf::from(config.agent.executor.trim()))
     });
     let mut stop = StopSignals::install()?;
+    // On a JWT-mode cluster: a JWT past half its life (or expired, after a long time off) is
+    // renewed before connecting, then at every half-life.
+    if super::renew::uses_jwt(state_dir) {
+        if let Err(error) = super::renew::renew_if_due(&config).await {
+            tracing::warn!(%error, "bus JWT not renewed; connecting with the one there is");
+        }
+        tokio::spawn(super::renew::keep_renewed(config.clone()));
+    }
     // Set at each (re)connection: the next heartbeat carries the facts.
     let connected = Arc::new(AtomicBool::new(true));
     let ca_file = (!config.nats.ca_file.is_empty()).then(|| PathBuf::from(&config.nats.ca_file));

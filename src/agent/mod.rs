@@ -15,6 +15,7 @@ mod daemon;
 mod exec;
 mod executor;
 pub mod jwt;
+mod renew;
 mod service;
 
 use std::path::{Path, PathBuf};
@@ -30,6 +31,8 @@ pub const CA_FILE: &str = "ca.pem";
 /// bootstrap when the server issues one; the daemon then logs in with them).
 pub const BUS_JWT_FILE: &str = "bus.jwt";
 pub const BUS_NKEY_FILE: &str = "bus.nk";
+/// The cluster's enrolment JWT, kept to renew bus.jwt (renew.rs).
+pub const ENROL_JWT_FILE: &str = "enrol.jwt";
 pub const DEFAULT_CONFIG: &str = "/etc/svc/agent.yaml";
 
 /// svc-agent's commands, for its help (and the CLIs' table, `cli::planned::TOOLS`).
@@ -147,7 +150,7 @@ pub fn bus_credentials(state_dir: &Path) -> crate::Result<(String, ring::signatu
 /// the agent presents its user JWT and signs the nonce with its nkey instead.
 pub fn connect_options(state_dir: &Path) -> crate::Result<async_nats::ConnectOptions> {
     use base64::Engine;
-    if let Ok(jwt) = std::fs::read_to_string(state_dir.join(BUS_JWT_FILE)) {
+    if state_dir.join(BUS_JWT_FILE).exists() {
         let seed = std::fs::read_to_string(state_dir.join(BUS_NKEY_FILE)).map_err(|e| {
             crate::Error::Invalid(format!(
                 "{} exists but {}: {e} (run svc-agent bootstrap)",
@@ -156,10 +159,15 @@ pub fn connect_options(state_dir: &Path) -> crate::Result<async_nats::ConnectOpt
             ))
         })?;
         let key = crate::bus::natsjwt::key_pair(seed.trim())?;
-        return Ok(
-            crate::bus::natsjwt::connect_options(jwt.trim().to_string(), key)
-                .custom_inbox_prefix(private_inbox_prefix()),
-        );
+        // Read at every connection: renew.rs replaces the file before the JWT expires.
+        let file = state_dir.join(BUS_JWT_FILE);
+        let jwt = move || {
+            std::fs::read_to_string(&file)
+                .map(|jwt| jwt.trim().to_string())
+                .map_err(|e| format!("{}: {e}", file.display()))
+        };
+        return Ok(crate::bus::natsjwt::connect_options_with(jwt, key)
+            .custom_inbox_prefix(private_inbox_prefix()));
     }
     let (cert_pem, signer) = bus_credentials(state_dir)?;
     let signer = std::sync::Arc::new(signer);
@@ -178,6 +186,29 @@ pub fn connect_options(state_dir: &Path) -> crate::Result<async_nats::ConnectOpt
         }
     });
     Ok(options.custom_inbox_prefix(private_inbox_prefix()))
+}
+
+/// The connection of an agent that is not logged in as itself: enrolment, and the renewal of
+/// its NATS JWT. A JWT-mode cluster admits no anonymous client, so with the cluster's
+/// enrolment JWT (bearer) the client presents that, and its replies come under
+/// `svc.enroll.reply.<random>`, the one place that JWT may read.
+pub fn enrolment_options(enrol_jwt: Option<String>) -> async_nats::ConnectOptions {
+    match enrol_jwt {
+        None => async_nats::ConnectOptions::new().custom_inbox_prefix(private_inbox_prefix()),
+        Some(jwt) => async_nats::ConnectOptions::with_auth_callback(move |_nonce| {
+            let jwt = jwt.clone();
+            async move {
+                let mut auth = async_nats::Auth::new();
+                auth.jwt = Some(jwt);
+                Ok(auth)
+            }
+        })
+        .custom_inbox_prefix(format!(
+            "{}.{}",
+            crate::identity::nats::ENROL_REPLY_PREFIX,
+            crate::ids::random_base62(22)
+        )),
+    }
 }
 
 /// TLS for an agent's bus connection (bootstrap and daemon alike). Required when a URL is

@@ -179,13 +179,23 @@ fn base32(bytes: &[u8]) -> String {
 /// The auth callback of an async-nats client that logs in with `jwt` and signs the server's
 /// nonce with `key` (nats-server's JWT mode; the embedded broker never sees these clients).
 pub fn connect_options(jwt: String, key: nkeys::KeyPair) -> async_nats::ConnectOptions {
+    connect_options_with(move || Ok(jwt.clone()), key)
+}
+
+/// [`connect_options`] with the JWT read at every (re)connection, so a renewed one is used
+/// (the agent's `bus.jwt`).
+pub fn connect_options_with(
+    jwt: impl Fn() -> std::result::Result<String, String> + Send + Sync + 'static,
+    key: nkeys::KeyPair,
+) -> async_nats::ConnectOptions {
     let key = std::sync::Arc::new(key);
+    let jwt = std::sync::Arc::new(jwt);
     async_nats::ConnectOptions::with_auth_callback(move |nonce: Vec<u8>| {
-        let jwt = jwt.clone();
+        let jwt = jwt();
         let key = key.clone();
         async move {
             let mut auth = async_nats::Auth::new();
-            auth.jwt = Some(jwt);
+            auth.jwt = Some(jwt.map_err(async_nats::AuthError::new)?);
             auth.signature = Some(
                 key.sign(&nonce)
                     .map_err(|_| async_nats::AuthError::new("cannot sign the nonce"))?,

@@ -10,6 +10,9 @@
 
 /// Enrolment requests from agents that have no credentials yet.
 pub const ENROLL: &str = "svc.enroll";
+/// An enrolled agent's renewal of its NATS user JWT (cluster mode, `bus.external_auth: jwt`),
+/// sent with the enrolment JWT: it works even after the agent's own JWT has expired.
+pub const ENROLL_RENEW: &str = "svc.enroll.renew";
 /// Every agent's subjects, for permissions and server-side subscriptions.
 pub const AGENTS_ALL: &str = "svc.agent.>";
 /// Every event type, for `svc-events` and readonly principals.

@@ -58,6 +58,11 @@ impl Keys {
         }
     }
 
+    /// Whether agents get NATS user JWTs (cluster mode, `bus.external_auth: jwt`).
+    pub fn issues_bus_jwts(&self) -> bool {
+        self.nats.is_some()
+    }
+
     /// The same keys, issuing agents' bus JWTs with `nats` (cluster mode, JWT login).
     pub fn with_nats(self, nats: Option<std::sync::Arc<nats::NatsKeys>>) -> Keys {
         Keys { nats, ..self }

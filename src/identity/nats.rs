@@ -30,9 +30,14 @@ const SIGNING: &str = "nats-signing";
 /// else. A reply holds only public material (certificates, the agent's user JWT).
 pub const ENROL_REPLY_PREFIX: &str = "svc.enroll.reply";
 
-/// How long an agent's user JWT is valid: as long as its certificate, since both come from
-/// one enrolment and a new enrolment replaces both.
-const AGENT_JWT_DAYS: i64 = ca::AGENT_DAYS;
+/// How long an agent's user JWT is valid unless the server says otherwise
+/// (`agents.bus_jwt_ttl`): short, because a JWT cannot be taken back before it expires
+/// (memory resolver), and the agent renews it with its certificate at half-life.
+pub const DEFAULT_AGENT_JWT_TTL: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+/// What an agent signs to renew its JWT: a domain, its nkey and the time.
+const RENEW_DOMAIN: &str = "svc-bus-jwt-v1";
+/// How far a renewal's time may be from the server's clock.
+const RENEW_WINDOW_MS: i64 = 5 * 60 * 1000;
 
 /// The four keys, unsealed.
 pub struct NatsKeys {
@@ -40,9 +45,18 @@ pub struct NatsKeys {
     system: nkeys::KeyPair,
     account: nkeys::KeyPair,
     signing: nkeys::KeyPair,
+    agent_ttl: std::time::Duration,
 }
 
 impl NatsKeys {
+    /// Agents' JWTs valid for `ttl` (`agents.bus_jwt_ttl`).
+    pub fn with_agent_ttl(self, ttl: std::time::Duration) -> NatsKeys {
+        NatsKeys {
+            agent_ttl: ttl,
+            ..self
+        }
+    }
+
     /// The svc account's public key (the account every svc client is in).
     pub fn account(&self) -> String {
         self.account.public_key()
@@ -57,6 +71,7 @@ pub async fn ensure(store: &dyn Store, keys: &Keys) -> Result<NatsKeys> {
         system: key(store, keys, &rows, SYSTEM, nkeys::KeyPair::new_account).await?,
         account: key(store, keys, &rows, ACCOUNT, nkeys::KeyPair::new_account).await?,
         signing: key(store, keys, &rows, SIGNING, nkeys::KeyPair::new_account).await?,
+        agent_ttl: DEFAULT_AGENT_JWT_TTL,
     })
 }
 
@@ -213,7 +228,7 @@ pub fn agent_jwt(keys: &NatsKeys, agent_id: &str, user: &str) -> Result<String> 
             "bus_nkey is not a NATS user public key (U...)".into(),
         ));
     }
-    let expires = clock::now_millis() / 1000 + AGENT_JWT_DAYS * 86_400;
+    let expires = clock::now_millis() / 1000 + keys.agent_ttl.as_secs().max(1) as i64;
     natsjwt::user(
         &keys.signing,
         &keys.account.public_key(),
@@ -226,11 +241,12 @@ pub fn agent_jwt(keys: &NatsKeys, agent_id: &str, user: &str) -> Result<String> 
 }
 
 /// The enrolment JWT (bearer: the cluster checks no nonce signature, so it is usable alone).
-/// Publish `svc.enroll`, subscribe under [`ENROL_REPLY_PREFIX`]: nothing else.
+/// Publish `svc.enroll` and `svc.enroll.renew`, subscribe under [`ENROL_REPLY_PREFIX`]:
+/// nothing else.
 pub fn enrolment_jwt(keys: &NatsKeys) -> Result<String> {
     let user = nkeys::KeyPair::new_user();
     let permissions = UserPermissions {
-        publish: vec![subjects::ENROLL.into()],
+        publish: vec![subjects::ENROLL.into(), subjects::ENROLL_RENEW.into()],
         subscribe: vec![format!("{ENROL_REPLY_PREFIX}.>")],
         all: false,
     };
@@ -245,6 +261,64 @@ pub fn enrolment_jwt(keys: &NatsKeys) -> Result<String> {
     )
 }
 
+/// An agent's request for a new user JWT, signed with its identity key.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct RenewRequest {
+    /// The agent's certificate, PEM.
+    pub certificate: String,
+    /// The public nkey the JWT is for (`U...`).
+    pub bus_nkey: String,
+    pub issued_at_ms: i64,
+    /// base64url ECDSA P-256 (ASN.1) signature of [`renew_message`] with the agent's key.
+    pub signature: String,
+}
+
+/// The reply: the new JWT, or `{"error": ...}` (as enrolment's).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct Renewed {
+    pub bus_jwt: String,
+}
+
+/// What an agent signs to renew its JWT.
+pub fn renew_message(bus_nkey: &str, issued_at_ms: i64) -> Vec<u8> {
+    format!("{RENEW_DOMAIN}\0{bus_nkey}\0{issued_at_ms}").into_bytes()
+}
+
+/// Renews an agent's user JWT: the certificate must be the agent's latest enrolment under the
+/// current signing CA and the signature fresh and its own (`authenticate_agent`, the embedded
+/// broker's login check), so a removed or re-enrolled agent gets nothing and its old JWT
+/// stops connecting when it expires. Not audited (every agent renews daily); refusals are
+/// logged by the caller.
+pub async fn renew(domain: &crate::domain::Domain, request: RenewRequest) -> Result<Renewed> {
+    use base64::Engine;
+    let keys = domain.identity_keys();
+    let Some(nats) = keys.nats.as_ref() else {
+        return Err(Error::Invalid(
+            "this server does not issue NATS JWTs (bus.external_auth is not jwt)".into(),
+        ));
+    };
+    if (clock::now_millis() - request.issued_at_ms).abs() > RENEW_WINDOW_MS {
+        return Err(Error::Unauthenticated(
+            "the renewal is not fresh (check the agent's clock)".into(),
+        ));
+    }
+    let certificate = ca::pem_to_der(&request.certificate)?;
+    let signature = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(request.signature.trim_end_matches('='))
+        .map_err(|_| Error::Unauthenticated("malformed renewal signature".into()))?;
+    let agent_id = super::authenticate_agent(
+        domain.store.as_ref(),
+        &certificate,
+        &renew_message(&request.bus_nkey, request.issued_at_ms),
+        Some(&signature),
+    )
+    .await?;
+    Ok(Renewed {
+        bus_jwt: agent_jwt(nats, &agent_id, &request.bus_nkey)?,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -256,6 +330,7 @@ mod tests {
             system: nkeys::KeyPair::new_account(),
             account: nkeys::KeyPair::new_account(),
             signing: nkeys::KeyPair::new_account(),
+            agent_ttl: DEFAULT_AGENT_JWT_TTL,
         };
         assert!(agent_jwt(&keys, "a1", &keys.account.public_key()).is_err());
         let user = nkeys::KeyPair::new_user();

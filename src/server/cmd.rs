@@ -372,7 +372,9 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     // command's output).
     let nats_keys = if config.bus.external_auth == crate::config::ExternalAuth::Jwt {
         Some(Arc::new(
-            crate::identity::nats::ensure(store.as_ref(), &keys).await?,
+            crate::identity::nats::ensure(store.as_ref(), &keys)
+                .await?
+                .with_agent_ttl(config.agents.bus_jwt_ttl.0),
         ))
     } else {
         None

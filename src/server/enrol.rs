@@ -22,6 +22,9 @@ const QUEUE_GROUP: &str = "svc-server";
 /// the server's bus client goes away.
 pub async fn serve(context: Arc<Context>) {
     tokio::spawn(serve_jwt(context.clone()));
+    if context.domain.identity_keys().issues_bus_jwts() {
+        tokio::spawn(serve_renew(context.clone()));
+    }
     let mut requests = match context
         .bus
         .client
@@ -71,6 +74,46 @@ async fn answer(context: &Context, payload: &[u8]) -> Vec<u8> {
             tracing::info!(agent_id, %error, "enrolment refused");
             error_reply(error.code(), &error.to_string())
         }
+    }
+}
+
+/// Answers `svc.enroll.renew` (JWT mode only): an agent's signed request for a new NATS user
+/// JWT. The reply holds only that JWT, useless without the agent's nkey.
+async fn serve_renew(context: Arc<Context>) {
+    let mut requests = match context
+        .bus
+        .client
+        .queue_subscribe(subjects::ENROLL_RENEW, QUEUE_GROUP.into())
+        .await
+    {
+        Ok(subscription) => subscription,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot subscribe to {}", subjects::ENROLL_RENEW);
+            return;
+        }
+    };
+    while let Some(message) = requests.next().await {
+        let Some(reply) = message.reply.clone() else {
+            continue;
+        };
+        let context = context.clone();
+        let span = super::request_span("bus", subjects::ENROLL_RENEW, &super::request_id());
+        let task = async move {
+            let answer = match serde_json::from_slice(&message.payload) {
+                Ok(request) => match identity::nats::renew(&context.domain, request).await {
+                    Ok(renewed) => serde_json::to_vec(&renewed).expect("renewals serialize"),
+                    Err(error) => {
+                        tracing::info!(%error, "NATS JWT renewal refused");
+                        error_reply(error.code(), &error.to_string())
+                    }
+                },
+                Err(e) => error_reply("bad_request", &format!("malformed renewal: {e}")),
+            };
+            if let Err(e) = context.bus.client.publish(reply, answer.into()).await {
+                tracing::warn!(error = %e, "renewal reply not sent");
+            }
+        };
+        tokio::spawn(tracing::Instrument::instrument(task, span));
     }
 }
 
