@@ -1238,6 +1238,28 @@ fn the_last_active_admin_key_cannot_be_deleted_demoted_or_given_an_expiry() {
         patch(&server, &admin, &bootstrap, r#"{"name":"root"}"#).status,
         200
     );
+    // Refused by a rule, not failed: the three refusals are audited as denied (contract §9).
+    let rows = common::audit_rows(&server, &["--resource-type", "apikey"]);
+    let outcomes: Vec<(&str, &str)> = rows
+        .iter()
+        .filter(|r| r["resource_id"] == bootstrap.as_str())
+        .map(|r| {
+            (
+                r["action"].as_str().unwrap(),
+                r["outcome"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            ("apikey.update", "success"),
+            ("apikey.update", "denied"),
+            ("apikey.update", "denied"),
+            ("apikey.delete", "denied"),
+        ],
+        "{rows:?}"
+    );
 
     // Through svcctl: exit 1 with the server's reason.
     let cli = |args: &[&str]| {

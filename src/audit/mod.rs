@@ -130,11 +130,12 @@ fn action_severity(action: &str) -> Severity {
     }
 }
 
-/// The outcome word for a result: refused operations are `denied`, other failures `error`.
+/// The outcome word for a result: refused operations are `denied`, other failures `error`
+/// (`Error::is_refusal` tells them apart). The one place an outcome is derived.
 pub fn outcome_of<T>(result: &Result<T>) -> &'static str {
     match result {
         Ok(_) => "success",
-        Err(Error::Forbidden(_) | Error::Unauthenticated(_)) => "denied",
+        Err(error) if error.is_refusal() => "denied",
         Err(_) => "error",
     }
 }
@@ -752,6 +753,40 @@ pub async fn verify(store: &dyn Store, principal: &Principal) -> Result<Verifica
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refusals_are_denied_and_failures_error() {
+        let denied = [
+            Error::Forbidden("role".into()),
+            Error::Unauthenticated("token used".into()),
+            Error::Refused("link-local".into()),
+            Error::FailedPrecondition("last admin key".into()),
+        ];
+        for error in denied {
+            assert_eq!(outcome_of::<()>(&Err(error)), "denied");
+        }
+        let failed = [
+            Error::Invalid("bad ttl".into()),
+            Error::Malformed("not JSON".into()),
+            Error::NotFound("agent".into()),
+            Error::Unavailable("audit".into()),
+            Error::Internal("bug".into()),
+        ];
+        for error in failed {
+            assert_eq!(outcome_of::<()>(&Err(error)), "error");
+        }
+        assert_eq!(outcome_of(&Ok(())), "success");
+        // A refusal by rule answers as invalid input does; only the audit outcome differs.
+        let refused = Error::Refused("x".into());
+        assert_eq!(
+            (refused.http_status(), refused.code()),
+            (422, "invalid_argument")
+        );
+        assert_eq!(
+            tonic::Status::from(refused).code(),
+            tonic::Code::InvalidArgument
+        );
+    }
 
     #[tokio::test]
     async fn record_chains_redacts_and_pages() {
