@@ -135,8 +135,16 @@ fn action_severity(action: &str) -> Severity {
 pub fn outcome_of<T>(result: &Result<T>) -> &'static str {
     match result {
         Ok(_) => "success",
-        Err(error) if error.is_refusal() => "denied",
-        Err(_) => "error",
+        Err(error) => failure_outcome(error),
+    }
+}
+
+/// The outcome word of an operation that ended in `error`: `denied` or `error`.
+pub fn failure_outcome(error: &Error) -> &'static str {
+    if error.is_refusal() {
+        "denied"
+    } else {
+        "error"
     }
 }
 
@@ -186,12 +194,23 @@ impl Auditor {
     /// log line carries the row's action, resource and outcome, so the record survives there,
     /// and the auditor turns degraded: `admit` refuses further mutations until a row is written.
     pub async fn record<T>(&self, principal: &Principal, action: Action, result: &Result<T>) {
+        self.record_outcome(principal, action, outcome_of(result))
+            .await
+    }
+
+    /// `record` for an operation that ended in `error` before it was attempted (a refusal
+    /// at the transport, which holds no `Result` of the operation).
+    pub async fn record_failure(&self, principal: &Principal, action: Action, error: &Error) {
+        self.record_outcome(principal, action, failure_outcome(error))
+            .await
+    }
+
+    async fn record_outcome(&self, principal: &Principal, action: Action, outcome: &'static str) {
         let (name, resource_type, resource_id) = (
             action.action,
             action.resource_type,
             action.resource_id.clone(),
         );
-        let outcome = outcome_of(result);
         if let Err(e) = self.append(principal, action, outcome).await {
             tracing::error!(
                 error = ?e,
