@@ -95,9 +95,11 @@ impl Error {
 
     /// Whether this is a refusal (audited `denied`) rather than a failure (audited `error`),
     /// contract §9. A refusal is a rule saying no before anything was attempted: the caller's
-    /// key or role, a rule on what the request names (`Refused`), or a rule the current state
+    /// key or role, a rule on what the request names (`Refused`), a rule the current state
     /// must keep (`FailedPrecondition`: the last admin key, an online restore, a blueprint
-    /// still applied, a cluster operation outside cluster mode). Everything else is a failure:
+    /// still applied, a cluster operation outside cluster mode), or an operation the server
+    /// does not do by design (`Unimplemented`: policies are files, members join by
+    /// themselves). Everything else is a failure:
     /// input that could not be used, something missing or in the way, a limit reached, the
     /// server or its storage failing. docs/reliability.md ("Audit outcomes") has the table.
     pub fn is_refusal(&self) -> bool {
@@ -105,7 +107,8 @@ impl Error {
             Error::Forbidden(_)
             | Error::Unauthenticated(_)
             | Error::Refused(_)
-            | Error::FailedPrecondition(_) => true,
+            | Error::FailedPrecondition(_)
+            | Error::Unimplemented(_) => true,
             Error::NotFound(_)
             | Error::Malformed(_)
             | Error::Invalid(_)
@@ -118,7 +121,6 @@ impl Error {
             | Error::MethodNotAllowed { .. }
             | Error::Unavailable(_)
             | Error::StorageFull(_)
-            | Error::Unimplemented(_)
             | Error::Internal(_) => false,
         }
     }

@@ -780,6 +780,7 @@ mod tests {
             Error::Unauthenticated("token used".into()),
             Error::Refused("link-local".into()),
             Error::FailedPrecondition("last admin key".into()),
+            Error::Unimplemented("policies are files".into()),
         ];
         for error in denied {
             assert_eq!(outcome_of::<()>(&Err(error)), "denied");
