@@ -11,6 +11,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::agent::Agent;
+use common::raw_grpc::RawCodec;
 use common::{run, Run, TestServer};
 use futures_util::StreamExt;
 use prost::Message;
@@ -540,49 +541,6 @@ asyncio.run(main(*sys.argv[1:]))
     );
 }
 
-/// A gRPC codec of raw bytes: the test sends what no request message decodes to.
-#[derive(Clone, Copy, Default)]
-struct Raw;
-
-impl tonic::codec::Codec for Raw {
-    type Encode = Vec<u8>;
-    type Decode = Vec<u8>;
-    type Encoder = Raw;
-    type Decoder = Raw;
-    fn encoder(&mut self) -> Raw {
-        Raw
-    }
-    fn decoder(&mut self) -> Raw {
-        Raw
-    }
-}
-
-impl tonic::codec::Encoder for Raw {
-    type Item = Vec<u8>;
-    type Error = tonic::Status;
-    fn encode(
-        &mut self,
-        item: Vec<u8>,
-        dst: &mut tonic::codec::EncodeBuf<'_>,
-    ) -> Result<(), tonic::Status> {
-        use bytes::BufMut;
-        dst.put_slice(&item);
-        Ok(())
-    }
-}
-
-impl tonic::codec::Decoder for Raw {
-    type Item = Vec<u8>;
-    type Error = tonic::Status;
-    fn decode(
-        &mut self,
-        src: &mut tonic::codec::DecodeBuf<'_>,
-    ) -> Result<Option<Vec<u8>>, tonic::Status> {
-        use bytes::Buf;
-        Ok(Some(src.copy_to_bytes(src.remaining()).to_vec()))
-    }
-}
-
 /// Calls `path` with `body` as the request message (every message of a client stream);
 /// returns the code the call ended with.
 async fn call_raw(
@@ -607,16 +565,24 @@ async fn call_raw(
                 tonic::Request::new(tokio_stream::iter(vec![body])),
             );
             return if server_streaming {
-                code(grpc.streaming(request, path, Raw).await.map(drop))
+                code(grpc.streaming(request, path, RawCodec).await.map(drop))
             } else {
-                code(grpc.client_streaming(request, path, Raw).await.map(drop))
+                code(
+                    grpc.client_streaming(request, path, RawCodec)
+                        .await
+                        .map(drop),
+                )
             };
         }
         let request = with_key(Some(key), tonic::Request::new(body));
         if server_streaming {
-            code(grpc.server_streaming(request, path, Raw).await.map(drop))
+            code(
+                grpc.server_streaming(request, path, RawCodec)
+                    .await
+                    .map(drop),
+            )
         } else {
-            code(grpc.unary(request, path, Raw).await.map(drop))
+            code(grpc.unary(request, path, RawCodec).await.map(drop))
         }
     };
     tokio::time::timeout(Duration::from_secs(10), call)
