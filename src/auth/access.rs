@@ -189,30 +189,32 @@ pub fn grpc_access(method: &str) -> Option<Access> {
 /// rule and the `{id}` segment, if any. A literal segment wins over `{id}`
 /// (`/api/v1/events/stream` is not event `stream`).
 pub fn rest_access(method: &str, path: &str) -> Option<(&'static str, Access, Option<String>)> {
-    let segments: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
-    let mut best: Option<(&'static str, Access, Option<String>)> = None;
+    // Every request passes here: no allocation but the id's.
+    let segments = |text: &'static str| text.trim_end_matches('/').split('/').skip(1);
+    let path = path.trim_end_matches('/');
+    let mut best: Option<(&'static str, Access, Option<&str>)> = None;
     for (route, access) in REST {
         let Some((route_method, template)) = route.split_once(' ') else {
             continue;
         };
-        let wanted: Vec<&str> = template.trim_end_matches('/').split('/').skip(1).collect();
-        if route_method != method || wanted.len() != segments.len() {
+        if route_method != method || segments(template).count() != path.split('/').count() - 1 {
             continue;
         }
         let mut id = None;
-        let fits = wanted.iter().zip(&segments).all(|(want, got)| {
-            if *want == "{id}" && !got.is_empty() {
-                id = Some(got.to_string());
-                true
-            } else {
-                want == got
-            }
-        });
+        let fits = segments(template)
+            .zip(path.split('/').skip(1))
+            .all(|(want, got)| match want {
+                "{id}" if !got.is_empty() => {
+                    id = Some(got);
+                    true
+                }
+                _ => want == got,
+            });
         if fits && (best.is_none() || id.is_none()) {
             best = Some((route, *access, id));
         }
     }
-    best
+    best.map(|(route, access, id)| (route, access, id.map(str::to_string)))
 }
 
 /// What a refusal by role writes to the audit log when the transport refuses a request
