@@ -20,6 +20,11 @@ pub enum Error {
     /// The request parsed but a value is not acceptable: HTTP 422.
     #[error("{0}")]
     Invalid(String),
+    /// A rule refused a value the request names (a webhook URL on the SSRF deny-list):
+    /// answered as `Invalid` is (HTTP 422 `invalid_argument`, gRPC INVALID_ARGUMENT), but
+    /// audited `denied`, not `error` (contract §9; `is_refusal`).
+    #[error("{0}")]
+    Refused(String),
     #[error("{0}")]
     Conflict(String),
     /// The change would break a rule the current state must keep (the last active admin
@@ -70,7 +75,7 @@ impl Error {
         match self {
             Error::NotFound(_) => "not_found",
             Error::Malformed(_) => "bad_request",
-            Error::Invalid(_) => "invalid_argument",
+            Error::Invalid(_) | Error::Refused(_) => "invalid_argument",
             Error::Conflict(_) => "conflict",
             Error::FailedPrecondition(_) => "failed_precondition",
             Error::Unauthenticated(_) => "unauthenticated",
@@ -88,11 +93,43 @@ impl Error {
         }
     }
 
+    /// Whether this is a refusal (audited `denied`) rather than a failure (audited `error`),
+    /// contract §9. A refusal is a rule saying no before anything was attempted: the caller's
+    /// key or role, a rule on what the request names (`Refused`), a rule the current state
+    /// must keep (`FailedPrecondition`: the last admin key, an online restore, a blueprint
+    /// still applied, a cluster operation outside cluster mode), or an operation the server
+    /// does not do by design (`Unimplemented`: policies are files, members join by
+    /// themselves). Everything else is a failure:
+    /// input that could not be used, something missing or in the way, a limit reached, the
+    /// server or its storage failing. docs/reliability.md ("Audit outcomes") has the table.
+    pub fn is_refusal(&self) -> bool {
+        match self {
+            Error::Forbidden(_)
+            | Error::Unauthenticated(_)
+            | Error::Refused(_)
+            | Error::FailedPrecondition(_)
+            | Error::Unimplemented(_) => true,
+            Error::NotFound(_)
+            | Error::Malformed(_)
+            | Error::Invalid(_)
+            | Error::Conflict(_)
+            | Error::RateLimited { .. }
+            | Error::TooManyInFlight(_)
+            | Error::Timeout(_)
+            | Error::UnsupportedMediaType(_)
+            | Error::TooLarge(_)
+            | Error::MethodNotAllowed { .. }
+            | Error::Unavailable(_)
+            | Error::StorageFull(_)
+            | Error::Internal(_) => false,
+        }
+    }
+
     pub fn http_status(&self) -> u16 {
         match self {
             Error::NotFound(_) => 404,
             Error::Malformed(_) => 400,
-            Error::Invalid(_) => 422,
+            Error::Invalid(_) | Error::Refused(_) => 422,
             Error::Conflict(_) | Error::FailedPrecondition(_) => 409,
             Error::Unauthenticated(_) => 401,
             Error::Forbidden(_) => 403,
@@ -117,9 +154,10 @@ impl From<Error> for tonic::Status {
         let message = error.to_string();
         match error {
             Error::NotFound(_) => tonic::Status::not_found(message),
-            Error::Malformed(_) | Error::Invalid(_) | Error::UnsupportedMediaType(_) => {
-                tonic::Status::invalid_argument(message)
-            }
+            Error::Malformed(_)
+            | Error::Invalid(_)
+            | Error::Refused(_)
+            | Error::UnsupportedMediaType(_) => tonic::Status::invalid_argument(message),
             Error::Conflict(_) => tonic::Status::already_exists(message),
             Error::FailedPrecondition(_) => tonic::Status::failed_precondition(message),
             Error::TooManyInFlight(_) => tonic::Status::resource_exhausted(message),

@@ -11,6 +11,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::agent::Agent;
+use common::raw_grpc::RawCodec;
 use common::{run, Run, TestServer};
 use futures_util::StreamExt;
 use prost::Message;
@@ -538,4 +539,235 @@ asyncio.run(main(*sys.argv[1:]))
         line("operator").contains("permissions violation for publish to \"svc.events.fake\""),
         "{stdout}"
     );
+}
+
+/// Calls `path` with `body` as the request message (every message of a client stream);
+/// returns the code the call ended with.
+async fn call_raw(
+    channel: tonic::transport::Channel,
+    path: &str,
+    (client_streaming, server_streaming): (bool, bool),
+    key: &str,
+    body: Vec<u8>,
+) -> tonic::Code {
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let name = path;
+    let path: http::uri::PathAndQuery = format!("/{path}").parse().unwrap();
+    let code = |result: Result<(), tonic::Status>| match result {
+        Ok(()) => tonic::Code::Ok,
+        Err(status) => status.code(),
+    };
+    let call = async {
+        if client_streaming {
+            let request = with_key(
+                Some(key),
+                tonic::Request::new(tokio_stream::iter(vec![body])),
+            );
+            return if server_streaming {
+                code(grpc.streaming(request, path, RawCodec).await.map(drop))
+            } else {
+                code(
+                    grpc.client_streaming(request, path, RawCodec)
+                        .await
+                        .map(drop),
+                )
+            };
+        }
+        let request = with_key(Some(key), tonic::Request::new(body));
+        if server_streaming {
+            code(
+                grpc.server_streaming(request, path, RawCodec)
+                    .await
+                    .map(drop),
+            )
+        } else {
+            code(grpc.unary(request, path, RawCodec).await.map(drop))
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), call)
+        .await
+        .unwrap_or_else(|_| panic!("{name} did not answer"))
+}
+
+/// The number of string field `field` in the request message of `method`.
+fn request_field_number(method: &str, field: &str) -> u64 {
+    let set = prost_types::FileDescriptorSet::decode(svc::proto::FILE_DESCRIPTOR_SET).unwrap();
+    let (service, method) = method.split_once('/').unwrap();
+    let input = set
+        .file
+        .iter()
+        .flat_map(|file| file.service.iter().map(move |s| (file, s)))
+        .find(|(file, s)| format!("{}.{}", file.package(), s.name()) == service)
+        .and_then(|(_, s)| s.method.iter().find(|m| m.name() == method))
+        .map(|m| m.input_type().to_string())
+        .unwrap();
+    let message = set
+        .file
+        .iter()
+        .flat_map(|file| file.message_type.iter().map(move |m| (file, m)))
+        .find(|(file, m)| format!(".{}.{}", file.package(), m.name()) == input)
+        .map(|(_, m)| m)
+        .unwrap();
+    let field = message.field.iter().find(|f| f.name() == field).unwrap();
+    u64::try_from(field.number()).unwrap()
+}
+
+/// The resource id the refusal's audit row must carry, given what the request named.
+fn expected_id(audited: &access::Audited, named: &str) -> String {
+    match audited.id {
+        access::ResourceId::Empty => String::new(),
+        access::ResourceId::Fixed(id) => id.to_string(),
+        access::ResourceId::Field(_) | access::ResourceId::Path => named.to_string(),
+    }
+}
+
+/// The role check comes before any input is read, on every surface: every gRPC method and
+/// REST route a key's role may not use is called with a body that does not parse (and, for
+/// REST, a query that does not either), as readonly and as operator. Each must answer
+/// PERMISSION_DENIED / 403, never INVALID_ARGUMENT / 400 / 422, and leave exactly the
+/// `denied` audit row `access::AUDITED` names (the resource id read from the request where
+/// it says so), or none for the reads in `access::NOT_AUDITED`. The methods come from the
+/// compiled descriptors and the routes from the table the other tests hold to openapi.json,
+/// so a new one is driven here, and fails unless the tables say what its refusal writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_refused_gets_403_and_a_denied_row_whatever_its_input() {
+    let server = TestServer::start();
+    let (_, readonly) = server.create_key("refused-readonly", "readonly");
+    let (_, operator) = server.create_key("refused-operator", "operator");
+    let callers = [
+        ("refused-readonly", Role::Readonly, readonly),
+        ("refused-operator", Role::Operator, operator),
+    ];
+    // Wire type 7 exists in no protobuf message; `{` opens JSON that never closes.
+    let garbage = [0x0f, 0xff, 0xff, 0xff];
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+
+    let mut failures = Vec::new();
+    let mut expected = Vec::new();
+    let mut driven = 0;
+    for (name, client_streaming, server_streaming) in grpc_methods() {
+        let access = access::grpc_access(&name).unwrap();
+        let audited = access::audited(&name);
+        for (user, role, key) in &callers {
+            if access.allows(Some(*role)) {
+                continue;
+            }
+            driven += 1;
+            // The id the row should name comes first, then what breaks the message.
+            let named = format!("probe-{driven}");
+            let mut body = Vec::new();
+            if let Some(access::ResourceId::Field(field)) = audited.map(|a| a.id) {
+                let number = request_field_number(&name, field);
+                body.push(u8::try_from(number << 3 | 2).unwrap());
+                body.push(u8::try_from(named.len()).unwrap());
+                body.extend_from_slice(named.as_bytes());
+            }
+            body.extend_from_slice(&garbage);
+            let code = call_raw(
+                channel.clone(),
+                &name,
+                (client_streaming, server_streaming),
+                key,
+                body,
+            )
+            .await;
+            if code != tonic::Code::PermissionDenied {
+                failures.push(format!("{name} as {user}: got {code:?}"));
+            }
+            match audited {
+                Some(audited) => expected.push((
+                    user.to_string(),
+                    audited.action.to_string(),
+                    expected_id(&audited, &named),
+                )),
+                None if access::NOT_AUDITED.contains(&name.as_str()) => {}
+                None => failures.push(format!(
+                    "{name}: neither access::AUDITED nor access::NOT_AUDITED says what its refusal writes"
+                )),
+            }
+        }
+    }
+
+    let rest_callers: Vec<_> = callers
+        .iter()
+        .map(|(u, r, k)| (*u, *r, k.clone()))
+        .collect();
+    let rest = tokio::task::block_in_place(|| {
+        let mut failures = Vec::new();
+        let mut expected = Vec::new();
+        for (route, access) in access::REST {
+            let audited = access::audited(route);
+            let (method, template) = route.split_once(' ').unwrap();
+            for (user, role, key) in &rest_callers {
+                if access.allows(Some(*role)) {
+                    continue;
+                }
+                let named = format!("probe-{user}");
+                let path = format!("{}?limit=many&%zz", template.replace("{id}", &named));
+                let body =
+                    matches!(method, "POST" | "PATCH" | "PUT" | "DELETE").then_some("{\"name\":");
+                let response = server.request(method, &path, Some(key), body);
+                if response.status != 403 {
+                    failures.push(format!(
+                        "{route} as {user}: got {} {}",
+                        response.status, response.body
+                    ));
+                }
+                match audited {
+                    Some(audited) => expected.push((
+                        user.to_string(),
+                        audited.action.to_string(),
+                        expected_id(&audited, &named),
+                    )),
+                    None if access::NOT_AUDITED.contains(route) => {}
+                    None => failures.push(format!(
+                        "{route}: neither access::AUDITED nor access::NOT_AUDITED says what its refusal writes"
+                    )),
+                }
+            }
+        }
+        (failures, expected)
+    });
+    failures.extend(rest.0);
+    expected.extend(rest.1);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(
+        driven >= 40,
+        "only {driven} gRPC refusals driven: the descriptors or the table lost methods"
+    );
+
+    // Exactly one denied row per audited refusal: written by the check, not also by a
+    // domain function behind it.
+    let admin = server.admin_key.clone();
+    let page = tokio::task::block_in_place(|| {
+        server
+            .request(
+                "GET",
+                "/api/v1/audit?outcome=denied&limit=1000",
+                Some(&admin),
+                None,
+            )
+            .json()
+    });
+    let mut got: Vec<(String, String, String)> = page["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|row| callers.iter().any(|(user, _, _)| row["user"] == *user))
+        .map(|row| {
+            (
+                row["user"].as_str().unwrap().to_string(),
+                row["action"].as_str().unwrap().to_string(),
+                row["resource_id"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    got.sort();
+    expected.sort();
+    assert_eq!(got, expected);
 }

@@ -271,6 +271,26 @@ fn policies_in_audit_mode_record_but_never_block() {
         assert_eq!(result.code, 1, "{command:?}: {result:?}");
         assert!(result.stderr.contains("Unimplemented"), "{result:?}");
     }
+    // Refused changes are audited, as `denied` (contract §9).
+    let refused = common::audit_rows(&server, &["--action", "policy.*"]);
+    let rows: Vec<(&str, &str, &str)> = refused
+        .iter()
+        .map(|r| {
+            (
+                r["action"].as_str().unwrap(),
+                r["resource_id"].as_str().unwrap(),
+                r["outcome"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("policy.delete", "no-admin-keys", "denied"),
+            ("policy.update", "x.yaml", "denied"),
+            ("policy.create", "x.yaml", "denied"),
+        ]
+    );
 }
 
 #[test]

@@ -579,3 +579,55 @@ fn restore_stops_and_starts_a_server_running_under_its_unit() {
         "the restored readonly key authenticates (and is refused the admin list)"
     );
 }
+
+/// ClusterService/Restore never restores inside a running server: an admin is refused by
+/// that rule (FAILED_PRECONDITION, pointing to the offline restore), and the refusal is
+/// audited as `denied`, not `error` (contract §9), as a readonly caller's is.
+#[test]
+fn an_online_restore_is_refused_and_audited_as_denied() {
+    let server = TestServer::start();
+    let (_, readonly) = server.create_key("restorer", "readonly");
+    let codes = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let address = format!("http://{}", server.grpc);
+        let mut client = svc::proto::cluster_service_client::ClusterServiceClient::connect(address)
+            .await
+            .unwrap();
+        let mut codes = Vec::new();
+        for key in [&server.admin_key, &readonly] {
+            let chunks = tokio_stream::iter(vec![svc::proto::SnapshotChunk {
+                data: b"not a snapshot".to_vec(),
+                force: false,
+            }]);
+            let refused = client
+                .restore(common::with_key(chunks, key))
+                .await
+                .unwrap_err();
+            codes.push((
+                refused.code(),
+                refused.message().contains("svc-cluster-backup"),
+            ));
+        }
+        codes
+    });
+    assert_eq!(
+        codes,
+        [
+            (tonic::Code::FailedPrecondition, true),
+            (tonic::Code::PermissionDenied, false)
+        ]
+    );
+    let rows = common::audit_rows(&server, &["--action", "cluster.restore"]);
+    let outcomes: Vec<(&str, &str)> = rows
+        .iter()
+        .map(|r| (r["user"].as_str().unwrap(), r["outcome"].as_str().unwrap()))
+        .collect();
+    assert_eq!(outcomes.len(), 2, "{rows:?}");
+    assert!(
+        outcomes.iter().all(|(_, outcome)| *outcome == "denied"),
+        "{rows:?}"
+    );
+    assert!(
+        outcomes.iter().any(|(user, _)| *user == "restorer"),
+        "{rows:?}"
+    );
+}

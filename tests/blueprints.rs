@@ -109,6 +109,17 @@ fn local_commands_bundle_reproducibly_and_lint() {
     let files = json_of(&info)["files"].to_string();
     assert!(files.contains("templates/site.conf"), "{files}");
     assert!(!files.contains("MANIFEST.json"), "{files}");
+    // `required` says what apply enforces: a parameter without a default must be given.
+    let parameters = &json_of(&info)["parameters"];
+    assert_eq!(
+        (
+            &parameters["root"]["required"],
+            &parameters["license"]["required"],
+            &parameters["port"]["required"]
+        ),
+        (&true.into(), &true.into(), &false.into()),
+        "{parameters}"
+    );
 
     // The clean blueprint lints clean; a risky one has findings and exits 1.
     let clean = cmd(&["lint", dir.to_str().unwrap()]);
@@ -196,6 +207,12 @@ fn install_apply_update_rollback_on_real_agents() {
     assert!(again.stderr.contains("use update"), "{again:?}");
     let listed = blueprint(&server, &readonly, &["-o", "json", "list"]);
     assert_eq!(json_of(&listed)[0]["name"], "web", "{listed:?}");
+    let shown = blueprint(&server, &readonly, &["-o", "json", "info", "web"]);
+    assert_eq!(shown.code, 0, "{shown:?}");
+    let parameters = &json_of(&shown)["parameters"];
+    assert_eq!(parameters["license"]["required"], true, "{parameters}");
+    assert_eq!(parameters["port"]["required"], false, "{parameters}");
+    assert_eq!(parameters["port"]["default"], 8080, "{parameters}");
 
     // A missing required parameter is a usage error, before anything runs.
     let missing = blueprint(&server, &operator, &["apply", "web", "--set", &root_set]);

@@ -102,6 +102,13 @@ fn members_agree_on_one_leader_and_report_quorum() {
     let add = members.cluster_cli(0, &["add", "m4", "--address", "127.0.0.1:1"]);
     assert_eq!(add.code, 1);
     assert!(add.stderr.contains("Unimplemented"), "{}", add.stderr);
+    let audited = common::audit_rows(&members.servers[0], &["--action", "cluster.add"]);
+    assert_eq!(audited.len(), 1, "{audited:?}");
+    assert_eq!(
+        (&audited[0]["resource_id"], &audited[0]["outcome"]),
+        (&"m4".into(), &"denied".into()),
+        "{audited:?}"
+    );
 
     // Readonly reads; changing membership is admin.
     let (_, readonly) = members.servers[0].create_key("viewer", "readonly");

@@ -7,12 +7,11 @@
 
 mod common;
 
-use bytes::{Buf, BufMut};
+use common::raw_grpc::RawCodec;
 use common::{http_request, TestServer};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::TestRunner;
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::Code;
 
 /// A server whose admin key is not rate-limited, so every request reaches the handler.
@@ -150,41 +149,6 @@ fn rest_bodies_never_get_a_server_error() {
         server.request("GET", "/health/ready", None, None).status,
         200
     );
-}
-
-/// A codec that sends and receives raw bytes, so a test can put anything in a gRPC frame.
-#[derive(Default, Clone)]
-struct RawCodec;
-
-impl Codec for RawCodec {
-    type Encode = Vec<u8>;
-    type Decode = Vec<u8>;
-    type Encoder = RawCodec;
-    type Decoder = RawCodec;
-    fn encoder(&mut self) -> Self::Encoder {
-        RawCodec
-    }
-    fn decoder(&mut self) -> Self::Decoder {
-        RawCodec
-    }
-}
-
-impl Encoder for RawCodec {
-    type Item = Vec<u8>;
-    type Error = tonic::Status;
-    fn encode(&mut self, item: Vec<u8>, dst: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
-        dst.put_slice(&item);
-        Ok(())
-    }
-}
-
-impl Decoder for RawCodec {
-    type Item = Vec<u8>;
-    type Error = tonic::Status;
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Vec<u8>>, tonic::Status> {
-        let bytes = src.copy_to_bytes(src.remaining()).to_vec();
-        Ok(Some(bytes))
-    }
 }
 
 /// Every method of every svc service, from the descriptor the server also serves: (path,

@@ -828,12 +828,14 @@ fn raw_exchange(addr: std::net::SocketAddr, bytes: &[u8]) -> String {
 }
 
 /// A POST whose body never completes: the header promises 100 bytes, 5 are sent.
+/// A POST whose body never finishes, by `key` (an operator key: the role is checked before
+/// a body is read, so the route is one the key may use).
 fn stalled_post(addr: std::net::SocketAddr, key: &str) -> std::net::TcpStream {
     use std::io::Write;
     let mut stream = std::net::TcpStream::connect(addr).unwrap();
     write!(
         stream,
-        "POST /api/v1/apikeys HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\
+        "POST /api/v1/agents/web-1/quarantine HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\
          Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"na"
     )
     .unwrap();
@@ -864,13 +866,13 @@ fn stalled_bodies_get_408_at_the_deadline_and_their_sockets_are_released() {
         sqlite_only: true,
         ..Options::default()
     });
-    let (_, readonly) = server.create_key("reader", "readonly");
+    let (_, operator) = server.create_key("stalling", "operator");
     // (The connection create_key used may still be closing.)
     std::thread::sleep(Duration::from_millis(200));
     let before = open_fds(server.pid());
     let started = Instant::now();
     let mut stalled: Vec<_> = (0..40)
-        .map(|_| stalled_post(server.http, &readonly))
+        .map(|_| stalled_post(server.http, &operator))
         .collect();
     // Meanwhile the server answers others at once.
     let list = server.request("GET", "/api/v1/apikeys", Some(&server.admin_key), None);
@@ -1003,8 +1005,9 @@ fn requests_in_flight_past_the_cap_get_429_and_other_keys_are_served() {
         config_yaml: "limits: { body_timeout: 20s }\nrate_limit: { max_in_flight: 3 }\n".into(),
         ..Options::default()
     });
-    let (_, greedy) = server.create_key("greedy", "readonly");
-    let (_, other) = server.create_key("other", "readonly");
+    // Operators: they may send the stalled POST, and are refused (403) what the loop asks.
+    let (_, greedy) = server.create_key("greedy", "operator");
+    let (_, other) = server.create_key("other", "operator");
     let errors_before = metric(&server, "svc_api_errors_total");
     let stalled: Vec<_> = (0..3).map(|_| stalled_post(server.http, &greedy)).collect();
     // The fourth request of that key, whatever it is, is refused while those are held.
@@ -1237,6 +1240,28 @@ fn the_last_active_admin_key_cannot_be_deleted_demoted_or_given_an_expiry() {
     assert_eq!(
         patch(&server, &admin, &bootstrap, r#"{"name":"root"}"#).status,
         200
+    );
+    // Refused by a rule, not failed: the three refusals are audited as denied (contract §9).
+    let rows = common::audit_rows(&server, &["--resource-type", "apikey"]);
+    let outcomes: Vec<(&str, &str)> = rows
+        .iter()
+        .filter(|r| r["resource_id"] == bootstrap.as_str())
+        .map(|r| {
+            (
+                r["action"].as_str().unwrap(),
+                r["outcome"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            ("apikey.update", "success"),
+            ("apikey.update", "denied"),
+            ("apikey.update", "denied"),
+            ("apikey.delete", "denied"),
+        ],
+        "{rows:?}"
     );
 
     // Through svcctl: exit 1 with the server's reason.

@@ -344,6 +344,22 @@ fn signed_deliveries_in_order_with_a_retry_after_500() {
             .any(|r| r["action"] == "webhook.create" && r["outcome"] == "denied"),
         "the readonly attempt is audited as denied: {audit:#?}"
     );
+    // The link-local target was refused by a rule, not failed: denied too (contract §9).
+    let creates: Vec<(&str, &str)> = audit
+        .iter()
+        .filter(|r| r["action"] == "webhook.create")
+        .map(|r| (r["user"].as_str().unwrap(), r["outcome"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        creates.iter().filter(|(_, o)| *o == "denied").count(),
+        2,
+        "{creates:?}"
+    );
+    assert!(
+        creates.contains(&("hooks-operator", "denied")),
+        "{creates:?}"
+    );
+    assert!(!creates.iter().any(|(_, o)| *o == "error"), "{creates:?}");
 }
 
 #[test]

@@ -130,12 +130,21 @@ fn action_severity(action: &str) -> Severity {
     }
 }
 
-/// The outcome word for a result: refused operations are `denied`, other failures `error`.
+/// The outcome word for a result: refused operations are `denied`, other failures `error`
+/// (`Error::is_refusal` tells them apart). The one place an outcome is derived.
 pub fn outcome_of<T>(result: &Result<T>) -> &'static str {
     match result {
         Ok(_) => "success",
-        Err(Error::Forbidden(_) | Error::Unauthenticated(_)) => "denied",
-        Err(_) => "error",
+        Err(error) => failure_outcome(error),
+    }
+}
+
+/// The outcome word of an operation that ended in `error`: `denied` or `error`.
+pub fn failure_outcome(error: &Error) -> &'static str {
+    if error.is_refusal() {
+        "denied"
+    } else {
+        "error"
     }
 }
 
@@ -185,12 +194,23 @@ impl Auditor {
     /// log line carries the row's action, resource and outcome, so the record survives there,
     /// and the auditor turns degraded: `admit` refuses further mutations until a row is written.
     pub async fn record<T>(&self, principal: &Principal, action: Action, result: &Result<T>) {
+        self.record_outcome(principal, action, outcome_of(result))
+            .await
+    }
+
+    /// `record` for an operation that ended in `error` before it was attempted (a refusal
+    /// at the transport, which holds no `Result` of the operation).
+    pub async fn record_failure(&self, principal: &Principal, action: Action, error: &Error) {
+        self.record_outcome(principal, action, failure_outcome(error))
+            .await
+    }
+
+    async fn record_outcome(&self, principal: &Principal, action: Action, outcome: &'static str) {
         let (name, resource_type, resource_id) = (
             action.action,
             action.resource_type,
             action.resource_id.clone(),
         );
-        let outcome = outcome_of(result);
         if let Err(e) = self.append(principal, action, outcome).await {
             tracing::error!(
                 error = ?e,
@@ -752,6 +772,41 @@ pub async fn verify(store: &dyn Store, principal: &Principal) -> Result<Verifica
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refusals_are_denied_and_failures_error() {
+        let denied = [
+            Error::Forbidden("role".into()),
+            Error::Unauthenticated("token used".into()),
+            Error::Refused("link-local".into()),
+            Error::FailedPrecondition("last admin key".into()),
+            Error::Unimplemented("policies are files".into()),
+        ];
+        for error in denied {
+            assert_eq!(outcome_of::<()>(&Err(error)), "denied");
+        }
+        let failed = [
+            Error::Invalid("bad ttl".into()),
+            Error::Malformed("not JSON".into()),
+            Error::NotFound("agent".into()),
+            Error::Unavailable("audit".into()),
+            Error::Internal("bug".into()),
+        ];
+        for error in failed {
+            assert_eq!(outcome_of::<()>(&Err(error)), "error");
+        }
+        assert_eq!(outcome_of(&Ok(())), "success");
+        // A refusal by rule answers as invalid input does; only the audit outcome differs.
+        let refused = Error::Refused("x".into());
+        assert_eq!(
+            (refused.http_status(), refused.code()),
+            (422, "invalid_argument")
+        );
+        assert_eq!(
+            tonic::Status::from(refused).code(),
+            tonic::Code::InvalidArgument
+        );
+    }
 
     #[tokio::test]
     async fn record_chains_redacts_and_pages() {

@@ -396,6 +396,40 @@ fn members(loaded: &PolicySet, set: &str) -> Vec<String> {
         .collect()
 }
 
+/// What the API refuses to do to a policy: policies are files in `policy_dir`, loaded at
+/// start and on SIGHUP, so `svc-policy create|update|delete` are refused by that rule
+/// (`Unimplemented`, contract §9) and the refusal is audited (`policy.create`, ...) as
+/// `denied`, as every refused change is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Change {
+    Create,
+    Update,
+    Delete,
+}
+
+/// Refuses `change` to policy `id`: audits the refusal and returns it.
+pub async fn refuse_change(
+    domain: &crate::domain::Domain,
+    principal: &crate::auth::Principal,
+    change: Change,
+    id: &str,
+) -> crate::Error {
+    let (action, verb) = match change {
+        Change::Create => ("policy.create", "create"),
+        Change::Update => ("policy.update", "update"),
+        Change::Delete => ("policy.delete", "delete"),
+    };
+    let refusal = crate::Error::Unimplemented(format!(
+        "policy {verb} over the API (policies are files in policy_dir)"
+    ));
+    let action = super::Action::new(action, "policy", id);
+    domain
+        .auditor
+        .record_failure(principal, action, &refusal)
+        .await;
+    refusal
+}
+
 /// `svc-policy show ID [--policy-set]` (any key).
 pub fn get(
     domain: &crate::domain::Domain,

@@ -1,8 +1,11 @@
 //! What each role may do on every surface: the gRPC methods, the REST routes and the bus.
 //!
-//! One file answers "who may do X?" for the whole server. The domain functions enforce the
-//! gRPC and REST rows with `Principal::require` (so a new transport cannot skip them); the
-//! broker enforces the bus rows through [`bus_permissions`]. `tests/access.rs` calls every
+//! One file answers "who may do X?" for the whole server. The transports check the gRPC and
+//! REST rows first, before they read or parse anything a request carries, so a caller
+//! without the role gets 403/PERMISSION_DENIED and a `denied` audit row (`AUDITED`) whatever
+//! its body (the gRPC auth layer; REST's `principal`). The domain functions check them again
+//! with `Principal::require`, so a new transport cannot skip them. The broker enforces the
+//! bus rows through [`bus_permissions`]. `tests/access.rs` calls every
 //! method, route and subject with each role and with no key, and compares the answers with
 //! these tables; it also fails when a method or route exists that has no row here.
 //! docs/ARCHITECTURE.md's role table is generated from them (`role_table_markdown`).
@@ -182,6 +185,161 @@ pub fn grpc_access(method: &str) -> Option<Access> {
         .map(|(_, access)| *access)
 }
 
+/// The row of `REST` a request is for: its route (`METHOD /path` with `{id}`), its access
+/// rule and the `{id}` segment, if any. A literal segment wins over `{id}`
+/// (`/api/v1/events/stream` is not event `stream`).
+pub fn rest_access(method: &str, path: &str) -> Option<(&'static str, Access, Option<String>)> {
+    // Every request passes here: no allocation but the id's.
+    let segments = |text: &'static str| text.trim_end_matches('/').split('/').skip(1);
+    let path = path.trim_end_matches('/');
+    let mut best: Option<(&'static str, Access, Option<&str>)> = None;
+    for (route, access) in REST {
+        let Some((route_method, template)) = route.split_once(' ') else {
+            continue;
+        };
+        if route_method != method || segments(template).count() != path.split('/').count() - 1 {
+            continue;
+        }
+        let mut id = None;
+        let fits = segments(template)
+            .zip(path.split('/').skip(1))
+            .all(|(want, got)| match want {
+                "{id}" if !got.is_empty() => {
+                    id = Some(got);
+                    true
+                }
+                _ => want == got,
+            });
+        if fits && (best.is_none() || id.is_none()) {
+            best = Some((route, *access, id));
+        }
+    }
+    best.map(|(route, access, id)| (route, access, id.map(str::to_string)))
+}
+
+/// What a refusal by role writes to the audit log when the transport refuses a request
+/// before reading its input (contract §9: refused operations are audited as `denied`): the
+/// action and resource type the domain function writes for the same operation, and where
+/// the resource id comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Audited {
+    pub action: &'static str,
+    pub resource_type: &'static str,
+    pub id: ResourceId,
+}
+
+/// Where the resource id of a refusal's audit row comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResourceId {
+    /// None: the domain makes the id (a job, a new webhook) or there is none.
+    Empty,
+    /// Always this one (`master_key`, `*`).
+    Fixed(&'static str),
+    /// gRPC: this string field of the request message, when the message can be read; empty
+    /// when it cannot (a refusal never depends on the body).
+    Field(&'static str),
+    /// REST: the route's `{id}` segment.
+    Path,
+}
+
+use ResourceId::{Empty, Field, Fixed, Path};
+
+const fn row(action: &'static str, resource_type: &'static str, id: ResourceId) -> Audited {
+    Audited {
+        action,
+        resource_type,
+        id,
+    }
+}
+
+/// The audit row of each method and route (names as in `GRPC` and `REST`) whose refusal is
+/// audited: every operation that changes something, and the reads the domain audits
+/// (secrets, transit, leases, CA export, backups). One action per method: where the domain
+/// picks between two by the request (`secret.delete` or `secret.destroy`, `lease.revoke` or
+/// `lease.revoke_prefix`), the refusal, made before the request is read, names the first.
+#[rustfmt::skip]
+pub const AUDITED: &[(&str, Audited)] = &[
+    ("svc.v1.EventService/Emit", row("event.emit", "event", Empty)),
+    ("svc.v1.IdentityService/RotateSigning", row("ca.rotate_signing", "ca", Fixed("signing"))),
+    ("svc.v1.IdentityService/ExportCa", row("ca.export", "ca", Fixed("chain"))),
+    ("svc.v1.IdentityService/EncryptCa", row("ca.encrypt", "ca", Fixed("keys"))),
+    ("svc.v1.IdentityService/Psk", row("agent.psk", "agent", Field("agent_id"))),
+    ("svc.v1.IdentityService/CreateToken", row("token.create", "join_token", Empty)),
+    ("svc.v1.IdentityService/RevokeToken", row("token.revoke", "join_token", Field("id"))),
+    ("svc.v1.IdentityService/CleanupTokens", row("token.cleanup", "join_token", Fixed("*"))),
+    ("svc.v1.IdentityService/IssueJwt", row("jwt.issue", "jwt_svid", Empty)),
+    ("svc.v1.IdentityService/RevokeJwt", row("jwt.revoke", "jwt_svid", Field("id"))),
+    ("svc.v1.SecretsService/Put", row("secret.write", "secret", Field("path"))),
+    ("svc.v1.SecretsService/Get", row("secret.read", "secret", Field("path"))),
+    ("svc.v1.SecretsService/Delete", row("secret.delete", "secret", Field("path"))),
+    ("svc.v1.SecretsService/RotateMaster", row("secret.rotate_master", "secret", Fixed("master_key"))),
+    ("svc.v1.SecretsService/TransitCreateKey", row("transit.create_key", "transit_key", Field("name"))),
+    ("svc.v1.SecretsService/TransitListKeys", row("transit.list_keys", "transit_key", Fixed("*"))),
+    ("svc.v1.SecretsService/TransitEncrypt", row("transit.encrypt", "transit_key", Field("name"))),
+    ("svc.v1.SecretsService/TransitDecrypt", row("transit.decrypt", "transit_key", Field("name"))),
+    ("svc.v1.SecretsService/TransitSign", row("transit.sign", "transit_key", Field("name"))),
+    ("svc.v1.SecretsService/TransitVerify", row("transit.verify", "transit_key", Field("name"))),
+    ("svc.v1.SecretsService/TransitRotate", row("transit.rotate", "transit_key", Field("name"))),
+    ("svc.v1.SecretsService/TransitConfigKey", row("transit.config", "transit_key", Field("name"))),
+    ("svc.v1.SecretsService/TransitRewrap", row("transit.rewrap", "transit_key", Field("name"))),
+    ("svc.v1.SecretsService/CreateCredentials", row("lease.create", "lease", Empty)),
+    ("svc.v1.SecretsService/ListLeases", row("lease.list", "lease", Field("prefix"))),
+    ("svc.v1.SecretsService/GetLease", row("lease.read", "lease", Field("id"))),
+    ("svc.v1.SecretsService/RenewLease", row("lease.renew", "lease", Field("id"))),
+    ("svc.v1.SecretsService/RevokeLease", row("lease.revoke", "lease", Field("id"))),
+    ("svc.v1.ClusterService/Add", row("cluster.add", "cluster_member", Field("id"))),
+    ("svc.v1.ClusterService/Remove", row("cluster.remove", "cluster_member", Field("id"))),
+    ("svc.v1.ClusterService/Rebalance", row("cluster.rebalance", "cluster", Fixed("*"))),
+    ("svc.v1.ClusterService/TransferLeader", row("cluster.transfer_leader", "cluster_member", Field("id"))),
+    ("svc.v1.ClusterService/Backup", row("cluster.backup", "cluster", Empty)),
+    ("svc.v1.ClusterService/Restore", row("cluster.restore", "cluster", Fixed("online"))),
+    ("svc.v1.FleetService/Quarantine", row("agent.quarantine", "agent", Field("id"))),
+    ("svc.v1.FleetService/Unquarantine", row("agent.unquarantine", "agent", Field("id"))),
+    ("svc.v1.FleetService/SetLabels", row("agent.label", "agent", Field("id"))),
+    ("svc.v1.FleetService/Exec", row("exec.run", "job", Empty)),
+    ("svc.v1.FleetService/StateApply", row("state.apply", "job", Empty)),
+    ("svc.v1.FleetService/ModuleRun", row("module.run", "job", Empty)),
+    ("svc.v1.WebhookService/Create", row("webhook.create", "webhook", Empty)),
+    ("svc.v1.WebhookService/Update", row("webhook.update", "webhook", Field("id"))),
+    ("svc.v1.WebhookService/Delete", row("webhook.delete", "webhook", Field("id"))),
+    ("svc.v1.WebhookService/Test", row("webhook.test", "webhook", Field("id"))),
+    ("svc.v1.WebhookService/Redeliver", row("webhook.redeliver", "webhook_delivery", Field("delivery_id"))),
+    ("svc.v1.RunbookService/Execute", row("runbook.execute", "runbook_execution", Empty)),
+    ("svc.v1.RunbookService/Cancel", row("runbook.cancel", "runbook_execution", Field("id"))),
+    ("svc.v1.RunbookService/Approve", row("runbook.approve", "runbook_execution", Field("id"))),
+    ("svc.v1.BlueprintService/Install", row("blueprint.install", "blueprint", Empty)),
+    ("svc.v1.BlueprintService/Update", row("blueprint.update", "blueprint", Empty)),
+    ("svc.v1.BlueprintService/Remove", row("blueprint.remove", "blueprint", Field("name"))),
+    ("svc.v1.BlueprintService/Apply", row("blueprint.apply", "blueprint", Field("name"))),
+    ("svc.v1.BlueprintService/Rollback", row("blueprint.rollback", "blueprint", Field("name"))),
+    ("POST /api/v1/apikeys", row("apikey.create", "apikey", Empty)),
+    ("PATCH /api/v1/apikeys/{id}", row("apikey.update", "apikey", Path)),
+    ("DELETE /api/v1/apikeys/{id}", row("apikey.delete", "apikey", Path)),
+    ("POST /api/v1/agents/{id}/quarantine", row("agent.quarantine", "agent", Path)),
+    ("POST /api/v1/agents/{id}/unquarantine", row("agent.unquarantine", "agent", Path)),
+];
+
+/// The methods and routes a role can be refused whose refusal is not audited: reads the
+/// domain does not audit either (listings, the audit export, state check and drift).
+pub const NOT_AUDITED: &[&str] = &[
+    "svc.v1.PolicyService/AuditExport",
+    "svc.v1.IdentityService/ListJwts",
+    "svc.v1.FleetService/StateCheck",
+    "svc.v1.FleetService/StateDrift",
+    "GET /api/v1/apikeys",
+    "GET /api/v1/apikeys/{id}",
+    "GET /api/v1/audit/export",
+];
+
+/// The audit row of a refusal of `operation` (a `GRPC` or `REST` name), if it has one.
+pub fn audited(operation: &str) -> Option<Audited> {
+    let operation = operation.trim_start_matches('/');
+    AUDITED
+        .iter()
+        .find(|(name, _)| *name == operation)
+        .map(|(_, audited)| *audited)
+}
+
 /// What an API key of `role` may do on the bus (contract §7):
 /// - no key may publish or subscribe on `svc.enroll` or `svc.agent.>`: commands reach agents
 ///   only through the server (audited, quarantine honoured) and nobody may forge a result;
@@ -317,6 +475,70 @@ mod tests {
         }
         assert!(!readonly.subscribe.allows("_INBOX.>"));
         assert!(readonly.subscribe.allows("_INBOX.abcdefghijklmnopqrstuv.*"));
+    }
+
+    /// Every method or route a key's role can be refused is in `AUDITED` or `NOT_AUDITED`,
+    /// once; nothing else is.
+    #[test]
+    fn every_refusable_operation_says_whether_its_refusal_is_audited() {
+        let refusable: Vec<&str> = GRPC
+            .iter()
+            .chain(REST)
+            .filter(|(_, access)| matches!(access, Least(Operator | Admin)))
+            .map(|(name, _)| *name)
+            .collect();
+        let mut said: Vec<&str> = AUDITED.iter().map(|(name, _)| *name).collect();
+        said.extend(NOT_AUDITED);
+        for name in &refusable {
+            let times = said.iter().filter(|s| *s == name).count();
+            assert_eq!(
+                times, 1,
+                "{name} is in AUDITED or NOT_AUDITED {times} times, not once"
+            );
+        }
+        for name in &said {
+            assert!(
+                refusable.contains(name),
+                "{name} is not a method or route a role can be refused"
+            );
+        }
+        for (name, audited) in AUDITED {
+            let is_rest = !name.starts_with("svc.v1.");
+            let id_fits = match audited.id {
+                Path => is_rest && name.contains("{id}"),
+                Field(_) => !is_rest,
+                Empty | Fixed(_) => true,
+            };
+            assert!(id_fits, "{name}: {:?} does not fit the surface", audited.id);
+        }
+    }
+
+    #[test]
+    fn rest_requests_find_their_route() {
+        assert_eq!(
+            rest_access("GET", "/api/v1/events/stream").map(|(r, _, id)| (r, id)),
+            Some(("GET /api/v1/events/stream", None))
+        );
+        assert_eq!(
+            rest_access("GET", "/api/v1/events/01J").map(|(r, _, id)| (r, id)),
+            Some(("GET /api/v1/events/{id}", Some("01J".to_string())))
+        );
+        assert_eq!(
+            rest_access("POST", "/api/v1/agents/web-1/quarantine/"),
+            Some((
+                "POST /api/v1/agents/{id}/quarantine",
+                Least(Operator),
+                Some("web-1".to_string())
+            ))
+        );
+        assert_eq!(rest_access("PUT", "/api/v1/apikeys"), None);
+        assert_eq!(rest_access("GET", "/api/v1/agents/a/b/c"), None);
+        for (route, access) in REST {
+            let (method, path) = route.split_once(' ').unwrap();
+            let path = path.replace("{id}", "x1");
+            let found = rest_access(method, &path).map(|(r, a, _)| (r, a));
+            assert_eq!(found, Some((*route, *access)), "{route}");
+        }
     }
 
     #[test]

@@ -86,6 +86,14 @@ pub struct Requirement {
     pub version: String,
 }
 
+impl Parameter {
+    /// Whether apply demands a value: it has no default (`resolve` reports it missing
+    /// otherwise), whether or not the manifest says `required: true`.
+    pub fn is_required(&self) -> bool {
+        self.default.is_none()
+    }
+}
+
 fn any_version() -> String {
     "*".into()
 }

@@ -468,11 +468,29 @@ fn init(args: InitArgs) -> Result<(), CliError> {
     Ok(())
 }
 
+/// The parameters as `info -o json` shows them: `required` is what apply enforces (no
+/// default), not only what the manifest declares, as the table's "(required)" is.
+fn parameters_json(parameters: &BTreeMap<String, blueprint::Parameter>) -> serde_json::Value {
+    let mut shown = serde_json::Map::new();
+    for (name, parameter) in parameters {
+        let mut value = serde_json::to_value(parameter).unwrap_or_default();
+        value["required"] = parameter.is_required().into();
+        shown.insert(name.clone(), value);
+    }
+    serde_json::Value::Object(shown)
+}
+
 fn info_json(info: &proto::BlueprintInfo) -> serde_json::Value {
     let manifest: serde_json::Value = serde_json::from_str(&info.manifest_json).unwrap_or_default();
+    let parameters = match manifest.get("parameters") {
+        Some(raw) => serde_json::from_value(raw.clone())
+            .map(|parameters| parameters_json(&parameters))
+            .unwrap_or_else(|_| raw.clone()),
+        None => serde_json::Value::Null,
+    };
     serde_json::json!({
         "name": info.name, "version": info.version, "description": info.description,
-        "sha256": info.sha256, "parameters": manifest.get("parameters"),
+        "sha256": info.sha256, "parameters": parameters,
         "targets": manifest.get("targets"), "requires": manifest.get("requires"),
         "installed_by": info.installed_by, "installed_at": info.installed_at,
         "versions": info.versions,
@@ -524,7 +542,7 @@ async fn info(common: &Common, what: &str) -> Result<(), CliError> {
             Output::Json => print_json(&serde_json::json!({
                 "name": blueprint.manifest.name, "version": blueprint.manifest.version,
                 "description": blueprint.manifest.description,
-                "parameters": blueprint.manifest.parameters,
+                "parameters": parameters_json(&blueprint.manifest.parameters),
                 "targets": blueprint.manifest.targets, "requires": blueprint.manifest.requires,
                 "files": files,
             })),

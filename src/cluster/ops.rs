@@ -150,14 +150,26 @@ pub fn leader(domain: &Domain, principal: &Principal) -> Result<MemberView> {
         })
 }
 
-/// `add`: members join by themselves (seed: a passthrough the server does not implement).
-pub fn add(principal: &Principal) -> Result<()> {
-    principal.require(Role::Admin)?;
-    Err(Error::Unimplemented(
-        "members join by themselves: start svc-server with cluster.enabled on the shared \
-         PostgreSQL and NATS cluster"
-            .into(),
-    ))
+/// `add`: members join by themselves (seed: a passthrough the server does not implement), so
+/// the request is refused by that rule (`Unimplemented`); audited as `cluster.add`, as every
+/// refused change is.
+pub async fn add(domain: &Domain, principal: &Principal, id: &str) -> Result<()> {
+    let result = principal.require(Role::Admin).and_then(|()| {
+        Err(Error::Unimplemented(
+            "members join by themselves: start svc-server with cluster.enabled on the shared \
+             PostgreSQL and NATS cluster"
+                .into(),
+        ))
+    });
+    domain
+        .auditor
+        .record(
+            principal,
+            Action::new("cluster.add", "cluster_member", id),
+            &result,
+        )
+        .await;
+    result
 }
 
 /// Evicts a member: its row goes, and the member (if alive) stops serving at its next

@@ -145,3 +145,51 @@ async fn send_reply(
         tracing::warn!(error = %e, "{what} reply not sent");
     }
 }
+
+/// The role check REST and gRPC make before they read anything a request carries
+/// (`auth::access`): Ok when `access` lets `principal` in, else the refusal (`Forbidden`,
+/// with `Principal::require`'s message). The domain checks the role again; this one comes
+/// first so that a caller without the role learns that, and nothing about its input.
+fn role_check(
+    principal: &crate::auth::Principal,
+    access: crate::auth::Access,
+) -> crate::Result<()> {
+    match access {
+        crate::auth::Access::Least(needed) => principal.require(needed),
+        crate::auth::Access::Public | crate::auth::Access::NotBuilt => Ok(()),
+    }
+}
+
+/// Writes the `denied` audit row of `refusal`, a refusal by role of `operation` (a name in
+/// `auth::access::GRPC` or `REST`), when that operation's refusals are audited
+/// (`access::AUDITED`): its action and resource type, and the resource id its `ResourceId`
+/// says, where `found` is what the transport read for `Field` or `Path` (None: nothing
+/// readable). The detail names the role the operation needs.
+async fn audit_role_refusal(
+    domain: &Domain,
+    principal: &crate::auth::Principal,
+    operation: &str,
+    access: crate::auth::Access,
+    refusal: &crate::Error,
+    found: Option<String>,
+) {
+    use crate::auth::access::ResourceId;
+    let Some(audited) = crate::auth::access::audited(operation) else {
+        return;
+    };
+    let resource_id = match audited.id {
+        ResourceId::Empty => String::new(),
+        ResourceId::Fixed(id) => id.to_string(),
+        ResourceId::Field(_) | ResourceId::Path => found.unwrap_or_default(),
+    };
+    let needs = match access {
+        crate::auth::Access::Least(role) => role.as_str(),
+        crate::auth::Access::Public | crate::auth::Access::NotBuilt => "",
+    };
+    let action = crate::audit::Action::new(audited.action, audited.resource_type, resource_id)
+        .detail(serde_json::json!({ "needs": needs }));
+    domain
+        .auditor
+        .record_failure(principal, action, refusal)
+        .await;
+}

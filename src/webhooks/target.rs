@@ -131,8 +131,9 @@ pub fn check_host(target: &Target, allow_private: bool) -> Result<()> {
     Ok(())
 }
 
+/// A refusal by rule (audited `denied`), answered as invalid input is.
 fn denied(target: &Target, why: &str) -> Error {
-    Error::Invalid(format!(
+    Error::Refused(format!(
         "webhook URL host '{}' is refused: {why}",
         target.host
     ))

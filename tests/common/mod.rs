@@ -8,6 +8,7 @@ pub mod moto;
 pub mod nats_cluster;
 pub mod pki;
 pub mod postgres;
+pub mod raw_grpc;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

@@ -76,7 +76,7 @@ impl proto::cluster_service_server::ClusterService for Cluster {
         request: Request<proto::MemberRequest>,
     ) -> Result<Response<proto::Member>, Status> {
         let caller = principal(&request)?;
-        ops::add(&caller)?;
+        ops::add(&self.context.domain, &caller, &request.get_ref().id).await?;
         Err(Status::internal("unreachable"))
     }
 

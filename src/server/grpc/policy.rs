@@ -9,7 +9,6 @@ use super::principal;
 use crate::audit::{self, Entry};
 use crate::proto;
 use crate::server::Context;
-use crate::Error;
 
 fn counts(pairs: Vec<(String, u64)>) -> Vec<proto::AuditCount> {
     pairs
@@ -45,6 +44,24 @@ fn optional(text: String) -> Option<String> {
 
 pub struct Policy {
     pub context: Arc<Context>,
+}
+
+impl Policy {
+    /// Policies are files in policy_dir: a change over the API is refused, and audited.
+    async fn refuse(
+        &self,
+        request: Request<proto::Policy>,
+        change: audit::policy::Change,
+    ) -> Status {
+        let caller = match principal(&request) {
+            Ok(caller) => caller,
+            Err(status) => return status,
+        };
+        let id = request.into_inner().id;
+        audit::policy::refuse_change(&self.context.domain, &caller, change, &id)
+            .await
+            .into()
+    }
 }
 
 impl From<Entry> for proto::AuditEntry {
@@ -228,31 +245,29 @@ impl proto::policy_service_server::PolicyService for Policy {
 
     async fn create_policy(
         &self,
-        _: Request<proto::Policy>,
+        request: Request<proto::Policy>,
     ) -> Result<Response<proto::Policy>, Status> {
-        Err(Error::Unimplemented(String::from(
-            "policy create over the API (policies are files in policy_dir)",
-        ))
-        .into())
+        Err(self.refuse(request, audit::policy::Change::Create).await)
     }
 
     async fn update_policy(
         &self,
-        _: Request<proto::Policy>,
+        request: Request<proto::Policy>,
     ) -> Result<Response<proto::Policy>, Status> {
-        Err(Error::Unimplemented(String::from(
-            "policy update over the API (policies are files in policy_dir)",
-        ))
-        .into())
+        Err(self.refuse(request, audit::policy::Change::Update).await)
     }
 
     async fn delete_policy(
         &self,
-        _: Request<proto::GetPolicyRequest>,
+        request: Request<proto::GetPolicyRequest>,
     ) -> Result<Response<proto::Empty>, Status> {
-        Err(Error::Unimplemented(String::from(
-            "policy delete over the API (policies are files in policy_dir)",
-        ))
-        .into())
+        let caller = principal(&request)?;
+        let id = request.into_inner().id;
+        let change = audit::policy::Change::Delete;
+        Err(
+            audit::policy::refuse_change(&self.context.domain, &caller, change, &id)
+                .await
+                .into(),
+        )
     }
 }

@@ -290,7 +290,10 @@ fn only(method: &Method, allowed: &[Method]) -> Result<()> {
 }
 
 /// The caller's principal from the Authorization header (key → rate limit → requests in
-/// flight; roles are the domain's to check). Keep the returned admission until the response
+/// flight → role), called by every handler that needs a key before it reads the query or
+/// body: a key whose role the route's row in `auth::access::REST` does not admit gets 403
+/// and, for a route in `access::AUDITED`, a `denied` audit row, whatever the request
+/// carries. The domain checks the role again. Keep the returned admission until the response
 /// is made: it is the key's slot among `rate_limit.max_in_flight`.
 async fn principal(
     context: &Context,
@@ -300,7 +303,17 @@ async fn principal(
         .headers()
         .get(header::AUTHORIZATION)
         .map(|value| value.to_str().unwrap_or(""));
-    context.domain.admit(header).await
+    let (principal, admission) = context.domain.admit(header).await?;
+    let method = request.method().as_str();
+    let path = request.uri().path();
+    // Every route that takes a key has a row (tests/access.rs holds the table to the routes).
+    let (route, access, id) = crate::auth::access::rest_access(method, path)
+        .ok_or_else(|| Error::internal(format!("no access row for {method} {path}")))?;
+    if let Err(refusal) = super::role_check(&principal, access) {
+        super::audit_role_refusal(&context.domain, &principal, route, access, &refusal, id).await;
+        return Err(refusal);
+    }
+    Ok((principal, admission))
 }
 
 /// Refuses (415) a body that is not sent as `application/json` (a `charset=utf-8` parameter
