@@ -1158,6 +1158,63 @@ fn with_jwt_auth_the_nats_cluster_keeps_each_agent_to_its_own_subjects() {
             "enrolment JWT subscribe: {error:?}"
         );
     });
+    // API-key clients on the bus: a .creds file per role, made offline; the API key still
+    // signs each file-service request.
+    let creds_for = |role: &str| {
+        let made = run(names.command("svc-cluster").args([
+            "nats-config",
+            "--config",
+            config_arg,
+            "--creds",
+            role,
+            "--name",
+            "test",
+        ]));
+        assert_eq!(made.code, 0, "{made:?}");
+        let path = setup_dir.path().join(format!("{role}.creds"));
+        std::fs::write(&path, &made.stdout).unwrap();
+        path
+    };
+    let operator_creds = creds_for("operator");
+    let readonly_creds = creds_for("readonly");
+    let payload = setup_dir.path().join("payload");
+    std::fs::write(&payload, "through a JWT-mode cluster\n".repeat(1000)).unwrap();
+    let files = |creds: &std::path::Path, args: &[&str]| {
+        run(members.servers[0]
+            .cli("svc-files")
+            .env("SVC_NATS_URL", nats.url(2))
+            .env("SVC_NATS_CREDS", creds)
+            .env("SVC_API_KEY", &members.admin_key)
+            .args(args))
+    };
+    let put = files(
+        &operator_creds,
+        &["put", payload.to_str().unwrap(), "docs/payload"],
+    );
+    assert_eq!(put.code, 0, "{put:?}");
+    let back = setup_dir.path().join("back");
+    let got = files(
+        &readonly_creds,
+        &["get", "docs/payload", back.to_str().unwrap()],
+    );
+    assert_eq!(got.code, 0, "{got:?}");
+    assert_eq!(
+        std::fs::read(&back).unwrap(),
+        std::fs::read(&payload).unwrap()
+    );
+    // A readonly .creds may not even send a write, whatever key signs it.
+    let refused = files(
+        &readonly_creds,
+        &["put", payload.to_str().unwrap(), "docs/other"],
+    );
+    assert_ne!(refused.code, 0, "{refused:?}");
+    let without = run(members.servers[0]
+        .cli("svc-files")
+        .env("SVC_NATS_URL", nats.url(2))
+        .env("SVC_API_KEY", &members.admin_key)
+        .args(["stat", "docs/payload"]));
+    assert_ne!(without.code, 0, "no .creds, no connection: {without:?}");
+
     // Past the JWTs' 6 s life: renewed (a later `iat`), and both agents still answer.
     let issued_at = |jwt: &str| {
         use base64::Engine;

@@ -21,6 +21,8 @@ use crate::{Error, Result};
 pub struct UserPermissions {
     pub publish: Vec<String>,
     pub subscribe: Vec<String>,
+    /// Denied within what `publish` allows (nats-server: deny wins).
+    pub publish_deny: Vec<String>,
     /// Everything: no `pub`/`sub` section at all (members).
     pub all: bool,
 }
@@ -113,6 +115,9 @@ pub fn user(
     });
     if !permissions.all {
         nats["pub"] = json!({"allow": permissions.publish});
+        if !permissions.publish_deny.is_empty() {
+            nats["pub"]["deny"] = json!(permissions.publish_deny);
+        }
         nats["sub"] = json!({"allow": permissions.subscribe});
     }
     if bearer {
@@ -143,6 +148,41 @@ fn encode(signer: &nkeys::KeyPair, mut claims: Value) -> Result<String> {
         "{signing_input}.{}",
         URL_SAFE_NO_PAD.encode(signature)
     ))
+}
+
+/// A `.creds` file as the NATS tools write it: the user JWT and the nkey seed between their
+/// markers.
+pub fn creds_file(jwt: &str, seed: &str) -> String {
+    format!(
+        "-----BEGIN NATS USER JWT-----\n{jwt}\n------END NATS USER JWT------\n\n\
+         ************************* IMPORTANT *************************\n\
+         NKEY Seed printed below can be used to sign and prove identity.\n\
+         NKEYs are sensitive and should be treated as secrets.\n\n\
+         -----BEGIN USER NKEY SEED-----\n{seed}\n------END USER NKEY SEED------\n\n\
+         *************************************************************\n"
+    )
+}
+
+/// The JWT and seed of a `.creds` file (the first line between each pair of markers).
+pub fn parse_creds(text: &str) -> Result<(String, String)> {
+    let section = |begin: &str| -> Option<String> {
+        let mut lines = text.lines().skip_while(|line| !line.contains(begin));
+        lines.next()?;
+        lines
+            .map(str::trim)
+            .find(|line| !line.is_empty())
+            .filter(|line| !line.starts_with("---"))
+            .map(str::to_string)
+    };
+    match (
+        section("BEGIN NATS USER JWT"),
+        section("BEGIN USER NKEY SEED"),
+    ) {
+        (Some(jwt), Some(seed)) => Ok((jwt, seed)),
+        _ => Err(Error::Invalid(
+            "not a NATS .creds file (a user JWT and an nkey seed between their markers)".into(),
+        )),
+    }
 }
 
 /// The claims of a JWT, unverified (for display and tests).
@@ -210,6 +250,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn creds_files_round_trip() {
+        let key = nkeys::KeyPair::new_user();
+        let seed = seed(&key).unwrap();
+        let text = creds_file("aaa.bbb.ccc", &seed);
+        assert_eq!(parse_creds(&text).unwrap(), ("aaa.bbb.ccc".into(), seed));
+        assert!(parse_creds("nothing here").is_err());
+    }
+
+    #[test]
     fn base32_matches_rfc4648() {
         assert_eq!(base32(b""), "");
         assert_eq!(base32(b"f"), "MY");
@@ -224,7 +273,7 @@ mod tests {
         let permissions = UserPermissions {
             publish: vec!["svc.agent.a1.>".into()],
             subscribe: vec!["svc.agent.a1.>".into()],
-            all: false,
+            ..UserPermissions::default()
         };
         let jwt = user(
             &signing,

@@ -83,7 +83,9 @@ fn run_cluster_backup(program: &str, command: &str, common: Common, args: &[Stri
 /// the keys (sealed under master_key) on first use, so the NATS cluster can be set up before
 /// any member starts. The block holds no private key. With --enrol-jwt: print the enrolment
 /// JWT instead, which `svc-agent bootstrap --enrol-jwt` needs (it may only request
-/// enrolment). -o json prints both, with the account's public key.
+/// enrolment). With --creds ROLE: print a .creds file (a user JWT and its nkey seed: keep it
+/// 0600) for a bus client such as svc-files --creds, with the bus rights of an API key of that
+/// role. -o json prints the block, the enrolment JWT and the account's public key.
 #[argh(help_triggers("-h", "--help"))]
 struct NatsConfigArgs {
     /// the server configuration (default /etc/svc/server.yaml)
@@ -92,11 +94,32 @@ struct NatsConfigArgs {
     /// print the enrolment JWT instead of the NATS configuration
     #[argh(switch)]
     enrol_jwt: bool,
+    /// print a .creds file for a bus client of this role: admin, operator or readonly
+    #[argh(option)]
+    creds: Option<String>,
+    /// the client's name in its JWT (with --creds; default svc-files)
+    #[argh(option, default = "String::from(\"svc-files\")")]
+    name: String,
+    /// how long the .creds file is valid (with --creds; default 90d)
+    #[argh(option, default = "String::from(\"90d\")")]
+    ttl: String,
 }
 
 async fn nats_config(common: Common, args: NatsConfigArgs) -> Result<(), CliError> {
     let loaded = crate::config::load_server(args.config.as_deref(), &crate::config::process_env())
         .map_err(|e| CliError::failed(format!("configuration: {e}")))?;
+    if let Some(role) = &args.creds {
+        let role: crate::auth::Role = role
+            .parse()
+            .map_err(|e: crate::Error| CliError::usage(format!("--creds: {e}")))?;
+        let ttl = crate::clock::parse_duration(&args.ttl)
+            .filter(|ttl| !ttl.is_zero())
+            .ok_or_else(|| CliError::usage(format!("--ttl: invalid duration '{}'", args.ttl)))?;
+        let creds =
+            crate::identity::nats::offline_creds(&loaded.config, &args.name, role, ttl).await?;
+        print!("{creds}");
+        return Ok(());
+    }
     let printed = crate::identity::nats::offline_config(&loaded.config).await?;
     if common.output == Output::Json {
         return print_json(&printed);

@@ -134,6 +134,7 @@ fn run(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
 /// The flags every command shares (argh has no flattening, so each struct repeats them).
 struct Flags {
     nats_url: Option<String>,
+    creds: Option<PathBuf>,
     cluster: Option<String>,
     principal_id: Option<String>,
     principal_role: Option<String>,
@@ -151,6 +152,10 @@ macro_rules! files_command {
             /// bus URL (env SVC_NATS_URL, default nats://localhost:4222)
             #[argh(option)]
             nats_url: Option<String>,
+            /// NATS .creds file for a cluster whose NATS logs clients in with JWTs (from
+            /// `svc-cluster nats-config --creds ROLE`; env SVC_NATS_CREDS)
+            #[argh(option)]
+            creds: Option<PathBuf>,
             /// file-service cluster (env SVC_CLUSTER, default `default`)
             #[argh(option)]
             cluster: Option<String>,
@@ -181,6 +186,7 @@ macro_rules! files_command {
             fn flags(&self) -> Flags {
                 Flags {
                     nats_url: self.nats_url.clone(),
+                    creds: self.creds.clone(),
                     cluster: self.cluster.clone(),
                     principal_id: self.principal_id.clone(),
                     principal_role: self.principal_role.clone(),
@@ -334,7 +340,25 @@ async fn connect(common: &Common, flags: Flags) -> Result<Session, CliError> {
     };
     let refusals: Arc<Mutex<Vec<String>>> = Arc::default();
     let seen = refusals.clone();
-    let options = async_nats::ConnectOptions::with_token(key.clone())
+    // On a JWT-mode cluster the .creds file logs in (the API key still signs each request);
+    // elsewhere the API key is the bus credential, as on the embedded broker.
+    let creds = flags
+        .creds
+        .or_else(|| env("SVC_NATS_CREDS").map(PathBuf::from));
+    let options = match creds {
+        Some(path) => {
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| CliError::usage(format!("--creds: {}: {e}", path.display())))?;
+            let (jwt, seed) = crate::bus::natsjwt::parse_creds(&text)
+                .map_err(|e| CliError::usage(format!("--creds: {}: {e}", path.display())))?;
+            let user = crate::bus::natsjwt::key_pair(&seed)
+                .map_err(|e| CliError::usage(format!("--creds: {}: {e}", path.display())))?;
+            let inbox = crate::identity::nats::client_inbox(&user.public_key());
+            crate::bus::natsjwt::connect_options(jwt, user).custom_inbox_prefix(inbox)
+        }
+        None => async_nats::ConnectOptions::with_token(key.clone()),
+    };
+    let options = options
         .name("svc-files")
         .connection_timeout(timeout.min(Duration::from_secs(10)))
         .request_timeout(Some(timeout))

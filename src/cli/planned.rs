@@ -148,7 +148,7 @@ pub const TOOLS: &[Planned] = &[
     },
     Planned {
         name: "svc-files",
-        about: "File service over the message bus (chunked, SHA-256 verified; docs/files.md).\nFlags on every command: --nats-url URL (env SVC_NATS_URL, default nats://localhost:4222) --cluster NAME (env SVC_CLUSTER, default `default`) --principal-id ID --principal-role ROLE --timeout D (default 1m0s) --log-level L --api-key KEY (env SVC_API_KEY) -o table|json.\nExit codes: 1 failed (a SHA-256 mismatch included), 3 bus unreachable, 4 refused, 5 no such remote path.",
+        about: "File service over the message bus (chunked, SHA-256 verified; docs/files.md).\nFlags on every command: --nats-url URL (env SVC_NATS_URL, default nats://localhost:4222) --creds FILE (a NATS .creds file for a JWT-mode cluster; env SVC_NATS_CREDS) --cluster NAME (env SVC_CLUSTER, default `default`) --principal-id ID --principal-role ROLE --timeout D (default 1m0s) --log-level L --api-key KEY (env SVC_API_KEY) -o table|json.\nExit codes: 1 failed (a SHA-256 mismatch included), 3 bus unreachable, 4 refused, 5 no such remote path.",
         commands: &[
             ("put", "upload: LOCAL REMOTE"),
             ("get", "download: REMOTE LOCAL"),

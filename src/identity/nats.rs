@@ -162,17 +162,81 @@ pub fn server_config(keys: &NatsKeys) -> Result<String> {
     ))
 }
 
-/// What `svc-cluster nats-config` prints.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct Printed {
-    pub account: String,
-    pub nats_config: String,
-    pub enrol_jwt: String,
+/// The reply inbox prefix of a client logged in with a `.creds` file: its own, named by its
+/// public key, since its JWT may subscribe there and on no other inbox.
+pub fn client_inbox(user: &str) -> String {
+    format!("_INBOX.{user}")
 }
 
-/// `svc-cluster nats-config`: opens the configured store (no server needed), checks the
-/// master key against it, makes the keys if they do not exist yet.
-pub async fn offline_config(config: &crate::config::ServerConfig) -> Result<Printed> {
+/// What an API-key client may do on a JWT-mode cluster with a `.creds` file of `role`: as on
+/// the embedded broker (auth::bus_permissions), except that nats-server has no "private inbox"
+/// rule, so a client reads only its own inbox ([`client_inbox`]) and the events, and may not
+/// touch what only members use (JetStream's API, the streams' subjects, the file store).
+pub fn client_permissions(role: crate::auth::Role, user: &str) -> UserPermissions {
+    use crate::auth::Role;
+    let subscribe = vec![
+        subjects::EVENTS_ALL.to_string(),
+        format!("{}.>", client_inbox(user)),
+    ];
+    match role {
+        Role::Admin | Role::Operator => UserPermissions {
+            publish: vec![">".into()],
+            publish_deny: [
+                subjects::ENROLL,
+                "svc.enroll.>",
+                subjects::AGENTS_ALL,
+                subjects::EVENTS_ALL,
+                "_INBOX.>",
+                "$JS.>",
+                "$KV.>",
+                "$O.>",
+                "$SYS.>",
+                "svc.js.>",
+                "svc.filestore.>",
+            ]
+            .map(String::from)
+            .to_vec(),
+            subscribe,
+            all: false,
+        },
+        Role::Readonly => UserPermissions {
+            publish: subjects::FILES_READ_OPERATIONS
+                .iter()
+                .map(|operation| subjects::files("*", operation))
+                .collect(),
+            subscribe,
+            ..UserPermissions::default()
+        },
+    }
+}
+
+/// `svc-cluster nats-config --creds ROLE`: a `.creds` file (user JWT and a fresh nkey seed)
+/// for a client such as svc-files, valid for `ttl`.
+pub async fn offline_creds(
+    config: &crate::config::ServerConfig,
+    name: &str,
+    role: crate::auth::Role,
+    ttl: std::time::Duration,
+) -> Result<String> {
+    let (_, nats) = open_offline(config).await?;
+    let user = nkeys::KeyPair::new_user();
+    let expires = clock::now_millis() / 1000 + ttl.as_secs().max(1) as i64;
+    let jwt = natsjwt::user(
+        &nats.signing,
+        &nats.account.public_key(),
+        &user.public_key(),
+        &format!("client:{name}:{}", role.as_str()),
+        &client_permissions(role, &user.public_key()),
+        Some(expires),
+        false,
+    )?;
+    Ok(natsjwt::creds_file(&jwt, &natsjwt::seed(&user)?))
+}
+
+/// The store of `config` and its NATS keys, made if missing (no server needed).
+async fn open_offline(
+    config: &crate::config::ServerConfig,
+) -> Result<(std::sync::Arc<dyn Store>, NatsKeys)> {
     if config.bus.external_auth != crate::config::ExternalAuth::Jwt {
         return Err(Error::Invalid(
             "bus.external_auth is not jwt in this configuration: set it (with bus.external_urls) \
@@ -184,6 +248,21 @@ pub async fn offline_config(config: &crate::config::ServerConfig) -> Result<Prin
     let keys = Keys::from_config(config)?;
     crate::secrets::verify_master_key(store.as_ref(), keys.master_key()).await?;
     let nats = ensure(store.as_ref(), &keys).await?;
+    Ok((store, nats))
+}
+
+/// What `svc-cluster nats-config` prints.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Printed {
+    pub account: String,
+    pub nats_config: String,
+    pub enrol_jwt: String,
+}
+
+/// `svc-cluster nats-config`: opens the configured store (no server needed), checks the
+/// master key against it, makes the keys if they do not exist yet.
+pub async fn offline_config(config: &crate::config::ServerConfig) -> Result<Printed> {
+    let (_, nats) = open_offline(config).await?;
     Ok(Printed {
         account: nats.account(),
         nats_config: server_config(&nats)?,
@@ -217,7 +296,7 @@ pub fn agent_permissions(agent_id: &str) -> UserPermissions {
     UserPermissions {
         publish: vec![own.clone()],
         subscribe: vec![own],
-        all: false,
+        ..UserPermissions::default()
     }
 }
 
@@ -248,7 +327,7 @@ pub fn enrolment_jwt(keys: &NatsKeys) -> Result<String> {
     let permissions = UserPermissions {
         publish: vec![subjects::ENROLL.into(), subjects::ENROLL_RENEW.into()],
         subscribe: vec![format!("{ENROL_REPLY_PREFIX}.>")],
-        all: false,
+        ..UserPermissions::default()
     };
     natsjwt::user(
         &keys.signing,
