@@ -121,6 +121,7 @@ async fn run(config: AgentConfig) -> Result<(), CliError> {
         let options = super::connect_options(state_dir)
             .map_err(failed)?
             .name(format!("svc-agent {id}"))
+            .reconnect_delay_callback(super::reconnect_delay)
             .event_callback(move |event| {
                 let agent_id = agent_id.clone();
                 if matches!(event, async_nats::Event::Connected) {

@@ -188,6 +188,22 @@ pub fn connect_options(state_dir: &Path) -> crate::Result<async_nats::ConnectOpt
     Ok(options.custom_inbox_prefix(private_inbox_prefix()))
 }
 
+/// The shortest and longest wait before an agent's reconnection attempt.
+pub const RECONNECT_MIN: std::time::Duration = std::time::Duration::from_millis(500);
+pub const RECONNECT_MAX: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// How long the daemon waits before reconnection attempt `attempts` (async-nats counts from
+/// 1 after a loss): uniformly random between [`RECONNECT_MIN`] and a cap that doubles per
+/// attempt from 1 s up to [`RECONNECT_MAX`] ("full jitter"). When a server restarts under
+/// thousands of agents they come back spread over the window instead of all at once, as
+/// async-nats' own backoff (no jitter) would have them.
+pub fn reconnect_delay(attempts: usize) -> std::time::Duration {
+    use rand::Rng;
+    let floor = RECONNECT_MIN.as_millis() as u64;
+    let cap = (1000u64 << attempts.saturating_sub(1).min(5)).min(RECONNECT_MAX.as_millis() as u64);
+    std::time::Duration::from_millis(rand::thread_rng().gen_range(floor..=cap.max(floor)))
+}
+
 /// The connection of an agent that is not logged in as itself: enrolment, and the renewal of
 /// its NATS JWT. A JWT-mode cluster admits no anonymous client, so with the cluster's
 /// enrolment JWT (bearer) the client presents that, and its replies come under
@@ -292,6 +308,28 @@ pub fn private_inbox_prefix() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reconnect_delays_are_jittered_within_a_doubling_cap() {
+        for attempts in 0..40usize {
+            let cap = std::time::Duration::from_millis(
+                (1000u64 << attempts.saturating_sub(1).min(5)).min(20_000),
+            );
+            let delays: Vec<_> = (0..200).map(|_| reconnect_delay(attempts)).collect();
+            for delay in &delays {
+                assert!(
+                    *delay >= RECONNECT_MIN && *delay <= cap,
+                    "{attempts}: {delay:?}"
+                );
+            }
+            // Spread, not one value: the whole point.
+            let distinct: std::collections::BTreeSet<_> = delays.iter().collect();
+            assert!(distinct.len() > 50, "{attempts}: {}", distinct.len());
+        }
+        assert!((0..500)
+            .map(|_| reconnect_delay(100))
+            .any(|d| d > std::time::Duration::from_secs(15)));
+    }
 
     #[test]
     fn config_flag_anywhere() {
