@@ -248,8 +248,10 @@ pub struct ListenConfig {
     pub grpc: String,
     pub bus: String,
     /// The embedded broker's monitoring endpoints (nats-server's `-m` port: /varz, /connz,
-    /// ...); empty turns them off. Loopback by default: without `bus.monitor_auth` anyone
-    /// who reaches it reads every connection's address.
+    /// ...); off unless set, as nats-server's is, so a second server on one host that names
+    /// only the other three listeners does not collide on a port nobody configured. Set it
+    /// to a loopback address: without `bus.monitor_auth` anyone who reaches it reads every
+    /// connection's address.
     pub bus_monitor: String,
 }
 
@@ -259,7 +261,7 @@ impl Default for ListenConfig {
             http: "0.0.0.0:8080".into(),
             grpc: "0.0.0.0:5397".into(),
             bus: "0.0.0.0:4222".into(),
-            bus_monitor: "127.0.0.1:8222".into(),
+            bus_monitor: String::new(),
         }
     }
 }

@@ -444,6 +444,41 @@ async fn bus_monitoring_with_admin_keys_and_lame_duck_health() {
     assert_eq!(health.json()["status"], "error");
 }
 
+/// The monitoring port is opt-in, as nats-server's `-m` is: a server whose configuration names
+/// only the contract's three listeners starts while something else holds 8222, and serves
+/// monitoring once `listen.bus_monitor` is set.
+#[test]
+fn bus_monitoring_is_off_unless_configured() {
+    // Another process's port in the real world; this test's socket here. When something
+    // already holds it, it is held all the same.
+    let _holder = match std::net::TcpListener::bind("127.0.0.1:8222") {
+        Ok(listener) => Some(listener),
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => None,
+        Err(e) => panic!("127.0.0.1:8222: {e}"),
+    };
+    let mut server = TestServer::start_with(Options {
+        contract_listeners_only: true,
+        ..Options::default()
+    });
+    assert_eq!(server.bus_monitor, None, "{}", server.log());
+    assert!(
+        !server.log().contains("bus monitoring listening"),
+        "{}",
+        server.log()
+    );
+    assert_eq!(
+        server.request("GET", "/health/ready", None, None).status,
+        200
+    );
+
+    assert_eq!(server.stop_with(libc::SIGTERM), Some(0), "{}", server.log());
+    server.spawn(&[("SVC_LISTEN__BUS_MONITOR".into(), "127.0.0.1:0".into())]);
+    let monitor = server.bus_monitor.expect("bus_monitor once configured");
+    let varz = common::http_request(monitor, "GET", "/varz", &[], None).unwrap();
+    assert_eq!(varz.status, 200, "{}", varz.body);
+    assert_eq!(varz.json()["http_port"], monitor.port());
+}
+
 /// The server's resident set size, from /proc/<pid>/status, in bytes.
 fn rss_bytes(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
