@@ -208,6 +208,7 @@ pub fn bus_permissions(role: Role, user: String) -> Permissions {
             subscribe: AllowDeny::all()
                 .deny(agents_and_enrolment)
                 .deny([subjects::FILES_ALL]),
+            internal: false,
         },
         Readonly => Permissions {
             user,
@@ -223,6 +224,7 @@ pub fn bus_permissions(role: Role, user: String) -> Permissions {
                 ],
                 deny: Vec::new(),
             },
+            internal: false,
         },
     }
 }

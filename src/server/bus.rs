@@ -58,7 +58,7 @@ impl Authenticator for ApiKeyAuthenticator {
                     token.as_bytes(),
                     self.internal_token.as_bytes(),
                 ) {
-                    return Some(Permissions::allow_all("server"));
+                    return Some(Permissions::internal("server"));
                 }
                 token
             }
@@ -285,6 +285,7 @@ pub fn agent_bus_permissions(agent_id: &str) -> Permissions {
             ],
             deny: Vec::new(),
         },
+        internal: false,
     }
 }
 
