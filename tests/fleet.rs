@@ -1514,3 +1514,70 @@ fn large_plans_travel_by_sha256_and_agents_fetch_only_what_they_lack() {
     assert_eq!(listed.code, 0, "{listed:?}");
     assert!(listed.stdout.contains("plans/"), "{listed:?}");
 }
+
+/// On a bus with a small max_payload the plan's chunks are sized to fit: a plan past what a
+/// command carries is stored in small chunks and fetched by the agent; one whose chunk list
+/// would not fit in a command is refused, naming the setting. (4 KiB: an agent's enrolment
+/// answer, its certificates, needs more than nats.py's 1 KiB.)
+#[test]
+fn stored_plans_travel_on_a_small_max_payload() {
+    let server = TestServer::start_with(Options {
+        config_yaml: "bus:\n  max_payload: 4096\n".into(),
+        ..Options::default()
+    });
+    let web1 = Agent::start(&server, "web-01", "role=web");
+    wait_for_state(&server, &web1.id, "connected", Duration::from_secs(10));
+    let (_, operator) = server.create_key("ops", "operator");
+    let work = tempfile::tempdir().unwrap();
+    let states = work.path().join("states");
+    std::fs::create_dir(&states).unwrap();
+    let root = work.path().join("host");
+    std::fs::create_dir(&root).unwrap();
+    let apply = |name: &str, text: &str| {
+        std::fs::write(states.join(name), text).unwrap();
+        let state_file = states.join(format!("{name}.yaml"));
+        std::fs::write(
+            &state_file,
+            format!(
+                "- file: {{path: {}/{name}, source: {name}}}\n",
+                root.display()
+            ),
+        )
+        .unwrap();
+        state(
+            &server,
+            &operator,
+            &["apply", state_file.to_str().unwrap(), "-t", "web-01"],
+        )
+    };
+
+    // Past a quarter of the bus's max_payload, the plan is stored, in 2 KiB chunks.
+    let text = "stored plan\n".repeat(400);
+    let applied = apply("small.txt", &text);
+    assert_eq!(applied.code, 0, "{applied:?}\n{}", web1.log());
+    let result = &by_agent(&json_lines(&applied))["web-01"];
+    assert_eq!(result["status"], "changed", "{result}\n{}", web1.log());
+    assert_eq!(
+        std::fs::read_to_string(root.join("small.txt")).unwrap(),
+        text
+    );
+    let stored = server.data_dir.join("files/svc-state/chunks");
+    let stored_chunks = std::fs::read_dir(&stored)
+        .unwrap()
+        .flat_map(|dir| std::fs::read_dir(dir.unwrap().path()).unwrap())
+        .count();
+    assert!(stored_chunks >= 2, "{stored_chunks}");
+    let cached = std::fs::read_dir(web1.home.path().join("state/content"))
+        .unwrap()
+        .count();
+    assert_eq!(cached, stored_chunks);
+
+    // A plan whose chunk list would not fit in a command is refused up front.
+    let refused = apply("large.txt", &"large plan\n".repeat(5000));
+    assert_ne!(refused.code, 0, "{refused:?}");
+    assert!(
+        refused.stderr.contains("bus.max_payload"),
+        "{refused:?}\n{}",
+        web1.log()
+    );
+}

@@ -331,7 +331,12 @@ async fn handle(
     };
     // From the command's arrival: fetching a stored plan is part of the job.
     reply.duration_ms = reply.duration_ms.max(started.elapsed().as_millis() as u64);
-    let max = client.server_info().max_payload.max(64 * 1024);
+    // What the bus announced (before any INFO, 64 KiB): a result larger than max_payload
+    // would not be sent at all, so its output is cut to fit whatever that is.
+    let max = match client.server_info().max_payload {
+        0 => 64 * 1024,
+        max => max,
+    };
     let bytes = encode_within(&mut reply, max);
     if let Err(e) = client
         .publish(subjects::agent_result(id), bytes.into())

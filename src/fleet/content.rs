@@ -28,8 +28,39 @@ use crate::{clock, Error, Result};
 pub const CLUSTER: &str = crate::files::STATE_CLUSTER;
 /// Plans whose JSON is larger than this are stored rather than sent in the command, so that
 /// a command always fits in one bus message (`bus.max_payload`, 1 MiB by default) with room
-/// to spare.
+/// to spare; a quarter of a smaller `max_payload` ([`inline_limit`]).
 pub const INLINE_PLAN_BYTES: usize = 256 * 1024;
+
+/// The largest plan JSON sent in its command on a bus with `max_payload` (None: unknown).
+pub fn inline_limit(max_payload: Option<usize>) -> usize {
+    match max_payload {
+        Some(max) => INLINE_PLAN_BYTES.min(max / 4),
+        None => INLINE_PLAN_BYTES,
+    }
+}
+
+/// Checks that a stored plan's reference travels: the command carries it, and the agent's
+/// content request carries the signed command again (escaped, with its signature), so the
+/// reference may take half of what a message leaves beside its headers. The chunks it lists
+/// are sized for the bus (`Files::chunk_size`); a plan with more of them than that does not
+/// fit is refused here, saying so, rather than failing to send.
+pub fn check_reference(plan_ref: &PlanRef, max_payload: Option<usize>) -> Result<()> {
+    let Some(max) = max_payload else {
+        return Ok(());
+    };
+    let size = serde_json::to_vec(plan_ref).map_err(Error::internal)?.len();
+    let room = crate::files::body_capacity(max as u64) as usize / 2;
+    if size > room {
+        return Err(Error::TooLarge(format!(
+            "the compiled plan is {} bytes in {} stored chunks, whose list ({size} bytes) does \
+             not fit in a command on a bus with max_payload {max} (at most {room} bytes); \
+             raise bus.max_payload",
+            plan_ref.size,
+            plan_ref.chunks.len()
+        )));
+    }
+    Ok(())
+}
 /// The largest compiled plan (its JSON) a state run takes.
 pub const MAX_PLAN_BYTES: usize = 64 * 1024 * 1024;
 
