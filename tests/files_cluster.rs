@@ -375,3 +375,51 @@ asyncio.run(main(sys.argv[1], sys.argv[2]))
         );
     }
 }
+
+/// In cluster mode the chunk size comes from the external nats-server's max_payload (its
+/// INFO), not from svc's own `bus.max_payload`: on an 8 KiB nats-server, objects are put in
+/// 4 KiB chunks and read back.
+#[test]
+fn chunks_fit_the_external_servers_max_payload() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let Some(nats) = runtime.block_on(NatsCluster::start_with(1, "max_payload: 8192\n")) else {
+        return;
+    };
+    let Some(members) = cluster::start(Setup {
+        nats_urls: vec![nats.urls()],
+        cluster_yaml: "",
+        extra_yaml: "",
+    }) else {
+        return;
+    };
+    let server = &members.servers[0];
+    let url = nats.url(0);
+    let (_, operator) = server.create_key("ops", "operator");
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = content(10 * 4096 + 77, 21);
+    let local = dir.path().join("ten");
+    std::fs::write(&local, &bytes).unwrap();
+    let put = files(
+        server,
+        &url,
+        &operator,
+        &["put", local.to_str().unwrap(), "ten", "-o", "json"],
+    );
+    assert_eq!(put.code, 0, "{put:?}\n{}", server.log());
+    assert_eq!(json_of(&put)["chunks"], 11, "{put:?}");
+    let stat = files(server, &url, &operator, &["stat", "ten", "-o", "json"]);
+    assert_eq!(json_of(&stat)["chunk_size"], 4096, "{stat:?}");
+    let back = dir.path().join("back");
+    let get = files(
+        server,
+        &url,
+        &operator,
+        &["get", "ten", back.to_str().unwrap()],
+    );
+    assert_eq!(get.code, 0, "{get:?}");
+    assert!(std::fs::read(&back).unwrap() == bytes, "bytes differ");
+}

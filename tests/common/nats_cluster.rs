@@ -73,6 +73,12 @@ impl NatsCluster {
     /// answers on every node (in a cluster: a meta leader is elected). None when nats-server
     /// is not installed (the skip is printed).
     pub async fn start(nodes: usize) -> Option<NatsCluster> {
+        Self::start_with(nodes, "").await
+    }
+
+    /// As [`NatsCluster::start`], with `extra` (nats-server configuration lines, e.g.
+    /// `max_payload: 8192`) in every node's configuration.
+    pub async fn start_with(nodes: usize, extra: &str) -> Option<NatsCluster> {
         assert!(nodes >= 1);
         let binary = nats_server_or_skip("this NATS cluster test")?;
         let dir = tempfile::tempdir().unwrap();
@@ -93,6 +99,7 @@ impl NatsCluster {
                 log.display(),
                 store.display()
             );
+            config.push_str(extra);
             if nodes > 1 {
                 let routes: Vec<String> = ports
                     .iter()
