@@ -1516,9 +1516,9 @@ fn large_plans_travel_by_sha256_and_agents_fetch_only_what_they_lack() {
 }
 
 /// On a bus with a small max_payload the plan's chunks are sized to fit: a plan past what a
-/// command carries is stored in small chunks and fetched by the agent; one whose chunk list
-/// would not fit in a command is refused, naming the setting. (4 KiB: an agent's enrolment
-/// answer, its certificates, needs more than nats.py's 1 KiB.)
+/// command carries is stored in small chunks and fetched by the agent, and one whose chunk
+/// list would not fit in a command has that list stored too, which the agent fetches first.
+/// (4 KiB: an agent's enrolment answer, its certificates, needs more than nats.py's 1 KiB.)
 #[test]
 fn stored_plans_travel_on_a_small_max_payload() {
     let server = TestServer::start_with(Options {
@@ -1533,7 +1533,7 @@ fn stored_plans_travel_on_a_small_max_payload() {
     std::fs::create_dir(&states).unwrap();
     let root = work.path().join("host");
     std::fs::create_dir(&root).unwrap();
-    let apply = |name: &str, text: &str| {
+    let state_file = |name: &str, text: &str| {
         std::fs::write(states.join(name), text).unwrap();
         let state_file = states.join(format!("{name}.yaml"));
         std::fs::write(
@@ -1544,16 +1544,19 @@ fn stored_plans_travel_on_a_small_max_payload() {
             ),
         )
         .unwrap();
-        state(
-            &server,
-            &operator,
-            &["apply", state_file.to_str().unwrap(), "-t", "web-01"],
-        )
+        state_file.to_str().unwrap().to_string()
+    };
+    let stored_chunks = || {
+        std::fs::read_dir(server.data_dir.join("files/svc-state/chunks"))
+            .unwrap()
+            .flat_map(|dir| std::fs::read_dir(dir.unwrap().path()).unwrap())
+            .count()
     };
 
     // Past a quarter of the bus's max_payload, the plan is stored, in 2 KiB chunks.
     let text = "stored plan\n".repeat(400);
-    let applied = apply("small.txt", &text);
+    let file = state_file("small.txt", &text);
+    let applied = state(&server, &operator, &["apply", &file, "-t", "web-01"]);
     assert_eq!(applied.code, 0, "{applied:?}\n{}", web1.log());
     let result = &by_agent(&json_lines(&applied))["web-01"];
     assert_eq!(result["status"], "changed", "{result}\n{}", web1.log());
@@ -1561,23 +1564,44 @@ fn stored_plans_travel_on_a_small_max_payload() {
         std::fs::read_to_string(root.join("small.txt")).unwrap(),
         text
     );
-    let stored = server.data_dir.join("files/svc-state/chunks");
-    let stored_chunks = std::fs::read_dir(&stored)
-        .unwrap()
-        .flat_map(|dir| std::fs::read_dir(dir.unwrap().path()).unwrap())
-        .count();
-    assert!(stored_chunks >= 2, "{stored_chunks}");
-    let cached = std::fs::read_dir(web1.home.path().join("state/content"))
-        .unwrap()
-        .count();
-    assert_eq!(cached, stored_chunks);
+    assert!(stored_chunks() >= 2, "{}", stored_chunks());
+    let cached = || {
+        std::fs::read_dir(web1.home.path().join("state/content"))
+            .unwrap()
+            .count()
+    };
+    assert_eq!(cached(), stored_chunks());
 
-    // A plan whose chunk list would not fit in a command is refused up front.
-    let refused = apply("large.txt", &"large plan\n".repeat(5000));
-    assert_ne!(refused.code, 0, "{refused:?}");
-    assert!(
-        refused.stderr.contains("bus.max_payload"),
-        "{refused:?}\n{}",
-        web1.log()
-    );
+    // Text that does not compress, in about 50 chunks: their list would not fit in a
+    // command, so it is stored as well.
+    use sha2::Digest;
+    let mut large = String::new();
+    let mut line = [7u8; 32];
+    for _ in 0..3000 {
+        line = sha2::Sha256::digest(line).into();
+        large.push_str(&hex::encode(line));
+        large.push('\n');
+    }
+    let file = state_file("large.txt", &large);
+    let applied = state(&server, &operator, &["apply", &file, "-t", "web-01"]);
+    assert_eq!(applied.code, 0, "{applied:?}\n{}", web1.log());
+    let result = &by_agent(&json_lines(&applied))["web-01"];
+    assert_eq!(result["status"], "changed", "{result}\n{}", web1.log());
+    assert!(std::fs::read_to_string(root.join("large.txt")).unwrap() == large);
+    assert!(stored_chunks() > 40, "{}", stored_chunks());
+    assert_eq!(cached(), stored_chunks());
+    let mut listing = server.cli("svc-files");
+    listing
+        .env("SVC_NATS_URL", &server.bus)
+        .env("SVC_API_KEY", &server.admin_key)
+        .args(["-o", "json", "--cluster", "svc-state", "list", "plans/"]);
+    let listed = run(&mut listing);
+    assert_eq!(listed.code, 0, "{listed:?}");
+    assert!(listed.stdout.contains(".list1"), "{listed:?}");
+
+    // Drift reads the stored plan back through its stored list.
+    std::fs::remove_file(root.join("large.txt")).unwrap();
+    let drift = state(&server, &operator, &["drift", "-t", "web-01"]);
+    let result = &by_agent(&json_lines(&drift))["web-01"];
+    assert_eq!(result["status"], "drift", "{result}\n{}", web1.log());
 }

@@ -208,7 +208,7 @@ async fn outgoing(domain: &Domain, plan: &Plan) -> Result<(Plan, Option<PlanRef>
     if json.len() <= content::inline_limit(max_payload) {
         return Ok((plan.clone(), None));
     }
-    let plan_ref = content::store_plan(&domain.files, &json).await?;
+    let plan_ref = content::store_plan(&domain.files, &json, max_payload).await?;
     content::check_reference(&plan_ref, max_payload)?;
     Ok((Plan::default(), Some(plan_ref)))
 }
