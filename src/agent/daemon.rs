@@ -248,7 +248,7 @@ async fn heartbeats(
         }
         let reconnected = connected.swap(false, Ordering::Relaxed);
         let with_facts = reconnected || sent.as_ref() != Some(&facts);
-        let beat = Heartbeat {
+        let mut beat = Heartbeat {
             version: env!("CARGO_PKG_VERSION").to_string(),
             hostname: facts
                 .get("hostname")
@@ -258,7 +258,20 @@ async fn heartbeats(
             running_jobs: running.load(Ordering::Relaxed),
             facts: with_facts.then(|| facts.clone()),
         };
-        let payload = serde_json::to_vec(&beat).expect("heartbeats serialize");
+        let mut payload = serde_json::to_vec(&beat).expect("heartbeats serialize");
+        let max_payload = client.server_info().max_payload;
+        if with_facts && max_payload > 0 && payload.len() > max_payload {
+            // A bus with a small max_payload: the heartbeat goes without the facts rather
+            // than not at all (which would leave the agent disconnected), and they count as
+            // sent, so this is said once per change rather than every beat.
+            tracing::warn!(
+                size = payload.len(),
+                max_payload,
+                "facts left out of the heartbeat: larger than the bus's max_payload"
+            );
+            beat.facts = None;
+            payload = serde_json::to_vec(&beat).expect("heartbeats serialize");
+        }
         match client.publish(subject.clone(), payload.into()).await {
             Ok(()) if with_facts => sent = Some(facts.clone()),
             Ok(()) => {}
