@@ -832,7 +832,7 @@ impl Sink {
 async fn get(common: Common, flags: Flags, remote: String, local: String) -> Result<(), CliError> {
     let session = connect(&common, flags).await?;
     // The chunk list comes in pages when it is longer than one message carries; every page
-    // must be of the same object (a replacement in between starts nothing wrong: it fails).
+    // must be of the same object (a replacement in between fails the get, never mixes two).
     let mut first: Option<ObjectMeta> = None;
     let mut hashes: Vec<String> = Vec::new();
     loop {
