@@ -312,7 +312,9 @@ impl Default for StoreConfig {
 pub struct BusConfig {
     /// Non-empty: use this NATS cluster instead of the embedded broker.
     pub external_urls: Vec<String>,
-    /// Largest message payload the embedded broker accepts, in bytes.
+    /// Largest message payload the embedded broker accepts, in bytes; 0 is the default, as in
+    /// nats-server (`BusConfig::effective_max_payload`). No lower bound, as nats-server has
+    /// none: the file service and stored plans size their chunks to fit.
     pub max_payload: u64,
     /// Token the server presents to an external cluster (ignored for the embedded broker,
     /// where the server uses an internal credential made at start).
@@ -341,6 +343,16 @@ pub struct BusConfig {
     /// Bytes the embedded broker may hold queued for all clients together. Past it, the
     /// clients with the most bytes queued (those not reading) are closed as slow consumers.
     pub max_pending_total: u64,
+}
+
+impl BusConfig {
+    /// `max_payload`, with 0 read as the default 1 MiB (nats-server's reading of 0).
+    pub fn effective_max_payload(&self) -> u64 {
+        match self.max_payload {
+            0 => BusConfig::default().max_payload,
+            max => max,
+        }
+    }
 }
 
 impl Default for BusConfig {
@@ -1038,7 +1050,10 @@ mod tests {
         assert!(errors.to_string().contains("files.chunk_size"), "{errors}");
         // A chunk larger than a message is no error: chunks are sized to fit the bus.
         let small = load("bus:\n  max_payload: 1024\nfiles:\n  chunk_size: 1048576\n").unwrap();
-        assert_eq!(small.config.bus.max_payload, 1024);
+        assert_eq!(small.config.bus.effective_max_payload(), 1024);
+        // 0 is nats-server's default, 1 MiB.
+        let zero = load("bus:\n  max_payload: 0\n").unwrap();
+        assert_eq!(zero.config.bus.effective_max_payload(), 1024 * 1024);
         let errors = load("files:\n  chunk_sise: 1\n").unwrap_err();
         assert!(errors.to_string().contains("files.chunk_sise"), "{errors}");
     }

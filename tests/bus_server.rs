@@ -523,6 +523,27 @@ async fn bus_monitoring_counts_clients_only() {
     assert_eq!(varz["total_connections"], 1, "{varz}");
 }
 
+/// `bus.max_payload: 0` is the default 1 MiB, as nats-server reads 0 (not a broker that
+/// takes nothing).
+#[tokio::test]
+async fn a_zero_max_payload_is_the_default() {
+    let server = tokio::task::spawn_blocking(|| {
+        TestServer::start_with(Options {
+            config_yaml: "bus:\n  max_payload: 0\n".into(),
+            ..Options::default()
+        })
+    })
+    .await
+    .unwrap();
+    let client = async_nats::ConnectOptions::with_token(server.admin_key.clone())
+        .connect(server.bus.as_str())
+        .await
+        .unwrap();
+    assert_eq!(client.server_info().max_payload, 1024 * 1024);
+    client.publish("hello", "A".into()).await.unwrap();
+    client.flush().await.unwrap();
+}
+
 /// The monitoring port is opt-in, as nats-server's `-m` is: a server whose configuration names
 /// only the contract's three listeners starts while something else holds 8222, and serves
 /// monitoring once `listen.bus_monitor` is set.

@@ -193,7 +193,7 @@ pub async fn start(
             };
             let scheme = if tls.is_some() { "tls" } else { "nats" };
             let broker_config = BrokerConfig {
-                max_payload: config.bus.max_payload as usize,
+                max_payload: config.bus.effective_max_payload() as usize,
                 server_name: config.bus.server_name.clone(),
                 ping_interval: config.bus.ping_interval.0,
                 max_pings_out: config.bus.ping_max,
