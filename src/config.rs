@@ -248,8 +248,10 @@ pub struct ListenConfig {
     pub grpc: String,
     pub bus: String,
     /// The embedded broker's monitoring endpoints (nats-server's `-m` port: /varz, /connz,
-    /// ...); empty turns them off. Loopback by default: without `bus.monitor_auth` anyone
-    /// who reaches it reads every connection's address.
+    /// ...); off unless set, as nats-server's is, so a second server on one host that names
+    /// only the other three listeners does not collide on a port nobody configured. Set it
+    /// to a loopback address: without `bus.monitor_auth` anyone who reaches it reads every
+    /// connection's address.
     pub bus_monitor: String,
 }
 
@@ -259,7 +261,7 @@ impl Default for ListenConfig {
             http: "0.0.0.0:8080".into(),
             grpc: "0.0.0.0:5397".into(),
             bus: "0.0.0.0:4222".into(),
-            bus_monitor: "127.0.0.1:8222".into(),
+            bus_monitor: String::new(),
         }
     }
 }
@@ -319,7 +321,9 @@ pub enum ExternalAuth {
 pub struct BusConfig {
     /// Non-empty: use this NATS cluster instead of the embedded broker.
     pub external_urls: Vec<String>,
-    /// Largest message payload the embedded broker accepts, in bytes.
+    /// Largest message payload the embedded broker accepts, in bytes; 0 is the default, as in
+    /// nats-server (`BusConfig::effective_max_payload`). No lower bound, as nats-server has
+    /// none: the file service and stored plans size their chunks to fit.
     pub max_payload: u64,
     /// Token the server presents to an external cluster (ignored for the embedded broker,
     /// where the server uses an internal credential made at start).
@@ -353,6 +357,16 @@ pub struct BusConfig {
     /// Bytes the embedded broker may hold queued for all clients together. Past it, the
     /// clients with the most bytes queued (those not reading) are closed as slow consumers.
     pub max_pending_total: u64,
+}
+
+impl BusConfig {
+    /// `max_payload`, with 0 read as the default 1 MiB (nats-server's reading of 0).
+    pub fn effective_max_payload(&self) -> u64 {
+        match self.max_payload {
+            0 => BusConfig::default().max_payload,
+            max => max,
+        }
+    }
 }
 
 impl Default for BusConfig {
@@ -630,8 +644,9 @@ impl Default for PostgresSecretsConfig {
 pub struct FilesConfig {
     /// Largest object, in bytes (default 5 GiB).
     pub max_object_size: u64,
-    /// Bytes per chunk on the bus and on disk (default 256 KiB); must leave room for headers
-    /// under `bus.max_payload`.
+    /// Bytes per chunk on the bus and on disk (default 256 KiB), at most: where the bus's
+    /// `max_payload` (the embedded broker's, or an external cluster's from its INFO) leaves
+    /// less room beside the headers, new objects get smaller chunks (`files::chunk_size_for`).
     pub chunk_size: u64,
     /// Bytes of committed objects one cluster may hold; 0: no quota.
     pub cluster_quota: u64,
@@ -640,7 +655,8 @@ pub struct FilesConfig {
     pub key_clusters: std::collections::BTreeMap<String, Vec<String>>,
 }
 
-/// Bytes a file-service message needs beside its chunk (headers, subject).
+/// Bytes a file-service message keeps for its headers beside its body, at most (half of a
+/// smaller `max_payload`: `files::body_capacity`).
 pub const FILES_HEADER_ROOM: u64 = 4096;
 
 impl Default for FilesConfig {
@@ -656,17 +672,11 @@ impl Default for FilesConfig {
 
 impl FilesConfig {
     /// What is wrong with these limits, each problem naming its key.
-    pub fn problems(&self, bus_max_payload: u64) -> Vec<String> {
+    /// A `bus.max_payload` too small for `chunk_size` is none: chunks are then sized to fit.
+    pub fn problems(&self) -> Vec<String> {
         let mut problems = Vec::new();
         if self.chunk_size < 1024 {
             problems.push("files.chunk_size must be at least 1024 bytes (default 262144)".into());
-        }
-        if self.chunk_size + FILES_HEADER_ROOM > bus_max_payload {
-            problems.push(format!(
-                "files.chunk_size ({}) plus {FILES_HEADER_ROOM} bytes of headers must fit in \
-                 bus.max_payload ({bus_max_payload})",
-                self.chunk_size
-            ));
         }
         if self.max_object_size == 0 {
             problems.push("files.max_object_size must be positive (default 5 GiB)".into());
@@ -750,7 +760,7 @@ pub fn load_server(
     let loaded: Loaded<ServerConfig> =
         load(path, Path::new(DEFAULT_SERVER_CONFIG), env, &SERVER_SCHEMA)?;
     // The file service's limits are checked here so --check-config reports them too.
-    let problems = loaded.config.files.problems(loaded.config.bus.max_payload);
+    let problems = loaded.config.files.problems();
     if !problems.is_empty() {
         return Err(ConfigErrors(problems));
     }
@@ -1055,8 +1065,14 @@ mod tests {
         let loaded = load("files:\n  key_clusters:\n    ci-reader: [staging]\n").unwrap();
         assert_eq!(loaded.config.files.key_clusters["ci-reader"], ["staging"]);
         assert_eq!(loaded.config.files.chunk_size, 256 * 1024);
-        let errors = load("files:\n  chunk_size: 1048576\n").unwrap_err();
-        assert!(errors.to_string().contains("bus.max_payload"), "{errors}");
+        let errors = load("files:\n  chunk_size: 100\n").unwrap_err();
+        assert!(errors.to_string().contains("files.chunk_size"), "{errors}");
+        // A chunk larger than a message is no error: chunks are sized to fit the bus.
+        let small = load("bus:\n  max_payload: 1024\nfiles:\n  chunk_size: 1048576\n").unwrap();
+        assert_eq!(small.config.bus.effective_max_payload(), 1024);
+        // 0 is nats-server's default, 1 MiB.
+        let zero = load("bus:\n  max_payload: 0\n").unwrap();
+        assert_eq!(zero.config.bus.effective_max_payload(), 1024 * 1024);
         let errors = load("files:\n  chunk_sise: 1\n").unwrap_err();
         assert!(errors.to_string().contains("files.chunk_sise"), "{errors}");
     }

@@ -100,6 +100,13 @@ impl Domain {
             None => Events::new(logs.events, stopping, Some(bus.clone())),
         };
         let events = Arc::new(events);
+        // The file service's chunks fit the bus the server is on: the embedded broker's
+        // max_payload, or, on an external cluster, the one its INFO announces.
+        let files = {
+            let bus = bus.clone();
+            crate::files::Files::new(logs.files, config.files.clone())
+                .with_max_payload(move || bus.server_info().max_payload as u64)
+        };
         let mut domain = Domain::assemble(
             store,
             config.policy_dir.clone(),
@@ -107,7 +114,7 @@ impl Domain {
             Some(logs.audit),
             Parts {
                 fleet: crate::fleet::Fleet::new(config.agents.heartbeat_timeout.0, Some(bus)),
-                files: Arc::new(crate::files::Files::new(logs.files, config.files.clone())),
+                files: Arc::new(files),
                 webhooks: crate::webhooks::Webhooks::new(&config.webhooks)?,
                 runbooks: crate::runbooks::Runbooks::load(config.runbook_dir.clone()),
             },

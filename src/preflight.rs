@@ -123,10 +123,10 @@ pub fn check_config(config: &ServerConfig, dev: bool) -> Vec<String> {
         problems
             .push("bus.lame_duck_grace_period must be shorter than bus.lame_duck_duration".into());
     }
-    if config.bus.max_pending_total < config.bus.max_payload.max(1024 * 1024) {
+    if config.bus.max_pending_total < config.bus.effective_max_payload().max(1024 * 1024) {
         problems.push(format!(
             "bus.max_pending_total must be at least 1 MiB and bus.max_payload ({}); default 64 MiB",
-            config.bus.max_payload
+            config.bus.effective_max_payload()
         ));
     }
     if config.bus.ping_max == 0 {

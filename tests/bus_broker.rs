@@ -212,6 +212,7 @@ async fn permissions_violations_keep_the_connection() {
         user: "alice".into(),
         publish: AllowDeny::only(["svc.>", "_INBOX.>"]).deny(["svc.secret"]),
         subscribe: AllowDeny::only(["svc.>", "_INBOX.>"]).deny(["svc.hidden.>"]),
+        internal: false,
     };
     let auth = StaticAuth::new().with_user("alice", "pw", alice);
     let broker = start_broker(BrokerConfig::default(), Arc::new(auth)).await;

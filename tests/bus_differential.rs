@@ -51,6 +51,7 @@ fn mirrored_auth() -> StaticAuth {
                 user: "alice".into(),
                 publish: AllowDeny::only(["svc.>", "_INBOX.>"]).deny(["svc.secret"]),
                 subscribe: AllowDeny::only(["svc.>", "_INBOX.>"]).deny(["svc.hidden.>"]),
+                internal: false,
             },
         )
         .with_user("bob", "pw", Permissions::allow_all("bob"))

@@ -1031,7 +1031,7 @@ fn with_jwt_auth_the_nats_cluster_keeps_each_agent_to_its_own_subjects() {
         .enable_all()
         .build()
         .unwrap();
-    let Some(nats) = runtime.block_on(NatsCluster::start_with(3, Some(&block))) else {
+    let Some(nats) = runtime.block_on(NatsCluster::start_with_auth(3, &block)) else {
         return;
     };
     let urls_from = |first: usize| {

@@ -138,7 +138,6 @@ fn dev_mode_generates_private_secrets_and_a_bootstrap_key() {
         .env("SVC_LISTEN__HTTP", "127.0.0.1:0")
         .env("SVC_LISTEN__GRPC", "127.0.0.1:0")
         .env("SVC_LISTEN__BUS", "127.0.0.1:0")
-        .env("SVC_LISTEN__BUS_MONITOR", "127.0.0.1:0")
         .env("SVC_CONFIG", "unused")
         .args(["--config", "/dev/null"])
         .stderr(std::process::Stdio::piped())

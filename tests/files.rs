@@ -322,6 +322,70 @@ fn limits_from_the_config_are_named_when_exceeded() {
     );
 }
 
+/// Chunks are sized from the bus's max_payload (nats.py's test servers run 1 KiB): on such a
+/// bus a multi-chunk file goes and comes back, its chunk list in pages and committed as
+/// chunks; and an object put with the default 256 KiB chunks is still read (in pieces) once
+/// max_payload is 1 KiB, as the small-chunk one is once it is back to the default.
+#[test]
+fn chunks_fit_a_small_max_payload_and_stored_objects_outlive_a_change() {
+    let mut server = TestServer::start();
+    let (_, operator) = server.create_key("ops", "operator");
+    let key = Some(operator.as_str());
+    let dir = tempfile::tempdir().unwrap();
+    let large_chunks = content(CHUNK + 3000, 11);
+    let local = write(dir.path(), "large", &large_chunks);
+    assert_eq!(files(&server, key, &["put", s(&local), "large"]).code, 0);
+
+    assert_eq!(server.stop_with(libc::SIGTERM), Some(0), "{}", server.log());
+    let small_bus = [("SVC_BUS__MAX_PAYLOAD".to_string(), "1024".to_string())];
+    server.spawn(&small_bus);
+    // 80 chunks of 512 bytes: the list (2560 bytes) is five pages of a 1 KiB message.
+    let small_chunks = content(80 * 512 - 100, 12);
+    let local = write(dir.path(), "small", &small_chunks);
+    let put = files(&server, key, &["put", s(&local), "small", "-o", "json"]);
+    assert_eq!(put.code, 0, "{put:?}\n{}", server.log());
+    assert_eq!(json_of(&put)["chunks"], 80, "{put:?}");
+    let stat = files(&server, key, &["stat", "small", "-o", "json"]);
+    assert_eq!(stat.code, 0, "{stat:?}\n{}", server.log());
+    assert_eq!(json_of(&stat)["chunk_size"], 512, "{stat:?}");
+    // Each object's record is a third of a message: the list comes in pages.
+    for n in 0..3 {
+        let path = format!("more/{n}");
+        assert_eq!(files(&server, key, &["put", s(&local), &path]).code, 0);
+    }
+    let list = files(&server, key, &["list", "-o", "json"]);
+    assert_eq!(list.code, 0, "{list:?}");
+    let paths: Vec<String> = json_of(&list)
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|object| object["path"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(paths, ["large", "more/0", "more/1", "more/2", "small"]);
+    for (remote, bytes) in [("small", &small_chunks), ("large", &large_chunks)] {
+        let back = dir.path().join(format!("{remote}.back"));
+        let get = files(&server, key, &["get", remote, s(&back)]);
+        assert_eq!(get.code, 0, "{remote}: {get:?}\n{}", server.log());
+        assert!(
+            std::fs::read(&back).unwrap() == *bytes,
+            "{remote}: bytes differ"
+        );
+    }
+    // Put again, nothing is sent: the chunk list pages find every chunk there.
+    let again = files(&server, key, &["put", s(&local), "small", "-o", "json"]);
+    assert_eq!(json_of(&again)["chunks_sent"], 0, "{again:?}");
+
+    assert_eq!(server.stop_with(libc::SIGTERM), Some(0), "{}", server.log());
+    server.spawn(&[]);
+    let back = dir.path().join("small.default");
+    let get = files(&server, key, &["get", "small", s(&back)]);
+    assert_eq!(get.code, 0, "{get:?}");
+    assert!(
+        std::fs::read(&back).unwrap() == small_chunks,
+        "bytes differ"
+    );
+}
+
 #[test]
 fn a_corrupted_chunk_is_caught_on_get_and_leaves_no_file() {
     let server = TestServer::start();

@@ -377,3 +377,55 @@ asyncio.run(main(sys.argv[1], sys.argv[2]))
         );
     }
 }
+
+/// In cluster mode the chunk size comes from the external nats-server's max_payload (its
+/// INFO), not from svc's own `bus.max_payload`: on a 1 KiB nats-server (nats.py's test
+/// servers) objects are put in 512-byte chunks, and a record whose chunk list is longer than
+/// such a message stores the list as chunks; the object reads back whole.
+#[test]
+fn chunks_fit_the_external_servers_max_payload() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let Some(nats) = runtime.block_on(NatsCluster::start_with(1, "max_payload: 1024\n")) else {
+        return;
+    };
+    let Some(members) = cluster::start(Setup {
+        nats_urls: vec![nats.urls()],
+        cluster_yaml: "",
+        extra_yaml: "",
+    }) else {
+        return;
+    };
+    let server = &members.servers[0];
+    let url = nats.url(0);
+    let (_, operator) = server.create_key("ops", "operator");
+    let dir = tempfile::tempdir().unwrap();
+    // 201 chunks: 6432 bytes of chunk list, past what one 1 KiB record message carries.
+    let bytes = content(100 * 1024 + 77, 21);
+    let local = dir.path().join("hundred");
+    std::fs::write(&local, &bytes).unwrap();
+    let put = files(
+        server,
+        &url,
+        &operator,
+        &["put", local.to_str().unwrap(), "hundred", "-o", "json"],
+    );
+    assert_eq!(put.code, 0, "{put:?}\n{}", server.log());
+    assert_eq!(json_of(&put)["chunks"], 201, "{put:?}");
+    let stat = files(server, &url, &operator, &["stat", "hundred", "-o", "json"]);
+    assert_eq!(json_of(&stat)["chunk_size"], 512, "{stat:?}");
+    let list = files(server, &url, &operator, &["list", "-o", "json"]);
+    assert_eq!(json_of(&list)[0]["path"], "hundred", "{list:?}");
+    let back = dir.path().join("back");
+    let get = files(
+        server,
+        &url,
+        &operator,
+        &["get", "hundred", back.to_str().unwrap()],
+    );
+    assert_eq!(get.code, 0, "{get:?}\n{}", server.log());
+    assert!(std::fs::read(&back).unwrap() == bytes, "bytes differ");
+}

@@ -1514,3 +1514,94 @@ fn large_plans_travel_by_sha256_and_agents_fetch_only_what_they_lack() {
     assert_eq!(listed.code, 0, "{listed:?}");
     assert!(listed.stdout.contains("plans/"), "{listed:?}");
 }
+
+/// On a bus with a small max_payload the plan's chunks are sized to fit: a plan past what a
+/// command carries is stored in small chunks and fetched by the agent, and one whose chunk
+/// list would not fit in a command has that list stored too, which the agent fetches first.
+/// (4 KiB: an agent's enrolment answer, its certificates, needs more than nats.py's 1 KiB.)
+#[test]
+fn stored_plans_travel_on_a_small_max_payload() {
+    let server = TestServer::start_with(Options {
+        config_yaml: "bus:\n  max_payload: 4096\n".into(),
+        ..Options::default()
+    });
+    let web1 = Agent::start(&server, "web-01", "role=web");
+    wait_for_state(&server, &web1.id, "connected", Duration::from_secs(10));
+    let (_, operator) = server.create_key("ops", "operator");
+    let work = tempfile::tempdir().unwrap();
+    let states = work.path().join("states");
+    std::fs::create_dir(&states).unwrap();
+    let root = work.path().join("host");
+    std::fs::create_dir(&root).unwrap();
+    let state_file = |name: &str, text: &str| {
+        std::fs::write(states.join(name), text).unwrap();
+        let state_file = states.join(format!("{name}.yaml"));
+        std::fs::write(
+            &state_file,
+            format!(
+                "- file: {{path: {}/{name}, source: {name}}}\n",
+                root.display()
+            ),
+        )
+        .unwrap();
+        state_file.to_str().unwrap().to_string()
+    };
+    let stored_chunks = || {
+        std::fs::read_dir(server.data_dir.join("files/svc-state/chunks"))
+            .unwrap()
+            .flat_map(|dir| std::fs::read_dir(dir.unwrap().path()).unwrap())
+            .count()
+    };
+
+    // Past a quarter of the bus's max_payload, the plan is stored, in 2 KiB chunks.
+    let text = "stored plan\n".repeat(400);
+    let file = state_file("small.txt", &text);
+    let applied = state(&server, &operator, &["apply", &file, "-t", "web-01"]);
+    assert_eq!(applied.code, 0, "{applied:?}\n{}", web1.log());
+    let result = &by_agent(&json_lines(&applied))["web-01"];
+    assert_eq!(result["status"], "changed", "{result}\n{}", web1.log());
+    assert_eq!(
+        std::fs::read_to_string(root.join("small.txt")).unwrap(),
+        text
+    );
+    assert!(stored_chunks() >= 2, "{}", stored_chunks());
+    let cached = || {
+        std::fs::read_dir(web1.home.path().join("state/content"))
+            .unwrap()
+            .count()
+    };
+    assert_eq!(cached(), stored_chunks());
+
+    // Text that does not compress, in about 50 chunks: their list would not fit in a
+    // command, so it is stored as well.
+    use sha2::Digest;
+    let mut large = String::new();
+    let mut line = [7u8; 32];
+    for _ in 0..3000 {
+        line = sha2::Sha256::digest(line).into();
+        large.push_str(&hex::encode(line));
+        large.push('\n');
+    }
+    let file = state_file("large.txt", &large);
+    let applied = state(&server, &operator, &["apply", &file, "-t", "web-01"]);
+    assert_eq!(applied.code, 0, "{applied:?}\n{}", web1.log());
+    let result = &by_agent(&json_lines(&applied))["web-01"];
+    assert_eq!(result["status"], "changed", "{result}\n{}", web1.log());
+    assert!(std::fs::read_to_string(root.join("large.txt")).unwrap() == large);
+    assert!(stored_chunks() > 40, "{}", stored_chunks());
+    assert_eq!(cached(), stored_chunks());
+    let mut listing = server.cli("svc-files");
+    listing
+        .env("SVC_NATS_URL", &server.bus)
+        .env("SVC_API_KEY", &server.admin_key)
+        .args(["-o", "json", "--cluster", "svc-state", "list", "plans/"]);
+    let listed = run(&mut listing);
+    assert_eq!(listed.code, 0, "{listed:?}");
+    assert!(listed.stdout.contains(".list1"), "{listed:?}");
+
+    // Drift reads the stored plan back through its stored list.
+    std::fs::remove_file(root.join("large.txt")).unwrap();
+    let drift = state(&server, &operator, &["drift", "-t", "web-01"]);
+    let result = &by_agent(&json_lines(&drift))["web-01"];
+    assert_eq!(result["status"], "drift", "{result}\n{}", web1.log());
+}

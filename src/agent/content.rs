@@ -59,11 +59,49 @@ pub async fn fetch(
     }
     let _ = std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700));
     let command = std::str::from_utf8(bytes).map_err(|_| "the command is not UTF-8")?;
-    let mut pieces: Vec<Option<Vec<u8>>> = plan_ref
-        .chunks
-        .iter()
-        .map(|chunk| read_cached(dir, chunk))
-        .collect();
+    // A chunk list too long for the command is named by the chunks holding it: fetched (and
+    // checked, each by its hash from the level above) level by level first.
+    let mut chunks = plan_ref.chunks.clone();
+    let mut lists = Vec::new();
+    for _ in 0..plan_ref.list_depth.min(crate::files::MAX_LIST_DEPTH) {
+        let packed = fetch_chunks(client, agent_id, dir, command, signature, &chunks)
+            .await?
+            .concat();
+        if packed.len() % 32 != 0 {
+            return Err(format!(
+                "the chunk list of stored plan {} is damaged",
+                plan_ref.sha256
+            ));
+        }
+        lists.append(&mut chunks);
+        chunks = packed.chunks(32).map(hex::encode).collect();
+    }
+    let plan = fetch_chunks(client, agent_id, dir, command, signature, &chunks)
+        .await?
+        .concat();
+    if plan.len() as u64 != plan_ref.size || sha256_hex(&plan) != plan_ref.sha256 {
+        return Err(format!(
+            "the fetched plan does not match its SHA-256 {}",
+            plan_ref.sha256
+        ));
+    }
+    lists.extend(chunks);
+    prune(dir, &lists);
+    Ok(plan)
+}
+
+/// `chunks`' bytes in order: from the cache in `dir` where it has them, else from the server
+/// ([`IN_FLIGHT`] at once, each checked against its hash), then cached.
+async fn fetch_chunks(
+    client: &async_nats::Client,
+    agent_id: &str,
+    dir: &Path,
+    command: &str,
+    signature: &str,
+    chunks: &[String],
+) -> Result<Vec<Vec<u8>>, String> {
+    let mut pieces: Vec<Option<Vec<u8>>> =
+        chunks.iter().map(|chunk| read_cached(dir, chunk)).collect();
     // Owned values only: the futures run on the stream, apart from this frame's borrows.
     let requests: Vec<_> = pieces
         .iter()
@@ -72,7 +110,7 @@ pub async fn fetch(
         .map(|(index, _)| {
             let (client, agent_id) = (client.clone(), agent_id.to_string());
             let (command, signature) = (command.to_string(), signature.to_string());
-            let chunk = plan_ref.chunks[index].clone();
+            let chunk = chunks[index].clone();
             async move {
                 let bytes = request_chunk(&client, &agent_id, command, signature, &chunk).await?;
                 Ok::<_, String>((index, bytes))
@@ -84,19 +122,10 @@ pub async fn fetch(
         .try_collect()
         .await?;
     for (index, bytes) in fetched {
-        write_cached(dir, &plan_ref.chunks[index], &bytes);
+        write_cached(dir, &chunks[index], &bytes);
         pieces[index] = Some(bytes);
     }
-    let fetched: Vec<Vec<u8>> = pieces.into_iter().flatten().collect();
-    let plan = fetched.concat();
-    if plan.len() as u64 != plan_ref.size || sha256_hex(&plan) != plan_ref.sha256 {
-        return Err(format!(
-            "the fetched plan does not match its SHA-256 {}",
-            plan_ref.sha256
-        ));
-    }
-    prune(dir, &plan_ref.chunks);
-    Ok(plan)
+    Ok(pieces.into_iter().flatten().collect())
 }
 
 async fn request_chunk(

@@ -257,7 +257,7 @@ async fn heartbeats(
         }
         let reconnected = connected.swap(false, Ordering::Relaxed);
         let with_facts = reconnected || sent.as_ref() != Some(&facts);
-        let beat = Heartbeat {
+        let mut beat = Heartbeat {
             version: env!("CARGO_PKG_VERSION").to_string(),
             hostname: facts
                 .get("hostname")
@@ -267,7 +267,20 @@ async fn heartbeats(
             running_jobs: running.load(Ordering::Relaxed),
             facts: with_facts.then(|| facts.clone()),
         };
-        let payload = serde_json::to_vec(&beat).expect("heartbeats serialize");
+        let mut payload = serde_json::to_vec(&beat).expect("heartbeats serialize");
+        let max_payload = client.server_info().max_payload;
+        if with_facts && max_payload > 0 && payload.len() > max_payload {
+            // A bus with a small max_payload: the heartbeat goes without the facts rather
+            // than not at all (which would leave the agent disconnected), and they count as
+            // sent, so this is said once per change rather than every beat.
+            tracing::warn!(
+                size = payload.len(),
+                max_payload,
+                "facts left out of the heartbeat: larger than the bus's max_payload"
+            );
+            beat.facts = None;
+            payload = serde_json::to_vec(&beat).expect("heartbeats serialize");
+        }
         match client.publish(subject.clone(), payload.into()).await {
             Ok(()) if with_facts => sent = Some(facts.clone()),
             Ok(()) => {}
@@ -340,7 +353,12 @@ async fn handle(
     };
     // From the command's arrival: fetching a stored plan is part of the job.
     reply.duration_ms = reply.duration_ms.max(started.elapsed().as_millis() as u64);
-    let max = client.server_info().max_payload.max(64 * 1024);
+    // What the bus announced (before any INFO, 64 KiB): a result larger than max_payload
+    // would not be sent at all, so its output is cut to fit whatever that is.
+    let max = match client.server_info().max_payload {
+        0 => 64 * 1024,
+        max => max,
+    };
     let bytes = encode_within(&mut reply, max);
     if let Err(e) = client
         .publish(subjects::agent_result(id), bytes.into())

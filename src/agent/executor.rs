@@ -600,6 +600,7 @@ mod tests {
             sha256: crate::files::sha256_hex(&json),
             chunk_size: 262144,
             chunks: vec![crate::files::sha256_hex(&json)],
+            list_depth: 0,
         };
         assert_eq!(
             stored_plan(Plan::default(), Some(&plan_ref), Some(&json)),

@@ -366,6 +366,7 @@ pub fn bus_permissions(role: Role, user: String) -> Permissions {
             subscribe: AllowDeny::all()
                 .deny(agents_and_enrolment)
                 .deny([subjects::FILES_ALL]),
+            internal: false,
         },
         Readonly => Permissions {
             user,
@@ -381,6 +382,7 @@ pub fn bus_permissions(role: Role, user: String) -> Permissions {
                 ],
                 deny: Vec::new(),
             },
+            internal: false,
         },
     }
 }

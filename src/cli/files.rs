@@ -14,6 +14,10 @@
 //! written beside LOCAL and renamed over it only once complete, so a failure leaves no partial
 //! LOCAL (with `-` chunks go to stdout as they are verified; the final check can then only
 //! fail the exit code).
+//!
+//! Every message fits the bus's `max_payload` (from INFO): a chunk list too long for one
+//! message is asked about in pages (`put`, `get`) and committed as chunks (`list_depth`), and
+//! a chunk larger than a message (put under a larger `max_payload`) is read in pieces.
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -35,7 +39,8 @@ use super::{exit, CliError, Common, Output};
 use crate::bus::subjects;
 use crate::files::signature::{self, AUTH_HEADER, SIGNED_HEADERS};
 use crate::files::wire::{
-    CHUNK_HEADER, ERROR_HEADER, MANIFEST_HEADER, PRINCIPAL_ID_HEADER, PRINCIPAL_ROLE_HEADER,
+    CHUNK_HEADER, ERROR_HEADER, MANIFEST_HEADER, MORE_HEADER, PRINCIPAL_ID_HEADER,
+    PRINCIPAL_ROLE_HEADER,
 };
 use crate::files::{Limits, ObjectMeta};
 
@@ -419,6 +424,14 @@ async fn connect(common: &Common, flags: Flags) -> Result<Session, CliError> {
 }
 
 impl Session {
+    /// How many chunk hashes one request or answer carries on this bus.
+    fn hashes_per_message(&self) -> usize {
+        match self.client.server_info().max_payload as u64 {
+            0 => usize::MAX,
+            max_payload => crate::files::hashes_per_message(max_payload),
+        }
+    }
+
     /// One request; a reply with `Svc-Error` becomes the matching exit code.
     async fn request(
         &self,
@@ -625,20 +638,34 @@ async fn put(common: Common, flags: Flags, local: String, remote: String) -> Res
         "size": size,
         "sha256": sha256,
         "chunk_size": limits.chunk_size,
-    })
-    .to_string();
-    let packed: Bytes = chunks.concat().into();
-    let manifest_header = [(MANIFEST_HEADER, manifest.as_str())];
-    let begun = session
-        .request("put", &manifest_header, packed.clone())
-        .await?;
-    #[derive(serde::Deserialize)]
-    struct Missing {
-        missing: Vec<usize>,
+    });
+    let per_message = session.hashes_per_message();
+    // The chunk list in pages of what one message carries (one page on a default bus).
+    let pages: Vec<&[[u8; 32]]> = if chunks.is_empty() {
+        vec![&[]]
+    } else {
+        chunks.chunks(per_message).collect()
+    };
+    let mut missing = Vec::new();
+    for (page, hashes) in pages.into_iter().enumerate() {
+        let mut head = manifest.clone();
+        head["from"] = serde_json::json!(page * per_message);
+        let head = head.to_string();
+        let begun = session
+            .request(
+                "put",
+                &[(MANIFEST_HEADER, head.as_str())],
+                hashes.concat().into(),
+            )
+            .await?;
+        #[derive(serde::Deserialize)]
+        struct Missing {
+            missing: Vec<usize>,
+        }
+        let answer: Missing = serde_json::from_slice(&begun.payload)
+            .map_err(|e| CliError::failed(format!("malformed answer to put: {e}")))?;
+        missing.extend(answer.missing);
     }
-    let missing: Missing = serde_json::from_slice(&begun.payload)
-        .map_err(|e| CliError::failed(format!("malformed answer to put: {e}")))?;
-    let missing = missing.missing;
 
     let mut bar = Bar::stderr().bytes();
     let to_send: u64 = missing
@@ -681,7 +708,7 @@ async fn put(common: Common, flags: Flags, local: String, remote: String) -> Res
     drop(transfers);
     bar.finish_step();
     bar.clear();
-    let committed = session.request("commit", &manifest_header, packed).await?;
+    let committed = commit(&session, manifest, &chunks, limits.chunk_size).await?;
     let meta: ObjectMeta = serde_json::from_slice(&committed.payload)
         .map_err(|e| CliError::failed(format!("malformed answer to commit: {e}")))?;
     let summary = serde_json::json!({
@@ -703,6 +730,55 @@ async fn put(common: Common, flags: Flags, local: String, remote: String) -> Res
         ),
     }
     Ok(())
+}
+
+/// The commit: the chunk list in its body, or, when it is longer than one message carries,
+/// sent as chunks itself (and those listed the same way, `list_depth` levels up) so that the
+/// commit's body fits. Any member can then read the list back from the store.
+async fn commit(
+    session: &Session,
+    mut manifest: serde_json::Value,
+    chunks: &[[u8; 32]],
+    chunk_size: u64,
+) -> Result<async_nats::Message, CliError> {
+    let per_message = session.hashes_per_message();
+    let mut level: Vec<u8> = chunks.concat();
+    let mut depth = 0u32;
+    while level.len() / 32 > per_message {
+        if depth == crate::files::MAX_LIST_DEPTH {
+            return Err(CliError::failed(
+                "the chunk list does not fit in a commit at this bus's max_payload",
+            ));
+        }
+        let pieces: Vec<&[u8]> = level.chunks(chunk_size as usize).collect();
+        let hashes: Vec<[u8; 32]> = pieces
+            .iter()
+            .map(|piece| Sha256::digest(piece).into())
+            .collect();
+        stream::iter(pieces.iter().zip(&hashes))
+            .map(|(piece, hash)| async move {
+                let hash = hex::encode(hash);
+                session
+                    .request(
+                        "chunk",
+                        &[(CHUNK_HEADER, hash.as_str())],
+                        Bytes::copy_from_slice(piece),
+                    )
+                    .await
+            })
+            .buffer_unordered(WINDOW)
+            .try_collect::<Vec<_>>()
+            .await?;
+        level = hashes.concat();
+        depth += 1;
+    }
+    if depth > 0 {
+        manifest["list_depth"] = serde_json::json!(depth);
+    }
+    let head = manifest.to_string();
+    session
+        .request("commit", &[(MANIFEST_HEADER, head.as_str())], level.into())
+        .await
 }
 
 fn chunk_len(index: usize, size: u64, chunk_size: u64) -> u64 {
@@ -779,27 +855,52 @@ impl Sink {
 
 async fn get(common: Common, flags: Flags, remote: String, local: String) -> Result<(), CliError> {
     let session = connect(&common, flags).await?;
-    let opened = session
-        .request(
-            "get",
-            &[],
-            serde_json::to_vec(&serde_json::json!({ "path": remote }))
-                .expect("JSON")
-                .into(),
-        )
-        .await?;
-    let meta: ObjectMeta = opened
-        .headers
-        .as_ref()
-        .and_then(|headers| headers.get(MANIFEST_HEADER))
-        .and_then(|value| serde_json::from_str(value.as_str()).ok())
-        .ok_or_else(|| CliError::failed("the answer to get has no manifest"))?;
-    if opened.payload.len() % 32 != 0 {
-        return Err(CliError::failed(
-            "the answer to get has a damaged chunk list",
-        ));
+    // The chunk list comes in pages when it is longer than one message carries; every page
+    // must be of the same object (a replacement in between fails the get, never mixes two).
+    let mut first: Option<ObjectMeta> = None;
+    let mut hashes: Vec<String> = Vec::new();
+    loop {
+        let request = serde_json::json!({ "path": remote, "from": hashes.len() });
+        let opened = session
+            .request(
+                "get",
+                &[],
+                serde_json::to_vec(&request).expect("JSON").into(),
+            )
+            .await?;
+        let meta: ObjectMeta = opened
+            .headers
+            .as_ref()
+            .and_then(|headers| headers.get(MANIFEST_HEADER))
+            .and_then(|value| serde_json::from_str(value.as_str()).ok())
+            .ok_or_else(|| CliError::failed("the answer to get has no manifest"))?;
+        if opened.payload.len() % 32 != 0 {
+            return Err(CliError::failed(
+                "the answer to get has a damaged chunk list",
+            ));
+        }
+        let meta = match first.take() {
+            None => meta,
+            Some(earlier)
+                if earlier.sha256 == meta.sha256 && earlier.chunk_size == meta.chunk_size =>
+            {
+                earlier
+            }
+            Some(_) => {
+                return Err(CliError::failed(format!(
+                    "{remote} was replaced while its chunk list was read; get it again"
+                )))
+            }
+        };
+        let expected = meta.size.div_ceil(meta.chunk_size.max(1)) as usize;
+        hashes.extend(opened.payload.chunks(32).map(hex::encode));
+        let done = hashes.len() >= expected || opened.payload.is_empty();
+        first = Some(meta);
+        if done {
+            break;
+        }
     }
-    let hashes: Vec<String> = opened.payload.chunks(32).map(hex::encode).collect();
+    let meta = first.expect("one answer at least");
     let mut sink = Sink::open(&local)?;
     match fetch(&session, &meta, &hashes, &mut sink).await {
         Ok(()) => sink.finish(&local),
@@ -825,8 +926,29 @@ async fn fetch(
             let message = session
                 .request("read", &[(CHUNK_HEADER, hash.as_str())], Bytes::new())
                 .await?;
+            // A chunk larger than what a message now carries comes in pieces.
+            let length = chunk_len(index, meta.size, meta.chunk_size) as usize;
+            let mut bytes = message.payload;
+            if bytes.len() < length && !bytes.is_empty() {
+                let mut whole = bytes.to_vec();
+                while whole.len() < length {
+                    let offset = serde_json::json!({ "offset": whole.len() });
+                    let piece = session
+                        .request(
+                            "read",
+                            &[(CHUNK_HEADER, hash.as_str())],
+                            serde_json::to_vec(&offset).expect("JSON").into(),
+                        )
+                        .await?
+                        .payload;
+                    if piece.is_empty() {
+                        break;
+                    }
+                    whole.extend_from_slice(&piece);
+                }
+                bytes = whole.into();
+            }
             // Each chunk's hash on the blocking pool, beside the whole file's below.
-            let bytes = message.payload;
             let (bytes, actual) = tokio::task::spawn_blocking(move || {
                 let actual = crate::files::sha256_hex(&bytes);
                 (bytes, actual)
@@ -878,9 +1000,32 @@ const HEADERS: [&str; 5] = ["PATH", "SIZE", "SHA256", "UPDATED", "WRITER"];
 
 async fn list(common: Common, flags: Flags, prefix: String) -> Result<(), CliError> {
     let session = connect(&common, flags).await?;
-    let objects: Vec<ObjectMeta> = session
-        .json_request("list", serde_json::json!({ "prefix": prefix }))
-        .await?;
+    // In pages when the list is longer than one message carries (`Svc-More`).
+    let mut objects: Vec<ObjectMeta> = Vec::new();
+    loop {
+        let mut request = serde_json::json!({ "prefix": prefix });
+        if let Some(last) = objects.last() {
+            request["after"] = serde_json::json!(last.path);
+        }
+        let answer = session
+            .request(
+                "list",
+                &[],
+                serde_json::to_vec(&request).expect("JSON").into(),
+            )
+            .await?;
+        let page: Vec<ObjectMeta> = serde_json::from_slice(&answer.payload)
+            .map_err(|e| CliError::failed(format!("malformed answer to list: {e}")))?;
+        let more = answer
+            .headers
+            .as_ref()
+            .is_some_and(|headers| headers.get(MORE_HEADER).is_some());
+        let empty = page.is_empty();
+        objects.extend(page);
+        if !more || empty {
+            break;
+        }
+    }
     match session.output {
         Output::Json => print_json(&objects)?,
         Output::Table => print_table(&HEADERS, &objects.iter().map(row).collect::<Vec<_>>()),

@@ -12,6 +12,12 @@
 //! under the 1 MiB NATS payload limit, where JSON would not be). `kv://` values are records of
 //! their canonical path `kv://bucket/key`, with their bytes in chunks like files.
 //!
+//! A chunk list longer than the nats-server's `max_payload` leaves room for (a small one, from
+//! its INFO) is itself stored as chunks, and the record lists those, with header
+//! `Svc-List-Depth: <levels>` (as a `commit` request does, `Files::commit_put`). Those chunks
+//! are referred to by the record: garbage collection, when cluster mode has one, must follow
+//! them.
+//!
 //! Atomic per object: a commit is one publish of the record (acknowledged by the stream's
 //! quorum), after every chunk was acknowledged; a replacement is the next message on the same
 //! subject, and the one-message-per-subject limit drops the old one, so a reader sees the
@@ -39,7 +45,7 @@ use bytes::Bytes;
 use futures_util::{StreamExt, TryStreamExt};
 
 use super::wire::MANIFEST_HEADER;
-use super::{ObjectMeta, ObjectStore, Remote};
+use super::{ObjectMeta, ObjectStore, Remote, MAX_LIST_DEPTH};
 use crate::{Error, Result};
 
 /// The JetStream stream that holds every cluster's objects.
@@ -52,6 +58,10 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 const OPEN_RETRY_FOR: Duration = Duration::from_secs(30);
 /// Requests in flight while asking which chunks exist or reading records for a list.
 const PARALLEL: usize = 32;
+/// On a record whose body lists chunks holding its chunk list: how many levels.
+const LIST_DEPTH_HEADER: &str = "Svc-List-Depth";
+/// Bytes kept free in a record message beside its headers and body (the publish's own).
+const RECORD_SLACK: usize = 256;
 
 pub struct JetStreamStore {
     context: jetstream::Context,
@@ -133,14 +143,41 @@ impl JetStreamStore {
         Ok(JetStreamStore { context, stream })
     }
 
-    /// A record by subject, from the stream leader; None when there is none.
-    async fn record(&self, subject: &str) -> Result<Option<ObjectMeta>> {
+    /// A record by subject, from the stream leader, and how many levels of stored chunk
+    /// lists its chunk list is behind (0: it is the record's); None when there is none.
+    async fn record(&self, subject: &str) -> Result<Option<(ObjectMeta, u32)>> {
         use async_nats::jetstream::stream::LastRawMessageErrorKind as Kind;
         match self.stream.get_last_raw_message_by_subject(subject).await {
             Ok(message) => decode_record(&message.headers, &message.payload).map(Some),
             Err(e) if matches!(e.kind(), Kind::NoMessageFound) => Ok(None),
             Err(e) => Err(unavailable("read record", e)),
         }
+    }
+
+    /// The record's whole chunk list, read from the chunks holding it (`depth` levels).
+    async fn resolve(&self, cluster: &str, mut meta: ObjectMeta, depth: u32) -> Result<ObjectMeta> {
+        for _ in 0..depth {
+            let mut packed = Vec::new();
+            for hash in &meta.chunks {
+                let bytes = self.read_chunk(cluster, hash).await?;
+                if super::sha256_hex(&bytes) != *hash {
+                    return Err(Error::Internal(format!(
+                        "chunk {hash} of cluster '{cluster}' does not match its SHA-256"
+                    )));
+                }
+                packed.extend_from_slice(&bytes);
+            }
+            if packed.len() % 32 != 0 {
+                return Err(Error::Internal("damaged files record: chunk list".into()));
+            }
+            meta.chunks = packed.chunks(32).map(hex::encode).collect();
+        }
+        Ok(meta)
+    }
+
+    /// The nats-server's `max_payload` (INFO), 0 when not known yet.
+    fn max_payload(&self) -> usize {
+        self.context.client().server_info().max_payload
     }
 
     /// Whether a chunk is stored: stream info filtered to its subject (no payload moves).
@@ -158,7 +195,7 @@ impl JetStreamStore {
     }
 }
 
-fn decode_record(headers: &HeaderMap, body: &[u8]) -> Result<ObjectMeta> {
+fn decode_record(headers: &HeaderMap, body: &[u8]) -> Result<(ObjectMeta, u32)> {
     let damaged = |what: &str| Error::Internal(format!("damaged files record: {what}"));
     let manifest = headers
         .get(MANIFEST_HEADER)
@@ -169,7 +206,16 @@ fn decode_record(headers: &HeaderMap, body: &[u8]) -> Result<ObjectMeta> {
         return Err(damaged("chunk list is not whole SHA-256s"));
     }
     meta.chunks = body.chunks(32).map(hex::encode).collect();
-    Ok(meta)
+    let depth = match headers.get(LIST_DEPTH_HEADER) {
+        None => 0,
+        Some(value) => value
+            .as_str()
+            .parse::<u32>()
+            .ok()
+            .filter(|depth| *depth <= MAX_LIST_DEPTH)
+            .ok_or_else(|| damaged("bad list depth"))?,
+    };
+    Ok((meta, depth))
 }
 
 fn encode_record(meta: &ObjectMeta) -> Result<(HeaderMap, Bytes)> {
@@ -188,7 +234,10 @@ fn encode_record(meta: &ObjectMeta) -> Result<(HeaderMap, Bytes)> {
 #[async_trait]
 impl ObjectStore for JetStreamStore {
     async fn stat(&self, cluster: &str, remote: &Remote) -> Result<Option<ObjectMeta>> {
-        self.record(&record_subject(cluster, remote)).await
+        match self.record(&record_subject(cluster, remote)).await? {
+            Some((meta, depth)) => self.resolve(cluster, meta, depth).await.map(Some),
+            None => Ok(None),
+        }
     }
 
     async fn list(&self, cluster: &str, prefix: &str) -> Result<Vec<ObjectMeta>> {
@@ -217,7 +266,11 @@ impl ObjectStore for JetStreamStore {
             .map(|(subject, _)| subject)
             .collect();
         let records: Vec<Option<ObjectMeta>> = futures_util::stream::iter(wanted)
-            .map(|subject| async move { self.record(&subject).await })
+            // A list shows no chunk lists: those behind stored chunks are not read.
+            .map(|subject| async move {
+                let record = self.record(&subject).await?;
+                Ok::<_, Error>(record.map(|(meta, _)| meta.summary()))
+            })
             .buffer_unordered(PARALLEL)
             .try_collect()
             .await?;
@@ -275,7 +328,38 @@ impl ObjectStore for JetStreamStore {
     }
 
     async fn commit(&self, cluster: &str, remote: &Remote, meta: &ObjectMeta) -> Result<()> {
-        let (headers, body) = encode_record(meta)?;
+        let (mut headers, mut body) = encode_record(meta)?;
+        // Past what one message of this nats-server carries, the list goes into chunks.
+        let max_payload = self.max_payload();
+        // `NATS/1.0`, the manifest line and the blank line (a depth line is in the `32`).
+        let header_len = headers
+            .get(MANIFEST_HEADER)
+            .map_or(0, |value| MANIFEST_HEADER.len() + value.as_str().len() + 16);
+        let fits = |body: &Bytes| {
+            max_payload == 0 || header_len + 32 + body.len() + RECORD_SLACK <= max_payload
+        };
+        let mut depth = 0;
+        while !fits(&body) {
+            if depth == MAX_LIST_DEPTH {
+                return Err(Error::Invalid(format!(
+                    "the chunk list of {} does not fit in this NATS's max_payload",
+                    meta.path
+                )));
+            }
+            let piece = super::body_capacity(max_payload as u64) as usize;
+            let mut next = Vec::new();
+            for part in body.chunks(piece) {
+                let sha256 = super::sha256_hex(part);
+                self.write_chunk(cluster, &sha256, Bytes::copy_from_slice(part))
+                    .await?;
+                next.extend_from_slice(&hex::decode(&sha256).expect("hex"));
+            }
+            body = next.into();
+            depth += 1;
+        }
+        if depth > 0 {
+            headers.insert(LIST_DEPTH_HEADER, depth.to_string().as_str());
+        }
         let ack = self
             .context
             .publish_with_headers(record_subject(cluster, remote), headers, body)
@@ -319,7 +403,7 @@ mod tests {
         };
         let (headers, body) = encode_record(&meta).unwrap();
         assert_eq!(body.len(), 64);
-        assert_eq!(decode_record(&headers, &body).unwrap(), meta);
+        assert_eq!(decode_record(&headers, &body).unwrap(), (meta, 0));
         assert_eq!(
             record_subject("ci", &Remote::parse("kv://cfg/a b").unwrap()),
             format!("svc.filestore.ci.m.{}", hex::encode("kv://cfg/a b"))

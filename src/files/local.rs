@@ -336,8 +336,21 @@ impl ObjectStore for LocalStore {
 
     async fn read_chunk(&self, cluster: &str, sha256: &str) -> Result<Bytes> {
         let path = self.chunk_path(cluster, sha256);
+        // A chunk this process received and no commit has made durable yet is there for it
+        // (as `missing_chunks` says): a commit reads the chunk list a client sent as chunks.
+        let held = self
+            .pending
+            .lock()
+            .expect("pending chunks lock")
+            .contains(&path);
         blocking(move || match fs::read(&path) {
             Ok(bytes) => Ok(Bytes::from(bytes)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && held => {
+                let pending = pending_path(&path);
+                fs::read(&pending)
+                    .map(Bytes::from)
+                    .map_err(|e| io_error("cannot read", &pending, e))
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::NotFound(format!(
                 "chunk {} is missing",
                 path.file_name().and_then(|n| n.to_str()).unwrap_or("")

@@ -44,6 +44,9 @@ pub mod wire {
     pub const CHUNK_HEADER: &str = "Svc-Chunk";
     /// On an error reply: the error code (`not_found`, `permission_denied`, ...).
     pub const ERROR_HEADER: &str = "Svc-Error";
+    /// On a `list` reply that is one page of a longer list (`true`): ask again with `after`
+    /// the last path for the rest.
+    pub const MORE_HEADER: &str = "Svc-More";
 }
 
 /// The cluster the server keeps stored state plans in (`fleet::content`): admin keys only,
@@ -52,6 +55,29 @@ pub const STATE_CLUSTER: &str = "svc-state";
 
 /// Largest `kv://` value.
 pub const MAX_KV_SIZE: u64 = 1024 * 1024;
+/// The most levels of chunk lists a commit may name (`list_depth`): each level is the one
+/// below packed into chunks, so 8 levels reach past any object size at any chunk size.
+pub const MAX_LIST_DEPTH: u32 = 8;
+
+/// Bytes of a file-service message left for its body under `max_payload` (the bus's, from
+/// INFO): up to [`crate::config::FILES_HEADER_ROOM`] is kept for headers (the manifest, the
+/// chunk hash, the request signature, the sender the broker stamps), but never more than
+/// half, so that a small `max_payload` still carries a body.
+pub fn body_capacity(max_payload: u64) -> u64 {
+    max_payload - crate::config::FILES_HEADER_ROOM.min(max_payload / 2)
+}
+
+/// The chunk size the file service uses: `files.chunk_size`, lowered so that a chunk fits in
+/// one bus message with its headers. With the default 1 MiB `max_payload` that is the
+/// configured 256 KiB; with nats.py's 1 KiB test servers, 512 bytes.
+pub fn chunk_size_for(configured: u64, max_payload: u64) -> u64 {
+    configured.min(body_capacity(max_payload)).max(1)
+}
+
+/// How many 32-byte chunk hashes one message body carries (a page of a chunk list).
+pub fn hashes_per_message(max_payload: u64) -> usize {
+    ((body_capacity(max_payload) / 32) as usize).max(1)
+}
 /// Longest remote path or key, in bytes.
 const MAX_PATH_LEN: usize = 1024;
 /// Longest cluster or bucket name.
@@ -166,12 +192,37 @@ pub struct Manifest {
 }
 
 impl Manifest {
-    /// Checks the shape: the chunk count matches size and chunk size, hashes are hex.
-    pub fn check(&self) -> Result<()> {
+    /// How many chunks the object has.
+    pub fn chunk_count(&self) -> Result<u64> {
         if self.chunk_size == 0 {
             return Err(Error::Invalid("chunk_size must be positive".into()));
         }
-        let expected = self.size.div_ceil(self.chunk_size);
+        Ok(self.size.div_ceil(self.chunk_size))
+    }
+
+    /// Checks a page of the chunk list, `chunks` being the hashes from index `from` on: they
+    /// are hex and within the object's chunk count.
+    pub fn check_page(&self, from: u64) -> Result<()> {
+        let expected = self.chunk_count()?;
+        if from + self.chunks.len() as u64 > expected {
+            return Err(Error::Invalid(format!(
+                "chunks {from}..{} declared; {} bytes in chunks of {} have {expected}",
+                from + self.chunks.len() as u64,
+                self.size,
+                self.chunk_size
+            )));
+        }
+        for hash in self.chunks.iter().chain([&self.sha256]) {
+            if !is_sha256_hex(hash) {
+                return Err(Error::Invalid(format!("'{hash}' is not a SHA-256 (hex)")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the shape: the chunk count matches size and chunk size, hashes are hex.
+    pub fn check(&self) -> Result<()> {
+        let expected = self.chunk_count()?;
         if self.chunks.len() as u64 != expected {
             return Err(Error::Invalid(format!(
                 "{} chunks declared; {} bytes in chunks of {} need {expected}",
@@ -249,6 +300,9 @@ pub trait ObjectStore: Send + Sync {
 pub struct Files {
     store: Arc<dyn ObjectStore>,
     limits: FilesConfig,
+    /// The bus's `max_payload` now (the embedded broker's, or the external cluster's from
+    /// its INFO), which the chunk size must fit; None: unknown, the configured size is used.
+    max_payload: Option<Box<dyn Fn() -> u64 + Send + Sync>>,
 }
 
 /// Who is calling: the API key the bus connection authenticated with, and the principal the
@@ -298,12 +352,60 @@ pub struct Limits {
 impl Files {
     /// The service over one backend (the hook for cluster mode's JetStream backend).
     pub fn new(store: Arc<dyn ObjectStore>, limits: FilesConfig) -> Files {
-        Files { store, limits }
+        Files {
+            store,
+            limits,
+            max_payload: None,
+        }
+    }
+
+    /// Chunks sized for the bus `max_payload` reports, read at each use: in cluster mode it
+    /// is the external nats-server's, known once connected.
+    pub fn with_max_payload(
+        mut self,
+        max_payload: impl Fn() -> u64 + Send + Sync + 'static,
+    ) -> Files {
+        self.max_payload = Some(Box::new(max_payload));
+        self
+    }
+
+    fn bus_max_payload(&self) -> Option<u64> {
+        self.max_payload
+            .as_ref()
+            .map(|read| read())
+            .filter(|max| *max > 0)
+    }
+
+    /// The chunk size new objects get (and a put must declare): `files.chunk_size`, lowered
+    /// to fit the bus's `max_payload` ([`chunk_size_for`]). Stored objects keep the chunk size
+    /// they were put with; a chunk larger than a message now is read in pieces.
+    pub fn chunk_size(&self) -> u64 {
+        match self.bus_max_payload() {
+            Some(max_payload) => chunk_size_for(self.limits.chunk_size, max_payload),
+            None => self.limits.chunk_size,
+        }
+    }
+
+    /// The most bytes of a chunk one `read` answers: all of it when it fits in a message,
+    /// whatever chunk size it was put with.
+    pub fn read_piece(&self) -> usize {
+        match self.bus_max_payload() {
+            Some(max_payload) => body_capacity(max_payload) as usize,
+            None => usize::MAX,
+        }
+    }
+
+    /// How many chunk hashes one message carries (a page of a `get`'s chunk list).
+    pub fn hashes_per_message(&self) -> usize {
+        match self.bus_max_payload() {
+            Some(max_payload) => hashes_per_message(max_payload),
+            None => usize::MAX,
+        }
     }
 
     pub fn limits(&self) -> Limits {
         Limits {
-            chunk_size: self.limits.chunk_size,
+            chunk_size: self.chunk_size(),
             max_object_size: self.limits.max_object_size,
             max_kv_size: MAX_KV_SIZE,
         }
@@ -339,6 +441,7 @@ impl Files {
         self.store
             .stat(cluster, &remote)
             .await?
+            .map(ObjectMeta::summary)
             .ok_or_else(|| not_found(cluster, &remote))
     }
 
@@ -374,6 +477,9 @@ impl Files {
 
     /// The first step of a put: checks the role, the limits and the quota, and answers which
     /// chunks the server lacks (all of them for a new object; fewer for a retried one).
+    ///
+    /// `manifest.chunks` may be a page of the chunk list, from index `from` on (a list too
+    /// long for one message is asked about in pages); the answer's indices are the object's.
     pub async fn begin_put(
         &self,
         domain: &Domain,
@@ -381,13 +487,18 @@ impl Files {
         cluster: &str,
         path: &str,
         manifest: &Manifest,
+        from: u64,
     ) -> Result<Vec<usize>> {
         let result = domain
             .auditor
-            .gate(self.check_put(caller, cluster, path, manifest))
+            .gate(self.check_put(caller, cluster, path, manifest, Some(from)))
             .await;
         let result = match result {
-            Ok(()) => self.store.missing_chunks(cluster, &manifest.chunks).await,
+            Ok(()) => self
+                .store
+                .missing_chunks(cluster, &manifest.chunks)
+                .await
+                .map(|missing| missing.into_iter().map(|i| i + from as usize).collect()),
             Err(error) => Err(error),
         };
         // A refused put is audited here; an accepted one when it commits.
@@ -398,20 +509,27 @@ impl Files {
         result
     }
 
+    /// `page`: the manifest's chunks are a page from that index on; None: the whole list.
     async fn check_put(
         &self,
         caller: &Caller,
         cluster: &str,
         path: &str,
         manifest: &Manifest,
+        page: Option<u64>,
     ) -> Result<()> {
         self.admit(caller, cluster, Role::Operator)?;
         let remote = Remote::parse(path)?;
-        manifest.check()?;
-        if manifest.chunk_size != self.limits.chunk_size {
+        match page {
+            Some(from) => manifest.check_page(from)?,
+            None => manifest.check()?,
+        }
+        let chunk_size = self.chunk_size();
+        if manifest.chunk_size != chunk_size {
             return Err(Error::Invalid(format!(
-                "chunk size {} differs from files.chunk_size ({})",
-                manifest.chunk_size, self.limits.chunk_size
+                "chunk size {} differs from the service's ({chunk_size}: files.chunk_size, \
+                 at most what fits in bus.max_payload)",
+                manifest.chunk_size
             )));
         }
         let (max, limit) = remote.max_size(&self.limits);
@@ -451,11 +569,11 @@ impl Files {
         bytes: Bytes,
     ) -> Result<()> {
         self.admit(caller, cluster, Role::Operator)?;
-        if bytes.len() as u64 > self.limits.chunk_size {
+        let chunk_size = self.chunk_size();
+        if bytes.len() as u64 > chunk_size {
             return Err(Error::Invalid(format!(
-                "a chunk of {} bytes is over files.chunk_size ({})",
+                "a chunk of {} bytes is over the chunk size ({chunk_size})",
                 bytes.len(),
-                self.limits.chunk_size
             )));
         }
         let actual = sha256_hex(&bytes);
@@ -469,6 +587,9 @@ impl Files {
 
     /// The last step of a put: every chunk is there, so the object becomes visible whole.
     /// Writes the audit row.
+    ///
+    /// With `list_depth` 0 `manifest.chunks` is the chunk list; past it, a list too long for
+    /// one message was sent as chunks, and `manifest.chunks` lists those (and so on up).
     pub async fn commit_put(
         &self,
         domain: &Domain,
@@ -476,14 +597,76 @@ impl Files {
         cluster: &str,
         path: &str,
         manifest: &Manifest,
+        list_depth: u32,
     ) -> Result<ObjectMeta> {
         let result = domain
             .auditor
-            .gate(self.commit_checked(caller, cluster, path, manifest))
+            .gate(async {
+                self.admit(caller, cluster, Role::Operator)?;
+                let manifest = self.resolve_list(cluster, manifest, list_depth).await?;
+                self.commit_checked(caller, cluster, path, &manifest).await
+            })
             .await;
         let action = put_action(caller, cluster, path, manifest);
         domain.auditor.record(&caller.key, action, &result).await;
         result
+    }
+
+    /// The manifest with its whole chunk list: `list_depth` times, the listed chunks (which
+    /// the client sent with `chunk`, hashes checked there) are read and their bytes taken as
+    /// the next level's 32-byte hashes. Stateless, so any member of a cluster can commit.
+    async fn resolve_list(
+        &self,
+        cluster: &str,
+        manifest: &Manifest,
+        list_depth: u32,
+    ) -> Result<Manifest> {
+        if list_depth > MAX_LIST_DEPTH {
+            return Err(Error::Invalid(format!(
+                "list_depth {list_depth} is over {MAX_LIST_DEPTH}"
+            )));
+        }
+        let longest = manifest.chunk_count()?.saturating_mul(32);
+        let mut chunks = manifest.chunks.clone();
+        for _ in 0..list_depth {
+            let mut packed = Vec::new();
+            for hash in &chunks {
+                if !is_sha256_hex(hash) {
+                    return Err(Error::Invalid(format!("'{hash}' is not a SHA-256 (hex)")));
+                }
+                let bytes = self
+                    .store
+                    .read_chunk(cluster, hash)
+                    .await
+                    .map_err(|e| match e {
+                        Error::NotFound(_) => Error::Conflict(format!(
+                        "chunk {hash} of the chunk list has not arrived; send it and commit again"
+                    )),
+                        other => other,
+                    })?;
+                if sha256_hex(&bytes) != *hash {
+                    return Err(Error::Internal(format!(
+                        "chunk {hash} of cluster '{cluster}' does not match its SHA-256"
+                    )));
+                }
+                packed.extend_from_slice(&bytes);
+                if packed.len() as u64 > longest {
+                    return Err(Error::Invalid(
+                        "the chunk list is longer than the object's chunks".into(),
+                    ));
+                }
+            }
+            if packed.len() % 32 != 0 {
+                return Err(Error::Invalid(
+                    "the chunk list must be whole 32-byte SHA-256s".into(),
+                ));
+            }
+            chunks = packed.chunks(32).map(hex::encode).collect();
+        }
+        Ok(Manifest {
+            chunks,
+            ..manifest.clone()
+        })
     }
 
     async fn commit_checked(
@@ -493,7 +676,8 @@ impl Files {
         path: &str,
         manifest: &Manifest,
     ) -> Result<ObjectMeta> {
-        self.check_put(caller, cluster, path, manifest).await?;
+        self.check_put(caller, cluster, path, manifest, None)
+            .await?;
         let principal = caller.principal()?;
         let remote = Remote::parse(path)?;
         let missing = self.store.missing_chunks(cluster, &manifest.chunks).await?;
@@ -529,7 +713,7 @@ impl Files {
     /// with the same content is left alone. Returns the object's record with its chunks.
     pub async fn put_own(&self, cluster: &str, path: &str, bytes: &[u8]) -> Result<ObjectMeta> {
         let remote = Remote::parse(path)?;
-        let chunk_size = self.limits.chunk_size;
+        let chunk_size = self.chunk_size();
         let pieces: Vec<&[u8]> = bytes.chunks(chunk_size as usize).collect();
         let chunks: Vec<String> = pieces.iter().map(|piece| sha256_hex(piece)).collect();
         // Even for an object already there: a chunk lost since is written again.
@@ -705,6 +889,36 @@ mod tests {
             let parsed = Remote::parse(text).ok().map(|r| r.display());
             assert_eq!(parsed.as_deref(), expected, "{text:?}");
         }
+    }
+
+    #[test]
+    fn chunks_fit_the_bus() {
+        const CONFIGURED: u64 = 256 * 1024;
+        // The default bus keeps the configured chunk size, and its 5 GiB chunk list whole.
+        assert_eq!(chunk_size_for(CONFIGURED, 1024 * 1024), CONFIGURED);
+        assert!(hashes_per_message(1024 * 1024) >= 20480);
+        // Smaller buses: 4 KiB of headers at most, half the message at most.
+        assert_eq!(chunk_size_for(CONFIGURED, 64 * 1024), 60 * 1024);
+        assert_eq!(chunk_size_for(CONFIGURED, 4096), 2048);
+        assert_eq!(chunk_size_for(CONFIGURED, 1024), 512);
+        assert_eq!(hashes_per_message(1024), 16);
+        assert_eq!(chunk_size_for(CONFIGURED, 1), 1);
+        assert_eq!(hashes_per_message(1), 1);
+    }
+
+    #[test]
+    fn manifest_pages() {
+        let hash = "0".repeat(64);
+        let manifest = Manifest {
+            size: 100,
+            sha256: hash.clone(),
+            chunk_size: 10,
+            chunks: vec![hash.clone(); 4],
+        };
+        assert!(manifest.check_page(0).is_ok());
+        assert!(manifest.check_page(6).is_ok());
+        assert!(manifest.check_page(7).is_err());
+        assert!(manifest.check().is_err());
     }
 
     #[test]

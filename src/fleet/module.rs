@@ -19,8 +19,9 @@ use crate::modules::bundle::{self, Opened, Packed};
 use crate::modules::sha256_hex;
 use crate::{ids, Error, Result};
 
-/// Room left in a bus message for the command's other fields and headers.
-const COMMAND_OVERHEAD: usize = 4096;
+/// Room left in a bus message for the command's other fields and headers, at most (half a
+/// smaller `max_payload`, as the file service leaves: `files::body_capacity`).
+const COMMAND_OVERHEAD: usize = crate::config::FILES_HEADER_ROOM as usize;
 
 pub struct ModuleRequest {
     pub target: String,
@@ -122,7 +123,8 @@ async fn prepare_checked(
         max_memory: request.max_memory,
     };
     if let Some(max) = domain.fleet.max_payload() {
-        let size = serde_json::to_vec(&work).map_err(Error::internal)?.len() + COMMAND_OVERHEAD;
+        let size = serde_json::to_vec(&work).map_err(Error::internal)?.len()
+            + COMMAND_OVERHEAD.min(max / 2);
         if size > max {
             return Err(Error::TooLarge(format!(
                 "the module and its dependencies make a {size}-byte command; the bus carries at most {max} bytes per message"

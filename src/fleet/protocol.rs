@@ -104,6 +104,15 @@ pub struct PlanRef {
     pub sha256: String,
     pub chunk_size: u64,
     pub chunks: Vec<String>,
+    /// 0: `chunks` are the plan's. n: they hold the plan's chunk list (its raw 32-byte
+    /// SHA-256s), n levels up, because on a bus with a small `max_payload` the list would
+    /// not fit in the command (`fleet::content::store_plan`).
+    #[serde(default, skip_serializing_if = "is_zero_depth")]
+    pub list_depth: u32,
+}
+
+fn is_zero_depth(value: &u32) -> bool {
+    *value == 0
 }
 
 /// An agent asks for one chunk of a stored plan, showing the signed command that named it:

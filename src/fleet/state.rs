@@ -201,13 +201,15 @@ async fn prepare_checked(
 }
 
 /// What a command carries for `plan`: the plan itself, or, past
-/// [`content::INLINE_PLAN_BYTES`], an empty plan and the reference to where it was stored.
+/// [`content::inline_limit`], an empty plan and the reference to where it was stored.
 async fn outgoing(domain: &Domain, plan: &Plan) -> Result<(Plan, Option<PlanRef>)> {
     let json = serde_json::to_vec(plan).map_err(Error::internal)?;
-    if json.len() <= content::INLINE_PLAN_BYTES {
+    let max_payload = domain.fleet.max_payload();
+    if json.len() <= content::inline_limit(max_payload) {
         return Ok((plan.clone(), None));
     }
-    let plan_ref = content::store_plan(&domain.files, &json).await?;
+    let plan_ref = content::store_plan(&domain.files, &json, max_payload).await?;
+    content::check_reference(&plan_ref, max_payload)?;
     Ok((Plan::default(), Some(plan_ref)))
 }
 

@@ -58,7 +58,7 @@ impl Authenticator for ApiKeyAuthenticator {
                     token.as_bytes(),
                     self.internal_token.as_bytes(),
                 ) {
-                    return Some(Permissions::allow_all("server"));
+                    return Some(Permissions::internal("server"));
                 }
                 token
             }
@@ -195,7 +195,7 @@ pub async fn start(
             };
             let scheme = if tls.is_some() { "tls" } else { "nats" };
             let broker_config = BrokerConfig {
-                max_payload: config.bus.max_payload as usize,
+                max_payload: config.bus.effective_max_payload() as usize,
                 server_name: config.bus.server_name.clone(),
                 ping_interval: config.bus.ping_interval.0,
                 max_pings_out: config.bus.ping_max,
@@ -301,6 +301,7 @@ pub fn agent_bus_permissions(agent_id: &str) -> Permissions {
             ],
             deny: Vec::new(),
         },
+        internal: false,
     }
 }
 

@@ -1,6 +1,7 @@
 //! Starts the embedded broker's monitoring listener (`listen.bus_monitor`, nats-server's
 //! `-m` port; see `bus::monitor`) and, with `bus.monitor_auth`, requires an admin API key
-//! as a bearer token. Off with an external NATS cluster or an empty `listen.bus_monitor`.
+//! as a bearer token. Off unless `listen.bus_monitor` is set (nats-server's `-m` is opt-in
+//! too), and always with an external NATS cluster.
 
 use std::net::SocketAddr;
 use std::sync::Arc;

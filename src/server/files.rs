@@ -29,7 +29,8 @@ use crate::auth::Role;
 use crate::bus::{subjects, SENDER_HEADER};
 use crate::files::signature::{self, Nonces, Signature, AUTH_HEADER, SIGNED_HEADERS};
 use crate::files::wire::{
-    CHUNK_HEADER, ERROR_HEADER, MANIFEST_HEADER, PRINCIPAL_ID_HEADER, PRINCIPAL_ROLE_HEADER,
+    CHUNK_HEADER, ERROR_HEADER, MANIFEST_HEADER, MORE_HEADER, PRINCIPAL_ID_HEADER,
+    PRINCIPAL_ROLE_HEADER,
 };
 use crate::files::Manifest;
 use crate::files::{jetstream::JetStreamStore, local::LocalStore, Caller, Files, ObjectStore};
@@ -47,7 +48,7 @@ pub async fn object_store(
     client: &async_nats::Client,
     replicas: usize,
 ) -> Result<Arc<dyn ObjectStore>> {
-    let problems = config.files.problems(config.bus.max_payload);
+    let problems = config.files.problems();
     if !problems.is_empty() {
         return Err(Error::Invalid(problems.join("; ")));
     }
@@ -106,10 +107,30 @@ struct PathRequest {
     path: String,
 }
 
+/// A `get`: the object, and its chunk list from index `from` on (as much as one message
+/// carries; a client asks again for the rest).
+#[derive(Deserialize)]
+struct GetRequest {
+    path: String,
+    #[serde(default)]
+    from: usize,
+}
+
+/// A `read`'s optional body: the chunk's bytes from `offset` on. A chunk larger than a
+/// message now (put under a larger `bus.max_payload`) is answered in pieces.
+#[derive(Deserialize, Default)]
+struct ReadRequest {
+    #[serde(default)]
+    offset: usize,
+}
+
 #[derive(Deserialize)]
 struct ListRequest {
     #[serde(default)]
     prefix: String,
+    /// Only the objects whose paths sort after this one (the next page).
+    #[serde(default)]
+    after: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -118,6 +139,13 @@ struct ManifestHeader {
     size: u64,
     sha256: String,
     chunk_size: u64,
+    /// `put`: the body is the chunk list from this index on (a page of a long list).
+    #[serde(default)]
+    from: u64,
+    /// `commit`: how many levels of chunk lists sent as chunks the body's hashes name
+    /// (`Files::commit_put`).
+    #[serde(default)]
+    list_depth: u32,
 }
 
 async fn answer(
@@ -158,12 +186,28 @@ async fn answer(
         }
         "list" => {
             let request: ListRequest = parse(body)?;
-            json_reply(&files.list(&caller, cluster, &request.prefix).await?)
+            let objects = files.list(&caller, cluster, &request.prefix).await?;
+            let after = request.after.as_deref();
+            let (page, more) = list_page(
+                objects
+                    .iter()
+                    .filter(|object| after.is_none_or(|after| object.path.as_str() > after)),
+                files.read_piece(),
+            );
+            let mut reply = HeaderMap::new();
+            if more {
+                reply.insert(MORE_HEADER, "true");
+            }
+            Ok((reply, page.into()))
         }
         "get" => {
-            let request: PathRequest = parse(body)?;
+            let request: GetRequest = parse(body)?;
             let meta = files.open(&caller, cluster, &request.path).await?;
-            let hashes = pack_hashes(&meta.chunks)?;
+            let from = request.from.min(meta.chunks.len());
+            let to = from
+                .saturating_add(files.hashes_per_message())
+                .min(meta.chunks.len());
+            let hashes = pack_hashes(&meta.chunks[from..to])?;
             let mut reply = HeaderMap::new();
             let summary = serde_json::to_string(&meta.summary()).expect("records serialize");
             reply.insert(MANIFEST_HEADER, summary.as_str());
@@ -171,19 +215,33 @@ async fn answer(
         }
         "read" => {
             let sha256 = header(&headers, CHUNK_HEADER)?;
+            let request: ReadRequest = if body.is_empty() {
+                ReadRequest::default()
+            } else {
+                parse(body)?
+            };
             let bytes = files.read_chunk(&caller, cluster, &sha256).await?;
-            Ok((HeaderMap::new(), bytes))
+            if request.offset > bytes.len() {
+                return Err(Error::Invalid(format!(
+                    "offset {} is past the chunk's {} bytes",
+                    request.offset,
+                    bytes.len()
+                )));
+            }
+            let piece = files.read_piece();
+            let end = request.offset.saturating_add(piece).min(bytes.len());
+            Ok((HeaderMap::new(), bytes.slice(request.offset..end)))
         }
         "put" | "commit" => {
-            let (path, manifest) = manifest_of(&headers, body)?;
+            let (path, manifest, head) = manifest_of(&headers, body)?;
             if operation == "put" {
                 let missing = files
-                    .begin_put(domain, &caller, cluster, &path, &manifest)
+                    .begin_put(domain, &caller, cluster, &path, &manifest, head.from)
                     .await?;
                 json_reply(&serde_json::json!({ "missing": missing }))
             } else {
                 let meta = files
-                    .commit_put(domain, &caller, cluster, &path, &manifest)
+                    .commit_put(domain, &caller, cluster, &path, &manifest, head.list_depth)
                     .await?;
                 json_reply(&meta)
             }
@@ -282,7 +340,7 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T> {
     serde_json::from_slice(body).map_err(|e| Error::Invalid(format!("malformed request: {e}")))
 }
 
-fn manifest_of(headers: &HeaderMap, body: &[u8]) -> Result<(String, Manifest)> {
+fn manifest_of(headers: &HeaderMap, body: &[u8]) -> Result<(String, Manifest, ManifestHeader)> {
     let head: ManifestHeader = serde_json::from_str(&header(headers, MANIFEST_HEADER)?)
         .map_err(|e| Error::Invalid(format!("malformed {MANIFEST_HEADER}: {e}")))?;
     if body.len() % 32 != 0 {
@@ -292,11 +350,33 @@ fn manifest_of(headers: &HeaderMap, body: &[u8]) -> Result<(String, Manifest)> {
     }
     let manifest = Manifest {
         size: head.size,
-        sha256: head.sha256,
+        sha256: head.sha256.clone(),
         chunk_size: head.chunk_size,
         chunks: body.chunks(32).map(hex::encode).collect(),
     };
-    Ok((head.path, manifest))
+    Ok((head.path.clone(), manifest, head))
+}
+
+/// A JSON array of as many of `objects` as fit in `budget` bytes (one at least), and whether
+/// some were left for the next page.
+fn list_page<'a>(
+    objects: impl Iterator<Item = &'a crate::files::ObjectMeta>,
+    budget: usize,
+) -> (Vec<u8>, bool) {
+    let mut page = b"[".to_vec();
+    for object in objects {
+        let item = serde_json::to_vec(object).expect("records serialize");
+        if page.len() > 1 && page.len() + item.len() + 2 > budget {
+            page.push(b']');
+            return (page, true);
+        }
+        if page.len() > 1 {
+            page.push(b',');
+        }
+        page.extend_from_slice(&item);
+    }
+    page.push(b']');
+    (page, false)
 }
 
 fn pack_hashes(chunks: &[String]) -> Result<Vec<u8>> {

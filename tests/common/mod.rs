@@ -118,6 +118,9 @@ pub struct Options {
     /// Where the data dir goes (default: `data` in the server's temp dir), e.g. on a small
     /// filesystem the test mounted.
     pub data_dir: Option<PathBuf>,
+    /// `listen` names only the contract's three listeners (http, grpc, bus), leaving
+    /// `listen.bus_monitor` at its default; otherwise the monitor is on, on an ephemeral port.
+    pub contract_listeners_only: bool,
 }
 
 /// The store driver test servers use: `SVC_TEST_STORE` (`sqlite`, the default, or
@@ -189,8 +192,13 @@ impl TestServer {
         } else {
             store_yaml()
         };
+        let monitor = if options.contract_listeners_only {
+            ""
+        } else {
+            "  bus_monitor: 127.0.0.1:0\n"
+        };
         let config = format!(
-            "data_dir: {}\nlisten:\n  http: 127.0.0.1:0\n  grpc: 127.0.0.1:0\n  bus: 127.0.0.1:0\n  bus_monitor: 127.0.0.1:0\nhmacsecret: test-hmac-secret\nmaster_key: {}\n{store}{}",
+            "data_dir: {}\nlisten:\n  http: 127.0.0.1:0\n  grpc: 127.0.0.1:0\n  bus: 127.0.0.1:0\n{monitor}hmacsecret: test-hmac-secret\nmaster_key: {}\n{store}{}",
             data_dir.display(),
             options.master_key.clone().unwrap_or_else(random_master_key),
             options.config_yaml

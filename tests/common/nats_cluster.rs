@@ -76,12 +76,26 @@ impl NatsCluster {
     /// answers on every node (in a cluster: a meta leader is elected). None when nats-server
     /// is not installed (the skip is printed).
     pub async fn start(nodes: usize) -> Option<NatsCluster> {
-        Self::start_with(nodes, None).await
+        Self::start_configured(nodes, "", None).await
+    }
+
+    /// As [`NatsCluster::start`], with `extra` (nats-server configuration lines, e.g.
+    /// `max_payload: 8192`) in every node's configuration.
+    pub async fn start_with(nodes: usize, extra: &str) -> Option<NatsCluster> {
+        Self::start_configured(nodes, extra, None).await
     }
 
     /// [`start`](Self::start), every node's configuration ending with `auth` (the block
     /// `svc-cluster nats-config` prints: operator mode, where every client needs a user JWT).
-    pub async fn start_with(nodes: usize, auth: Option<&str>) -> Option<NatsCluster> {
+    pub async fn start_with_auth(nodes: usize, auth: &str) -> Option<NatsCluster> {
+        Self::start_configured(nodes, "", Some(auth)).await
+    }
+
+    async fn start_configured(
+        nodes: usize,
+        extra: &str,
+        auth: Option<&str>,
+    ) -> Option<NatsCluster> {
         assert!(nodes >= 1);
         let binary = nats_server_or_skip("this NATS cluster test")?;
         let dir = tempfile::tempdir().unwrap();
@@ -102,6 +116,7 @@ impl NatsCluster {
                 log.display(),
                 store.display()
             );
+            config.push_str(extra);
             if nodes > 1 {
                 let routes: Vec<String> = ports
                     .iter()

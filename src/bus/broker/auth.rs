@@ -201,6 +201,10 @@ pub struct Permissions {
     pub user: String,
     pub publish: AllowDeny,
     pub subscribe: AllowDeny,
+    /// The embedding process's own connection (svc-server's client), not a client: served
+    /// like any other, but left out of monitoring's `/connz` and of the broker's connection
+    /// and message counters, as nats-server leaves out its internal clients.
+    pub internal: bool,
 }
 
 impl Permissions {
@@ -209,6 +213,15 @@ impl Permissions {
             user: user.into(),
             publish: AllowDeny::all(),
             subscribe: AllowDeny::all(),
+            internal: false,
+        }
+    }
+
+    /// Every right, for the embedding process's own connection ([`Permissions::internal`]).
+    pub fn internal(user: impl Into<String>) -> Self {
+        Permissions {
+            internal: true,
+            ..Permissions::allow_all(user)
         }
     }
 
@@ -222,6 +235,7 @@ impl Permissions {
                 allow: vec![SubjectRule::private_inbox("_INBOX", 16)],
                 deny: Vec::new(),
             },
+            internal: false,
         }
     }
 

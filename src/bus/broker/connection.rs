@@ -110,12 +110,14 @@ struct ConnectOptions {
 
 /// Serves one accepted socket until it closes. Runs the TLS handshake first when
 /// configured, then the session.
+/// Serves one accepted socket until it closes; returns whether it was the embedding process's
+/// own connection (`Permissions::internal`), which the caller's connection gauge leaves out.
 pub(crate) async fn serve(
     shared: Arc<Shared>,
     socket: TcpStream,
     peer: SocketAddr,
     client_id: u64,
-) {
+) -> bool {
     let _ = socket.set_nodelay(true);
     let nonce = if shared.auth.uses_nonce() {
         make_nonce()
@@ -126,8 +128,7 @@ pub(crate) async fn serve(
     let Some(tls) = shared.config.tls.clone() else {
         let (reader, writer) = socket.into_split();
         let session = Session::new(shared.clone(), client_id, peer, nonce, None);
-        session.run(reader, writer, first_info).await;
-        return;
+        return session.run(reader, writer, first_info).await;
     };
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     let handshake_deadline = shared.config.auth_timeout;
@@ -135,18 +136,18 @@ pub(crate) async fn serve(
     if !shared.config.tls_handshake_first {
         // INFO travels in clear; the client upgrades right after reading `tls_required`.
         if socket.write_all(&first_info).await.is_err() {
-            return;
+            return false;
         }
     }
     let stream = match timeout(handshake_deadline, acceptor.accept(socket)).await {
         Ok(Ok(stream)) => stream,
         Ok(Err(error)) => {
             tracing::debug!(%peer, %error, "bus TLS handshake failed");
-            return;
+            return false;
         }
         Err(_) => {
             tracing::debug!(%peer, "bus TLS handshake timed out");
-            return;
+            return false;
         }
     };
     let certificates = stream
@@ -163,7 +164,7 @@ pub(crate) async fn serve(
     } else {
         Vec::new()
     };
-    session.run(reader, writer, inner_info).await;
+    session.run(reader, writer, inner_info).await
 }
 
 fn make_nonce() -> String {
@@ -197,6 +198,8 @@ struct Session {
     permissions: Option<Arc<Permissions>>,
     /// Who authenticated (`Permissions::user`), for `BrokerConfig::sender_subjects`.
     user: String,
+    /// `Permissions::internal`: not a client, so not in the broker's counters.
+    internal: bool,
     subscriptions: HashMap<Bytes, Arc<Subscription>>,
     /// Exhausted (`UNSUB max`) subscriptions leave the map lazily, when it grows past this.
     sweep_at: usize,
@@ -258,6 +261,7 @@ impl Session {
             no_responders: false,
             permissions: None,
             user: "anonymous".into(),
+            internal: false,
             subscriptions: HashMap::new(),
             sweep_at: 64,
             cache: HashMap::new(),
@@ -277,7 +281,7 @@ impl Session {
     }
 
     #[tracing::instrument(name = "bus_connection", skip_all, fields(client_id = self.client_id, peer = %self.peer))]
-    async fn run<R, W>(mut self, reader: R, writer: W, info: Vec<u8>)
+    async fn run<R, W>(mut self, reader: R, writer: W, info: Vec<u8>) -> bool
     where
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
@@ -305,6 +309,7 @@ impl Session {
         self.outbound.close(Close::AfterFlush);
         let _ = writer_task.await;
         self.shared.unregister(self.client_id);
+        self.internal
     }
 
     async fn read_loop<R: AsyncRead + Unpin>(&mut self, mut reader: R) {
@@ -485,6 +490,7 @@ impl Session {
             lang: options.lang.clone().unwrap_or_default(),
             version: options.version.clone().unwrap_or_default(),
             user: permissions.user.clone(),
+            internal: permissions.internal,
         };
         self.verbose = options.verbose.unwrap_or(true);
         self.pedantic = options.pedantic.unwrap_or(true);
@@ -496,6 +502,7 @@ impl Session {
             return false;
         }
         self.user = permissions.user.clone();
+        self.set_internal(permissions.internal);
         self.permissions = (!permissions.is_unrestricted()).then(|| Arc::new(permissions));
         self.is_connected = true;
         self.send_ok();
@@ -600,8 +607,10 @@ impl Session {
             Some(Queued::Wake) => self.wakes.push(subscription.outbound.clone()),
             Some(Queued::Pending) => {}
         }
-        self.counters.messages_out += 1;
-        self.counters.bytes_out += payload.len() as u64;
+        if !subscription.internal {
+            self.counters.messages_out += 1;
+            self.counters.bytes_out += payload.len() as u64;
+        }
         true
     }
 
@@ -665,6 +674,7 @@ impl Session {
             }
             let subscription = Arc::new(Subscription::new(
                 self.client_id,
+                self.internal,
                 self.outbound.clone(),
                 // Copied: a slice would pin the whole read chunk for the subscription's life.
                 Bytes::copy_from_slice(&sid),
@@ -778,6 +788,23 @@ impl Session {
         }
     }
 
+    /// The connection's kind from CONNECT: an internal one leaves the connection counters
+    /// (it was counted at accept); a second CONNECT that changes it puts it back.
+    fn set_internal(&mut self, internal: bool) {
+        if internal == self.internal {
+            return;
+        }
+        self.internal = internal;
+        let stats = &self.shared.stats;
+        if internal {
+            stats.connections.fetch_sub(1, Ordering::Relaxed);
+            stats.total_connections.fetch_sub(1, Ordering::Relaxed);
+        } else {
+            stats.connections.fetch_add(1, Ordering::Relaxed);
+            stats.total_connections.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     fn flush_counters(&mut self) {
         let stats = &self.shared.stats;
         let counters = std::mem::take(&mut self.counters);
@@ -788,6 +815,10 @@ impl Session {
             self.meta
                 .bytes_in
                 .fetch_add(counters.bytes_in, Ordering::Relaxed);
+        }
+        // An internal connection's publishes are not client traffic (nats-server counts
+        // what its clients' read loops parse).
+        if counters.messages_in > 0 && !self.internal {
             stats
                 .messages_in
                 .fetch_add(counters.messages_in, Ordering::Relaxed);

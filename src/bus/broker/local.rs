@@ -4,7 +4,8 @@
 //! being parsed back by the broker. Delivery is what a PUB from a client with every right
 //! gets: each matching plain subscription and one member of each queue group, the same MSG
 //! frames, the same per-subscription limits (auto-unsubscribe, deny lists), the same broker
-//! counters and slow-consumer rules (the outbound buffer's).
+//! counters for deliveries to clients and slow-consumer rules (the outbound buffer's); it is no
+//! client, so nothing counts as a message in.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -46,39 +47,43 @@ impl LocalPublisher {
             Some((header_len, stamped)) => (Some(*header_len), &stamped[..]),
             None => (None, payload),
         };
-        shared.stats.messages_in.fetch_add(1, Ordering::Relaxed);
-        shared
-            .stats
-            .bytes_in
-            .fetch_add(payload.len() as u64, Ordering::Relaxed);
+        // Not a message in: no client published it (nats-server does not count its internal
+        // clients' publishes either). Deliveries to clients count out, below.
         let matches = shared.router.lookup(subject);
         let mut head = Vec::with_capacity(subject.len() + 32);
-        let mut delivered = 0u64;
+        let mut delivered = false;
+        // Deliveries to clients, for the counters (not those to the process's own connection).
+        let mut to_clients = 0u64;
+        let mut count = |subscription: &Arc<Subscription>| {
+            delivered = true;
+            to_clients += u64::from(!subscription.internal);
+        };
         for subscription in &matches.plain {
-            delivered +=
-                u64::from(self.deliver(subscription, &mut head, subject, header_len, payload));
+            if self.deliver(subscription, &mut head, subject, header_len, payload) {
+                count(subscription);
+            }
         }
         for group in &matches.groups {
             let start = self.turn.fetch_add(1, Ordering::Relaxed) as usize % group.len();
             for offset in 0..group.len() {
                 let subscription = &group[(start + offset) % group.len()];
                 if self.deliver(subscription, &mut head, subject, header_len, payload) {
-                    delivered += 1;
+                    count(subscription);
                     break;
                 }
             }
         }
-        if delivered > 0 {
+        if to_clients > 0 {
             shared
                 .stats
                 .messages_out
-                .fetch_add(delivered, Ordering::Relaxed);
+                .fetch_add(to_clients, Ordering::Relaxed);
             shared
                 .stats
                 .bytes_out
-                .fetch_add(delivered * payload.len() as u64, Ordering::Relaxed);
+                .fetch_add(to_clients * payload.len() as u64, Ordering::Relaxed);
         }
-        delivered > 0
+        delivered
     }
 
     /// One MSG/HMSG frame to one subscription (`Subscription::offer`, which a connection's

@@ -132,15 +132,21 @@ impl std::fmt::Debug for BrokerConfig {
 
 /// Live counters, updated with relaxed atomics (read them for metrics, not for ordering).
 /// Message counters are added once per read chunk, so they lag by at most one chunk.
+///
+/// They count client traffic only, as nats-server's `/varz` does: the embedding process's
+/// own connection ([`Permissions::internal`]) is not among the connections, its publishes
+/// (and in-process ones, [`LocalPublisher`]) are not messages in, and deliveries to it are
+/// not messages out. What it sends to clients is delivered to them, so that counts out.
 #[derive(Debug, Default)]
 pub struct BrokerStats {
-    /// Connections open now (a gauge).
+    /// Client connections open now (a gauge); a connection counts from its accept until
+    /// CONNECT shows it internal.
     pub connections: AtomicU64,
-    /// Connections accepted since start.
+    /// Client connections accepted since start.
     pub total_connections: AtomicU64,
-    /// PUB/HPUB received.
+    /// PUB/HPUB received from clients.
     pub messages_in: AtomicU64,
-    /// MSG/HMSG queued to subscribers.
+    /// MSG/HMSG queued to clients' subscriptions.
     pub messages_out: AtomicU64,
     pub bytes_in: AtomicU64,
     pub bytes_out: AtomicU64,
@@ -203,6 +209,9 @@ pub(crate) struct ConnectMeta {
     pub version: String,
     /// The authenticated user (`Permissions::user`; an API key's id, never the key).
     pub user: String,
+    /// `Permissions::internal`: the embedding process's own connection, which monitoring
+    /// does not list.
+    pub internal: bool,
 }
 
 impl ClientMeta {
@@ -592,8 +601,11 @@ async fn accept_loop(
                 .stats
                 .total_connections
                 .fetch_add(1, Ordering::Relaxed);
-            connection::serve(shared.clone(), socket, peer, client_id).await;
-            shared.stats.connections.fetch_sub(1, Ordering::Relaxed);
+            let internal = connection::serve(shared.clone(), socket, peer, client_id).await;
+            // An internal connection left the gauge at its CONNECT.
+            if !internal {
+                shared.stats.connections.fetch_sub(1, Ordering::Relaxed);
+            }
             drop(permit);
             drop(done);
         });

@@ -22,6 +22,9 @@ const CACHE_LIMIT: usize = 4096;
 /// One SUB of one connection.
 pub(crate) struct Subscription {
     pub client_id: u64,
+    /// The subscriber is the embedding process's own connection (`Permissions::internal`):
+    /// deliveries to it are not in the broker's `messages_out`.
+    pub internal: bool,
     pub outbound: Arc<Outbound>,
     pub sid: Bytes,
     pub subject: String,
@@ -46,6 +49,7 @@ pub(crate) enum Claim {
 impl Subscription {
     pub(crate) fn new(
         client_id: u64,
+        internal: bool,
         outbound: Arc<Outbound>,
         sid: Bytes,
         subject: String,
@@ -54,6 +58,7 @@ impl Subscription {
     ) -> Self {
         Subscription {
             client_id,
+            internal,
             outbound,
             sid,
             subject,
@@ -422,6 +427,7 @@ mod tests {
         ));
         Arc::new(Subscription::new(
             1,
+            false,
             outbound,
             Bytes::copy_from_slice(sid.as_bytes()),
             subject.into(),
@@ -568,6 +574,7 @@ mod prop {
             for (index, (pattern, queued)) in patterns.iter().enumerate() {
                 let subscription = Arc::new(Subscription::new(
                     1,
+                    false,
                     outbound.clone(),
                     Bytes::from(index.to_string()),
                     pattern.clone(),

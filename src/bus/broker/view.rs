@@ -111,12 +111,14 @@ impl BrokerView {
         self.shared.router.stats()
     }
 
-    /// Every connection, by client id.
+    /// Every client connection, by client id: not the embedding process's own
+    /// (`Permissions::internal`), which nats-server's `/connz` would not list either.
     pub fn connections(&self) -> Vec<ConnectionView> {
         let clients: Vec<_> = self
             .shared
             .clients()
             .iter()
+            .filter(|(_, client)| !client.meta.connect_meta().internal)
             .map(|(id, client)| (*id, client.outbound.clone(), client.meta.clone()))
             .collect();
         let mut by_client: HashMap<u64, Vec<SubscriptionView>> = HashMap::new();

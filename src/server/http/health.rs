@@ -31,7 +31,7 @@ fn write_bus(context: &Context, out: &mut Exposition) {
     out.family(
         "svc_bus_messages_total",
         "counter",
-        "Messages through the embedded bus (in = published, out = delivered).",
+        "Client messages through the embedded bus (in = published by clients, out = delivered to clients).",
     );
     out.sample(
         "svc_bus_messages_total",
@@ -46,7 +46,7 @@ fn write_bus(context: &Context, out: &mut Exposition) {
     out.family(
         "svc_bus_bytes_total",
         "counter",
-        "Payload bytes through the embedded bus.",
+        "Client payload bytes through the embedded bus.",
     );
     out.sample(
         "svc_bus_bytes_total",
