@@ -1,10 +1,12 @@
 //! Timestamps and durations as every surface prints and parses them.
 //!
-//! Timestamps are RFC 3339 UTC with milliseconds (`2026-11-21T08:15:02.123Z`), which sort as
-//! strings, so the store keeps them as TEXT on both SQLite and PostgreSQL. Durations accept
-//! `500ms`, `30s`, `5m`, `24h`, `7d`. The calendar (days in a month, leap years, day numbers)
-//! is the `time` crate's, already compiled in for certificates; this module only reads and
-//! writes the one text shape, without the crate's format-description machinery.
+//! Timestamps are written as RFC 3339 UTC with milliseconds (`2026-11-21T08:15:02.123Z`),
+//! which sort as strings, so the store keeps them as TEXT on both SQLite and PostgreSQL; they
+//! are read with any offset (`Z`, `±HH:MM`) and fraction. Durations accept `500ms`, `30s` (or
+//! plain `30`), `5m`, `24h`, `7d`, `2w`; where a point in time is asked for, a duration means
+//! that long ago (`parse_time_or_ago`). The calendar (days in a month, leap years, day
+//! numbers) is the `time` crate's, already compiled in for certificates; this module reads
+//! and writes the text itself, without the crate's format-description machinery.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -123,7 +125,7 @@ pub fn parse_rfc3339(text: &str) -> Option<i64> {
     Some(seconds * 1000 + millis)
 }
 
-/// Parses `500ms`, `30s`, `5m`, `24h`, `7d` (and plain seconds, `30`).
+/// Parses `500ms`, `30s`, `5m`, `24h`, `7d`, `2w` (and plain seconds, `30`).
 pub fn parse_duration(text: &str) -> Option<Duration> {
     let text = text.trim();
     let split = text

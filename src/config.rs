@@ -4,8 +4,8 @@
 //! it, check every key against the tree of defaults (so every unknown key is reported at once,
 //! named with its file or variable), then deserialize. serde_yaml is archived upstream, so
 //! configuration goes through [`parse_yaml`] (`serde_yaml_ng`); state has its own
-//! (`state/compile.rs`), and blueprints, modules, runbooks, svc-gitops and svc-agent's
-//! bootstrap still call `serde_yaml_ng` themselves.
+//! (`state/compile.rs`), and blueprints, modules, runbooks, svc-gitops, svc-bootstrap's seed
+//! and svc-agent's bootstrap still call `serde_yaml_ng` themselves.
 
 use std::collections::BTreeMap;
 use std::fmt;

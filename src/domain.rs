@@ -1,14 +1,17 @@
 //! The domain: what every domain function receives first, built once and whole at start.
 //!
 //! Start-up order (server::cmd): store → the master key, decoded and checked against the store
-//! once ([`Unlocked`]) → CA → stream logs → broker → the server's bus client →
-//! [`Domain::start`] → listeners. `Domain::start` returns a finished `Arc<Domain>`: nothing in
-//! it is set later (no late-bound bus client, publisher callback or swapped-in part), so a
-//! domain function can never meet a half-built domain.
+//! once ([`Unlocked`]) → CA → stream logs → listeners bound → broker → the server's bus client
+//! → [`Domain::start`] → bus subscribers → REST and gRPC serve. `Domain::start` returns a
+//! finished `Arc<Domain>`: nothing in it is set later (no late-bound bus client, publisher
+//! callback or swapped-in part), so a domain function can never meet a half-built domain.
 //!
 //! Transports (REST, gRPC, bus) hold an `Arc<Domain>`; they authenticate with
-//! [`Domain::authenticate`] and call domain functions with the `Principal` it returns. Every
-//! authorization decision is made in the domain (see `auth::access`).
+//! [`Domain::authenticate`] and call domain functions with the `Principal` it returns. REST
+//! and gRPC check the caller's role against `auth::access` first, before they read the
+//! request, so a caller without the role learns nothing from its input's errors; every domain
+//! function checks it again (`Principal::require`), so a transport that forgot cannot skip
+//! it.
 
 use std::sync::Arc;
 use std::time::Duration;

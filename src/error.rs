@@ -1,10 +1,13 @@
 //! The domain error enum, and its mappings to HTTP (status and the REST error code) and to gRPC.
 //!
-//! Domain modules return `Error`; REST and gRPC translate it here, with exhaustive matches, so
-//! a new variant is handled on both or the build fails. Exit codes are not mapped here: the
-//! CLIs map the gRPC status (`program::CliError::from`), the HTTP status
-//! (`cli::client::http_json`) and, in a few local or bus commands, errors of their own
-//! (docs/ARCHITECTURE.md, "Errors map to HTTP and gRPC in one place").
+//! Domain modules return `Error`; svc-server's REST, gRPC and bus replies translate it here,
+//! with exhaustive matches, so a new variant is handled on each or the build fails.
+//! svc-registry is the exception: it maps `Error` to an HTTP status with a match of its own
+//! (`modules::registry`). Exit codes are not mapped here: the CLIs map the gRPC status
+//! (`program::CliError::from`), the HTTP status (`cli::client::http_json`), `Error` itself
+//! (`From<Error> for CliError` in `cli/cluster.rs`) and, in a few local or bus commands,
+//! errors of their own (docs/ARCHITECTURE.md, "Errors map to HTTP and gRPC in `error.rs`, for
+//! svc-server").
 
 use std::time::Duration;
 

@@ -5,6 +5,12 @@
 //! its config file (keeping every other key already there, and the file's group and mode, so
 //! that an unprivileged daemon's group may still read it). No private key ever leaves the host.
 //!
+//! On a cluster whose NATS logs clients in with JWTs, nothing connects anonymously: the CSR
+//! goes over a connection made with the cluster's enrolment JWT (`--enrol-jwt`), the request
+//! also carries the public half of an nkey made here, and the agent's NATS user JWT comes
+//! back; it and the nkey seed are written as `bus.jwt` and `bus.nk` under state_dir, with the
+//! enrolment JWT as `enrol.jwt`, which renewals (renew.rs) connect with.
+//!
 //! Over `tls://` (or with `--ca-file`) the join token or PSK travels inside TLS; the CA file
 //! that made the handshake succeed is written to `nats.ca_file` so the daemon trusts the same.
 

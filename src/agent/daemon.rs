@@ -1,8 +1,11 @@
 //! `svc-agent [--config PATH]`: the daemon. Connects to the bus as this agent (certificate +
-//! signed nonce; inside TLS for `tls://` URLs or with `nats.ca_file`), heartbeats every
-//! `heartbeat_interval` (with the host's facts when the server needs them), and hands the commands the server sends on `svc.agent.<id>.cmd` (exec
-//! and state) to the executor (executor.rs: in this process with `executor: inline`, else the
-//! privileged `svc-agent executor` behind its socket), answering on `svc.agent.<id>.result`.
+//! signed nonce, or on a JWT-mode cluster its user JWT, renewed at half-life by renew.rs;
+//! inside TLS for `tls://` URLs or with `nats.ca_file`), heartbeats every
+//! `heartbeat_interval` (with the host's facts when the server needs them), and hands the
+//! commands the server sends on `svc.agent.<id>.cmd` (exec, state and modules; a large
+//! state plan fetched first by content.rs) to the executor (executor.rs: in this process
+//! with `executor: inline`, else the privileged `svc-agent executor` behind its socket),
+//! answering on `svc.agent.<id>.result`.
 //!
 //! One thread: a current-thread runtime keeps an idle agent at a few MB; command output is
 //! read asynchronously and state runs on the blocking pool.

@@ -1,10 +1,12 @@
 //! svc-agent: the host daemon. `bootstrap` enrols (bootstrap.rs), `run` (the default) is the
-//! daemon (daemon.rs: bus, heartbeats, commands), `executor` the privileged half of a split
-//! agent (executor.rs: checks each command's server signature, then exec.rs runs programs and
-//! `crate::state` applies states; inline in the daemon by default), `service` manages its
-//! systemd unit (service.rs), `jwt` prints the agent's own
-//! JWT-SVID (jwt.rs). The bus credentials an enrolled
-//! agent connects with are here.
+//! daemon (daemon.rs: bus, heartbeats, commands; content.rs fetches state plans too large
+//! for a command; renew.rs keeps its NATS user JWT fresh on a JWT-mode cluster), `executor`
+//! the privileged half of a split agent (executor.rs: checks each command's server signature,
+//! then exec.rs runs programs, `crate::state` applies states and `crate::modules::bundle`
+//! runs modules; inline in the daemon by default), `service` manages its two systemd units
+//! (service.rs), `jwt` prints the agent's own JWT-SVID (jwt.rs). The bus credentials an
+//! enrolled agent connects with are here: its certificate and a signed nonce, or on a
+//! JWT-mode cluster its NATS user JWT and nkey.
 //!
 //! `--config PATH` is global (`svc-agent --config PATH bootstrap ...`, or after the command);
 //! it is taken out here before the command's own parser runs.

@@ -1,7 +1,8 @@
 //! The audit log (contract §9): one recording function for every mutating operation, the hash
 //! chain, redaction, queries, and the policy engine in audit mode.
 //!
-//! `record` is the only writer of audit rows. It redacts the detail, evaluates the policies
+//! `record` (with `record_failure`, for a refusal that holds no result) is the only writer of
+//! audit rows. It redacts the detail, evaluates the policies
 //! (recording decision and policy id, never blocking), and appends the row at the end of the
 //! hash chain. Nothing updates or deletes rows; the database refuses it too (triggers).
 

@@ -20,7 +20,9 @@ pub enum Access {
     Public,
     /// A key whose role is at least this one.
     Least(Role),
-    /// Any key; the operation is not built yet and answers "not implemented yet".
+    /// Any key gets past the role check; the operation answers UNIMPLEMENTED. Today that is
+    /// PolicyService's Create/Update/DeletePolicy, refused by design (policies are files)
+    /// and audited as `denied`; the table's words "not built yet" predate that.
     NotBuilt,
 }
 

@@ -1,10 +1,12 @@
-//! Authentication and authorization: API keys, roles, the `Principal`, rate limiting.
+//! Authentication and authorization: API keys, roles, the `Principal`, rate limiting, and
+//! who may do what on every surface (`access`).
 //!
-//! Every request passes one chain (contract §4): key → role check → rate limit. Keys are
-//! looked up by their SHA-256; on SQLite a key already verified is answered from a cache that
-//! every delete or change through this server empties before it returns (`cache`), and on
-//! PostgreSQL (shared with other members) the store is read on every request. Either way a
-//! deleted key fails its very next request.
+//! Every request passes one chain (contract §4): key → rate limit (`Domain::authenticate`) →
+//! role check (the transport's against `access`, then the domain's). Keys are looked up by
+//! their SHA-256; on SQLite a key already verified is answered from a cache that every delete
+//! or change through this server empties before it returns (`cache`), and on PostgreSQL
+//! (shared with other members) the store is read on every request. Either way a deleted key
+//! fails its very next request.
 
 pub mod access;
 mod cache;

@@ -4,8 +4,9 @@
 //! tokens) and the subjects of the control plane: enrolment, the agents', the events', the
 //! files'. Not all: the server subscribes to agents' heartbeats and results with wildcards of
 //! its own (`server/fleet.rs`), `fleet::protocol::agent_of` reads an agent id back out of a
-//! subject, and the JetStream streams name their internal subjects beside them
-//! (`stream/jetstream.rs`, `files/jetstream.rs`). Pure functions only: no I/O, no allocation on
+//! subject, JWT-mode enrolment replies go under `identity::nats::ENROL_REPLY_PREFIX`, and the
+//! JetStream streams name their internal subjects beside them (`stream/jetstream.rs`,
+//! `files/jetstream.rs`). Pure functions only: no I/O, no allocation on
 //! the matching path.
 
 /// Enrolment requests from agents that have no credentials yet.

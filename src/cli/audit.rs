@@ -1,4 +1,5 @@
-//! `svc-audit`: query the audit log and verify its hash chain (PolicyService).
+//! `svc-audit`: query, export, report on and count the audit log, and verify its hash chain
+//! (PolicyService).
 
 use argh::FromArgs;
 

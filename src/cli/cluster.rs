@@ -1,8 +1,9 @@
-//! `svc-cluster backup|restore` (the membership commands are in `membership.rs`) and
-//! `svc-cluster-backup backup|restore|list|verify`: snapshot
-//! files (docs/backup.md). `backup` streams `ClusterService/Backup` into a file (through
-//! `.partial`, renamed when complete); the other commands are local (`backup::local`) and need
-//! no server: `restore` works offline on the data dir of `--config`.
+//! `svc-cluster backup|restore|nats-config` (the membership commands are in `membership.rs`) and
+//! `svc-cluster-backup backup|restore|list|verify`: snapshot files (docs/backup.md), and the
+//! offline NATS JWT configuration of an external cluster (`identity::nats`). `backup` streams
+//! `ClusterService/Backup` into a file (through `.partial`, renamed when complete); the other
+//! commands are local (`backup::local`) and need no server: `restore` works offline on the data
+//! dir of `--config`.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

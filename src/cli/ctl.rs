@@ -1,5 +1,6 @@
-//! `svcctl`: the operator CLI. Own commands: agent, exec, state, apikey, version; any other
-//! `svcctl NAME ARGS` runs the `svc-NAME` mode, or an `svc-NAME` plugin found on PATH.
+//! `svcctl`: the operator CLI. Own commands: agent, exec, state, apikey, completion, version;
+//! any other `svcctl NAME ARGS` runs the `svc-NAME` mode, or an `svc-NAME` plugin found on
+//! PATH.
 
 use argh::FromArgs;
 use http::Method;

@@ -1,5 +1,6 @@
-//! `svc-policy`: list and show policies, list violations (PolicyService); eval and validate
-//! run in-process on a file, with no server.
+//! `svc-policy`: list and show policies, compliance and violations (PolicyService); create,
+//! update and delete are sent and refused by the server (policies are files); eval and
+//! validate run in-process on a file, with no server.
 
 use std::path::PathBuf;
 

@@ -1,6 +1,7 @@
 //! The cluster's operations (ClusterService, `svc-cluster`): status, members, leader, remove,
-//! rebalance, transfer-leader; and what a member does when another announces a change.
-//! Readonly may look; changing the membership is admin and audited.
+//! rebalance, transfer-leader, and add (refused: members join by themselves); and what a
+//! member does when another announces a change. Readonly may look; changing the membership
+//! is admin and audited, the refused add included.
 
 use std::collections::BTreeMap;
 use std::time::Duration;

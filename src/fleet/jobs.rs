@@ -5,8 +5,10 @@
 //! waiting for it ([`Jobs::deliver`]); an answer for a job or agent that is not waited for here
 //! (late, duplicated, or for another cluster member's job: every member receives every result)
 //! is dropped. No API key, admin included, may publish on an agent's subjects
-//! (`auth::bus_permissions`), so on the embedded broker an answer comes from the agent its
-//! subject names.
+//! (`auth::bus_permissions`), and an agent may publish only on its own, so an answer comes
+//! from the agent its subject names: on the embedded broker, and on an external cluster with
+//! `bus.external_auth: jwt`, where each agent's user JWT carries those rights. With `token`
+//! on an external cluster nothing enforces it (docs/fleet.md).
 //!
 //! `concurrency` bounds how many agents are working at once, as Salt's batch mode does.
 

@@ -10,7 +10,9 @@
 //!
 //! Results travel on the agent's own subject rather than to a reply inbox: the broker lets an
 //! agent publish only under `svc.agent.<its id>.`, so the subject a result arrives on proves
-//! which agent sent it, and no agent can answer for another.
+//! which agent sent it, and no agent can answer for another. That holds on the embedded
+//! broker and, on an external cluster, with `bus.external_auth: jwt` (the agent's user JWT
+//! carries those rights); with `token` nothing there enforces it (docs/fleet.md).
 
 use serde::{Deserialize, Serialize};
 

@@ -1,8 +1,11 @@
-//! Identity (contract §10): the embedded CA, one-shot join tokens, PSKs, and enrolment.
+//! Identity (contract §10): the embedded CA, one-shot join tokens, PSKs, and enrolment;
+//! JWT-SVIDs (`jwt`) and, for an external cluster with `bus.external_auth: jwt`, the NATS keys
+//! and user JWTs (`nats`).
 //!
 //! Owns every rule about who an agent is. Transports (gRPC `IdentityService`, the bus
-//! `svc.enroll` handler, the broker's agent authenticator) call the functions here with a
-//! `Principal` and translate the result; no crypto or SQL lives in them.
+//! handlers of `svc.enroll`, `svc.enroll.renew` and `svc.agent.<id>.jwt`, the broker's agent
+//! authenticator) call the functions here and translate the result; no crypto or SQL lives in
+//! them.
 //!
 //! The CA lives in the store (`ca` table), keys sealed under master_key, and is read back on
 //! each use rather than cached: a rotation is then seen at once by every part of this server

@@ -1,10 +1,11 @@
 //! Secrets (contract §11): versioned KV, the transit engine and dynamic-secret leases.
 //!
 //! Owns the running master key (the keyring), the transit key cache and the lease backends.
-//! No transport code: gRPC and the CLI call the functions of `kv`, `transit` and `leases` with
-//! a `Principal`; each checks the role (§4: readonly may list metadata, operator+ reads and
-//! writes values, admin rotates the master key) and writes one audit row whose detail never
-//! holds a value.
+//! No transport code: gRPC (and REST, for the metadata list) call the functions of `kv`,
+//! `transit` and `leases` with a `Principal`; each checks the role (§4: readonly may list
+//! metadata, operator+ reads and writes values, admin rotates the master key; the transports
+//! have checked it once already, before reading the request) and writes one audit row whose
+//! detail never holds a value.
 //!
 //! Envelope encryption: every KV secret has a random data key, stored wrapped (AES-256-GCM)
 //! by the master key with the path as associated data; every version of its value is sealed

@@ -359,11 +359,11 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
         }
     }
 
-    // Start-up order: store (above) → master-key check → CA → stream logs → broker → the
-    // server's bus client → Domain::start → listeners. The CA comes before the broker because
-    // bus.tls verifies agents' certificates against its root; a wrong master_key is refused
-    // (with what to do) before anything sealed is opened. The key is decoded here, once, and
-    // checked against the store once; the domain gets these keys.
+    // Start-up order: store (above) → master-key check → CA → stream logs → listeners bound →
+    // broker → the server's bus client → Domain::start → REST and gRPC serve. The CA comes
+    // before the broker because bus.tls verifies agents' certificates against its root; a
+    // wrong master_key is refused (with what to do) before anything sealed is opened. The key
+    // is decoded here, once, and checked against the store once; the domain gets these keys.
     let keys = crate::identity::Keys::from_config(&config)?;
     crate::secrets::verify_master_key(store.as_ref(), keys.master_key()).await?;
     crate::identity::ensure_ca(store.as_ref(), &keys).await?;
@@ -615,8 +615,9 @@ impl StopSignals {
         })
     }
 
-    /// Waits for SIGTERM or SIGINT; SIGHUP reloads the policies meanwhile, and SIGUSR2 puts
-    /// the bus in lame duck (REST and gRPC keep serving until SIGTERM).
+    /// Waits for SIGTERM or SIGINT, or for this member's eviction from the cluster; SIGHUP
+    /// reloads the policies and runbooks meanwhile, and SIGUSR2 puts the bus in lame duck
+    /// (REST and gRPC keep serving until SIGTERM).
     async fn wait(&mut self, context: &Context) {
         loop {
             tokio::select! {

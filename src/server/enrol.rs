@@ -1,8 +1,10 @@
-//! The bus side of identity: the server answers `svc.enroll` requests, and enrolled agents'
-//! JWT-SVID requests on `svc.agent.<id>.jwt`, with its own client.
+//! The bus side of identity: the server answers `svc.enroll` requests, renewals of agents'
+//! NATS user JWTs on `svc.enroll.renew` (JWT mode), and enrolled agents' JWT-SVID requests on
+//! `svc.agent.<id>.jwt`, with its own client.
 //!
-//! Thin: parse the JSON request, call `identity::enrol` (or `identity::jwt::issue_agent_jwt`),
-//! reply with the certificate and CA chain (or the token) or `{"error": ...}`. A queue group
+//! Thin: parse the JSON request, call `identity::enrol` (or `identity::nats::renew`, or
+//! `identity::jwt::issue_agent_jwt`), reply with the certificate and CA chain (or the JWT) or
+//! `{"error": ...}`. A queue group
 //! makes one server answer each request when several share an external NATS cluster. The open
 //! bus only carries public material on `svc.enroll`; a JWT-SVID is answered only under the
 //! asking agent's own subjects, which no other agent and no operator key may read.

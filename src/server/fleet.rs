@@ -1,5 +1,6 @@
 //! The bus side of the fleet: the server listens to every agent's heartbeats and results with
-//! its own client and runs the liveness sweep.
+//! its own client, runs the liveness sweep, and answers agents' requests for chunks of stored
+//! state plans (`serve_content`, in the members' queue group).
 //!
 //! Thin: the agent id comes from the subject (the broker lets an agent publish only under its
 //! own `svc.agent.<id>.`), the JSON body is parsed here, and `fleet::` does the rest. No queue

@@ -1,11 +1,20 @@
 //! svc-server: builds the domain and its context, starts REST, gRPC and the bus (the embedded
-//! broker, or a client of `bus.external_urls`), and shuts them down in order on SIGTERM/SIGINT.
+//! broker, or a client of `bus.external_urls`), and shuts them down in order on SIGTERM/SIGINT
+//! (or when `svc-cluster remove` evicts this member).
 //!
-//! Start-up order (`cmd::run`): config → data dir and its lock → store (migrations) →
-//! bootstrap admin key → master key (decoded once, checked against the store) → embedded CA →
-//! stream logs → REST and gRPC listeners bound → broker → the server's bus client →
-//! `Domain::start` → bus subscribers (enrolment, fleet, files) → REST and gRPC serve →
-//! `listen-addrs.json` (so tests and tools can find ports bound as `:0`).
+//! Start-up order (`cmd::run`): config → data dir and its lock → the configuration's checks
+//! (`preflight`) → store (migrations) → bootstrap admin key → master key (decoded once,
+//! checked against the store) → embedded CA → NATS operator keys (`bus.external_auth: jwt`
+//! only) → local stream logs → REST, gRPC and bus listeners bound → broker → the server's bus
+//! client (then, in cluster mode, the JetStream streams and membership) → `Domain::start` →
+//! admin recoveries audited → bus subscribers (enrolment, fleet, files, plan content) and
+//! background tasks → REST and gRPC serve → `listen-addrs.json` (so tests and tools can find
+//! ports bound as `:0`).
+//!
+//! Also here, shared by the transports: the request span every REST call, gRPC call and bus
+//! request runs in, the bus replies' helpers, and the role check REST and gRPC make before
+//! they read a request (`role_check`, against `auth::access`) with the `denied` audit row of
+//! such a refusal, so both transports refuse the same way.
 
 pub mod bus;
 mod bus_monitor;

@@ -1,4 +1,6 @@
-//! SQLite driver: WAL mode, a busy timeout, and a small pool of connections.
+//! SQLite driver: WAL mode, busy retries of tens of microseconds (not SQLite's millisecond
+//! busy timeout), a small pool of connections, one audit-writer connection and a checkpoint
+//! thread.
 //!
 //! Queries here take microseconds, so they run inline on the async worker under a std mutex
 //! (nothing awaits while a connection is checked out) instead of paying a `spawn_blocking`

@@ -1,5 +1,7 @@
 //! The durable stream log: an append-only, checksummed, segmented log of records per stream
-//! (`events` and `audit` live under `data_dir/jetstream/<stream>/`).
+//! (`events` and `audit` live under `data_dir/jetstream/<stream>/`). The [`Stream`] trait
+//! below is what the domain reads and writes through; in cluster mode its implementation is
+//! a JetStream stream instead (`jetstream.rs`), and the rest of this header is the local log's.
 //!
 //! Owns the segment files of one directory and the in-memory view of them. Appends go through
 //! one writer thread (`writer`) that groups concurrent appenders into one write and one

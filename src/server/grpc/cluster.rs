@@ -1,6 +1,7 @@
 //! ClusterService: membership and leadership (`cluster::ops`), and snapshots. Backup streams a
 //! snapshot as it is written (`backup::take`); Restore is offline only (`svc-cluster-backup
-//! restore`), so the RPC refuses with what to run.
+//! restore`), so the RPC refuses with what to run. Add is refused too, by design (members
+//! join by themselves), and that refusal is audited (`cluster::ops::add`).
 
 use std::sync::Arc;
 

@@ -1,5 +1,5 @@
-//! IdentityService: the embedded CA, PSKs and join tokens (contract §10). Thin: unpack, call
-//! the identity domain with the caller's principal, pack.
+//! IdentityService: the embedded CA, PSKs, join tokens and JWT-SVIDs (contract §10). Thin:
+//! unpack, call the identity domain with the caller's principal, pack.
 
 use std::sync::Arc;
 

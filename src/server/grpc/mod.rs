@@ -1,9 +1,11 @@
 //! gRPC over tonic: the svc.v1 services, standard health, and server reflection.
 //!
-//! Authentication is one tower layer in front of every `svc.v1.*` method: it resolves the
-//! `authorization: Bearer KEY` metadata to a `Principal` (and applies the key's rate limit)
-//! and hands it to the handler through request extensions; handlers check roles in the domain.
-//! Health and reflection stay open, as /health does on REST.
+//! Authentication is one tower layer in front of every `svc.v1.*` method (`auth_layer.rs`):
+//! it resolves the `authorization: Bearer KEY` metadata to a `Principal` (and applies the
+//! key's rate limit), checks its role against the method's row in `auth::access` before tonic
+//! decodes the message, and hands the `Principal` to the handler through request extensions;
+//! the domain functions the handlers call check the role again. Health and reflection stay
+//! open, as /health does on REST.
 
 mod auth_layer;
 mod blueprint;

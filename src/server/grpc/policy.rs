@@ -1,5 +1,7 @@
 //! PolicyService: the audit log and the policies (contract §9). Thin: unpack, call the audit
-//! domain with the caller's principal, pack.
+//! domain with the caller's principal, pack. CreatePolicy, UpdatePolicy and DeletePolicy are
+//! refused by design (policies are files in `policy_dir`): UNIMPLEMENTED, audited as `denied`
+//! (`audit::policy::refuse_change`).
 
 use std::sync::Arc;
 

@@ -1,5 +1,6 @@
 //! SecretsService: KV, transit and leases (contract §11). Thin: unpack, call `secrets::` with
-//! the caller's principal, pack. Roles and audit are the domain's.
+//! the caller's principal, pack. The role is checked in the auth layer first and again in
+//! the domain; audit rows are the domain's (the auth layer's for a refusal by role).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,6 +1,7 @@
 //! /api/v1/agents: list (with a --target selector, e.g. labels `role=web`), show, quarantine
-//! and unquarantine. The fleet domain checks the role (operator to quarantine) and writes the
-//! same audit rows and events as `svcctl agent quarantine`.
+//! and unquarantine. The role (operator to quarantine) is checked by `principal` before the
+//! request is read and again by the fleet domain, which writes the same audit rows and events
+//! as `svcctl agent quarantine`.
 
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;

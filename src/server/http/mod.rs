@@ -1,7 +1,9 @@
 //! REST over hyper (HTTP/1.1): the router, JSON bodies and error responses (contract §5).
 //!
-//! Handlers are thin: parse, call one domain function with the caller's `Principal`, map the
-//! result. Every response is JSON except /metrics; every error is
+//! Handlers are thin: `principal` (the key, then the route's row in `auth::access`, before
+//! the query or body is read), parse, call one domain function with the caller's `Principal`,
+//! map the result. Responses are JSON except /metrics (Prometheus text), the console's files
+//! under /ui/, the SSE tail and the audit export's JSONL and CSV; every error is
 //! `{"error":{"code","message"}}` with the status from `Error::http_status`.
 
 mod agents;
