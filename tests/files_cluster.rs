@@ -396,6 +396,8 @@ fn chunks_fit_the_external_servers_max_payload() {
         nats_urls: vec![nats.urls()],
         cluster_yaml: "",
         extra_yaml: "",
+        bus_yaml: "",
+        prepared: None,
     }) else {
         return;
     };

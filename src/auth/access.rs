@@ -20,10 +20,10 @@ pub enum Access {
     Public,
     /// A key whose role is at least this one.
     Least(Role),
-    /// Any key gets past the role check; the operation answers UNIMPLEMENTED. Today that is
-    /// PolicyService's Create/Update/DeletePolicy, refused by design (policies are files)
-    /// and audited as `denied`; the table's words "not built yet" predate that.
-    NotBuilt,
+    /// Any key gets past the role check; the operation answers UNIMPLEMENTED: PolicyService's
+    /// Create/Update/DeletePolicy, refused by design (policies are files under policy_dir)
+    /// and audited as `denied`.
+    RefusedByDesign,
 }
 
 impl Access {
@@ -33,7 +33,7 @@ impl Access {
             (Access::Public, _) => true,
             (_, None) => false,
             (Access::Least(needed), Some(role)) => role >= needed,
-            (Access::NotBuilt, Some(_)) => true,
+            (Access::RefusedByDesign, Some(_)) => true,
         }
     }
 
@@ -43,12 +43,12 @@ impl Access {
             Access::Least(Role::Readonly) => "readonly",
             Access::Least(Role::Operator) => "operator",
             Access::Least(Role::Admin) => "admin",
-            Access::NotBuilt => "any key (not built yet)",
+            Access::RefusedByDesign => "any key (UNIMPLEMENTED: policies are files)",
         }
     }
 }
 
-use Access::{Least, NotBuilt, Public};
+use Access::{Least, Public, RefusedByDesign};
 use Role::{Admin, Operator, Readonly};
 
 /// Every gRPC method (`package.Service/Method`). Health and reflection are public.
@@ -69,9 +69,9 @@ pub const GRPC: &[(&str, Access)] = &[
     ("svc.v1.PolicyService/GetPolicy", Least(Readonly)),
     ("svc.v1.PolicyService/Compliance", Least(Readonly)),
     ("svc.v1.PolicyService/Violations", Least(Readonly)),
-    ("svc.v1.PolicyService/CreatePolicy", NotBuilt),
-    ("svc.v1.PolicyService/UpdatePolicy", NotBuilt),
-    ("svc.v1.PolicyService/DeletePolicy", NotBuilt),
+    ("svc.v1.PolicyService/CreatePolicy", RefusedByDesign),
+    ("svc.v1.PolicyService/UpdatePolicy", RefusedByDesign),
+    ("svc.v1.PolicyService/DeletePolicy", RefusedByDesign),
     ("svc.v1.IdentityService/CaInfo", Least(Readonly)),
     ("svc.v1.IdentityService/RotateSigning", Least(Admin)),
     ("svc.v1.IdentityService/ExportCa", Least(Admin)),
@@ -553,7 +553,7 @@ mod tests {
         assert_eq!(names.len(), GRPC.len());
         assert!(Least(Operator).allows(Some(Admin)));
         assert!(!Least(Operator).allows(Some(Readonly)));
-        assert!(!NotBuilt.allows(None) && Public.allows(None));
+        assert!(!RefusedByDesign.allows(None) && Public.allows(None));
         assert_eq!(
             grpc_access("/svc.v1.EventService/Emit"),
             Some(Least(Operator))

@@ -165,7 +165,7 @@ fn role_check(
 ) -> crate::Result<()> {
     match access {
         crate::auth::Access::Least(needed) => principal.require(needed),
-        crate::auth::Access::Public | crate::auth::Access::NotBuilt => Ok(()),
+        crate::auth::Access::Public | crate::auth::Access::RefusedByDesign => Ok(()),
     }
 }
 
@@ -193,7 +193,7 @@ async fn audit_role_refusal(
     };
     let needs = match access {
         crate::auth::Access::Least(role) => role.as_str(),
-        crate::auth::Access::Public | crate::auth::Access::NotBuilt => "",
+        crate::auth::Access::Public | crate::auth::Access::RefusedByDesign => "",
     };
     let action = crate::audit::Action::new(audited.action, audited.resource_type, resource_id)
         .detail(serde_json::json!({ "needs": needs }));
