@@ -827,9 +827,9 @@ fn raw_exchange(addr: std::net::SocketAddr, bytes: &[u8]) -> String {
     String::from_utf8_lossy(&raw).into_owned()
 }
 
-/// A POST whose body never completes: the header promises 100 bytes, 5 are sent.
-/// A POST whose body never finishes, by `key` (an operator key: the role is checked before
-/// a body is read, so the route is one the key may use).
+/// A POST whose body never completes (the header promises 100 bytes, 5 are sent), by `key`:
+/// an operator key, since the role is checked before a body is read, so the route must be
+/// one the key may use.
 fn stalled_post(addr: std::net::SocketAddr, key: &str) -> std::net::TcpStream {
     use std::io::Write;
     let mut stream = std::net::TcpStream::connect(addr).unwrap();
@@ -1002,7 +1002,12 @@ fn idle_keep_alive_connections_are_closed_after_the_idle_timeout() {
 fn requests_in_flight_past_the_cap_get_429_and_other_keys_are_served() {
     use std::time::{Duration, Instant};
     let server = TestServer::start_with(Options {
-        config_yaml: "limits: { body_timeout: 20s }\nrate_limit: { max_in_flight: 3 }\n".into(),
+        // The stalled bodies must hold their slots for the whole test: body_timeout 20 s and
+        // no body-rate floor (its 5 s grace could free a slot on a loaded machine before the
+        // third is taken).
+        config_yaml:
+            "limits: { body_timeout: 20s, min_body_rate: 0 }\nrate_limit: { max_in_flight: 3 }\n"
+                .into(),
         ..Options::default()
     });
     // Operators: they may send the stalled POST, and are refused (403) what the loop asks.
