@@ -459,6 +459,30 @@ fn exec_results(run: &common::Run) -> std::collections::BTreeMap<String, serde_j
         .collect()
 }
 
+/// Waits (up to `within`) until `exec -- echo hi` through member `i` gets "hi" from both
+/// `role=web` agents; `context` is added to the failure message.
+fn both_answer_hi(members: &Members, i: usize, within: Duration, context: &str) {
+    let deadline = Instant::now() + within;
+    loop {
+        let sent = svcctl(
+            members,
+            i,
+            &[
+                "-o", "json", "exec", "--target", "role=web", "--", "echo", "hi",
+            ],
+        );
+        let results = exec_results(&sent);
+        if sent.code == 0 && results.len() == 2 {
+            for result in results.values() {
+                assert_eq!(result["stdout"], "hi\n", "{result}");
+            }
+            return;
+        }
+        assert!(Instant::now() < deadline, "{sent:?}\n{context}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 #[test]
 fn exec_through_any_member_reaches_agents_and_a_quarantine_is_seen_everywhere() {
     let Some(nats) = Nats::start(3) else {
@@ -480,25 +504,7 @@ fn exec_through_any_member_reaches_agents_and_a_quarantine_is_seen_everywhere() 
         "web-2",
         "role=web",
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let sent = svcctl(
-            &members,
-            1,
-            &[
-                "-o", "json", "exec", "--target", "role=web", "--", "echo", "hi",
-            ],
-        );
-        let results = exec_results(&sent);
-        if sent.code == 0 && results.len() == 2 {
-            for result in results.values() {
-                assert_eq!(result["stdout"], "hi\n", "{result}");
-            }
-            break;
-        }
-        assert!(Instant::now() < deadline, "{sent:?}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    both_answer_hi(&members, 1, Duration::from_secs(10), "");
     // A plan past what a command carries: stored in the shared JetStream store by m2, its
     // chunks fetched by each agent from whichever member answers. Checked, not applied: both
     // agents run on this one host.
@@ -1065,25 +1071,7 @@ fn with_jwt_auth_the_nats_cluster_keeps_each_agent_to_its_own_subjects() {
         "role=web",
         &jwt_flag,
     );
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let sent = svcctl(
-            &members,
-            1,
-            &[
-                "-o", "json", "exec", "--target", "role=web", "--", "echo", "hi",
-            ],
-        );
-        let results = exec_results(&sent);
-        if sent.code == 0 && results.len() == 2 {
-            for result in results.values() {
-                assert_eq!(result["stdout"], "hi\n", "{result}");
-            }
-            break;
-        }
-        assert!(Instant::now() < deadline, "{sent:?}\n{}", a.log());
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    both_answer_hi(&members, 1, Duration::from_secs(15), &a.log());
 
     let read = |name: &str| std::fs::read_to_string(a.state_dir().join(name)).unwrap();
     let agent_login = (

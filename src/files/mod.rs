@@ -212,12 +212,7 @@ impl Manifest {
                 self.chunk_size
             )));
         }
-        for hash in self.chunks.iter().chain([&self.sha256]) {
-            if !is_sha256_hex(hash) {
-                return Err(Error::Invalid(format!("'{hash}' is not a SHA-256 (hex)")));
-            }
-        }
-        Ok(())
+        self.check_hashes()
     }
 
     /// Checks the shape: the chunk count matches size and chunk size, hashes are hex.
@@ -231,6 +226,11 @@ impl Manifest {
                 self.chunk_size
             )));
         }
+        self.check_hashes()
+    }
+
+    /// Every chunk hash and the whole file's are SHA-256 in hex.
+    fn check_hashes(&self) -> Result<()> {
         for hash in self.chunks.iter().chain([&self.sha256]) {
             if !is_sha256_hex(hash) {
                 return Err(Error::Invalid(format!("'{hash}' is not a SHA-256 (hex)")));
@@ -262,6 +262,19 @@ impl ObjectMeta {
         self.chunks = Vec::new();
         self
     }
+}
+
+/// Chunk hashes (hex) as 32 raw bytes each: how a chunk list travels and is stored when it
+/// does not fit one message (the file service's list pages and stored lists, a stored plan's
+/// list).
+pub fn pack_hashes(chunks: &[String]) -> Result<Vec<u8>> {
+    let mut packed = Vec::with_capacity(chunks.len() * 32);
+    for chunk in chunks {
+        let bytes = hex::decode(chunk)
+            .map_err(|_| Error::Internal(format!("damaged chunk hash '{chunk}'")))?;
+        packed.extend_from_slice(&bytes);
+    }
+    Ok(packed)
 }
 
 pub fn is_sha256_hex(text: &str) -> bool {

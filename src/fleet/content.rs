@@ -94,7 +94,7 @@ pub async fn store_plan(files: &Files, json: &[u8], max_payload: Option<usize>) 
         && plan_ref.list_depth < crate::files::MAX_LIST_DEPTH
         && plan_ref.chunks.len() > 1
     {
-        let packed = pack_hashes(&plan_ref.chunks)?;
+        let packed = crate::files::pack_hashes(&plan_ref.chunks)?;
         let depth = plan_ref.list_depth + 1;
         let path = format!("{}.list{depth}", object_path(&sha256));
         let list = files.put_own(CLUSTER, &path, &packed).await?;
@@ -102,16 +102,6 @@ pub async fn store_plan(files: &Files, json: &[u8], max_payload: Option<usize>) 
         plan_ref.list_depth = depth;
     }
     Ok(plan_ref)
-}
-
-fn pack_hashes(chunks: &[String]) -> Result<Vec<u8>> {
-    let mut packed = Vec::with_capacity(chunks.len() * 32);
-    for chunk in chunks {
-        let bytes = hex::decode(chunk)
-            .map_err(|_| Error::Internal(format!("damaged chunk hash '{chunk}'")))?;
-        packed.extend_from_slice(&bytes);
-    }
-    Ok(packed)
 }
 
 /// The chunks of a stored plan, in order, and (`all`) every chunk of the lists above them:

@@ -27,15 +27,30 @@ pub async fn serve(context: Arc<Context>) {
     if context.domain.identity_keys().issues_bus_jwts() {
         tokio::spawn(serve_renew(context.clone()));
     }
+    answer_each(context, subjects::ENROLL, |context, payload| async move {
+        answer(&context, &payload).await
+    })
+    .await;
+}
+
+/// Answers each request on `subject` (queue group: one member each) with `respond`, to its
+/// reply subject, one task per request, until the server's bus client goes away. For the
+/// requests of hosts not logged in as an agent (enrolment, renewal): their replies carry only
+/// public material, so any reply subject will do.
+async fn answer_each<F, R>(context: Arc<Context>, subject: &'static str, respond: F)
+where
+    F: Fn(Arc<Context>, bytes::Bytes) -> R + Send + Sync + 'static,
+    R: std::future::Future<Output = Vec<u8>> + Send + 'static,
+{
     let mut requests = match context
         .bus
         .client
-        .queue_subscribe(subjects::ENROLL, QUEUE_GROUP.into())
+        .queue_subscribe(subject, QUEUE_GROUP.into())
         .await
     {
         Ok(subscription) => subscription,
         Err(e) => {
-            tracing::error!(error = %e, "cannot subscribe to {}", subjects::ENROLL);
+            tracing::error!(error = %e, "cannot subscribe to {subject}");
             return;
         }
     };
@@ -43,12 +58,12 @@ pub async fn serve(context: Arc<Context>) {
         let Some(reply) = message.reply.clone() else {
             continue;
         };
-        let context = context.clone();
-        let span = super::request_span("bus", subjects::ENROLL, &super::request_id());
+        let span = super::request_span("bus", subject, &super::request_id());
+        let answer = respond(context.clone(), message.payload);
+        let client = context.bus.client.clone();
         let task = async move {
-            let answer = answer(&context, &message.payload).await;
-            if let Err(e) = context.bus.client.publish(reply, answer.into()).await {
-                tracing::warn!(error = %e, "enrolment reply not sent");
+            if let Err(e) = client.publish(reply, answer.await.into()).await {
+                tracing::warn!(error = %e, subject, "reply not sent");
             }
         };
         tokio::spawn(tracing::Instrument::instrument(task, span));
@@ -82,26 +97,11 @@ async fn answer(context: &Context, payload: &[u8]) -> Vec<u8> {
 /// Answers `svc.enroll.renew` (JWT mode only): an agent's signed request for a new NATS user
 /// JWT. The reply holds only that JWT, useless without the agent's nkey.
 async fn serve_renew(context: Arc<Context>) {
-    let mut requests = match context
-        .bus
-        .client
-        .queue_subscribe(subjects::ENROLL_RENEW, QUEUE_GROUP.into())
-        .await
-    {
-        Ok(subscription) => subscription,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot subscribe to {}", subjects::ENROLL_RENEW);
-            return;
-        }
-    };
-    while let Some(message) = requests.next().await {
-        let Some(reply) = message.reply.clone() else {
-            continue;
-        };
-        let context = context.clone();
-        let span = super::request_span("bus", subjects::ENROLL_RENEW, &super::request_id());
-        let task = async move {
-            let answer = match serde_json::from_slice(&message.payload) {
+    answer_each(
+        context,
+        subjects::ENROLL_RENEW,
+        |context, payload| async move {
+            match serde_json::from_slice(&payload) {
                 Ok(request) => match identity::nats::renew(&context.domain, request).await {
                     Ok(renewed) => serde_json::to_vec(&renewed).expect("renewals serialize"),
                     Err(error) => {
@@ -110,13 +110,10 @@ async fn serve_renew(context: Arc<Context>) {
                     }
                 },
                 Err(e) => error_reply("bad_request", &format!("malformed renewal: {e}")),
-            };
-            if let Err(e) = context.bus.client.publish(reply, answer.into()).await {
-                tracing::warn!(error = %e, "renewal reply not sent");
             }
-        };
-        tokio::spawn(tracing::Instrument::instrument(task, span));
-    }
+        },
+    )
+    .await;
 }
 
 fn error_reply(code: &str, message: &str) -> Vec<u8> {

@@ -207,7 +207,7 @@ async fn answer(
             let to = from
                 .saturating_add(files.hashes_per_message())
                 .min(meta.chunks.len());
-            let hashes = pack_hashes(&meta.chunks[from..to])?;
+            let hashes = crate::files::pack_hashes(&meta.chunks[from..to])?;
             let mut reply = HeaderMap::new();
             let summary = serde_json::to_string(&meta.summary()).expect("records serialize");
             reply.insert(MANIFEST_HEADER, summary.as_str());
@@ -377,16 +377,6 @@ fn list_page<'a>(
     }
     page.push(b']');
     (page, false)
-}
-
-fn pack_hashes(chunks: &[String]) -> Result<Vec<u8>> {
-    let mut packed = Vec::with_capacity(chunks.len() * 32);
-    for chunk in chunks {
-        let bytes = hex::decode(chunk)
-            .map_err(|_| Error::Internal(format!("damaged chunk hash '{chunk}'")))?;
-        packed.extend_from_slice(&bytes);
-    }
-    Ok(packed)
 }
 
 fn json_reply<T: serde::Serialize>(value: &T) -> Result<(HeaderMap, Bytes)> {
