@@ -964,6 +964,20 @@ async fn nats_client(
     Ok((client, received))
 }
 
+/// A login with a bearer JWT (the enrolment JWT): any key signs the nonce, nobody checks it.
+fn bearer(jwt: &str) -> (String, String) {
+    (jwt.to_string(), nkeys::KeyPair::new_user().seed().unwrap())
+}
+
+/// Asserts the client's next server error is a permissions violation.
+async fn assert_violation(errors: &mut tokio::sync::mpsc::UnboundedReceiver<String>, what: &str) {
+    let error = next_error(errors).await;
+    assert!(
+        error.to_lowercase().contains("permissions violation"),
+        "{what}: {error:?}"
+    );
+}
+
 /// The next server error a client got, within a few seconds.
 async fn next_error(errors: &mut tokio::sync::mpsc::UnboundedReceiver<String>) -> String {
     tokio::time::timeout(Duration::from_secs(5), errors.recv())
@@ -1097,27 +1111,15 @@ fn with_jwt_auth_the_nats_cluster_keeps_each_agent_to_its_own_subjects() {
             .await
             .unwrap();
         let _others = client.subscribe("svc.agent.web-2.cmd").await.unwrap();
-        let error = next_error(&mut errors).await;
-        assert!(
-            error.to_lowercase().contains("permissions violation"),
-            "subscribe: {error:?}"
-        );
+        assert_violation(&mut errors, "subscribe").await;
         let _all = client.subscribe("svc.agent.>").await.unwrap();
-        let error = next_error(&mut errors).await;
-        assert!(
-            error.to_lowercase().contains("permissions violation"),
-            "subscribe: {error:?}"
-        );
+        assert_violation(&mut errors, "subscribe").await;
         client
             .publish("svc.agent.web-2.result", "forged".into())
             .await
             .unwrap();
         client.flush().await.unwrap();
-        let error = next_error(&mut errors).await;
-        assert!(
-            error.to_lowercase().contains("permissions violation"),
-            "publish: {error:?}"
-        );
+        assert_violation(&mut errors, "publish").await;
         let _own = client.subscribe("svc.agent.web-1.cmd").await.unwrap();
         client.flush().await.unwrap();
         assert_eq!(
@@ -1130,21 +1132,11 @@ fn with_jwt_auth_the_nats_cluster_keeps_each_agent_to_its_own_subjects() {
         );
 
         // The enrolment JWT may request enrolment and nothing else.
-        let (enrolling, mut errors) = nats_client(
-            &nats.url(0),
-            Some((
-                enrol_jwt.clone(),
-                nkeys::KeyPair::new_user().seed().unwrap(),
-            )),
-        )
-        .await
-        .unwrap();
+        let (enrolling, mut errors) = nats_client(&nats.url(0), Some(bearer(&enrol_jwt)))
+            .await
+            .unwrap();
         let _tokens = enrolling.subscribe("svc.enroll").await.unwrap();
-        let error = next_error(&mut errors).await;
-        assert!(
-            error.to_lowercase().contains("permissions violation"),
-            "enrolment JWT subscribe: {error:?}"
-        );
+        assert_violation(&mut errors, "enrolment JWT subscribe").await;
     });
     // API-key clients on the bus: a .creds file per role, made offline; the API key still
     // signs each file-service request.
@@ -1239,15 +1231,9 @@ fn with_jwt_auth_the_nats_cluster_keeps_each_agent_to_its_own_subjects() {
     }
     // A renewal must be signed by the agent's key: its (public) certificate alone gets nothing.
     runtime.block_on(async {
-        let (enrolling, _) = nats_client(
-            &nats.url(0),
-            Some((
-                enrol_jwt.clone(),
-                nkeys::KeyPair::new_user().seed().unwrap(),
-            )),
-        )
-        .await
-        .unwrap();
+        let (enrolling, _) = nats_client(&nats.url(0), Some(bearer(&enrol_jwt)))
+            .await
+            .unwrap();
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
