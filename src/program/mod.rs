@@ -229,20 +229,26 @@ pub fn parse_args<T: FromArgs>(program: &str, args: &[String]) -> Result<T, i32>
     }
 }
 
+/// The current-thread runtime a command runs on; when it cannot be made, says so as
+/// `program: ...` and gives the exit code.
+pub fn runtime(program: &str) -> Result<tokio::runtime::Runtime, i32> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            eprintln!("{program}: cannot start the async runtime: {e}");
+            exit::FAILED
+        })
+}
+
 /// Runs a CLI body on a current-thread runtime; prints its error as `program: message`.
 pub fn run_async<F>(program: &str, body: F) -> i32
 where
     F: std::future::Future<Output = Result<(), CliError>>,
 {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime(program) {
         Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("{program}: cannot start the async runtime: {e}");
-            return exit::FAILED;
-        }
+        Err(code) => return code,
     };
     match runtime.block_on(body) {
         Ok(()) => exit::OK,

@@ -228,15 +228,9 @@ fn recover_admin(program: &str, config: &ServerConfig) -> i32 {
             return 1;
         }
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match crate::program::runtime(program) {
         Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("{program}: cannot start the async runtime: {e}");
-            return 1;
-        }
+        Err(code) => return code,
     };
     let now = crate::clock::now_rfc3339();
     // 2026-05-01T12:30:00.000Z → 2026-05-01T12-30-00Z: a name and a file name.
