@@ -148,7 +148,8 @@ fn verify_detects_tampering_in_the_database_file() {
     let key = server.admin_key.clone();
     let ok = run(server.cli("svc-audit").args(["--api-key", &key, "verify"]));
     assert_eq!(ok.code, 0, "{ok:?}");
-    assert!(ok.stdout.contains("4 rows verified"), "{ok:?}");
+    // Each change wrote two rows: its attempt before it ran, its outcome after.
+    assert!(ok.stdout.contains("8 rows verified"), "{ok:?}");
 
     let db = rusqlite::Connection::open(server.data_dir.join("svc.db")).unwrap();
     // The database itself refuses updates and deletes.
@@ -356,8 +357,11 @@ fn export_is_admin_only_redacted_and_complete() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(lines.len(), 2);
+    // The export is the whole chain: each create's attempt row and its outcome row.
+    assert_eq!(lines.len(), 4);
     assert_eq!(lines[0]["action"], "apikey.create");
+    assert_eq!(lines[0]["outcome"], "attempt");
+    assert_eq!(lines[1]["detail"]["attempt"], lines[0]["id"]);
     assert!(!jsonl.stdout.contains(&operator));
 
     let dir = tempfile::tempdir().unwrap();
@@ -377,7 +381,7 @@ fn export_is_admin_only_redacted_and_complete() {
     common::assert_private(&file);
     let array: Vec<serde_json::Value> =
         serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
-    assert_eq!(array.len(), 2);
+    assert_eq!(array.len(), 4);
 
     let csv = run(server
         .cli("svc-audit")
@@ -387,7 +391,7 @@ fn export_is_admin_only_redacted_and_complete() {
         .next()
         .unwrap()
         .starts_with("id,timestamp,user,action"));
-    assert_eq!(csv_lines.count(), 2, "{csv:?}");
+    assert_eq!(csv_lines.count(), 4, "{csv:?}");
 
     let empty = run(server.cli("svc-audit").args([
         "--api-key",
@@ -539,13 +543,15 @@ fn sighup_reloads_policies_and_decisions_become_events_and_stream_records() {
     assert_eq!(event["payload"]["action"], "apikey.create");
     assert_eq!(event["category"], "policy");
 
-    // Every audit row is mirrored to the audit stream (read once the server has stopped).
+    // Every audit row is mirrored to the audit stream (read once the server has stopped),
+    // attempts included.
     let rows = json(&run(server.cli("svc-audit").args([
         "--api-key",
         &key,
         "-o",
         "json",
         "log",
+        "--attempts",
     ])));
     let ids: Vec<String> = rows["items"]
         .as_array()

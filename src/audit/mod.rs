@@ -11,6 +11,7 @@ mod commit;
 pub mod policy;
 pub mod redact;
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, PoisonError, RwLock};
 
@@ -37,9 +38,39 @@ pub struct Auditor {
     /// Set when the last row could not be written (the error); cleared by the next row that
     /// is. While set, `admit` refuses mutations (see `admit`).
     degraded: std::sync::Mutex<Option<Error>>,
+    /// The attempt row `gate` wrote for a change, by the task performing it and the action,
+    /// until `record` writes its outcome and links it (see `gate`).
+    attempts: std::sync::Mutex<HashMap<(Performer, &'static str), String>>,
 }
 
+/// The outcome of the row `gate` writes before a change is performed: the request (who, what,
+/// which resource). Its outcome follows in a second row whose detail names it (`attempt`).
+pub const ATTEMPT: &str = "attempt";
+
+/// Who performs a change: the tokio task (a request's), or the thread when it runs outside
+/// any task (`block_on`: the CLIs, tests). `gate` and `record` run in the same one.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum Performer {
+    Task(tokio::task::Id),
+    Thread(std::thread::ThreadId),
+}
+
+fn performer() -> Performer {
+    match tokio::task::try_id() {
+        Some(task) => Performer::Task(task),
+        None => Performer::Thread(std::thread::current().id()),
+    }
+}
+
+/// Every outcome a row can have.
+pub const OUTCOMES: [&str; 4] = ["success", "denied", "error", ATTEMPT];
+
+/// Attempt ids waiting for their outcome beyond this many mean callers returned between
+/// `gate` and `record`; the map is cleared then (those outcomes are written unlinked).
+const MAX_WAITING_ATTEMPTS: usize = 65_536;
+
 /// What happened, before it is recorded.
+#[derive(Clone)]
 pub struct Action {
     /// Dotted name: `apikey.create`, `secret.read`, ...
     pub action: &'static str,
@@ -159,6 +190,7 @@ impl Auditor {
             queue: Arc::default(),
             mirror: None,
             degraded: std::sync::Mutex::new(None),
+            attempts: Default::default(),
         };
         auditor.reload_policies();
         auditor
@@ -206,7 +238,17 @@ impl Auditor {
             .await
     }
 
-    async fn record_outcome(&self, principal: &Principal, action: Action, outcome: &'static str) {
+    async fn record_outcome(
+        &self,
+        principal: &Principal,
+        mut action: Action,
+        outcome: &'static str,
+    ) {
+        if let (Some(attempt), Value::Object(detail)) =
+            (self.take_attempt(action.action), &mut action.detail)
+        {
+            detail.insert("attempt".into(), Value::String(attempt));
+        }
         let (name, resource_type, resource_id) = (
             action.action,
             action.resource_type,
@@ -241,16 +283,53 @@ impl Auditor {
         }
     }
 
-    /// Performs `change` under the audit gate: refused (StorageFull or Unavailable, see
-    /// `admit`) without being started while the audit log cannot be written. This is the one
-    /// guard every domain function that changes something wraps its change in, before
-    /// recording its outcome; reads do not, and are never refused. Used by: API keys,
+    /// Performs `change` under the audit gate. First the request is written to the chain
+    /// (`intent`, outcome `attempt`: who, what, which resource) and made durable; only then
+    /// does the change run, and the caller's `record` writes its outcome, linked to the
+    /// attempt (`detail.attempt`). When the attempt cannot be written the change is refused
+    /// (StorageFull or Unavailable, see `admit`) without being started, so no change is ever
+    /// performed without a record in the chain; when the outcome cannot be written, the
+    /// attempt is there (`svc-audit log` shows it without an outcome). Also refused at once
+    /// while degraded. This is the one guard every domain function that changes something
+    /// wraps its change in; reads do not, and are never refused. Used by: API keys,
     /// secrets and rotate-master, transit keys, leases, events, exec and state apply, fleet
     /// labels and quarantine, identity (CA rotation, join tokens, JWTs, PSKs, enrolment),
     /// files, webhooks, runbooks, blueprints, cluster operations and restore.
-    pub async fn gate<T>(&self, change: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+    pub async fn gate<T>(
+        &self,
+        principal: &Principal,
+        intent: Action,
+        change: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
         self.admit()?;
+        let name = intent.action;
+        match self.append(principal, intent, ATTEMPT).await {
+            Ok(entry) => self.await_outcome(name, entry.id),
+            // `append` turned the auditor degraded: refuse as `admit` now does.
+            Err(_) => {
+                return Err(self.admit().err().unwrap_or_else(|| {
+                    Error::Unavailable("the audit log cannot be written; change refused".into())
+                }))
+            }
+        }
         change.await
+    }
+
+    /// Remembers the attempt row of the change this task is about to perform, for `record`.
+    fn await_outcome(&self, action: &'static str, attempt: String) {
+        let mut waiting = self.attempts.lock().unwrap_or_else(PoisonError::into_inner);
+        if waiting.len() >= MAX_WAITING_ATTEMPTS {
+            waiting.clear();
+        }
+        waiting.insert((performer(), action), attempt);
+    }
+
+    /// The attempt row this task's change of `action` wrote in `gate`, if any.
+    fn take_attempt(&self, action: &'static str) -> Option<String> {
+        self.attempts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&(performer(), action))
     }
 
     /// For readiness: whether the audit log is writable. While degraded it tries to write an
@@ -276,7 +355,7 @@ impl Auditor {
         &self,
         principal: &Principal,
         action: Action,
-        outcome: &str,
+        outcome: &'static str,
     ) -> Result<Entry> {
         let mut detail = action.detail;
         redact::redact(&mut detail);
@@ -318,6 +397,8 @@ impl Auditor {
             Err(other) => Some(Error::Unavailable(other.to_string())),
         };
         let entry = appended?;
+        // A policy's decision is announced once per change: with its outcome, not its attempt.
+        let decision = decision.filter(|_| outcome != ATTEMPT);
         if let (Some(events), Some(decision)) = (&self.events, &decision) {
             let event_type = match decision.effect {
                 Effect::Allow => crate::events::EventKind::PolicyAllow,
@@ -353,6 +434,8 @@ pub struct Query {
     pub outcome: Option<String>,
     pub limit: Option<u32>,
     pub cursor: Option<String>,
+    /// Also the attempt rows of finished changes (see `ATTEMPT`; hidden otherwise).
+    pub attempts: bool,
 }
 
 pub const DEFAULT_PAGE: u32 = 50;
@@ -408,10 +491,19 @@ impl Query {
             action: non_empty(&self.action),
             resource_type: non_empty(&self.resource_type),
             policy_id: non_empty(&self.policy_id),
-            outcome: non_empty(&self.outcome),
+            outcome: match non_empty(&self.outcome) {
+                Some(o) if !OUTCOMES.contains(&o.as_str()) => {
+                    return Err(Error::Invalid(format!(
+                        "outcome '{o}' is not one of {}",
+                        OUTCOMES.join(", ")
+                    )))
+                }
+                outcome => outcome,
+            },
             decision: None,
             severities,
             before_seq,
+            attempts: self.attempts,
         })
     }
 }
@@ -879,6 +971,9 @@ mod gate_tests {
     use crate::auth::Principal;
     use crate::Error;
 
+    use super::{log, verify, Action, Query, ATTEMPT};
+    use crate::store::Store;
+
     fn is_refused<T: std::fmt::Debug>(what: &str, result: crate::Result<T>) {
         match result {
             Err(Error::Unavailable(message)) if message.contains("audit log cannot be written") => {
@@ -1001,5 +1096,63 @@ mod gate_tests {
         domain.auditor.health().await.unwrap();
         let rotated = transit::rotate(&domain, &admin, "k").await.unwrap();
         assert_eq!(rotated.latest_version, 2);
+    }
+
+    /// Vault's rule: the request is in the chain before the change runs, and its outcome
+    /// follows, naming it. An outcome that cannot be written leaves the attempt there, and
+    /// the chain still verifies.
+    #[tokio::test]
+    async fn a_change_is_recorded_before_it_runs_and_its_outcome_after() {
+        let (domain, dir, _) = crate::secrets::testing::domain().await;
+        let admin = Principal::server();
+        let newest = |store: Arc<dyn Store>| async move {
+            let page = log(store.as_ref(), &Principal::server(), &Query::default()).await;
+            page.unwrap().items.remove(0)
+        };
+        let action = || Action::new("secret.write", "secret", "db/x");
+        let store = domain.store.clone();
+        let seen = domain
+            .auditor
+            .gate(&admin, action(), async { Ok(newest(store).await) })
+            .await
+            .unwrap();
+        assert_eq!(
+            (
+                seen.outcome.as_str(),
+                seen.action.as_str(),
+                seen.resource_id.as_str()
+            ),
+            (ATTEMPT, "secret.write", "db/x")
+        );
+        domain
+            .auditor
+            .record(&admin, action(), &Ok::<_, Error>(()))
+            .await;
+        let outcome = newest(domain.store.clone()).await;
+        assert_eq!(outcome.outcome, "success");
+        assert_eq!(outcome.detail["attempt"], seen.id.as_str());
+
+        // Outcomes cannot be written, attempts can: the change ran, its attempt stays.
+        let blocker = rusqlite::Connection::open(dir.path().join("svc.db")).unwrap();
+        blocker
+            .execute_batch(
+                "CREATE TRIGGER refuse_outcomes BEFORE INSERT ON audit_events \
+                 WHEN NEW.outcome <> 'attempt' \
+                 BEGIN SELECT RAISE(ABORT, 'outcome refused by the test'); END;",
+            )
+            .unwrap();
+        let ran = domain.auditor.gate(&admin, action(), async { Ok(7) }).await;
+        assert_eq!(ran.unwrap(), 7);
+        domain
+            .auditor
+            .record(&admin, action(), &Ok::<_, Error>(()))
+            .await;
+        blocker
+            .execute_batch("DROP TRIGGER refuse_outcomes;")
+            .unwrap();
+        let left = newest(domain.store.clone()).await;
+        assert_eq!(left.outcome, ATTEMPT);
+        let verified = verify(domain.store.as_ref(), &admin).await.unwrap();
+        assert!(verified.ok, "{verified:?}");
     }
 }

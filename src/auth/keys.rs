@@ -156,10 +156,14 @@ pub async fn create_key(
     let action = Action::new("apikey.create", "apikey", "").detail(json!({
         "name": input.name, "role": input.role, "expires_at": input.expires_at,
     }));
-    let result = match domain.auditor.admit() {
-        Ok(()) => create_key_checked(domain.store.as_ref(), principal, input).await,
-        Err(refused) => Err(refused),
-    };
+    let result = domain
+        .auditor
+        .gate(
+            principal,
+            action.clone(),
+            create_key_checked(domain.store.as_ref(), principal, input),
+        )
+        .await;
     let action = match &result {
         Ok((record, _)) => Action {
             resource_id: record.id.clone(),
@@ -263,10 +267,14 @@ pub async fn update_key(
 ) -> Result<ApiKey> {
     let action = Action::new("apikey.update", "apikey", id)
         .detail(json!({"name": update.name, "role": update.role, "expires_at": update.expires_at}));
-    let result = match domain.auditor.admit() {
-        Ok(()) => update_key_checked(domain.store.as_ref(), principal, id, update).await,
-        Err(refused) => Err(refused),
-    };
+    let result = domain
+        .auditor
+        .gate(
+            principal,
+            action.clone(),
+            update_key_checked(domain.store.as_ref(), principal, id, update),
+        )
+        .await;
     // A new role or expiry applies from the next request: the cached row goes before the
     // answer does.
     domain.uncache_key(id);
@@ -309,9 +317,8 @@ async fn update_key_checked(
 }
 
 pub async fn delete_key(domain: &Domain, principal: &Principal, id: &str) -> Result<()> {
-    let result = async {
+    let change = async {
         principal.require(Role::Admin)?;
-        domain.auditor.admit()?;
         let deleted = domain.store.delete_api_key(id, &clock::now_rfc3339()).await;
         // Before the answer, and before the audit row: the key's next request reads the
         // store and finds nothing.
@@ -321,16 +328,10 @@ pub async fn delete_key(domain: &Domain, principal: &Principal, id: &str) -> Res
             KeyWrite::NotFound => Err(Error::NotFound(format!("API key '{id}' not found"))),
             KeyWrite::LastAdmin => Err(last_admin(id, "deleting it")),
         }
-    }
-    .await;
-    domain
-        .auditor
-        .record(
-            principal,
-            Action::new("apikey.delete", "apikey", id),
-            &result,
-        )
-        .await;
+    };
+    let action = Action::new("apikey.delete", "apikey", id);
+    let result = domain.auditor.gate(principal, action.clone(), change).await;
+    domain.auditor.record(principal, action, &result).await;
     if result.is_ok() {
         domain.forget_key(id);
         let payload = json!({"id": id, "by": principal.name});

@@ -79,7 +79,11 @@ pub async fn install(
     };
     let result = domain
         .auditor
-        .gate(install_checked(domain, principal, bundle_bytes, is_update))
+        .gate(
+            principal,
+            Action::new(action, "blueprint", ""),
+            install_checked(domain, principal, bundle_bytes, is_update),
+        )
         .await;
     let (id, detail) = match &result {
         Ok(done) => (
@@ -160,7 +164,11 @@ pub async fn remove(
 ) -> Result<u64> {
     let result = domain
         .auditor
-        .gate(remove_checked(domain, principal, name, force))
+        .gate(
+            principal,
+            Action::new("blueprint.remove", "blueprint", name),
+            remove_checked(domain, principal, name, force),
+        )
         .await;
     domain
         .auditor
@@ -391,7 +399,11 @@ pub async fn prepare_rollback(
 ) -> Result<Run> {
     let prepared = domain
         .auditor
-        .gate(prepare_rollback_checked(domain, principal, &request))
+        .gate(
+            principal,
+            Action::new("blueprint.rollback", "blueprint", &request.name),
+            prepare_rollback_checked(domain, principal, &request),
+        )
         .await;
     let detail = match &prepared {
         Ok(run) => {

@@ -267,6 +267,14 @@ pub struct LogArgs {
     /// low, medium, high or critical
     #[argh(option, from_str_fn(audit_severity))]
     pub min_severity: Option<String>,
+    /// success, denied, error or attempt (a change's request, written before it ran, whose
+    /// outcome is missing)
+    #[argh(option)]
+    pub outcome: Option<String>,
+    /// also list the attempt row every change writes before it runs (hidden once the
+    /// change's outcome row is written)
+    #[argh(switch)]
+    pub attempts: bool,
     /// page size (default 50, at most 1000)
     #[argh(option)]
     pub limit: Option<u32>,
@@ -285,6 +293,8 @@ impl LogArgs {
             resource_type: self.resource_type.unwrap_or_default(),
             policy_id: self.policy_id.unwrap_or_default(),
             min_severity: self.min_severity.unwrap_or_default(),
+            outcome: self.outcome.unwrap_or_default(),
+            attempts: self.attempts,
             page: Some(proto::PageRequest {
                 limit: self.limit.unwrap_or(0),
                 cursor: self.cursor.unwrap_or_default(),

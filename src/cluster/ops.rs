@@ -178,20 +178,24 @@ pub async fn add(domain: &Domain, principal: &Principal, id: &str) -> Result<()>
 pub async fn remove(domain: &Domain, principal: &Principal, id: &str) -> Result<()> {
     let result = domain
         .auditor
-        .gate(async {
-            principal.require(Role::Admin)?;
-            let cluster = &domain.cluster;
-            if id.is_empty() {
-                return Err(Error::Invalid("remove needs a member id".into()));
-            }
-            if !cluster.db().await?.remove(id).await? {
-                return Err(Error::NotFound(format!("no cluster member '{id}'")));
-            }
-            cluster.notify("cluster:refresh").await;
-            // This member's own view is current when the answer goes back.
-            cluster.tick().await;
-            Ok(())
-        })
+        .gate(
+            principal,
+            Action::new("cluster.remove", "cluster_member", id),
+            async {
+                principal.require(Role::Admin)?;
+                let cluster = &domain.cluster;
+                if id.is_empty() {
+                    return Err(Error::Invalid("remove needs a member id".into()));
+                }
+                if !cluster.db().await?.remove(id).await? {
+                    return Err(Error::NotFound(format!("no cluster member '{id}'")));
+                }
+                cluster.notify("cluster:refresh").await;
+                // This member's own view is current when the answer goes back.
+                cluster.tick().await;
+                Ok(())
+            },
+        )
         .await;
     domain
         .auditor
@@ -209,19 +213,23 @@ pub async fn remove(domain: &Domain, principal: &Principal, id: &str) -> Result<
 pub async fn rebalance(domain: &Domain, principal: &Principal) -> Result<BTreeMap<String, u64>> {
     let result = domain
         .auditor
-        .gate(async {
-            principal.require(Role::Admin)?;
-            let cluster = &domain.cluster;
-            if cluster.is_clustered() {
-                cluster.notify("cluster:refresh").await;
-                cluster.tick().await;
-            }
-            Ok(members_of(domain)
-                .into_iter()
-                .filter(|m| m.health == "healthy")
-                .map(|m| (m.id, m.agents))
-                .collect::<BTreeMap<_, _>>())
-        })
+        .gate(
+            principal,
+            Action::new("cluster.rebalance", "cluster", "*"),
+            async {
+                principal.require(Role::Admin)?;
+                let cluster = &domain.cluster;
+                if cluster.is_clustered() {
+                    cluster.notify("cluster:refresh").await;
+                    cluster.tick().await;
+                }
+                Ok(members_of(domain)
+                    .into_iter()
+                    .filter(|m| m.health == "healthy")
+                    .map(|m| (m.id, m.agents))
+                    .collect::<BTreeMap<_, _>>())
+            },
+        )
         .await;
     let detail = match &result {
         Ok(spread) => serde_json::json!({ "agents": spread }),
@@ -245,7 +253,14 @@ pub async fn transfer_leader(
     principal: &Principal,
     to: &str,
 ) -> Result<MemberView> {
-    let result = domain.auditor.gate(transfer(domain, principal, to)).await;
+    let result = domain
+        .auditor
+        .gate(
+            principal,
+            Action::new("cluster.transfer_leader", "cluster_member", to),
+            transfer(domain, principal, to),
+        )
+        .await;
     let target = match &result {
         Ok(member) => member.id.clone(),
         Err(_) => to.to_string(),

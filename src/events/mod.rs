@@ -518,7 +518,7 @@ pub async fn emit(
     );
     let result = domain
         .auditor
-        .gate(async {
+        .gate(principal, action.clone(), async {
             principal.require(Role::Operator)?;
             domain.events.emit(new, &principal.name).await
         })

@@ -504,7 +504,11 @@ impl Files {
     ) -> Result<Vec<usize>> {
         let result = domain
             .auditor
-            .gate(self.check_put(caller, cluster, path, manifest, Some(from)))
+            .gate(
+                &caller.key,
+                put_action(caller, cluster, path, manifest),
+                self.check_put(caller, cluster, path, manifest, Some(from)),
+            )
             .await;
         let result = match result {
             Ok(()) => self
@@ -614,11 +618,15 @@ impl Files {
     ) -> Result<ObjectMeta> {
         let result = domain
             .auditor
-            .gate(async {
-                self.admit(caller, cluster, Role::Operator)?;
-                let manifest = self.resolve_list(cluster, manifest, list_depth).await?;
-                self.commit_checked(caller, cluster, path, &manifest).await
-            })
+            .gate(
+                &caller.key,
+                put_action(caller, cluster, path, manifest),
+                async {
+                    self.admit(caller, cluster, Role::Operator)?;
+                    let manifest = self.resolve_list(cluster, manifest, list_depth).await?;
+                    self.commit_checked(caller, cluster, path, &manifest).await
+                },
+            )
             .await;
         let action = put_action(caller, cluster, path, manifest);
         domain.auditor.record(&caller.key, action, &result).await;
@@ -784,15 +792,19 @@ impl Files {
     ) -> Result<()> {
         let result = domain
             .auditor
-            .gate(async {
-                self.admit(caller, cluster, Role::Operator)?;
-                let remote = Remote::parse(path)?;
-                if self.store.delete(cluster, &remote).await? {
-                    Ok(())
-                } else {
-                    Err(not_found(cluster, &remote))
-                }
-            })
+            .gate(
+                &caller.key,
+                Action::new("file.delete", "file", format!("{cluster}:{path}")),
+                async {
+                    self.admit(caller, cluster, Role::Operator)?;
+                    let remote = Remote::parse(path)?;
+                    if self.store.delete(cluster, &remote).await? {
+                        Ok(())
+                    } else {
+                        Err(not_found(cluster, &remote))
+                    }
+                },
+            )
             .await;
         let action = Action::new("file.delete", "file", format!("{cluster}:{path}")).detail(
             serde_json::json!({

@@ -66,7 +66,11 @@ pub async fn prepare(domain: &Domain, principal: &Principal, request: ExecReques
     let job_id = ids::ulid();
     let result = domain
         .auditor
-        .gate(prepare_checked(domain, principal, &request, &job_id))
+        .gate(
+            principal,
+            Action::new("exec.run", "job", &job_id),
+            prepare_checked(domain, principal, &request, &job_id),
+        )
         .await;
     let mut detail = serde_json::json!({
         "target": request.target, "argv": request.argv,

@@ -281,7 +281,7 @@ async fn change_quarantine(
     let reason = reason.trim();
     let result = domain
         .auditor
-        .gate(async {
+        .gate(principal, Action::new(action, "agent", id), async {
             principal.require(Role::Operator)?;
             let row = domain
                 .store
@@ -335,7 +335,7 @@ pub async fn set_labels(
 ) -> Result<AgentView> {
     let result = domain
         .auditor
-        .gate(async {
+        .gate(principal, Action::new("agent.label", "agent", id), async {
             principal.require(Role::Operator)?;
             if set.is_empty() && remove.is_empty() {
                 return Err(Error::Invalid(

@@ -71,7 +71,16 @@ pub async fn prepare(
     let module_id = opened.as_ref().ok().map(|o| o.module.id());
     let prepared = prepare_checked(domain, principal, &request, operation, opened, &job_id);
     let result = match operation {
-        Operation::Apply => domain.auditor.gate(prepared).await,
+        Operation::Apply => {
+            domain
+                .auditor
+                .gate(
+                    principal,
+                    Action::new("module.run", "job", &job_id),
+                    prepared,
+                )
+                .await
+        }
         _ => prepared.await,
     };
     if operation == Operation::Apply {

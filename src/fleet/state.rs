@@ -103,7 +103,16 @@ pub async fn prepare(
     // Only an apply changes hosts (and is audited); check and drift only read them.
     let prepared = prepare_checked(domain, principal, operation, &request, &job_id);
     let result = match operation {
-        Operation::Apply => domain.auditor.gate(prepared).await,
+        Operation::Apply => {
+            domain
+                .auditor
+                .gate(
+                    principal,
+                    Action::new("state.apply", "job", &job_id),
+                    prepared,
+                )
+                .await
+        }
         Operation::Check | Operation::Drift => prepared.await,
     };
     if operation == Operation::Apply {

@@ -597,7 +597,7 @@ pub async fn issue_jwt(
         .unwrap_or_else(|| format!("{TRUST_DOMAIN_PREFIX}apikey/{}", principal.id));
     let result = domain
         .auditor
-        .gate(async {
+        .gate(principal, Action::new("jwt.issue", "jwt_svid", ""), async {
             principal.require(Role::Admin)?;
             mint(
                 domain,
@@ -631,37 +631,41 @@ pub async fn issue_agent_jwt(
     };
     let result = domain
         .auditor
-        .gate(async {
-            super::validate_agent_id(agent_id)?;
-            match domain.store.get_agent(agent_id).await? {
-                None => {
-                    return Err(Error::Unauthenticated(format!(
-                        "agent '{agent_id}' is not enrolled"
-                    )))
+        .gate(
+            &principal,
+            Action::new("jwt.issue", "jwt_svid", ""),
+            async {
+                super::validate_agent_id(agent_id)?;
+                match domain.store.get_agent(agent_id).await? {
+                    None => {
+                        return Err(Error::Unauthenticated(format!(
+                            "agent '{agent_id}' is not enrolled"
+                        )))
+                    }
+                    Some(agent) if agent.is_quarantined => {
+                        return Err(Error::Forbidden(format!(
+                            "agent '{agent_id}' is quarantined"
+                        )))
+                    }
+                    Some(_) => {}
                 }
-                Some(agent) if agent.is_quarantined => {
-                    return Err(Error::Forbidden(format!(
-                        "agent '{agent_id}' is quarantined"
-                    )))
-                }
-                Some(_) => {}
-            }
-            let ttl = match request.ttl.trim() {
-                "" => None,
-                text => Some(clock::parse_duration(text).ok_or_else(|| {
-                    Error::Invalid(format!("invalid ttl '{text}' (e.g. 30m, 1h)"))
-                })?),
-            };
-            mint(
-                domain,
-                keys,
-                &principal,
-                ca::spiffe_id(agent_id),
-                &request.audience,
-                ttl,
-            )
-            .await
-        })
+                let ttl = match request.ttl.trim() {
+                    "" => None,
+                    text => Some(clock::parse_duration(text).ok_or_else(|| {
+                        Error::Invalid(format!("invalid ttl '{text}' (e.g. 30m, 1h)"))
+                    })?),
+                };
+                mint(
+                    domain,
+                    keys,
+                    &principal,
+                    ca::spiffe_id(agent_id),
+                    &request.audience,
+                    ttl,
+                )
+                .await
+            },
+        )
         .await;
     let asked = json!({"audience": request.audience});
     audit_issue(domain, &principal, "bus", &result, asked).await;
@@ -687,18 +691,22 @@ pub async fn list_jwts(domain: &Domain, principal: &Principal) -> Result<Vec<Jwt
 pub async fn revoke_jwt(domain: &Domain, principal: &Principal, id: &str) -> Result<JwtView> {
     let result = domain
         .auditor
-        .gate(async {
-            principal.require(Role::Admin)?;
-            let now = clock::now_rfc3339();
-            let row = domain
-                .store
-                .jwts()
-                .revoke_jwt_svid(id, &now, &principal.id)
-                .await?
-                .ok_or_else(|| Error::NotFound(format!("JWT-SVID '{id}' not found")))?;
-            let (_, signing) = active(domain.store.as_ref()).await?;
-            Ok(view(row, &now, &signing.fingerprint))
-        })
+        .gate(
+            principal,
+            Action::new("jwt.revoke", "jwt_svid", id),
+            async {
+                principal.require(Role::Admin)?;
+                let now = clock::now_rfc3339();
+                let row = domain
+                    .store
+                    .jwts()
+                    .revoke_jwt_svid(id, &now, &principal.id)
+                    .await?
+                    .ok_or_else(|| Error::NotFound(format!("JWT-SVID '{id}' not found")))?;
+                let (_, signing) = active(domain.store.as_ref()).await?;
+                Ok(view(row, &now, &signing.fingerprint))
+            },
+        )
         .await;
     let detail = match &result {
         Ok(view) => json!({"subject": view.subject, "expires_at": view.expires_at}),

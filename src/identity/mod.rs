@@ -300,14 +300,18 @@ pub async fn rotate_signing(domain: &Domain, principal: &Principal) -> Result<Ca
     let keys = &domain.identity_keys();
     let result = domain
         .auditor
-        .gate(async {
-            principal.require(Role::Admin)?;
-            let (root, old) = active(domain.store.as_ref()).await?;
-            let signing = ca::make_signing(&unseal(keys, &root)?)?;
-            let row = sealed_row(keys, SIGNING, &signing)?;
-            domain.store.insert_ca(&row).await?;
-            Ok((old.fingerprint, row.fingerprint))
-        })
+        .gate(
+            principal,
+            Action::new("ca.rotate_signing", "ca", SIGNING),
+            async {
+                principal.require(Role::Admin)?;
+                let (root, old) = active(domain.store.as_ref()).await?;
+                let signing = ca::make_signing(&unseal(keys, &root)?)?;
+                let row = sealed_row(keys, SIGNING, &signing)?;
+                domain.store.insert_ca(&row).await?;
+                Ok((old.fingerprint, row.fingerprint))
+            },
+        )
         .await;
     let detail = match &result {
         Ok((old, new)) => serde_json::json!({"old_fingerprint": old, "new_fingerprint": new}),
@@ -479,11 +483,15 @@ pub async fn psk(domain: &Domain, principal: &Principal, agent_id: &str) -> Resu
     let keys = &domain.identity_keys();
     let result = domain
         .auditor
-        .gate(async {
-            principal.require(Role::Admin)?;
-            validate_agent_id(agent_id)?;
-            Ok(psk_for(keys, agent_id))
-        })
+        .gate(
+            principal,
+            Action::new("agent.psk", "agent", agent_id),
+            async {
+                principal.require(Role::Admin)?;
+                validate_agent_id(agent_id)?;
+                Ok(psk_for(keys, agent_id))
+            },
+        )
         .await;
     domain
         .auditor
@@ -560,7 +568,11 @@ pub async fn enrol(domain: &Domain, request: EnrolRequest) -> Result<Enrolled> {
     let mut credential_id = None;
     let result = domain
         .auditor
-        .gate(enrol_checked(domain, keys, &request, &mut credential_id))
+        .gate(
+            &principal,
+            Action::new("agent.enroll", "agent", &request.agent_id),
+            enrol_checked(domain, keys, &request, &mut credential_id),
+        )
         .await;
     let mut detail = serde_json::json!({"method": method, "labels": request.labels});
     if let Some(id) = &credential_id {

@@ -87,33 +87,39 @@ pub async fn create_token(
 ) -> Result<CreatedToken> {
     let result = domain
         .auditor
-        .gate(async {
-            principal.require(Role::Operator)?;
-            if let Some(agent_id) = &new.agent_id {
-                super::validate_agent_id(agent_id)?;
-            }
-            let ttl = new.ttl.unwrap_or(DEFAULT_TTL);
-            if ttl.is_zero() {
-                return Err(Error::Invalid("--ttl must be positive".into()));
-            }
-            let cleartext = format!("{TOKEN_PREFIX}{}", ids::random_base62(40));
-            let now_ms = clock::now_millis();
-            let row = JoinTokenRow {
-                id: ids::ulid(),
-                token_hash: hash(&cleartext),
-                agent_id: new.agent_id.clone(),
-                created_by: principal.id.clone(),
-                created_at: clock::format_rfc3339(now_ms),
-                expires_at: clock::format_rfc3339(now_ms.saturating_add(ttl.as_millis() as i64)),
-                ..JoinTokenRow::default()
-            };
-            domain.store.insert_join_token(&row).await?;
-            let now = clock::now_rfc3339();
-            Ok(CreatedToken {
-                token: view(row, &now),
-                cleartext,
-            })
-        })
+        .gate(
+            principal,
+            Action::new("token.create", "join_token", ""),
+            async {
+                principal.require(Role::Operator)?;
+                if let Some(agent_id) = &new.agent_id {
+                    super::validate_agent_id(agent_id)?;
+                }
+                let ttl = new.ttl.unwrap_or(DEFAULT_TTL);
+                if ttl.is_zero() {
+                    return Err(Error::Invalid("--ttl must be positive".into()));
+                }
+                let cleartext = format!("{TOKEN_PREFIX}{}", ids::random_base62(40));
+                let now_ms = clock::now_millis();
+                let row = JoinTokenRow {
+                    id: ids::ulid(),
+                    token_hash: hash(&cleartext),
+                    agent_id: new.agent_id.clone(),
+                    created_by: principal.id.clone(),
+                    created_at: clock::format_rfc3339(now_ms),
+                    expires_at: clock::format_rfc3339(
+                        now_ms.saturating_add(ttl.as_millis() as i64),
+                    ),
+                    ..JoinTokenRow::default()
+                };
+                domain.store.insert_join_token(&row).await?;
+                let now = clock::now_rfc3339();
+                Ok(CreatedToken {
+                    token: view(row, &now),
+                    cleartext,
+                })
+            },
+        )
         .await;
     let (id, detail) = match &result {
         Ok(created) => (
@@ -164,14 +170,18 @@ pub async fn list_tokens(
 pub async fn revoke_token(domain: &Domain, principal: &Principal, id: &str) -> Result<TokenView> {
     let result = domain
         .auditor
-        .gate(async {
-            principal.require(Role::Admin)?;
-            let now = clock::now_rfc3339();
-            match domain.store.revoke_join_token(id, &now).await? {
-                Some(row) => Ok(view(row, &now)),
-                None => Err(Error::NotFound(format!("join token '{id}' not found"))),
-            }
-        })
+        .gate(
+            principal,
+            Action::new("token.revoke", "join_token", id),
+            async {
+                principal.require(Role::Admin)?;
+                let now = clock::now_rfc3339();
+                match domain.store.revoke_join_token(id, &now).await? {
+                    Some(row) => Ok(view(row, &now)),
+                    None => Err(Error::NotFound(format!("join token '{id}' not found"))),
+                }
+            },
+        )
         .await;
     domain
         .auditor
@@ -188,13 +198,17 @@ pub async fn revoke_token(domain: &Domain, principal: &Principal, id: &str) -> R
 pub async fn cleanup_tokens(domain: &Domain, principal: &Principal) -> Result<u64> {
     let result = domain
         .auditor
-        .gate(async {
-            principal.require(Role::Admin)?;
-            domain
-                .store
-                .delete_finished_join_tokens(&clock::now_rfc3339())
-                .await
-        })
+        .gate(
+            principal,
+            Action::new("token.cleanup", "join_token", "*"),
+            async {
+                principal.require(Role::Admin)?;
+                domain
+                    .store
+                    .delete_finished_join_tokens(&clock::now_rfc3339())
+                    .await
+            },
+        )
         .await;
     let detail = match &result {
         Ok(removed) => serde_json::json!({"removed": removed}),

@@ -284,7 +284,10 @@ pub async fn execute(
     let result = if dry_run {
         started.await
     } else {
-        domain.auditor.gate(started).await
+        domain
+            .auditor
+            .gate(principal, action.clone(), started)
+            .await
     };
     domain.auditor.record(principal, action, &result).await;
     if let Ok(Started::Execution(_)) = &result {
@@ -370,7 +373,7 @@ pub async fn cancel(domain: &Domain, principal: &Principal, id: &str) -> Result<
     let action = Action::new("runbook.cancel", "runbook_execution", id);
     let result = domain
         .auditor
-        .gate(async {
+        .gate(principal, action.clone(), async {
             principal.require(Role::Operator)?;
             let row = find(domain, id).await?;
             if row.status != "running" {
@@ -403,7 +406,7 @@ pub async fn approve(
         Action::new("runbook.approve", "runbook_execution", id).detail(json!({ "step": step_id }));
     let result = domain
         .auditor
-        .gate(async {
+        .gate(principal, action.clone(), async {
             principal.require(Role::Operator)?;
             let row = find(domain, id).await?;
             if row.started_by == principal.id {

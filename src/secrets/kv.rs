@@ -124,7 +124,11 @@ pub async fn put(
     let mut detail = json!({ "fields": fields });
     let result = domain
         .auditor
-        .gate(put_inner(domain, principal, path, &data))
+        .gate(
+            principal,
+            Action::new("secret.write", "secret", path),
+            put_inner(domain, principal, path, &data),
+        )
         .await;
     if let Ok(meta) = &result {
         detail["version"] = json!(meta.version);
@@ -262,7 +266,19 @@ pub async fn delete(
 ) -> Result<u64> {
     let result = domain
         .auditor
-        .gate(delete_inner(domain, principal, path, deletion))
+        .gate(
+            principal,
+            Action::new(
+                if deletion.destroy {
+                    "secret.destroy"
+                } else {
+                    "secret.delete"
+                },
+                "secret",
+                path,
+            ),
+            delete_inner(domain, principal, path, deletion),
+        )
         .await;
     let (name, detail) = if deletion.destroy {
         ("secret.destroy", json!({ "versions": deletion.versions }))
@@ -384,9 +400,9 @@ mod tests {
         }
     }
 
-    /// A change whose audit row cannot be written is never performed unaudited: the write
-    /// that finds the audit log broken is reported in the server log, and every later change
-    /// is refused (reads go on) until a row can be written again.
+    /// A change whose audit record cannot be written is never performed: its attempt row is
+    /// written before it, so the first write that finds the audit log broken is refused, and
+    /// every later change too (reads go on) until a row can be written again.
     #[tokio::test]
     async fn changes_are_refused_while_the_audit_log_cannot_be_written() {
         let (domain, dir, _) = testing::domain().await;
@@ -401,30 +417,27 @@ mod tests {
                  BEGIN SELECT RAISE(ABORT, 'audit refused by the test'); END;",
             )
             .unwrap();
-        // The audit log fails after this write was committed: it stands (it cannot be
-        // undone), the failure goes to the server log, and the auditor turns degraded.
-        put(&domain, &admin, "db/a", fields(&[("v", "2")]))
-            .await
-            .unwrap();
-        let refused = put(&domain, &admin, "db/a", fields(&[("v", "3")]))
-            .await
-            .unwrap_err();
-        assert!(matches!(refused, Error::Unavailable(_)), "{refused:?}");
-        assert!(
-            refused.to_string().contains("audit log cannot be written"),
-            "{refused}"
-        );
+        for value in ["2", "3"] {
+            let refused = put(&domain, &admin, "db/a", fields(&[("v", value)]))
+                .await
+                .unwrap_err();
+            assert!(matches!(refused, Error::Unavailable(_)), "{refused:?}");
+            assert!(
+                refused.to_string().contains("audit log cannot be written"),
+                "{refused}"
+            );
+        }
         assert!(domain.auditor.health().await.is_err());
-        // Reads go on, and version 3 was never written.
+        // Reads go on, and neither version 2 nor 3 was written.
         let current = get(&domain, &admin, "db/a", None).await.unwrap();
-        assert_eq!(current.version, 2);
+        assert_eq!(current.version, 1);
         blocker.execute_batch("DROP TRIGGER refuse_audit;").unwrap();
         // Readiness's probe writes the `audit.recover` row; changes are admitted again.
         domain.auditor.health().await.unwrap();
         let meta = put(&domain, &admin, "db/a", fields(&[("v", "3")]))
             .await
             .unwrap();
-        assert_eq!(meta.version, 3);
+        assert_eq!(meta.version, 2);
     }
 
     #[tokio::test]

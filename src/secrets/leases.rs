@@ -100,7 +100,7 @@ pub async fn create_credentials(
 ) -> Result<Credentials> {
     let result = domain
         .auditor
-        .gate(async {
+        .gate(principal, Action::new("lease.create", "lease", ""), async {
             principal.require(Role::Operator)?;
             if backend != POSTGRES {
                 return Err(Error::Invalid(format!(
@@ -212,7 +212,7 @@ pub async fn renew(
 ) -> Result<Lease> {
     let result = domain
         .auditor
-        .gate(async {
+        .gate(principal, Action::new("lease.renew", "lease", id), async {
             principal.require(Role::Operator)?;
             let row = find(domain, id).await?;
             if row.revoked_at.is_some() {
@@ -263,7 +263,7 @@ async fn revoke_row(domain: &Domain, row: &LeaseRow) -> Result<()> {
 pub async fn revoke(domain: &Domain, principal: &Principal, id: &str) -> Result<u64> {
     let result = domain
         .auditor
-        .gate(async {
+        .gate(principal, Action::new("lease.revoke", "lease", id), async {
             principal.require(Role::Operator)?;
             let row = find(domain, id).await?;
             if row.revoked_at.is_some() {
@@ -286,20 +286,24 @@ pub async fn revoke(domain: &Domain, principal: &Principal, id: &str) -> Result<
 pub async fn revoke_prefix(domain: &Domain, principal: &Principal, prefix: &str) -> Result<u64> {
     let result = domain
         .auditor
-        .gate(async {
-            principal.require(Role::Operator)?;
-            if prefix.is_empty() {
-                return Err(Error::Invalid(
-                    "revoke --prefix needs a non-empty prefix".into(),
-                ));
-            }
-            let mut count = 0;
-            for row in store(domain).list_leases(prefix).await? {
-                revoke_row(domain, &row).await?;
-                count += 1;
-            }
-            Ok(count)
-        })
+        .gate(
+            principal,
+            Action::new("lease.revoke_prefix", "lease", prefix),
+            async {
+                principal.require(Role::Operator)?;
+                if prefix.is_empty() {
+                    return Err(Error::Invalid(
+                        "revoke --prefix needs a non-empty prefix".into(),
+                    ));
+                }
+                let mut count = 0;
+                for row in store(domain).list_leases(prefix).await? {
+                    revoke_row(domain, &row).await?;
+                    count += 1;
+                }
+                Ok(count)
+            },
+        )
         .await;
     let detail = json!({ "revoked": result.as_ref().ok() });
     audited(

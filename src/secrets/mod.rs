@@ -163,7 +163,11 @@ pub async fn verify_master_key(
 pub async fn rotate_master(domain: &Domain, principal: &Principal, new_key: &str) -> Result<u64> {
     let result = domain
         .auditor
-        .gate(rotate_master_inner(domain, principal, new_key))
+        .gate(
+            principal,
+            Action::new("secret.rotate_master", "secret", "master_key"),
+            rotate_master_inner(domain, principal, new_key),
+        )
         .await;
     let detail = match &result {
         Ok(count) => serde_json::json!({ "rewrapped": count }),

@@ -270,7 +270,7 @@ pub async fn create_key(
 ) -> Result<KeyInfo> {
     let result = domain
         .auditor
-        .gate(async {
+        .gate(principal, action("transit.create_key", name), async {
             principal.require(Role::Operator)?;
             validate_name(name)?;
             let keyring = domain.secrets.keyring().await?;
@@ -303,7 +303,7 @@ pub async fn create_key(
 pub async fn rotate(domain: &Domain, principal: &Principal, name: &str) -> Result<KeyInfo> {
     let result = domain
         .auditor
-        .gate(async {
+        .gate(principal, action("transit.rotate", name), async {
             principal.require(Role::Operator)?;
             let keyring = domain.secrets.keyring().await?;
             let row = store(domain)
@@ -342,7 +342,7 @@ pub async fn set_min_decryption_version(
 ) -> Result<KeyInfo> {
     let result = domain
         .auditor
-        .gate(async {
+        .gate(principal, action("transit.config", name), async {
             principal.require(Role::Operator)?;
             let row = store(domain)
                 .get_transit_key(name)

@@ -64,6 +64,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "agent_facts",
         include_str!("migrations/0010_agent_facts.sql"),
     ),
+    (
+        13,
+        "audit_attempts",
+        include_str!("migrations/0013_audit_attempts.sql"),
+    ),
 ];
 
 /// A stored API key (never the key itself: only its hash).
@@ -134,6 +139,9 @@ pub struct AuditFilter {
     pub severities: Vec<String>,
     /// Newest first, strictly before this seq (paging).
     pub before_seq: Option<i64>,
+    /// Also the attempt rows whose outcome row is stored (hidden otherwise: one row per
+    /// finished change, see `audit::ATTEMPT`). An attempt without an outcome always shows.
+    pub attempts: bool,
 }
 
 /// A column audit rows can be counted by (a closed set, so it can go into SQL as is).
@@ -339,6 +347,7 @@ pub(crate) fn audit_where(
     filter: &AuditFilter,
     with_cursor: bool,
     placeholder: fn(usize) -> String,
+    attempt_of: &str,
 ) -> (String, Vec<SqlValue>) {
     let mut clauses = Vec::new();
     let mut values = Vec::new();
@@ -381,6 +390,14 @@ pub(crate) fn audit_where(
             placeholders.push(placeholder(values.len()));
         }
         clauses.push(format!("severity IN ({})", placeholders.join(", ")));
+    }
+    if !filter.attempts {
+        // `attempt_of` is the driver's expression for a row's detail.attempt, written as its
+        // migration 13 index is, so the lookup uses the index.
+        clauses.push(format!(
+            "NOT (outcome = 'attempt' AND EXISTS (SELECT 1 FROM audit_events o \
+             WHERE {attempt_of} = audit_events.id))"
+        ));
     }
     let filter_sql = if clauses.is_empty() {
         String::new()

@@ -87,6 +87,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "agent_facts",
         include_str!("migrations/postgres/0010_agent_facts.sql"),
     ),
+    (
+        13,
+        "audit_attempts",
+        include_str!("migrations/postgres/0013_audit_attempts.sql"),
+    ),
 ];
 
 /// Advisory lock keys (any two constants of ours; "svc" spelled in ASCII, then a number).
@@ -639,7 +644,12 @@ fn audit_where(
     filter: &AuditFilter,
     with_cursor: bool,
 ) -> (String, Vec<Box<dyn ToSql + Sync + Send>>) {
-    let (filter_sql, values) = super::audit_where(filter, with_cursor, |n| format!("${n}"));
+    let (filter_sql, values) = super::audit_where(
+        filter,
+        with_cursor,
+        |n| format!("${n}"),
+        "(o.detail::jsonb ->> 'attempt')",
+    );
     let values = values
         .into_iter()
         .map(|value| -> Box<dyn ToSql + Sync + Send> {

@@ -402,7 +402,12 @@ fn join_token_from_row(row: &Row<'_>) -> rusqlite::Result<JoinTokenRow> {
 
 /// The WHERE clause of an audit query and its bound values.
 fn audit_where(filter: &AuditFilter, with_cursor: bool) -> (String, Vec<Box<dyn rusqlite::ToSql>>) {
-    let (filter_sql, values) = super::audit_where(filter, with_cursor, |n| format!("?{n}"));
+    let (filter_sql, values) = super::audit_where(
+        filter,
+        with_cursor,
+        |n| format!("?{n}"),
+        "json_extract(o.detail, '$.attempt')",
+    );
     // `+action`: with case-sensitive LIKE, SQLite would search the action index for the glob's
     // prefix and then sort every match by seq (47 ms for `secret.*` over 200,000 rows), where
     // walking seq backwards and stopping at the limit takes a few. The unary plus keeps the

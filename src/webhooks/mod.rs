@@ -246,7 +246,7 @@ pub async fn create(
     ));
     let result = domain
         .auditor
-        .gate(async {
+        .gate(principal, action.clone(), async {
             principal.require(Role::Operator)?;
             let event_types = check_filter(&new.event_types, &new.category, &new.min_severity)?;
             check_url(domain, &new.url)?;
@@ -324,7 +324,7 @@ pub async fn update(
     }));
     let result = domain
         .auditor
-        .gate(async {
+        .gate(principal, action.clone(), async {
             principal.require(Role::Operator)?;
             let mut row = find(domain, id).await?;
             let event_types = match change.event_types {
@@ -366,7 +366,7 @@ pub async fn delete(domain: &Arc<Domain>, principal: &Principal, id: &str) -> Re
     let action = Action::new("webhook.delete", "webhook", id);
     let result = domain
         .auditor
-        .gate(async {
+        .gate(principal, action.clone(), async {
             principal.require(Role::Operator)?;
             if !domain.store.webhooks().delete_webhook(id).await? {
                 return Err(Error::NotFound(format!("webhook '{id}' not found")));
@@ -387,7 +387,7 @@ pub async fn test(domain: &Arc<Domain>, principal: &Principal, id: &str) -> Resu
     let action = Action::new("webhook.test", "webhook", id);
     let result = domain
         .auditor
-        .gate(async {
+        .gate(principal, action.clone(), async {
             principal.require(Role::Operator)?;
             let row = find(domain, id).await?;
             let key = open_secret(domain, &row)?;
@@ -429,7 +429,7 @@ pub async fn redeliver(
     let action = Action::new("webhook.redeliver", "webhook_delivery", delivery_id);
     let result = domain
         .auditor
-        .gate(async {
+        .gate(principal, action.clone(), async {
             principal.require(Role::Operator)?;
             let mut row = domain
                 .store

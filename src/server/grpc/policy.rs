@@ -95,9 +95,10 @@ fn query_from(request: proto::AuditLogRequest) -> audit::Query {
         resource_type: Some(request.resource_type),
         policy_id: Some(request.policy_id),
         min_severity: Some(request.min_severity),
-        outcome: None,
+        outcome: Some(request.outcome),
         limit: Some(page.limit),
         cursor: Some(page.cursor),
+        attempts: request.attempts,
     }
 }
 

@@ -33,6 +33,7 @@ pub async fn log(context: &Context, request: Request<Incoming>) -> Result<Respon
             "outcome",
             "limit",
             "cursor",
+            "attempts",
         ],
     )?;
     let limit = u32::try_from(query.number("limit")?).unwrap_or(u32::MAX);
@@ -47,6 +48,7 @@ pub async fn log(context: &Context, request: Request<Incoming>) -> Result<Respon
         outcome: optional(query.text("outcome")),
         limit: (limit > 0).then_some(limit),
         cursor: optional(query.text("cursor")),
+        attempts: query.flag("attempts")?,
     };
     let page = audit::log(context.domain.store.as_ref(), &caller, &wanted).await?;
     Ok(json_response(StatusCode::OK, &page))

@@ -140,7 +140,7 @@ pub fn document() -> Response<Body> {
                 "AuditEntry": {"type": "object", "properties": {
                     "id": {"type": "string"}, "seq": {"type": "integer"}, "timestamp": {"type": "string", "format": "date-time"},
                     "user": {"type": "string"}, "action": {"type": "string"}, "resource_type": {"type": "string"},
-                    "resource_id": {"type": "string"}, "outcome": {"type": "string", "enum": ["success", "denied", "error"]},
+                    "resource_id": {"type": "string"}, "outcome": {"type": "string", "enum": ["success", "denied", "error", "attempt"]},
                     "policy_id": {"type": "string", "nullable": true}, "decision": {"type": "string", "nullable": true},
                     "severity": {"type": "string"}, "detail": {"type": "object", "description": "redacted"},
                     "prev_hash": {"type": "string"}, "hash": {"type": "string"}}},
@@ -218,7 +218,8 @@ pub fn document() -> Response<Body> {
     doc["paths"]["/api/v1/audit"] = json!({"get": {"summary": "The audit log, newest first (svc-audit log)", "security": [{"bearer": []}],
                 "parameters": with_params(&[], &[("since", "string", "RFC 3339 or a duration ago (24h)"), ("until", "string", "RFC 3339 or a duration ago"),
                     ("user", "string", "key name"), ("action", "string", "e.g. agent.quarantine"), ("resource_type", "string", ""), ("policy_id", "string", ""),
-                    ("min_severity", "string", "low, medium, high or critical"), ("outcome", "string", "success, denied or error"),
+                    ("min_severity", "string", "low, medium, high or critical"), ("outcome", "string", "success, denied, error or attempt (an attempt whose outcome is not written)"),
+                    ("attempts", "boolean", "also the attempt rows of finished changes (written before each change; hidden by default)"),
                     ("limit", "integer", "page size (default 50, at most 1000)"), ("cursor", "string", "the previous page's next_cursor")]),
                 "responses": with_errors(json!({"200": {"description": "a page", "content": {"application/json": {"schema": page(json!({"$ref": "#/components/schemas/AuditEntry"}))}}}}), &[("422", "bad filter or cursor")])}});
     doc["paths"]["/api/v1/audit/verify"] = json!({"get": {"summary": "Walk the hash chain (svc-audit verify)", "security": [{"bearer": []}],
