@@ -579,3 +579,69 @@ fn sighup_reloads_policies_and_decisions_become_events_and_stream_records() {
         .collect();
     assert_eq!(mirrored, ids);
 }
+
+/// Audit before acting, end to end: each change's attempt row is in the chain before it runs
+/// and its outcome row names it; the log shows one row per finished change, and an attempt
+/// whose outcome could not be written stays visible and verifiable.
+#[test]
+fn changes_are_recorded_before_they_run_and_a_missing_outcome_shows() {
+    let server = TestServer::start_sqlite();
+    let admin = server.admin_key.clone();
+    let audit = |args: &[&str]| {
+        json(&run(server
+            .cli("svc-audit")
+            .args(["--api-key", &admin, "-o", "json"])
+            .args(args)))
+    };
+    server.create_key("first", "readonly");
+    let shown = audit(&["log", "--action", "apikey.create"]);
+    assert_eq!(shown["items"].as_array().unwrap().len(), 1, "{shown}");
+    let all = audit(&["log", "--action", "apikey.create", "--attempts"]);
+    let rows = all["items"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{all}");
+    let (outcome, attempt) = (&rows[0], &rows[1]);
+    assert_eq!(attempt["outcome"], "attempt");
+    assert_eq!(attempt["detail"]["name"], "first");
+    assert_eq!(outcome["outcome"], "success");
+    assert_eq!(outcome["detail"]["attempt"], attempt["id"]);
+    let unfinished = audit(&["log", "--outcome", "attempt"]);
+    assert_eq!(unfinished["items"], serde_json::json!([]), "{unfinished}");
+
+    // The store takes attempt rows but refuses outcome rows: the change has run (the key
+    // works) and its attempt is what the chain holds of it.
+    let db = rusqlite::Connection::open(server.data_dir.join("svc.db")).unwrap();
+    db.execute_batch(
+        "CREATE TRIGGER refuse_outcomes BEFORE INSERT ON audit_events \
+         WHEN NEW.outcome <> 'attempt' \
+         BEGIN SELECT RAISE(ABORT, 'outcome refused by the test'); END;",
+    )
+    .unwrap();
+    let (_, second) = server.create_key("second", "readonly");
+    db.execute_batch("DROP TRIGGER refuse_outcomes;").unwrap();
+    let listed = run(server.cli("svc-audit").args([
+        "--api-key",
+        &second,
+        "-o",
+        "json",
+        "log",
+        "--limit",
+        "1",
+    ]));
+    assert_eq!(listed.code, 0, "the key was created: {listed:?}");
+    let unfinished = audit(&["log", "--outcome", "attempt"]);
+    let items = unfinished["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{unfinished}");
+    assert_eq!(items[0]["action"], "apikey.create");
+    assert_eq!(items[0]["detail"]["name"], "second");
+    let verified = audit(&["verify"]);
+    assert_eq!(verified["ok"], true, "{verified}");
+
+    let bad = run(server
+        .cli("svc-audit")
+        .args(["--api-key", &admin, "log", "--outcome", "maybe"]));
+    assert_ne!(bad.code, 0, "{bad:?}");
+    assert!(
+        bad.stderr.contains("outcome 'maybe' is not one of"),
+        "{bad:?}"
+    );
+}
