@@ -404,7 +404,8 @@ pub struct RateLimitConfig {
     pub requests_per_second: f64,
     /// Requests a key may make at once before the sustained rate applies.
     pub burst: u32,
-    /// REST requests one key may have in progress at once; past it a request gets 429.
+    /// REST and gRPC requests one key may have in progress at once (together); past it a
+    /// request gets 429 (REST) or RESOURCE_EXHAUSTED (gRPC).
     pub max_in_flight: usize,
 }
 

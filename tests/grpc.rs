@@ -240,3 +240,53 @@ fn sigterm_ends_an_open_event_stream_cleanly_and_stops_promptly() {
         "{rest:?}"
     );
 }
+
+#[test]
+fn calls_past_the_in_flight_cap_get_resource_exhausted_and_other_keys_are_served() {
+    use std::time::{Duration, Instant};
+    let server = TestServer::start_with(Options {
+        config_yaml: "rate_limit: { max_in_flight: 1 }\n".into(),
+        ..Options::default()
+    });
+    let _agent = common::agent::Agent::start(&server, "web-1", "role=web");
+    let (_, greedy) = server.create_key("greedy", "operator");
+    let svcctl = |key: &str, args: &[&str]| {
+        common::run(server.cli("svcctl").args(["--api-key", key]).args(args))
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while svcctl(&greedy, &["exec", "--target", "role=web", "--", "true"]).code != 0 {
+        assert!(Instant::now() < deadline, "the agent never answered");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // One slow call holds the key's only slot: an exec waiting for `sleep 3`.
+    let mut slow = server.cli("svcctl");
+    slow.args([
+        "--api-key",
+        &greedy,
+        "exec",
+        "--target",
+        "role=web",
+        "--",
+        "sleep",
+        "3",
+    ]);
+    let slow = std::thread::spawn(move || common::run(&mut slow));
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let refused = loop {
+        let listed = svcctl(&greedy, &["agent", "list"]);
+        if listed.code != 0 {
+            break listed;
+        }
+        assert!(Instant::now() < deadline, "never refused: {listed:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(refused.stderr.contains("max_in_flight"), "{refused:?}");
+    // Other keys are served meanwhile.
+    let admin = svcctl(&server.admin_key, &["agent", "list"]);
+    assert_eq!(admin.code, 0, "{admin:?}");
+    // The slow call finishes, and gives its slot back.
+    let finished = slow.join().unwrap();
+    assert_eq!(finished.code, 0, "{finished:?}");
+    let listed = svcctl(&greedy, &["agent", "list"]);
+    assert_eq!(listed.code, 0, "{listed:?}");
+}

@@ -67,7 +67,7 @@ impl Server {
             format!(
                 "data_dir: {}\nlisten: {{ http: 127.0.0.1:0, grpc: 127.0.0.1:0, bus: 127.0.0.1:0, bus_monitor: 127.0.0.1:0 }}\n\
                  hmacsecret: {HMAC_SECRET}\nmaster_key: {}\nlog_level: warn\n\
-                 rate_limit: {{ requests_per_second: 1000000000, burst: 1000000000 }}\n{extra_config}",
+                 rate_limit: {{ requests_per_second: 1000000000, burst: 1000000000, max_in_flight: 4096 }}\n{extra_config}",
                 data.display(),
                 base64::engine::general_purpose::STANDARD.encode(master)
             ),

@@ -50,7 +50,7 @@ pub fn member_yaml(setup: &Setup, database_url: &str, i: usize) -> String {
         .map(|u| format!("\"{u}\""))
         .collect();
     format!(
-        "store:\n  driver: postgres\n  url: \"{database_url}\"\nbus:\n  external_urls: [{}]\n{}streams:\n  max_bytes: 67108864\nrate_limit:\n  requests_per_second: 100000\n  burst: 100000\ncluster:\n  enabled: true\n  member_id: m{}\n{}{}",
+        "store:\n  driver: postgres\n  url: \"{database_url}\"\nbus:\n  external_urls: [{}]\n{}streams:\n  max_bytes: 67108864\nrate_limit:\n  requests_per_second: 100000\n  burst: 100000\n  max_in_flight: 1024\ncluster:\n  enabled: true\n  member_id: m{}\n{}{}",
         urls.join(", "),
         setup.bus_yaml,
         i + 1,

@@ -73,8 +73,11 @@ where
                 .headers()
                 .get("authorization")
                 .map(|value| value.to_str().unwrap_or(""));
-            match context.domain.authenticate(header).await {
-                Ok(principal) => {
+            // admit: the key, its rate limit and its slot among rate_limit.max_in_flight (as
+            // REST's `principal`), held until the response head is made; past the cap the
+            // call gets RESOURCE_EXHAUSTED.
+            match context.domain.admit(header).await {
+                Ok((principal, _admission)) => {
                     // A method without a row is not a method: tonic answers UNIMPLEMENTED.
                     let access = crate::auth::access::grpc_access(&path);
                     let refused = access.and_then(|access| {
