@@ -248,30 +248,35 @@ fn calls_past_the_in_flight_cap_get_resource_exhausted_and_other_keys_are_served
         config_yaml: "rate_limit: { max_in_flight: 1 }\n".into(),
         ..Options::default()
     });
-    let _agent = common::agent::Agent::start(&server, "web-1", "role=web");
     let (_, greedy) = server.create_key("greedy", "operator");
     let svcctl = |key: &str, args: &[&str]| {
         common::run(server.cli("svcctl").args(["--api-key", key]).args(args))
     };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while svcctl(&greedy, &["exec", "--target", "role=web", "--", "true"]).code != 0 {
-        assert!(Instant::now() < deadline, "the agent never answered");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    // One slow call holds the key's only slot: an exec waiting for `sleep 3`.
-    let mut slow = server.cli("svcctl");
-    slow.args([
-        "--api-key",
-        &greedy,
-        "exec",
-        "--target",
-        "role=web",
-        "--",
-        "sleep",
-        "3",
-    ]);
-    let slow = std::thread::spawn(move || common::run(&mut slow));
-    let deadline = Instant::now() + Duration::from_secs(3);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    // One call holds the key's only slot: a unary call whose message never comes (the
+    // server waits for it; the slot is held until the answer).
+    let address = format!("http://{}", server.grpc);
+    let held_key = greedy.clone();
+    let held = runtime.spawn(async move {
+        let channel = tonic::transport::Channel::from_shared(address)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut grpc = tonic::client::Grpc::new(channel);
+        grpc.ready().await.unwrap();
+        let never = futures_util::stream::pending::<Vec<u8>>();
+        let request = with_key(never, &held_key);
+        let path = http::uri::PathAndQuery::from_static("/svc.v1.FleetService/ListAgents");
+        grpc.client_streaming(request, path, common::raw_grpc::RawCodec)
+            .await
+            .map(drop)
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
     let refused = loop {
         let listed = svcctl(&greedy, &["agent", "list"]);
         if listed.code != 0 {
@@ -284,9 +289,16 @@ fn calls_past_the_in_flight_cap_get_resource_exhausted_and_other_keys_are_served
     // Other keys are served meanwhile.
     let admin = svcctl(&server.admin_key, &["agent", "list"]);
     assert_eq!(admin.code, 0, "{admin:?}");
-    // The slow call finishes, and gives its slot back.
-    let finished = slow.join().unwrap();
-    assert_eq!(finished.code, 0, "{finished:?}");
-    let listed = svcctl(&greedy, &["agent", "list"]);
-    assert_eq!(listed.code, 0, "{listed:?}");
+    // The client gives up: its slot comes back.
+    held.abort();
+    drop(runtime);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let listed = svcctl(&greedy, &["agent", "list"]);
+        if listed.code == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "slot not given back: {listed:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
