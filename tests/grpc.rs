@@ -282,6 +282,11 @@ fn calls_past_the_in_flight_cap_get_resource_exhausted_and_other_keys_are_served
         if listed.code != 0 {
             break listed;
         }
+        // A held call that ended (refused, connection lost) holds no slot: say so.
+        if held.is_finished() {
+            let ended = runtime.block_on(held).unwrap();
+            panic!("the held call ended instead of waiting: {ended:?}");
+        }
         assert!(Instant::now() < deadline, "never refused: {listed:?}");
         std::thread::sleep(Duration::from_millis(50));
     };
