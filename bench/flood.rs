@@ -3,7 +3,10 @@
 //! one opened before the flood. Prints p50/p99/max per probe and port, and how many probes
 //! failed. Goal: the ports not flooded answer with p99 ≤ 100 ms; the flooded port answers on
 //! connections it already had, and new connections again once `limits.handshake_timeout`
-//! (here 2 s) has closed the silent ones.
+//! (here 2 s) has closed the silent ones. The flood comes from 127.0.0.3 and the probes from
+//! 127.0.0.1, so on REST and gRPC the flood meets `limits.max_connections_per_address` (a
+//! quarter of the listener) first and new probe connections to the flooded port are served
+//! too; the bus has no per-address share (agents share NAT addresses), only its overall cap.
 //!
 //! Usage: cargo bench --bench flood [-- --connections 2000 --probes 100]
 //! Loopback only; every connection is closed when the bench ends.
@@ -108,6 +111,22 @@ impl Flood {
         let stop = std::sync::Arc::new(AtomicBool::new(false));
         let stopping = stop.clone();
         let thread = std::thread::spawn(move || {
+            // From an address of its own, as a flood from elsewhere would be.
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let connect = || -> std::io::Result<TcpStream> {
+                runtime.block_on(async {
+                    let socket = tokio::net::TcpSocket::new_v4()?;
+                    socket.bind("127.0.0.3:0".parse().unwrap())?;
+                    let stream =
+                        tokio::time::timeout(Duration::from_millis(500), socket.connect(target))
+                            .await
+                            .map_err(|_| std::io::ErrorKind::TimedOut)??;
+                    stream.into_std()
+                })
+            };
             let (mut open, mut opened, mut peak) = (Vec::<TcpStream>::new(), 0, 0);
             while !stopping.load(Ordering::Relaxed) {
                 // Drop what the server closed (a read of 0 bytes, or an error).
@@ -116,7 +135,7 @@ impl Flood {
                     matches!(s.peek(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
                 });
                 while open.len() < count && !stopping.load(Ordering::Relaxed) {
-                    match TcpStream::connect_timeout(&target, Duration::from_millis(500)) {
+                    match connect() {
                         Ok(s) => {
                             let _ = s.set_nonblocking(true);
                             open.push(s);

@@ -452,6 +452,11 @@ pub struct LimitsConfig {
     /// Open connections each of the REST and gRPC listeners accepts; past it a new connection
     /// is closed at once (REST with a 503). The bus has its own cap in the broker.
     pub max_connections: usize,
+    /// Open connections one source address may hold on each of the REST and gRPC listeners,
+    /// so one client that keeps reopening cannot fill them for everyone. 0 (the default): a
+    /// quarter of the listener's cap (after it is fitted to the open-file limit), at least 1.
+    /// Not on the bus, where many agents may share one NAT address.
+    pub max_connections_per_address: usize,
     /// Longest time a REST client may take to send a whole request body; past it the
     /// request gets 408 and the connection is closed.
     pub body_timeout: ConfigDuration,
@@ -478,11 +483,22 @@ pub struct LimitsConfig {
     pub grpc_stream_stall: ConfigDuration,
 }
 
+impl LimitsConfig {
+    /// `max_connections_per_address` for a listener whose cap is `cap`.
+    pub fn per_address(&self, cap: usize) -> usize {
+        match self.max_connections_per_address {
+            0 => (cap / 4).max(1),
+            set => set.min(cap),
+        }
+    }
+}
+
 impl Default for LimitsConfig {
     fn default() -> Self {
         LimitsConfig {
             max_request_body: 1024 * 1024,
             max_connections: 4096,
+            max_connections_per_address: 0,
             body_timeout: ConfigDuration(Duration::from_secs(30)),
             min_body_rate: 1024,
             idle_timeout: ConfigDuration(Duration::from_secs(10)),

@@ -705,7 +705,7 @@ fn connection_caps_close_what_is_over_them_and_leave_other_ports_serving() {
     use std::net::TcpStream;
     use std::time::{Duration, Instant};
     let server = TestServer::start_with(Options {
-        config_yaml: "limits: { max_connections: 3 }\n".into(),
+        config_yaml: "limits: { max_connections: 3, max_connections_per_address: 3 }\n".into(),
         ..Options::default()
     });
     // Connections that each served a request fill the REST cap (at most three of them: one
@@ -1566,4 +1566,80 @@ fn key_changes_apply_to_every_request_after_they_return_under_concurrent_use() {
         assert_eq!(patched.status, 200, "{}", patched.body);
         assert_eq!(deleted.status, 204, "{}", deleted.body);
     });
+}
+
+/// One source address may hold only its share of each listener (issue: a client that keeps
+/// reopening idle connections kept REST and gRPC down for everyone); other addresses are
+/// served meanwhile.
+#[test]
+fn one_address_holds_only_its_share_of_each_listener() {
+    use std::net::{SocketAddr, TcpStream};
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = TestServer::start_with(Options {
+        config_yaml: "limits: { max_connections: 8, max_connections_per_address: 2 }\n".into(),
+        ..Options::default()
+    });
+    // Reads what a connection from `from` gets for `send` until it closes (or 3 s pass).
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let exchange = |from: &str, to: SocketAddr, send: &'static [u8]| -> Vec<u8> {
+        runtime.block_on(async {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind(format!("{from}:0").parse().unwrap()).unwrap();
+            let mut stream = socket.connect(to).await.unwrap();
+            stream.write_all(send).await.unwrap();
+            let mut answer = Vec::new();
+            let mut buffer = [0u8; 4096];
+            let _ = tokio::time::timeout(Duration::from_secs(3), async {
+                while let Ok(n) = stream.read(&mut buffer).await {
+                    if n == 0 {
+                        break;
+                    }
+                    answer.extend_from_slice(&buffer[..n]);
+                    if answer.starts_with(b"HTTP/1.1 200")
+                        || answer.len() >= 9 && !answer.starts_with(b"HTTP")
+                    {
+                        break;
+                    }
+                }
+            })
+            .await;
+            answer
+        })
+    };
+    const READY: &[u8] = b"GET /health/ready HTTP/1.1\r\nhost: x\r\n\r\n";
+    const H2: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
+    // 127.0.0.1 fills its share of both listeners with idle connections.
+    let held: Vec<TcpStream> = [server.http, server.http, server.grpc, server.grpc]
+        .iter()
+        .map(|to| TcpStream::connect(to).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let refused = String::from_utf8(exchange("127.0.0.1", server.http, READY)).unwrap();
+    assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
+    assert!(
+        refused.contains("limits.max_connections_per_address"),
+        "{refused}"
+    );
+    assert_eq!(
+        exchange("127.0.0.1", server.grpc, H2),
+        b"",
+        "closed unanswered"
+    );
+    // Another address is served on both.
+    let served = String::from_utf8(exchange("127.0.0.2", server.http, READY)).unwrap();
+    assert!(served.starts_with("HTTP/1.1 200"), "{served}");
+    let settings = exchange("127.0.0.2", server.grpc, H2);
+    assert!(
+        settings.len() >= 9 && settings[3] == 4,
+        "a SETTINGS frame: {settings:?}"
+    );
+    // The share comes back when the held connections close.
+    drop(held);
+    std::thread::sleep(Duration::from_millis(200));
+    let again = String::from_utf8(exchange("127.0.0.1", server.http, READY)).unwrap();
+    assert!(again.starts_with("HTTP/1.1 200"), "{again}");
 }

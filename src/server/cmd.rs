@@ -416,6 +416,7 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
         bind(&config.listen.http, "listen.http").await?,
         "listen.http",
         caps.http,
+        config.limits.per_address(caps.http),
         super::tls::HTTP_BUSY,
         http_first_byte,
     );
@@ -423,7 +424,8 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
         bind(&config.listen.grpc, "listen.grpc").await?,
         "listen.grpc",
         caps.grpc,
-        b"",
+        config.limits.per_address(caps.grpc),
+        super::tls::GRPC_BUSY,
         handshake,
     );
     // With bus.tls, agents may log in by mutual TLS: client certificates are requested (not

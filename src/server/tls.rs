@@ -1,9 +1,10 @@
 //! Accepting connections for the REST and gRPC listeners, with TLS when `tls` is configured.
 //!
 //! Every accepted connection holds one slot of its listener's cap (`limits.max_connections`)
-//! until it closes ([`Capped`]); past the cap a connection is closed at once (REST first gets
-//! a 503), so a flood can neither queue without bound nor run the process out of file
-//! descriptors that the other listeners need.
+//! and one of its source address's share of it (`limits.max_connections_per_address`) until
+//! it closes ([`Capped`]); past either a connection is closed at once (REST first gets a 503),
+//! so a flood can neither queue without bound nor run the process out of file descriptors
+//! that the other listeners need, and one address alone cannot fill the listener.
 //!
 //! Owns the accept loop: each accepted socket gets its own task that waits for the client's
 //! first byte (plain) or its whole TLS handshake (`tls`), bounded by `limits.handshake_timeout`,
@@ -13,10 +14,11 @@
 //! a client that never sends its preface. A failed handshake is logged at
 //! debug with the peer and the connection dropped. Certificates are loaded by `crate::tls`.
 
+use std::collections::HashMap;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use std::pin::Pin;
@@ -71,29 +73,80 @@ pub struct Listener {
     /// `listen.http` or `listen.grpc`, for logs.
     pub name: &'static str,
     slots: Arc<Semaphore>,
-    /// Written to a connection refused over the cap before it is closed (REST: a 503).
-    refusal: &'static [u8],
+    /// Connections open per source address, and how many one address may hold.
+    addresses: Addresses,
+    per_address: usize,
+    /// Written to a connection refused over the cap, and over its address's share, before it
+    /// is closed (REST: a 503 naming the limit).
+    refusal: Refusal,
     /// How long a new connection has for its first byte or TLS handshake.
     handshake: Duration,
 }
 
-/// What a REST client over the cap reads before the connection closes.
-pub const HTTP_BUSY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+/// What a client refused a connection reads before it closes: over the listener's cap, and
+/// over its address's share.
+pub struct Refusal {
+    pub over_cap: &'static [u8],
+    pub over_share: &'static [u8],
+}
+
+/// REST's refusals: a 503 naming the limit.
+pub const HTTP_BUSY: Refusal = Refusal {
+    over_cap: b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
 connection: close\r\ncontent-length: 90\r\n\r\n\
-{\"error\":{\"code\":\"unavailable\",\"message\":\"too many connections (limits.max_connections)\"}}";
+{\"error\":{\"code\":\"unavailable\",\"message\":\"too many connections (limits.max_connections)\"}}",
+    over_share: b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+connection: close\r\ncontent-length: 115\r\n\r\n\
+{\"error\":{\"code\":\"unavailable\",\"message\":\"too many connections from one address (limits.max_connections_per_address)\"}}",
+};
+
+/// gRPC's: the connection is closed unanswered (a client that has not spoken HTTP/2 yet could
+/// not read an answer anyway).
+pub const GRPC_BUSY: Refusal = Refusal {
+    over_cap: b"",
+    over_share: b"",
+};
+
+type Addresses = Arc<Mutex<HashMap<IpAddr, usize>>>;
+
+/// A connection's hold on its listener: a slot of the cap and one of its address's share,
+/// both given back when it is dropped.
+pub struct Slot {
+    _cap: OwnedSemaphorePermit,
+    addresses: Addresses,
+    address: IpAddr,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut open = self
+            .addresses
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(count) = open.get_mut(&self.address) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&self.address);
+            }
+        }
+    }
+}
 
 impl Listener {
     pub fn new(
         listener: TcpListener,
         name: &'static str,
         max_connections: usize,
-        refusal: &'static [u8],
+        per_address: usize,
+        refusal: Refusal,
         handshake: Duration,
     ) -> Self {
         Listener {
             listener,
             name,
             slots: Arc::new(Semaphore::new(max_connections)),
+            addresses: Arc::default(),
+            per_address: per_address.max(1),
             refusal,
             handshake,
         }
@@ -105,14 +158,29 @@ impl Listener {
 
     /// The next connection within the cap, with TCP_NODELAY set (a unary call whose frames
     /// span two writes would otherwise wait for the peer's delayed ACK, about 40 ms).
-    /// Connections over the cap are answered with `refusal` and closed. Accept errors
-    /// (usually EMFILE) are logged and retried after a pause instead of spinning.
-    pub async fn accept(&self) -> (TcpStream, SocketAddr, OwnedSemaphorePermit) {
+    /// Connections over the cap or their address's share are answered with `refusal` and
+    /// closed. Accept errors (usually EMFILE) are logged and retried after a pause instead of
+    /// spinning.
+    pub async fn accept(&self) -> (TcpStream, SocketAddr, Slot) {
         loop {
             match self.listener.accept().await {
                 Ok((socket, peer)) => {
-                    let Ok(slot) = self.slots.clone().try_acquire_owned() else {
-                        self.refuse(socket, peer);
+                    let Ok(cap) = self.slots.clone().try_acquire_owned() else {
+                        self.refuse(
+                            socket,
+                            peer,
+                            "limits.max_connections",
+                            self.refusal.over_cap,
+                        );
+                        continue;
+                    };
+                    let Some(slot) = self.share(cap, peer.ip()) else {
+                        self.refuse(
+                            socket,
+                            peer,
+                            "limits.max_connections_per_address",
+                            self.refusal.over_share,
+                        );
                         continue;
                     };
                     let _ = socket.set_nodelay(true);
@@ -126,9 +194,26 @@ impl Listener {
         }
     }
 
-    fn refuse(&self, mut socket: TcpStream, peer: SocketAddr) {
-        tracing::debug!(listener = self.name, %peer, "connection refused: limits.max_connections reached");
-        let refusal = self.refusal;
+    /// One of `address`'s share, with the cap's slot; None when the address holds its share.
+    fn share(&self, cap: OwnedSemaphorePermit, address: IpAddr) -> Option<Slot> {
+        let mut open = self
+            .addresses
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let count = open.entry(address).or_insert(0);
+        if *count >= self.per_address {
+            return None;
+        }
+        *count += 1;
+        Some(Slot {
+            _cap: cap,
+            addresses: self.addresses.clone(),
+            address,
+        })
+    }
+
+    fn refuse(&self, mut socket: TcpStream, peer: SocketAddr, limit: &str, refusal: &'static [u8]) {
+        tracing::debug!(listener = self.name, %peer, limit, "connection refused: limit reached");
         tokio::spawn(async move {
             use tokio::io::AsyncWriteExt;
             let _ = tokio::time::timeout(Duration::from_secs(1), socket.write_all(refusal)).await;
@@ -185,12 +270,12 @@ async fn first_byte(
 /// closed from outside through its [`Connection`] handle.
 pub struct Capped<IO> {
     io: IO,
-    _slot: OwnedSemaphorePermit,
+    _slot: Slot,
     connection: Connection,
 }
 
 impl<IO> Capped<IO> {
-    fn new(io: IO, slot: OwnedSemaphorePermit, peer: SocketAddr) -> Self {
+    fn new(io: IO, slot: Slot, peer: SocketAddr) -> Self {
         Capped {
             io,
             _slot: slot,
