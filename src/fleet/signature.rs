@@ -70,6 +70,19 @@ impl Signer {
     }
 }
 
+/// A short name for a set of command-signing certificates (PEM, in order): the first 16 hex
+/// digits of SHA-256 over their DER. An agent reports its set's in heartbeats that carry
+/// facts; the server sends a command-key notice when it is not the server's own.
+pub fn key_set_id(pem: &str) -> Result<String> {
+    let ders = crate::identity::ca::pem_bundle(pem)?;
+    if ders.is_empty() {
+        return Err(Error::Invalid("command key: no certificate".into()));
+    }
+    let mut id = crate::identity::ca::fingerprint(&ders.concat());
+    id.truncate(16);
+    Ok(id)
+}
+
 /// Why a command was not run: said back to the server in the command's result.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refused(pub String);
@@ -80,22 +93,30 @@ impl std::fmt::Display for Refused {
     }
 }
 
-/// Checks commands for one agent against the server's public command key. The server uses
-/// it too, to know a command it issued when an agent shows it back (`fleet::content`): the
-/// public key is enough, so nothing sealed is opened per request.
+/// Checks commands for one agent against the server's public command keys: the current one
+/// and, for a rotation's grace, the previous one (`crate::identity`, "command-key rotate").
+/// The server uses it too, to know a command it issued when an agent shows it back
+/// (`fleet::content`): the public keys are enough, so nothing sealed is opened per request.
 pub struct Verifier {
-    public_key: Vec<u8>,
+    public_keys: Vec<Vec<u8>>,
     agent_id: String,
 }
 
 impl Verifier {
-    /// From the certificate PEM the agent got at enrolment (`command-key.pem`).
+    /// From the certificates (PEM, current first) the agent got at enrolment or in a
+    /// command-key notice (`command-key.pem`).
     pub fn from_certificate_pem(pem: &str, agent_id: &str) -> Result<Verifier> {
-        let der = crate::identity::ca::pem_to_der(pem)?;
-        let (_, cert) = <x509_parser::certificate::X509Certificate as x509_parser::prelude::FromDer<_>>::from_der(&der)
-            .map_err(|_| Error::Invalid("command key: not an X.509 certificate".into()))?;
+        let mut public_keys = Vec::new();
+        for der in crate::identity::ca::pem_bundle(pem)? {
+            let (_, cert) = <x509_parser::certificate::X509Certificate as x509_parser::prelude::FromDer<_>>::from_der(&der)
+                .map_err(|_| Error::Invalid("command key: not an X.509 certificate".into()))?;
+            public_keys.push(cert.public_key().subject_public_key.data.to_vec());
+        }
+        if public_keys.is_empty() {
+            return Err(Error::Invalid("command key: no certificate".into()));
+        }
         Ok(Verifier {
-            public_key: cert.public_key().subject_public_key.data.to_vec(),
+            public_keys,
             agent_id: agent_id.to_string(),
         })
     }
@@ -109,9 +130,14 @@ impl Verifier {
         let raw = URL_SAFE_NO_PAD
             .decode(signature.trim())
             .map_err(|_| Refused("malformed signature".into()))?;
-        UnparsedPublicKey::new(&ECDSA_P256_SHA256_FIXED, &self.public_key)
-            .verify(&[DOMAIN, bytes].concat(), &raw)
-            .map_err(|_| Refused("the signature is not the server's".into()))?;
+        let signed = [DOMAIN, bytes].concat();
+        if !self.public_keys.iter().any(|key| {
+            UnparsedPublicKey::new(&ECDSA_P256_SHA256_FIXED, key)
+                .verify(&signed, &raw)
+                .is_ok()
+        }) {
+            return Err(Refused("the signature is not the server's".into()));
+        }
         serde_json::from_slice(bytes).map_err(|e| Refused(format!("malformed command: {e}")))
     }
 
