@@ -324,6 +324,40 @@ mod tests {
     }
 
     #[test]
+    fn a_set_of_keys_verifies_with_any_of_them_and_has_an_id() {
+        let pair = || {
+            let key = rcgen::KeyPair::generate().unwrap();
+            let cert = rcgen::CertificateParams::default()
+                .self_signed(&key)
+                .unwrap()
+                .pem();
+            (Signer::from_pkcs8_pem(&key.serialize_pem()).unwrap(), cert)
+        };
+        let ((new, new_pem), (old, old_pem), (stranger, _)) = (pair(), pair(), pair());
+        let both = format!("{new_pem}{old_pem}");
+        let verifier = Verifier::from_certificate_pem(&both, "web-01").unwrap();
+        let now = crate::clock::now_millis() as u64;
+        for signer in [&new, &old] {
+            let (bytes, signature) = signer.sign(&command(), "web-01").unwrap();
+            assert!(verifier.check(&bytes, &signature, now).is_ok());
+        }
+        let (bytes, signature) = stranger.sign(&command(), "web-01").unwrap();
+        assert!(verifier.check(&bytes, &signature, now).is_err());
+        // Retired: the set without the old key refuses what it signs.
+        let (bytes, signature) = old.sign(&command(), "web-01").unwrap();
+        let current = Verifier::from_certificate_pem(&new_pem, "web-01").unwrap();
+        assert!(current.check(&bytes, &signature, now).is_err());
+
+        let id = key_set_id(&both).unwrap();
+        assert_eq!(id.len(), 16);
+        assert_eq!(id, key_set_id(&format!("junk\n{both}")).unwrap());
+        assert_ne!(id, key_set_id(&new_pem).unwrap());
+        assert_ne!(id, key_set_id(&format!("{old_pem}{new_pem}")).unwrap());
+        assert!(key_set_id("").is_err());
+        assert!(Verifier::from_certificate_pem("", "web-01").is_err());
+    }
+
+    #[test]
     fn a_job_id_runs_once_even_across_a_restart() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("seen-jobs");

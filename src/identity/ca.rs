@@ -333,6 +333,21 @@ mod tests {
     }
 
     #[test]
+    fn a_rotated_command_key_is_issued_by_the_root() {
+        let root = make_root().unwrap();
+        let other = make_root().unwrap();
+        let first = make_command_key(None).unwrap();
+        let rotated = make_command_key(Some(&root)).unwrap();
+        let der = |issued: &Issued| pem_to_der(&issued.cert_pem).unwrap();
+        assert!(is_issued_by(&der(&rotated), &der(&root)));
+        assert!(!is_issued_by(&der(&rotated), &der(&other)));
+        assert!(!is_issued_by(&der(&first), &der(&root)));
+        assert!(!is_issued_by(b"junk", &der(&root)));
+        let bundle = format!("{}{}", rotated.cert_pem, first.cert_pem);
+        assert_eq!(pem_bundle(&bundle).unwrap(), [der(&rotated), der(&first)]);
+    }
+
+    #[test]
     fn issued_agent_verifies_against_its_signing_ca_only() {
         let root = make_root().unwrap();
         let signing = make_signing(&root).unwrap();
