@@ -387,26 +387,34 @@ pub async fn rotate_command_key(domain: &Domain, principal: &Principal) -> Resul
             Ok((rows[0].fingerprint.clone(), row.fingerprint))
         })
         .await;
-    let detail = match &result {
-        Ok((old, new)) => serde_json::json!({"old_fingerprint": old, "new_fingerprint": new}),
-        Err(_) => serde_json::json!({}),
-    };
-    domain
-        .auditor
-        .record(
-            principal,
-            Action::new("command_key.rotate", "command_key", COMMAND).detail(detail),
-            &result,
-        )
-        .await;
-    result?;
-    notified(domain).await
+    let detail = rotation_detail(&result);
+    let action = Action::new("command_key.rotate", "command_key", COMMAND).detail(detail);
+    audited_then_notified(domain, principal, action, result).await
 }
 
-/// The keys in force, after the connected agents were sent the notice of them.
-async fn notified(domain: &Domain) -> Result<CommandKeyInfo> {
+/// Records a rotate or retire; once it is done, the keys in force after the connected agents
+/// were sent the notice of them.
+async fn audited_then_notified<T>(
+    domain: &Domain,
+    principal: &Principal,
+    action: Action,
+    result: Result<T>,
+) -> Result<CommandKeyInfo> {
+    domain.auditor.record(principal, action, &result).await;
+    result?;
     let agents = domain.fleet.registry.connected();
-    let delivered = crate::fleet::command_keys::notify(domain, agents).await?;
+    let count = agents.len() as u64;
+    // The change is committed: a notice that cannot go out is reported, not an error (the
+    // agents get it when they reconnect).
+    let delivered = crate::fleet::command_keys::notify(domain, agents)
+        .await
+        .unwrap_or_else(|error| {
+            tracing::warn!(%error, "command-key notice not sent");
+            crate::fleet::command_keys::Delivered {
+                unreachable: count,
+                ..Default::default()
+            }
+        });
     Ok(CommandKeyInfo {
         agents: Some(delivered),
         ..command_key_info(domain).await?
@@ -445,16 +453,8 @@ pub async fn retire_command_key(
     if let Ok(retired) = &result {
         detail["retired_fingerprint"] = serde_json::json!(retired);
     }
-    domain
-        .auditor
-        .record(
-            principal,
-            Action::new("command_key.retire", "command_key", COMMAND).detail(detail),
-            &result,
-        )
-        .await;
-    result?;
-    notified(domain).await
+    let action = Action::new("command_key.retire", "command_key", COMMAND).detail(detail);
+    audited_then_notified(domain, principal, action, result).await
 }
 
 /// Retires the previous command key when its grace has run out, on the leader, checking every
@@ -507,6 +507,14 @@ pub async fn ca_info(domain: &Domain, principal: &Principal) -> Result<CaInfo> {
     })
 }
 
+/// The audit detail of a rotation: the fingerprints it replaced and made.
+fn rotation_detail(result: &Result<(String, String)>) -> serde_json::Value {
+    match result {
+        Ok((old, new)) => serde_json::json!({"old_fingerprint": old, "new_fingerprint": new}),
+        Err(_) => serde_json::json!({}),
+    }
+}
+
 /// `ca rotate-signing`: a new signing CA under the same root. Agent certificates from the old
 /// one stop authenticating on the bus at once (the broker checks against the current one).
 pub async fn rotate_signing(domain: &Domain, principal: &Principal) -> Result<CaInfo> {
@@ -522,10 +530,7 @@ pub async fn rotate_signing(domain: &Domain, principal: &Principal) -> Result<Ca
             Ok((old.fingerprint, row.fingerprint))
         })
         .await;
-    let detail = match &result {
-        Ok((old, new)) => serde_json::json!({"old_fingerprint": old, "new_fingerprint": new}),
-        Err(_) => serde_json::json!({}),
-    };
+    let detail = rotation_detail(&result);
     domain
         .auditor
         .record(
