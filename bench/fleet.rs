@@ -270,6 +270,12 @@ fn answer(
                     error: Some("the fleet simulator runs no modules".into()),
                     ..Default::default()
                 }),
+                // Simulated agents report no command keys, so the server sends them no notice.
+                Work::CommandKeys { .. } => ReplyOutcome::Exec(ExecOutcome {
+                    exit_code: -1,
+                    error: Some("the fleet simulator keeps its command keys".into()),
+                    ..Default::default()
+                }),
             };
             (command.job_id, outcome)
         }
@@ -330,6 +336,7 @@ async fn simulate(identity: Arc<Identity>, link: Link, connected: Arc<AtomicUsiz
             hostname: id.to_string(),
             running_jobs: 0,
             facts,
+            command_keys: None,
         })
         .unwrap();
         let mut out = format!("PUB {subject} {}\r\n", body.len()).into_bytes();

@@ -426,6 +426,10 @@ pub struct AgentsConfig {
     /// How long an agent's NATS user JWT is valid (`bus.external_auth: jwt`). Agents renew at
     /// half of it; a removed or re-enrolled agent's old JWT stops connecting within it.
     pub bus_jwt_ttl: ConfigDuration,
+    /// After `svc-identity command-key rotate`, how long agents still accept commands signed
+    /// with the previous key before the server retires it: agents offline for longer must
+    /// bootstrap again.
+    pub command_key_grace: ConfigDuration,
 }
 
 impl Default for AgentsConfig {
@@ -433,6 +437,7 @@ impl Default for AgentsConfig {
         AgentsConfig {
             heartbeat_timeout: ConfigDuration(Duration::from_secs(30)),
             bus_jwt_ttl: ConfigDuration(Duration::from_secs(24 * 3600)),
+            command_key_grace: ConfigDuration(Duration::from_secs(7 * 24 * 3600)),
         }
     }
 }

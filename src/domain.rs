@@ -116,7 +116,11 @@ impl Domain {
             events,
             Some(logs.audit),
             Parts {
-                fleet: crate::fleet::Fleet::new(config.agents.heartbeat_timeout.0, Some(bus)),
+                fleet: crate::fleet::Fleet::new(
+                    config.agents.heartbeat_timeout.0,
+                    config.agents.command_key_grace.0,
+                    Some(bus),
+                ),
                 files: Arc::new(files),
                 webhooks: crate::webhooks::Webhooks::new(&config.webhooks)?,
                 runbooks: crate::runbooks::Runbooks::load(config.runbook_dir.clone()),
@@ -189,7 +193,11 @@ impl Domain {
             events,
             None,
             Parts {
-                fleet: crate::fleet::Fleet::new(Duration::from_secs(30), None),
+                fleet: crate::fleet::Fleet::new(
+                    Duration::from_secs(30),
+                    crate::config::AgentsConfig::default().command_key_grace.0,
+                    None,
+                ),
                 files: Arc::new(crate::files::Files::new(
                     Arc::new(crate::files::local::LocalStore::new(dir.join("files"))),
                     Default::default(),

@@ -328,6 +328,31 @@ fn exec_and_state_through_the_executor_and_forgeries_refused() {
     );
     assert!(!marker.exists(), "a forged command ran");
     assert!(ask(&socket, "not json", "")["error"].is_string());
+
+    // A command-key rotation and retirement reach the executor through the daemon: it
+    // rewrites the key file and checks later commands with the new key.
+    for step in ["rotate", "retire"] {
+        let done = common::identity_json(&server, &server.admin_key, &["command-key", step]);
+        assert_eq!(
+            common::json_of(&done)["agents"]["updated"],
+            1,
+            "{done:?}\n{}",
+            executor.log()
+        );
+        let exec = svcctl(
+            &server,
+            &operator,
+            &["-o", "json", "exec", "-t", "split-01", "--", "echo", step],
+        );
+        assert_eq!(result_of(&exec, "split-01")["stdout"], format!("{step}\n"));
+    }
+    let keys = std::fs::read_to_string(state.join("command-key.pem")).unwrap();
+    assert_eq!(keys.matches("BEGIN CERTIFICATE").count(), 1);
+    assert!(
+        executor.log().contains("command keys updated"),
+        "{}",
+        executor.log()
+    );
     drop(executor);
 }
 

@@ -1605,3 +1605,261 @@ fn stored_plans_travel_on_a_small_max_payload() {
     let result = &by_agent(&json_lines(&drift))["web-01"];
     assert_eq!(result["status"], "drift", "{result}\n{}", web1.log());
 }
+
+/// The command-signing private keys (PEM, current first) in a `ca encrypt` document, opened
+/// with its passphrase as an operator restoring it would.
+fn command_keys_in_backup(server: &TestServer) -> Vec<String> {
+    use base64::Engine;
+    let home = tempfile::tempdir().unwrap();
+    let passphrase = home.path().join("passphrase");
+    std::fs::write(&passphrase, "correct horse battery staple\n").unwrap();
+    let encrypted = run(server.cli("svc-identity").args([
+        "--api-key",
+        &server.admin_key,
+        "ca",
+        "encrypt",
+        "--passphrase-file",
+        passphrase.to_str().unwrap(),
+    ]));
+    assert_eq!(encrypted.code, 0, "{encrypted:?}");
+    let document: serde_json::Value = serde_json::from_str(&encrypted.stdout).unwrap();
+    let salt = base64::engine::general_purpose::STANDARD
+        .decode(document["kdf"]["salt"].as_str().unwrap())
+        .unwrap();
+    let mut key = [0u8; 32];
+    ring::pbkdf2::derive(
+        ring::pbkdf2::PBKDF2_HMAC_SHA256,
+        std::num::NonZeroU32::new(document["kdf"]["rounds"].as_u64().unwrap() as u32).unwrap(),
+        &salt,
+        b"correct horse battery staple",
+        &mut key,
+    );
+    let format = document["format"].as_str().unwrap();
+    let plain =
+        svc::identity::ca::open(&key, format, document["ciphertext"].as_str().unwrap()).unwrap();
+    let contents: serde_json::Value = serde_json::from_slice(&plain).unwrap();
+    assert!(contents["root_ca"]["private_key"].is_string(), "{contents}");
+    contents["command_keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|pair| pair["private_key"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Signs an exec of `echo forged` for `agent` with `key_pem`, publishes it on the agent's own
+/// command subject with the agent's credentials (as a daemon taken over, or anyone holding
+/// that key, could) and returns the agent's answer.
+fn deliver_signed(server: &TestServer, agent: &Agent, key_pem: &str) -> serde_json::Value {
+    use svc::fleet::protocol::{Command, Work};
+    let signer = svc::fleet::signature::Signer::from_pkcs8_pem(key_pem).unwrap();
+    let command = Command {
+        job_id: format!("forged-{}", rand::random::<u32>()),
+        timeout_ms: 5000,
+        agent_id: String::new(),
+        issued_at_ms: 0,
+        work: Work::Exec {
+            argv: vec!["echo".into(), "forged".into()],
+        },
+    };
+    let (bytes, signature) = signer.sign(&command, &agent.id).unwrap();
+    let (mut reader, mut writer) = common::agent_connection(server, &agent.state_dir());
+    let headers = format!("NATS/1.0\r\nSvc-Signature: {signature}\r\n\r\n");
+    write!(
+        writer,
+        "SUB svc.agent.{id}.result 1\r\nPING\r\n",
+        id = agent.id
+    )
+    .unwrap();
+    assert_eq!(common::lines_until_pong(&mut reader), ["PONG"]);
+    write!(
+        writer,
+        "HPUB svc.agent.{id}.cmd {} {}\r\n{headers}",
+        headers.len(),
+        headers.len() + bytes.len(),
+        id = agent.id
+    )
+    .unwrap();
+    writer.write_all(&bytes).unwrap();
+    writer.write_all(b"\r\n").unwrap();
+    let mut line = String::new();
+    loop {
+        line.clear();
+        reader.read_line(&mut line).unwrap();
+        if line.starts_with("PING") {
+            writer.write_all(b"PONG\r\n").unwrap();
+        }
+        let Some(rest) = line.trim_end().strip_prefix("MSG ") else {
+            continue;
+        };
+        let length: usize = rest.rsplit(' ').next().unwrap().parse().unwrap();
+        let mut body = vec![0u8; length + 2];
+        std::io::Read::read_exact(&mut reader, &mut body).unwrap();
+        let reply: serde_json::Value = serde_json::from_slice(&body[..length]).unwrap();
+        if reply["job_id"] == command.job_id {
+            return reply;
+        }
+    }
+}
+
+fn command_key_pems(agent: &Agent) -> usize {
+    std::fs::read_to_string(agent.state_dir().join("command-key.pem"))
+        .unwrap()
+        .matches("BEGIN CERTIFICATE")
+        .count()
+}
+
+fn wait_for_command_keys(agent: &Agent, count: usize) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while command_key_pems(agent) != count {
+        assert!(
+            Instant::now() < deadline,
+            "{} never trusted {count} command keys:\n{}",
+            agent.id,
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn exec_ok(server: &TestServer, target: &str) {
+    let exec = svcctl(
+        server,
+        &server.admin_key,
+        &["-o", "json", "exec", "-t", target, "--", "echo", "fine"],
+    );
+    assert_eq!(exec.code, 0, "{exec:?}");
+    let results = by_agent(&json_lines(&exec));
+    assert!(
+        !results.is_empty() && results.values().all(|r| r["stdout"] == "fine\n"),
+        "{exec:?}"
+    );
+}
+
+#[test]
+fn command_key_rotation_reaches_agents_online_and_offline_and_retired_keys_are_refused() {
+    let server = TestServer::start();
+    let online = Agent::start(&server, "ck-01", "role=web");
+    let mut offline = Agent::start(&server, "ck-02", "role=web");
+    for agent in [&online, &offline] {
+        wait_for_state(&server, &agent.id, "connected", Duration::from_secs(10));
+    }
+    let (_, operator) = server.create_key("ops", "operator");
+    let identity = |key: &str, args: &[&str]| common::identity_json(&server, key, args);
+    let before = json(&identity(&operator, &["command-key", "info"]));
+    assert!(before.get("previous").is_none(), "{before}");
+    let old_key = command_keys_in_backup(&server).remove(0);
+
+    offline.stop();
+    wait_for_state(&server, "ck-02", "disconnected", Duration::from_secs(40));
+
+    // Only an admin rotates; the connected agent is told at once, and trusts both keys.
+    let denied = identity(&operator, &["command-key", "rotate"]);
+    assert_eq!(denied.code, 4, "{denied:?}");
+    let rotated = identity(&server.admin_key, &["command-key", "rotate"]);
+    assert_eq!(rotated.code, 0, "{rotated:?}");
+    let rotated = json(&rotated);
+    assert_eq!(rotated["previous"], before["current"], "{rotated}");
+    assert_ne!(rotated["current"], before["current"], "{rotated}");
+    assert!(rotated["retire_after"].as_str().unwrap() > "2", "{rotated}");
+    assert_eq!(rotated["agents"]["updated"], 1, "{rotated}");
+    assert_eq!(command_key_pems(&online), 2);
+    // Written atomically (no temporary left) with the mode bootstrap gave it.
+    let file = online.state_dir().join("command-key.pem");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+        0o644
+    );
+    assert!(!online.state_dir().join("command-key.tmp").exists());
+    // One rotation at a time.
+    let again = identity(&server.admin_key, &["command-key", "rotate"]);
+    assert_eq!(again.code, 1, "{again:?}");
+    assert!(again.stderr.contains("retire it first"), "{again:?}");
+
+    // New commands are signed with the new key; the old one is still accepted (the grace).
+    exec_ok(&server, "ck-01");
+    let graced = deliver_signed(&server, &online, &old_key);
+    assert_eq!(graced["exit_code"], 0, "{graced}");
+
+    // The agent that was away learns the new key when it reconnects, and works.
+    offline.spawn(&server.names);
+    wait_for_state(&server, "ck-02", "connected", Duration::from_secs(10));
+    wait_for_command_keys(&offline, 2);
+    exec_ok(&server, "ck-02");
+
+    // Retired: both agents are told, and refuse what the old key signs.
+    let retired = identity(&server.admin_key, &["command-key", "retire"]);
+    assert_eq!(retired.code, 0, "{retired:?}");
+    let retired = json(&retired);
+    assert!(retired.get("previous").is_none(), "{retired}");
+    assert_eq!(retired["current"], rotated["current"], "{retired}");
+    assert_eq!(retired["agents"]["updated"], 2, "{retired}");
+    for agent in [&online, &offline] {
+        assert_eq!(command_key_pems(agent), 1);
+        let refused = deliver_signed(&server, agent, &old_key);
+        assert_eq!(refused["exit_code"], -1, "{refused}");
+        assert_eq!(
+            refused["error"], "command refused: the signature is not the server's",
+            "{refused}"
+        );
+    }
+    exec_ok(&server, "role=web");
+    let nothing = identity(&server.admin_key, &["command-key", "retire"]);
+    assert_eq!(nothing.code, 1, "{nothing:?}");
+    assert!(
+        nothing.stderr.contains("no previous command key"),
+        "{nothing:?}"
+    );
+
+    // ca export carries the command key's certificate after the chain; audit rows.
+    let export = identity(&server.admin_key, &["ca", "export"]);
+    let pem = json(&export)["pem"].as_str().unwrap().to_string();
+    assert_eq!(pem.matches("BEGIN CERTIFICATE").count(), 3, "{pem}");
+    let outcomes: Vec<(String, String)> = audit_rows(&server, &["--action", "command_key.*"])
+        .iter()
+        .map(|row| {
+            (
+                row["action"].as_str().unwrap().to_string(),
+                row["outcome"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let expected = [
+        ("command_key.retire", "denied"),
+        ("command_key.retire", "success"),
+        ("command_key.rotate", "denied"),
+        ("command_key.rotate", "success"),
+        ("command_key.rotate", "denied"),
+    ];
+    assert_eq!(
+        outcomes,
+        expected.map(|(a, o)| (a.to_string(), o.to_string())),
+        "{outcomes:?}"
+    );
+}
+
+#[test]
+fn the_previous_command_key_is_retired_when_its_grace_runs_out() {
+    let server = TestServer::start_with(Options {
+        config_yaml: "agents:\n  command_key_grace: 2s\n".into(),
+        ..Options::default()
+    });
+    let agent = Agent::start(&server, "ck-03", "role=web");
+    wait_for_state(&server, "ck-03", "connected", Duration::from_secs(10));
+    let rotated = common::identity_json(&server, &server.admin_key, &["command-key", "rotate"]);
+    assert_eq!(json(&rotated)["agents"]["updated"], 1, "{rotated:?}");
+    assert_eq!(command_key_pems(&agent), 2);
+    wait_for_command_keys(&agent, 1);
+    let info = json(&common::identity_json(
+        &server,
+        &server.admin_key,
+        &["command-key", "info"],
+    ));
+    assert!(info.get("previous").is_none(), "{info}");
+    let rows = audit_rows(&server, &["--action", "command_key.retire"]);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["user"], "server", "{rows:?}");
+    assert_eq!(rows[0]["detail"]["scheduled"], true, "{rows:?}");
+    exec_ok(&server, "ck-03");
+}

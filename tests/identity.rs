@@ -140,13 +140,14 @@ fn ca_info_rotation_export_encrypt_status_and_roles() {
     ])));
     assert_eq!(events["items"].as_array().unwrap().len(), 1, "{events}");
 
-    // Export: the public chain, signing CA then root, and no key.
+    // Export: the public chain, signing CA then root, then the command key's certificate,
+    // and no key.
     let export =
         run(server
             .cli("svc-identity")
             .args(["--api-key", &server.admin_key, "ca", "export"]));
     assert_eq!(export.code, 0, "{export:?}");
-    assert_eq!(export.stdout.matches("BEGIN CERTIFICATE").count(), 2);
+    assert_eq!(export.stdout.matches("BEGIN CERTIFICATE").count(), 3);
     assert!(!export.stdout.contains("PRIVATE KEY"));
 
     // Encrypt: a self-describing document that does not show the keys in clear.

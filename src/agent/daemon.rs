@@ -100,7 +100,7 @@ async fn run(config: AgentConfig) -> Result<(), CliError> {
         let inline = Executor::open(&config.agent, config.modules.clone(), Some(seen), false)
             .map_err(CliError::failed)?;
         if let Some(problem) = inline.problem() {
-            tracing::error!(problem, "every command will be refused");
+            tracing::error!(%problem, "every command will be refused");
         }
         Runner::Inline(inline)
     } else {
@@ -178,6 +178,7 @@ async fn run(config: AgentConfig) -> Result<(), CliError> {
         config.agent.heartbeat_interval.0,
         running.clone(),
         connected,
+        config.agent.command_key_path(),
     ));
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_JOBS));
     let content_dir = Arc::new(state_dir.join("content"));
@@ -234,8 +235,8 @@ fn log_bus_event(agent_id: &str, event: async_nats::Event) {
     }
 }
 
-/// Heartbeats every `interval`. The facts ride along only in the first heartbeat after each
-/// (re)connection (`connected`: the server may have restarted, or be another one) and in the
+/// Heartbeats every `interval`. The facts (and the id of the command keys trusted here) ride
+/// along only in the first heartbeat after each (re)connection (`connected`: the server may have restarted, or be another one) and in the
 /// first after they changed; every other heartbeat stays a few dozen bytes, because tens of
 /// thousands of agents send one every few seconds and the server keeps the last facts
 /// anyway.
@@ -245,6 +246,7 @@ async fn heartbeats(
     interval: Duration,
     running: Arc<AtomicU32>,
     connected: Arc<AtomicBool>,
+    command_key: PathBuf,
 ) {
     let subject = subjects::agent_heartbeat(&id);
     let mut facts = collect_facts().await;
@@ -269,6 +271,12 @@ async fn heartbeats(
                 .to_string(),
             running_jobs: running.load(Ordering::Relaxed),
             facts: with_facts.then(|| facts.clone()),
+            // Beside the facts: the server then sends a command-key notice if this agent
+            // missed a rotation or a retirement while it was away.
+            command_keys: with_facts
+                .then(|| std::fs::read_to_string(&command_key).ok())
+                .flatten()
+                .and_then(|pem| signature::key_set_id(&pem).ok()),
         };
         let mut payload = serde_json::to_vec(&beat).expect("heartbeats serialize");
         let max_payload = client.server_info().max_payload;

@@ -66,8 +66,13 @@ pub struct Answer {
 }
 
 pub struct Executor {
-    /// Err: why no command can be verified (no command key), said in every refusal.
-    verifier: Result<Verifier, String>,
+    /// Err: why no command can be verified (no command key), said in every refusal. Replaced
+    /// by a command-key notice (`trust`).
+    verifier: std::sync::RwLock<Result<Verifier, String>>,
+    /// The command-key file (`agent.command_key`) and the CA chain bootstrap wrote, whose
+    /// root a new command-signing certificate must chain to.
+    key_path: PathBuf,
+    ca_path: PathBuf,
     seen: Mutex<SeenJobs>,
     agent_id: String,
     /// The signatures a module must carry to run here (`modules:` of the agent's config).
@@ -102,7 +107,9 @@ impl Executor {
         let now = now_ms();
         let seen = SeenJobs::open(seen_file, now).map_err(|e| e.to_string())?;
         Ok(Executor {
-            verifier,
+            verifier: std::sync::RwLock::new(verifier),
+            key_path: path,
+            ca_path: agent.state_dir.join(super::CA_FILE),
             seen: Mutex::new(seen),
             agent_id: agent.id.clone(),
             modules: Arc::new(modules),
@@ -110,8 +117,49 @@ impl Executor {
     }
 
     /// Why commands cannot be verified, if so (logged at start).
-    pub fn problem(&self) -> Option<&str> {
-        self.verifier.as_ref().err().map(String::as_str)
+    pub fn problem(&self) -> Option<String> {
+        self.verifier
+            .read()
+            .expect("verifier lock poisoned")
+            .as_ref()
+            .err()
+            .cloned()
+    }
+
+    /// Takes a command-key notice (already checked: signed with a key trusted here): every
+    /// certificate not trusted yet must be issued by the root CA in `ca.pem`; the set is
+    /// written to the command-key file (atomically, 0644 like bootstrap's: it is public, and
+    /// the daemon reads it to report the set) and used from the next command on.
+    fn trust(&self, certificates: &str) -> Result<String, String> {
+        use crate::identity::ca;
+        let bundle = ca::pem_bundle(certificates).map_err(|e| e.to_string())?;
+        let verifier = Verifier::from_certificate_pem(certificates, &self.agent_id)
+            .map_err(|e| e.to_string())?;
+        let current = std::fs::read_to_string(&self.key_path)
+            .ok()
+            .and_then(|pem| ca::pem_bundle(&pem).ok())
+            .unwrap_or_default();
+        let new: Vec<&Vec<u8>> = bundle.iter().filter(|der| !current.contains(der)).collect();
+        if !new.is_empty() {
+            let chain = std::fs::read_to_string(&self.ca_path)
+                .map_err(|e| format!("cannot read {}: {e}", self.ca_path.display()))?;
+            let root = ca::pem_bundle(&chain)
+                .ok()
+                .and_then(|mut chain| chain.pop())
+                .ok_or_else(|| format!("no root CA in {}", self.ca_path.display()))?;
+            if !new.iter().all(|der| ca::is_issued_by(der, &root)) {
+                return Err(format!(
+                    "a new command-signing certificate is not issued by the root CA in {}",
+                    self.ca_path.display()
+                ));
+            }
+        }
+        if bundle != current {
+            super::bootstrap::write_file(&self.key_path, certificates.as_bytes(), 0o644)
+                .map_err(|e| e.message)?;
+        }
+        *self.verifier.write().expect("verifier lock poisoned") = Ok(verifier);
+        crate::fleet::signature::key_set_id(certificates).map_err(|e| e.to_string())
     }
 
     /// Checks and runs one command. None when `bytes` is not a command at all (no job to
@@ -124,7 +172,7 @@ impl Executor {
     ) -> Option<Reply> {
         let started = Instant::now();
         let now = now_ms();
-        let checked = match &self.verifier {
+        let checked = match &*self.verifier.read().expect("verifier lock poisoned") {
             Ok(verifier) => verifier.check(bytes, signature, now),
             Err(why) => Err(Refused(why.clone())),
         }
@@ -167,6 +215,25 @@ impl Executor {
                     ..StateOutcome::default()
                 }),
             },
+            Work::CommandKeys { certificates } => {
+                ReplyOutcome::Exec(match self.trust(&certificates) {
+                    Ok(set) => {
+                        tracing::info!(job_id = %command.job_id, set, "command keys updated");
+                        ExecOutcome {
+                            stdout: format!("trusting command keys {set}\n"),
+                            ..ExecOutcome::default()
+                        }
+                    }
+                    Err(why) => {
+                        tracing::warn!(job_id = %command.job_id, %why, "command-key notice refused");
+                        ExecOutcome {
+                            exit_code: -1,
+                            error: Some(format!("command keys not updated: {why}")),
+                            ..ExecOutcome::default()
+                        }
+                    }
+                })
+            }
             Work::Module {
                 mode,
                 module,
@@ -240,7 +307,7 @@ fn now_ms() -> u64 {
 pub fn refusal(bytes: &[u8], why: &str, started: Instant) -> Option<Reply> {
     let command: Command = serde_json::from_slice(bytes).ok()?;
     let outcome = match command.work {
-        Work::Exec { .. } => ReplyOutcome::Exec(ExecOutcome {
+        Work::Exec { .. } | Work::CommandKeys { .. } => ReplyOutcome::Exec(ExecOutcome {
             exit_code: -1,
             error: Some(why.to_string()),
             ..ExecOutcome::default()

@@ -1,4 +1,5 @@
-//! `svc-identity`: ca info|rotate-signing|export|encrypt, status, psk, token
+//! `svc-identity`: ca info|rotate-signing|export|encrypt, command-key info|rotate|retire,
+//! status, psk, token
 //! create|list|revoke|cleanup, jwt issue|list|revoke|verify (IdentityService; `jwt verify`
 //! also offline, from a JWKS file or `ca export` PEM).
 
@@ -22,6 +23,9 @@ fn run(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
     let name = format!("{program} {command}");
     match command {
         "ca" => super::run_command::<CaArgs, _>(program, &name, args, common, ca),
+        "command-key" => {
+            super::run_command::<CommandKeyArgs, _>(program, &name, args, common, command_key)
+        }
         "status" => super::run_command::<StatusArgs, _>(program, &name, args, common, status),
         "psk" => super::run_command::<PskArgs, _>(program, &name, args, common, psk),
         "jwt" => super::run_command::<JwtArgs, _>(program, &name, args, common, jwt_command),
@@ -58,7 +62,46 @@ struct CaInfoArgs {}
 struct RotateArgs {}
 
 #[derive(FromArgs)]
-/// Print the public CA chain, signing CA then root, as PEM (admin).
+/// The key the server signs agents' commands with. `rotate` makes a new one (issued by the
+/// root CA) and tells the connected agents, in a notice signed with the old key; the old key
+/// stays accepted for agents.command_key_grace (default 7d), then the server retires it, or
+/// `retire` does it now. Agents away during a rotation learn it when they reconnect, within
+/// the grace; after it they must bootstrap again.
+#[argh(help_triggers("-h", "--help"))]
+struct CommandKeyArgs {
+    #[argh(subcommand)]
+    command: CommandKeyCommand,
+}
+
+#[derive(FromArgs)]
+#[argh(subcommand)]
+enum CommandKeyCommand {
+    Info(CommandKeyInfoArgs),
+    Rotate(CommandKeyRotateArgs),
+    Retire(CommandKeyRetireArgs),
+}
+
+#[derive(FromArgs)]
+/// The command-signing keys in force: the current one and, during a rotation's grace, the
+/// previous one and when it is retired.
+#[argh(subcommand, name = "info", help_triggers("-h", "--help"))]
+struct CommandKeyInfoArgs {}
+
+#[derive(FromArgs)]
+/// Make a new command-signing key and send the connected agents its certificate (admin).
+/// Refused while a previous key is still in its grace: retire it first.
+#[argh(subcommand, name = "rotate", help_triggers("-h", "--help"))]
+struct CommandKeyRotateArgs {}
+
+#[derive(FromArgs)]
+/// Retire the previous command-signing key now, before its grace ends (admin): agents
+/// told so refuse commands signed with it. After a key leak, rotate then retire at once.
+#[argh(subcommand, name = "retire", help_triggers("-h", "--help"))]
+struct CommandKeyRetireArgs {}
+
+#[derive(FromArgs)]
+/// Print the public certificates as PEM (admin): signing CA, root, then the command-signing
+/// certificates in force (current first).
 #[argh(subcommand, name = "export", help_triggers("-h", "--help"))]
 struct ExportArgs {
     /// write to this file instead of stdout
@@ -170,10 +213,18 @@ fn print_ca_info(common: &Common, info: &proto::CaInfoResponse) -> Result<(), Cl
             "signing_ca": certificate_json(&info.signing_ca),
         }));
     }
-    let rows: Vec<Vec<String>> = [("root", &info.root_ca), ("signing", &info.signing_ca)]
-        .into_iter()
-        .map(|(name, certificate)| {
-            let c = certificate.clone().unwrap_or_default();
+    print_certificates(
+        "CA",
+        &[("root", &info.root_ca), ("signing", &info.signing_ca)],
+    );
+    Ok(())
+}
+
+fn print_certificates(first: &str, certificates: &[(&str, &Option<proto::Certificate>)]) {
+    let rows: Vec<Vec<String>> = certificates
+        .iter()
+        .filter_map(|(name, certificate)| Some((name, (*certificate).clone()?)))
+        .map(|(name, c)| {
             vec![
                 name.to_string(),
                 c.subject,
@@ -184,9 +235,47 @@ fn print_ca_info(common: &Common, info: &proto::CaInfoResponse) -> Result<(), Cl
         })
         .collect();
     print_table(
-        &["CA", "SUBJECT", "FINGERPRINT", "NOT_BEFORE", "NOT_AFTER"],
+        &[first, "SUBJECT", "FINGERPRINT", "NOT_BEFORE", "NOT_AFTER"],
         &rows,
     );
+}
+
+async fn command_key(common: Common, args: CommandKeyArgs) -> Result<(), CliError> {
+    let mut client = client(&common).await?;
+    let request = authorized(&common, proto::Empty {})?;
+    let info = match args.command {
+        CommandKeyCommand::Info(_) => client.command_key_info(request).await?,
+        CommandKeyCommand::Rotate(_) => client.rotate_command_key(request).await?,
+        CommandKeyCommand::Retire(_) => client.retire_command_key(request).await?,
+    }
+    .into_inner();
+    if common.output == Output::Json {
+        let mut json = serde_json::json!({"current": certificate_json(&info.current)});
+        if info.previous.is_some() {
+            json["previous"] = certificate_json(&info.previous);
+            json["retire_after"] = info.retire_after.clone().into();
+        }
+        if let Some(d) = &info.agents {
+            json["agents"] = serde_json::json!({
+                "updated": d.updated, "refused": d.refused,
+                "no_answer": d.no_answer, "unreachable": d.unreachable,
+            });
+        }
+        return print_json(&json);
+    }
+    print_certificates(
+        "KEY",
+        &[("current", &info.current), ("previous", &info.previous)],
+    );
+    if !info.retire_after.is_empty() {
+        println!("\nthe previous key is accepted until {}", info.retire_after);
+    }
+    if let Some(d) = &info.agents {
+        println!(
+            "connected agents told: {} updated, {} refused, {} no answer, {} unreachable",
+            d.updated, d.refused, d.no_answer, d.unreachable
+        );
+    }
     Ok(())
 }
 

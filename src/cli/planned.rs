@@ -49,6 +49,7 @@ pub const TOOLS: &[Planned] = &[
         about: "Embedded CA, join tokens and JWT-SVIDs.",
         commands: &[
             ("ca", "info | rotate-signing | export | encrypt"),
+            ("command-key", "info | rotate | retire: the key agents' commands are signed with"),
             ("status", "provider health, token counts, CA expiry"),
             ("psk", "print the bootstrap PSK of AGENT_ID"),
             ("token", "create [--ttl D] [--agent-id ID] | list [--unused] [--unexpired] | revoke ID | cleanup"),
@@ -56,7 +57,7 @@ pub const TOOLS: &[Planned] = &[
         ],
         default: None,
         is_client: true,
-        built: &["ca", "status", "psk", "token", "jwt"],
+        built: &["ca", "command-key", "status", "psk", "token", "jwt"],
     },
     Planned {
         name: "svc-secrets",

@@ -6,6 +6,7 @@
 //! - `selector.rs`: `--target` selectors (ids, labels, facts);
 //! - `protocol.rs`: the JSON the server and agents exchange on the bus;
 //! - `signature.rs`: signing commands (server) and checking them (agent);
+//! - `command_keys.rs`: telling agents which command-signing keys to trust (after a rotation);
 //! - `jobs.rs`: sending one command to many agents and collecting their answers by deadline;
 //! - `exec.rs`, `state.rs`: `svcctl exec` and `svcctl state check|apply|drift` on top of jobs;
 //! - `content.rs`: state plans too large for a command, stored by SHA-256 for agents to fetch;
@@ -14,6 +15,7 @@
 //! Transports (gRPC FleetService, the server's bus subscriptions) call the functions here with
 //! a `Principal`; the bus client that carries commands is the fleet's from the start.
 
+pub mod command_keys;
 pub mod content;
 pub mod exec;
 pub mod jobs;
@@ -43,16 +45,24 @@ pub use selector::Selector;
 pub struct Fleet {
     pub registry: Registry,
     pub jobs: jobs::Jobs,
+    /// How long the previous command-signing key stays accepted after a rotation
+    /// (`agents.command_key_grace`; `identity::rotate_command_key`).
+    pub command_key_grace: Duration,
     /// The client commands go out on; None in a domain without a bus (unit tests, offline
     /// tools), where sending a command is `Unavailable`.
     bus: Option<async_nats::Client>,
 }
 
 impl Fleet {
-    pub fn new(heartbeat_timeout: Duration, bus: Option<async_nats::Client>) -> Fleet {
+    pub fn new(
+        heartbeat_timeout: Duration,
+        command_key_grace: Duration,
+        bus: Option<async_nats::Client>,
+    ) -> Fleet {
         Fleet {
             registry: Registry::new(heartbeat_timeout),
             jobs: jobs::Jobs::default(),
+            command_key_grace,
             bus,
         }
     }
@@ -394,7 +404,7 @@ pub async fn set_labels(
 /// Events go through `sink`, so a storm of connecting agents is written in batches instead
 /// of one fdatasync per agent.
 pub async fn heartbeat(
-    domain: &Domain,
+    domain: &std::sync::Arc<Domain>,
     sink: &jobs::EventSink,
     id: &str,
     beat: &protocol::Heartbeat,
@@ -425,6 +435,11 @@ pub async fn heartbeat(
             Ok(None) => {}
             Err(e) => tracing::warn!(agent_id = id, error = %e, "cannot read agent"),
         }
+    }
+    // An agent that names the command keys it trusts (first heartbeat after a reconnection)
+    // is told the server's when they differ: it may have missed a rotation or a retirement.
+    if let (Some(trusted), true) = (&beat.command_keys, owner && verdict != Verdict::Unknown) {
+        command_keys::on_heartbeat(domain, id, trusted);
     }
     match verdict {
         Verdict::Accepted {

@@ -2,7 +2,9 @@
 //!
 //! - agent → server `svc.agent.<id>.heartbeat`: [`Heartbeat`], every `heartbeat_interval`;
 //! - server → agent `svc.agent.<id>.cmd`: [`Command`] (exec, state or module), signed by the server
-//!   (`Svc-Signature` header, `signature.rs`); the agent runs nothing unsigned;
+//!   (`Svc-Signature` header, `signature.rs`); the agent runs nothing unsigned. A
+//!   [`Work::CommandKeys`] notice travels there too, so it reaches an agent on its own
+//!   subject whatever the bus's permissions (`bus.external_auth: jwt` included);
 //! - agent → server `svc.agent.<id>.result`: [`Reply`], carrying the command's `job_id`;
 //! - agent → server `svc.agent.<id>.content` (reply under `svc.agent.<id>.content.reply.`):
 //!   [`ContentRequest`], one chunk of a state plan too large to travel in its command
@@ -42,6 +44,11 @@ pub struct Heartbeat {
     /// of agents older than facts, which servers read as "no news".
     #[serde(skip_serializing_if = "Option::is_none")]
     pub facts: Option<Facts>,
+    /// The `signature::key_set_id` of the command-signing certificates the agent trusts,
+    /// in the same heartbeats as facts: the server sends a [`Work::CommandKeys`] notice when
+    /// it is not its own (a rotation or retirement the agent missed while offline).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub command_keys: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -95,6 +102,12 @@ pub enum Work {
         #[serde(default)]
         max_memory: u64,
     },
+    /// Trust these command-signing certificates (PEM, current first) from now on: sent after
+    /// `svc-identity command-key rotate` (signed with the previous key, the set holding both)
+    /// and after the previous key is retired (signed with the current one, the set holding it
+    /// alone). A certificate the agent does not trust yet must chain to its root CA.
+    /// Answered with an exec outcome.
+    CommandKeys { certificates: String },
 }
 
 /// A compiled plan (its JSON) that the server stored in the file service rather than send in
@@ -206,6 +219,7 @@ mod tests {
             hostname: "h".into(),
             running_jobs: 2,
             facts: None,
+            command_keys: None,
         };
         let text = serde_json::to_string(&plain).unwrap();
         assert_eq!(text, r#"{"version":"1","hostname":"h","running_jobs":2}"#);

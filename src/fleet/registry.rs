@@ -221,6 +221,13 @@ impl Registry {
         self.lock().contains_key(id)
     }
 
+    /// The ids of the agents connected now.
+    pub fn connected(&self) -> Vec<String> {
+        let agents = self.lock();
+        let connected = agents.values().filter(|entry| entry.connected);
+        connected.map(|entry| entry.row.id.clone()).collect()
+    }
+
     pub fn get(&self, id: &str) -> Option<Entry> {
         self.lock().get(id).cloned()
     }

@@ -70,6 +70,19 @@ impl Signer {
     }
 }
 
+/// A short name for a set of command-signing certificates (PEM, in order): the first 16 hex
+/// digits of SHA-256 over their DER. An agent reports its set's in heartbeats that carry
+/// facts; the server sends a command-key notice when it is not the server's own.
+pub fn key_set_id(pem: &str) -> Result<String> {
+    let ders = crate::identity::ca::pem_bundle(pem)?;
+    if ders.is_empty() {
+        return Err(Error::Invalid("command key: no certificate".into()));
+    }
+    let mut id = crate::identity::ca::fingerprint(&ders.concat());
+    id.truncate(16);
+    Ok(id)
+}
+
 /// Why a command was not run: said back to the server in the command's result.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refused(pub String);
@@ -80,22 +93,30 @@ impl std::fmt::Display for Refused {
     }
 }
 
-/// Checks commands for one agent against the server's public command key. The server uses
-/// it too, to know a command it issued when an agent shows it back (`fleet::content`): the
-/// public key is enough, so nothing sealed is opened per request.
+/// Checks commands for one agent against the server's public command keys: the current one
+/// and, for a rotation's grace, the previous one (`crate::identity`, "command-key rotate").
+/// The server uses it too, to know a command it issued when an agent shows it back
+/// (`fleet::content`): the public keys are enough, so nothing sealed is opened per request.
 pub struct Verifier {
-    public_key: Vec<u8>,
+    public_keys: Vec<Vec<u8>>,
     agent_id: String,
 }
 
 impl Verifier {
-    /// From the certificate PEM the agent got at enrolment (`command-key.pem`).
+    /// From the certificates (PEM, current first) the agent got at enrolment or in a
+    /// command-key notice (`command-key.pem`).
     pub fn from_certificate_pem(pem: &str, agent_id: &str) -> Result<Verifier> {
-        let der = crate::identity::ca::pem_to_der(pem)?;
-        let (_, cert) = <x509_parser::certificate::X509Certificate as x509_parser::prelude::FromDer<_>>::from_der(&der)
-            .map_err(|_| Error::Invalid("command key: not an X.509 certificate".into()))?;
+        let mut public_keys = Vec::new();
+        for der in crate::identity::ca::pem_bundle(pem)? {
+            let (_, cert) = <x509_parser::certificate::X509Certificate as x509_parser::prelude::FromDer<_>>::from_der(&der)
+                .map_err(|_| Error::Invalid("command key: not an X.509 certificate".into()))?;
+            public_keys.push(cert.public_key().subject_public_key.data.to_vec());
+        }
+        if public_keys.is_empty() {
+            return Err(Error::Invalid("command key: no certificate".into()));
+        }
         Ok(Verifier {
-            public_key: cert.public_key().subject_public_key.data.to_vec(),
+            public_keys,
             agent_id: agent_id.to_string(),
         })
     }
@@ -109,9 +130,14 @@ impl Verifier {
         let raw = URL_SAFE_NO_PAD
             .decode(signature.trim())
             .map_err(|_| Refused("malformed signature".into()))?;
-        UnparsedPublicKey::new(&ECDSA_P256_SHA256_FIXED, &self.public_key)
-            .verify(&[DOMAIN, bytes].concat(), &raw)
-            .map_err(|_| Refused("the signature is not the server's".into()))?;
+        let signed = [DOMAIN, bytes].concat();
+        if !self.public_keys.iter().any(|key| {
+            UnparsedPublicKey::new(&ECDSA_P256_SHA256_FIXED, key)
+                .verify(&signed, &raw)
+                .is_ok()
+        }) {
+            return Err(Refused("the signature is not the server's".into()));
+        }
         serde_json::from_slice(bytes).map_err(|e| Refused(format!("malformed command: {e}")))
     }
 
@@ -295,6 +321,40 @@ mod tests {
         assert!(verifier.check(&bytes, &signature, late).is_err());
         let early = now - MAX_AHEAD.as_millis() as u64 - 1000;
         assert!(verifier.check(&bytes, &signature, early).is_err());
+    }
+
+    #[test]
+    fn a_set_of_keys_verifies_with_any_of_them_and_has_an_id() {
+        let pair = || {
+            let key = rcgen::KeyPair::generate().unwrap();
+            let cert = rcgen::CertificateParams::default()
+                .self_signed(&key)
+                .unwrap()
+                .pem();
+            (Signer::from_pkcs8_pem(&key.serialize_pem()).unwrap(), cert)
+        };
+        let ((new, new_pem), (old, old_pem), (stranger, _)) = (pair(), pair(), pair());
+        let both = format!("{new_pem}{old_pem}");
+        let verifier = Verifier::from_certificate_pem(&both, "web-01").unwrap();
+        let now = crate::clock::now_millis() as u64;
+        for signer in [&new, &old] {
+            let (bytes, signature) = signer.sign(&command(), "web-01").unwrap();
+            assert!(verifier.check(&bytes, &signature, now).is_ok());
+        }
+        let (bytes, signature) = stranger.sign(&command(), "web-01").unwrap();
+        assert!(verifier.check(&bytes, &signature, now).is_err());
+        // Retired: the set without the old key refuses what it signs.
+        let (bytes, signature) = old.sign(&command(), "web-01").unwrap();
+        let current = Verifier::from_certificate_pem(&new_pem, "web-01").unwrap();
+        assert!(current.check(&bytes, &signature, now).is_err());
+
+        let id = key_set_id(&both).unwrap();
+        assert_eq!(id.len(), 16);
+        assert_eq!(id, key_set_id(&format!("junk\n{both}")).unwrap());
+        assert_ne!(id, key_set_id(&new_pem).unwrap());
+        assert_ne!(id, key_set_id(&format!("{old_pem}{new_pem}")).unwrap());
+        assert!(key_set_id("").is_err());
+        assert!(Verifier::from_certificate_pem("", "web-01").is_err());
     }
 
     #[test]

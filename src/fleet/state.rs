@@ -431,7 +431,7 @@ impl Job {
                 ..
             } => self.stored.get(&plan_ref.sha256),
             Work::State { plan, .. } => Some(plan),
-            Work::Module { .. } | Work::Exec { .. } => None,
+            Work::Module { .. } | Work::Exec { .. } | Work::CommandKeys { .. } => None,
         }
     }
 

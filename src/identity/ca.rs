@@ -88,10 +88,11 @@ pub fn make_root() -> Result<Issued> {
     })
 }
 
-/// The server's command-signing key (`crate::fleet::signature`), as a self-signed
-/// certificate that is no CA: agents take only its public key from it, and its fingerprint
-/// and validity show in the `ca` table like the CA's.
-pub fn make_command_key() -> Result<Issued> {
+/// The server's command-signing key (`crate::fleet::signature`): a certificate that is no CA,
+/// self-signed for the first key, issued by the root CA for a rotated one (an agent learning
+/// it from a notice checks that it chains to the root it trusts). Agents take only its
+/// public key from it; its fingerprint and validity show in the `ca` table like the CA's.
+pub fn make_command_key(root: Option<&Issued>) -> Result<Issued> {
     let key = KeyPair::generate().map_err(rcgen_error)?;
     let mut params = CertificateParams::default();
     let mut name = DistinguishedName::new();
@@ -101,11 +102,40 @@ pub fn make_command_key() -> Result<Issued> {
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
     params.serial_number = Some(random_serial());
     validity(&mut params, ROOT_DAYS);
-    let cert = params.self_signed(&key).map_err(rcgen_error)?;
+    let cert = match root {
+        None => params.self_signed(&key),
+        Some(root) => {
+            let root_key = KeyPair::from_pem(&root.key_pem).map_err(rcgen_error)?;
+            let issuer = Issuer::from_ca_cert_pem(&root.cert_pem, root_key).map_err(rcgen_error)?;
+            params.signed_by(&key, &issuer)
+        }
+    }
+    .map_err(rcgen_error)?;
     Ok(Issued {
         cert_pem: cert.pem(),
         key_pem: key.serialize_pem(),
     })
+}
+
+/// The DER of each certificate in a PEM bundle, in order (other blocks are skipped).
+pub fn pem_bundle(pem: &str) -> Result<Vec<Vec<u8>>> {
+    let mut ders = Vec::new();
+    for block in x509_parser::pem::Pem::iter_from_buffer(pem.as_bytes()) {
+        let block = block.map_err(|e| Error::Invalid(format!("not PEM certificates: {e}")))?;
+        if block.label == "CERTIFICATE" {
+            ders.push(block.contents);
+        }
+    }
+    Ok(ders)
+}
+
+/// Whether the certificate `der` carries a valid signature of `issuer_der`'s key, under its
+/// name.
+pub fn is_issued_by(der: &[u8], issuer_der: &[u8]) -> bool {
+    let (Ok(cert), Ok(issuer)) = (parse(der), parse(issuer_der)) else {
+        return false;
+    };
+    cert.issuer() == issuer.subject() && cert.verify_signature(Some(issuer.public_key())).is_ok()
 }
 
 /// A new signing CA under `root`. Its name carries the time it was made, so certificates
@@ -300,6 +330,21 @@ mod tests {
         assert_eq!(open(&key, "ca:root:1", &sealed).unwrap(), b"secret key");
         assert!(open(&key, "ca:root:2", &sealed).is_err());
         assert!(open(&[8u8; 32], "ca:root:1", &sealed).is_err());
+    }
+
+    #[test]
+    fn a_rotated_command_key_is_issued_by_the_root() {
+        let root = make_root().unwrap();
+        let other = make_root().unwrap();
+        let first = make_command_key(None).unwrap();
+        let rotated = make_command_key(Some(&root)).unwrap();
+        let der = |issued: &Issued| pem_to_der(&issued.cert_pem).unwrap();
+        assert!(is_issued_by(&der(&rotated), &der(&root)));
+        assert!(!is_issued_by(&der(&rotated), &der(&other)));
+        assert!(!is_issued_by(&der(&first), &der(&root)));
+        assert!(!is_issued_by(b"junk", &der(&root)));
+        let bundle = format!("{}{}", rotated.cert_pem, first.cert_pem);
+        assert_eq!(pem_bundle(&bundle).unwrap(), [der(&rotated), der(&first)]);
     }
 
     #[test]

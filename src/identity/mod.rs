@@ -241,7 +241,7 @@ pub async fn ensure_ca(store: &dyn Store, keys: &Keys) -> Result<()> {
         Some(row) => Some(row.clone()),
         None => {
             let theirs = store
-                .insert_first_ca(&sealed_row(keys, COMMAND, &ca::make_command_key()?)?)
+                .insert_first_ca(&sealed_row(keys, COMMAND, &ca::make_command_key(None)?)?)
                 .await?;
             if theirs.is_none() {
                 tracing::info!("created the command-signing key");
@@ -255,27 +255,240 @@ pub async fn ensure_ca(store: &dyn Store, keys: &Keys) -> Result<()> {
     Ok(())
 }
 
-async fn command_row(store: &dyn Store) -> Result<CaRow> {
-    store
+/// The active command-signing rows, oldest first: the current key alone, or during a
+/// rotation's grace the previous one and then the current one.
+async fn command_rows(store: &dyn Store) -> Result<Vec<CaRow>> {
+    let rows: Vec<CaRow> = store
         .active_ca()
         .await?
         .into_iter()
-        .find(|row| row.kind == COMMAND)
-        .ok_or_else(|| Error::Unavailable("the command-signing key is not initialised".into()))
+        .filter(|row| row.kind == COMMAND)
+        .collect();
+    if rows.is_empty() {
+        return Err(Error::Unavailable(
+            "the command-signing key is not initialised".into(),
+        ));
+    }
+    Ok(rows)
 }
 
-/// The public half of the command-signing key (a certificate, PEM): what agents verify
-/// commands with. Given at enrolment.
+/// The certificates of `rows`, newest (the current key) first.
+fn command_bundle(rows: &[CaRow]) -> String {
+    rows.iter().rev().map(|row| row.cert_pem.as_str()).collect()
+}
+
+/// The public halves of the command-signing keys in force (certificates, PEM, current
+/// first): what agents verify commands with. Given at enrolment, so an agent enrolled during
+/// a rotation's grace trusts both keys like the agents that got the rotation notice.
 pub async fn command_key_pem(store: &dyn Store) -> Result<String> {
-    Ok(command_row(store).await?.cert_pem)
+    Ok(command_bundle(&command_rows(store).await?))
 }
 
-/// What signs the commands this server sends to agents (read and unsealed per job, as the CA
-/// is per use: see the module comment).
+fn command_signer_of(keys: &Keys, row: &CaRow) -> Result<crate::fleet::signature::Signer> {
+    crate::fleet::signature::Signer::from_pkcs8_pem(&unseal(keys, row)?.key_pem)
+}
+
+/// What signs the commands this server sends to agents: the current key (read and unsealed
+/// per job, as the CA is per use: see the module comment; so every server sharing the store
+/// signs with the new key as soon as a rotation is committed).
 pub async fn command_signer(domain: &Domain) -> Result<crate::fleet::signature::Signer> {
-    let row = command_row(domain.store.as_ref()).await?;
-    let issued = unseal(&domain.identity_keys(), &row)?;
-    crate::fleet::signature::Signer::from_pkcs8_pem(&issued.key_pem)
+    let rows = command_rows(domain.store.as_ref()).await?;
+    command_signer_of(&domain.identity_keys(), rows.last().expect("not empty"))
+}
+
+/// A command-key notice's content: the set agents must trust (PEM, current first) and what
+/// signs the notice: the oldest key in force, which every agent that
+/// is up to date trusts (during a grace the previous key, which agents that missed the
+/// rotation still hold; after it the current one).
+pub struct CommandKeys {
+    pub certificates: String,
+    pub signer: crate::fleet::signature::Signer,
+}
+
+pub async fn command_keys(domain: &Domain) -> Result<CommandKeys> {
+    let rows = command_rows(domain.store.as_ref()).await?;
+    Ok(CommandKeys {
+        certificates: command_bundle(&rows),
+        signer: command_signer_of(&domain.identity_keys(), &rows[0])?,
+    })
+}
+
+/// `command-key info|rotate|retire`: the keys in force and, after a rotate or retire, how the
+/// connected agents took the notice.
+#[derive(Clone, Debug, Serialize)]
+pub struct CommandKeyInfo {
+    pub current: CertificateInfo,
+    /// The previous key, still accepted until `retire_after` (a rotation's grace).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub previous: Option<CertificateInfo>,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub retire_after: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agents: Option<crate::fleet::command_keys::Delivered>,
+}
+
+/// When the previous key's grace ends (rows: oldest first, two of them), as Unix ms.
+fn retire_after_ms(domain: &Domain, rows: &[CaRow]) -> Option<i64> {
+    let rotated = clock::parse_rfc3339(&rows.last()?.created_at)?;
+    let grace = domain.fleet.command_key_grace.as_millis() as i64;
+    (rows.len() > 1).then_some(rotated + grace)
+}
+
+async fn command_key_info(domain: &Domain) -> Result<CommandKeyInfo> {
+    let rows = command_rows(domain.store.as_ref()).await?;
+    let previous = match &rows[..] {
+        [previous, _] => Some(ca::describe(&previous.cert_pem)?),
+        _ => None,
+    };
+    Ok(CommandKeyInfo {
+        current: ca::describe(&rows.last().expect("not empty").cert_pem)?,
+        previous,
+        retire_after: retire_after_ms(domain, &rows)
+            .map(clock::format_rfc3339)
+            .unwrap_or_default(),
+        agents: None,
+    })
+}
+
+pub async fn command_key_status(domain: &Domain, principal: &Principal) -> Result<CommandKeyInfo> {
+    principal.require(Role::Readonly)?;
+    command_key_info(domain).await
+}
+
+/// `command-key rotate`: a new command-signing key, issued by the root CA, beside the current
+/// one, which becomes the previous key: still accepted by agents until it is retired (after
+/// `agents.command_key_grace`, or `command-key retire`). The connected agents are sent the
+/// notice (signed with the previous key) and their answers counted; the others get it when
+/// they reconnect (their heartbeat names the set they trust).
+pub async fn rotate_command_key(domain: &Domain, principal: &Principal) -> Result<CommandKeyInfo> {
+    let keys = &domain.identity_keys();
+    let result = domain
+        .auditor
+        .gate(async {
+            principal.require(Role::Admin)?;
+            let store = domain.store.as_ref();
+            let in_grace = || {
+                Error::FailedPrecondition(
+                    "the previous command key is still accepted (a rotation's grace): retire \
+                     it first with `svc-identity command-key retire`"
+                        .into(),
+                )
+            };
+            let rows = command_rows(store).await?;
+            if rows.len() > 1 {
+                return Err(in_grace());
+            }
+            let (root, _) = active(store).await?;
+            let issued = ca::make_command_key(Some(&unseal(keys, &root)?))?;
+            let row = sealed_row(keys, COMMAND, &issued)?;
+            if !store.add_ca_generation(&row).await? {
+                return Err(in_grace());
+            }
+            Ok((rows[0].fingerprint.clone(), row.fingerprint))
+        })
+        .await;
+    let detail = rotation_detail(&result);
+    let action = Action::new("command_key.rotate", "command_key", COMMAND).detail(detail);
+    audited_then_notified(domain, principal, action, result).await
+}
+
+/// Records a rotate or retire; once it is done, the keys in force after the connected agents
+/// were sent the notice of them.
+async fn audited_then_notified<T>(
+    domain: &Domain,
+    principal: &Principal,
+    action: Action,
+    result: Result<T>,
+) -> Result<CommandKeyInfo> {
+    domain.auditor.record(principal, action, &result).await;
+    result?;
+    let agents = domain.fleet.registry.connected();
+    let count = agents.len() as u64;
+    // The change is committed: a notice that cannot go out is reported, not an error (the
+    // agents get it when they reconnect).
+    let delivered = crate::fleet::command_keys::notify(domain, agents)
+        .await
+        .unwrap_or_else(|error| {
+            tracing::warn!(%error, "command-key notice not sent");
+            crate::fleet::command_keys::Delivered {
+                unreachable: count,
+                ..Default::default()
+            }
+        });
+    Ok(CommandKeyInfo {
+        agents: Some(delivered),
+        ..command_key_info(domain).await?
+    })
+}
+
+/// `command-key retire`: ends a rotation's grace now. Agents that get the notice (signed with
+/// the current key) stop accepting commands signed with the previous one; an agent that
+/// missed both the rotation and this must bootstrap again. `scheduled`: done by the server
+/// when the grace ran out.
+pub async fn retire_command_key(
+    domain: &Domain,
+    principal: &Principal,
+    scheduled: bool,
+) -> Result<CommandKeyInfo> {
+    let result = domain
+        .auditor
+        .gate(async {
+            principal.require(Role::Admin)?;
+            let store = domain.store.as_ref();
+            let rows = command_rows(store).await?;
+            if rows.len() < 2
+                || store
+                    .retire_older_ca(COMMAND, &clock::now_rfc3339())
+                    .await?
+                    == 0
+            {
+                return Err(Error::FailedPrecondition(
+                    "there is no previous command key to retire (rotate first)".into(),
+                ));
+            }
+            Ok(rows[0].fingerprint.clone())
+        })
+        .await;
+    let mut detail = serde_json::json!({"scheduled": scheduled});
+    if let Ok(retired) = &result {
+        detail["retired_fingerprint"] = serde_json::json!(retired);
+    }
+    let action = Action::new("command_key.retire", "command_key", COMMAND).detail(detail);
+    audited_then_notified(domain, principal, action, result).await
+}
+
+/// Retires the previous command key when its grace has run out, on the leader, checking every
+/// tenth of the grace (between a second and a minute).
+pub fn spawn_command_key_retirement(domain: std::sync::Arc<Domain>) {
+    let grace = domain.fleet.command_key_grace;
+    let period = (grace / 10).clamp(
+        std::time::Duration::from_secs(1),
+        std::time::Duration::from_secs(60),
+    );
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(period);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            if !domain.cluster.is_leader() {
+                continue;
+            }
+            let due = match command_rows(domain.store.as_ref()).await {
+                Ok(rows) => {
+                    retire_after_ms(&domain, &rows).is_some_and(|at| at <= clock::now_millis())
+                }
+                Err(_) => false,
+            };
+            if due {
+                match retire_command_key(&domain, &Principal::server(), true).await {
+                    Ok(info) => {
+                        tracing::info!(agents = ?info.agents, "previous command key retired: its grace ran out")
+                    }
+                    Err(error) => tracing::warn!(%error, "previous command key not retired"),
+                }
+            }
+        }
+    });
 }
 
 /// `ca info`: both certificates.
@@ -292,6 +505,14 @@ pub async fn ca_info(domain: &Domain, principal: &Principal) -> Result<CaInfo> {
         root_ca: ca::describe(&root.cert_pem)?,
         signing_ca: ca::describe(&signing.cert_pem)?,
     })
+}
+
+/// The audit detail of a rotation: the fingerprints it replaced and made.
+fn rotation_detail(result: &Result<(String, String)>) -> serde_json::Value {
+    match result {
+        Ok((old, new)) => serde_json::json!({"old_fingerprint": old, "new_fingerprint": new}),
+        Err(_) => serde_json::json!({}),
+    }
 }
 
 /// `ca rotate-signing`: a new signing CA under the same root. Agent certificates from the old
@@ -313,10 +534,7 @@ pub async fn rotate_signing(domain: &Domain, principal: &Principal) -> Result<Ca
             },
         )
         .await;
-    let detail = match &result {
-        Ok((old, new)) => serde_json::json!({"old_fingerprint": old, "new_fingerprint": new}),
-        Err(_) => serde_json::json!({}),
-    };
+    let detail = rotation_detail(&result);
     domain
         .auditor
         .record(
@@ -337,12 +555,17 @@ pub async fn rotate_signing(domain: &Domain, principal: &Principal) -> Result<Ca
     ca_info(domain, principal).await
 }
 
-/// `ca export`: the public chain, signing CA first, then the root.
+/// `ca export`: the public chain, signing CA first, then the root, then the command-signing
+/// certificates in force (current first), which are no CA: a verifier that takes the file as
+/// trust anchors gains nothing from them, and an operator has every public certificate the
+/// server holds in one place.
 pub async fn export_chain(domain: &Domain, principal: &Principal) -> Result<String> {
     let result = async {
         principal.require(Role::Admin)?;
-        let (root, signing) = active(domain.store.as_ref()).await?;
-        Ok(format!("{}{}", signing.cert_pem, root.cert_pem))
+        let store = domain.store.as_ref();
+        let (root, signing) = active(store).await?;
+        let command = command_key_pem(store).await?;
+        Ok(format!("{}{}{command}", signing.cert_pem, root.cert_pem))
     }
     .await;
     domain
@@ -372,10 +595,20 @@ pub async fn encrypt_ca(
             )));
         }
         let (root, signing) = active(domain.store.as_ref()).await?;
-        let (root_key, signing_key) = (unseal(keys, &root)?, unseal(keys, &signing)?);
+        let pair = |row: &CaRow| -> Result<serde_json::Value> {
+            let issued = unseal(keys, row)?;
+            Ok(serde_json::json!({"certificate": issued.cert_pem, "private_key": issued.key_pem}))
+        };
+        let command_keys = command_rows(domain.store.as_ref())
+            .await?
+            .iter()
+            .rev()
+            .map(pair)
+            .collect::<Result<Vec<_>>>()?;
         let plaintext = serde_json::to_vec(&serde_json::json!({
-            "root_ca": {"certificate": root.cert_pem, "private_key": root_key.key_pem},
-            "signing_ca": {"certificate": signing.cert_pem, "private_key": signing_key.key_pem},
+            "root_ca": pair(&root)?,
+            "signing_ca": pair(&signing)?,
+            "command_keys": command_keys,
         }))
         .map_err(Error::internal)?;
         let salt: [u8; 16] = rand::random();
@@ -396,7 +629,8 @@ pub async fn encrypt_ca(
             "kdf": {"name": "pbkdf2-hmac-sha256", "rounds": PBKDF2_ROUNDS, "salt": b64.encode(salt)},
             "cipher": {"name": "aes-256-gcm", "layout": "base64(nonce[12] || ciphertext || tag[16])", "aad": FORMAT},
             "ciphertext": sealed,
-            "contents": "JSON {root_ca, signing_ca}: {certificate, private_key} in PEM",
+            "contents": "JSON {root_ca, signing_ca, command_keys: [current first]}: \
+                         {certificate, private_key} in PEM",
         });
         let mut bytes = serde_json::to_vec_pretty(&document).map_err(Error::internal)?;
         bytes.push(b'\n');

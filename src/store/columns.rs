@@ -8,6 +8,11 @@ pub(crate) const AUDIT_COLUMNS: &str =
      outcome, policy_id, decision, severity, detail, prev_hash, hash";
 pub(crate) const CA_COLUMNS: &str =
     "id, kind, cert_pem, key_encrypted, fingerprint, not_before, not_after, created_at, retired_at";
+/// Retires the active rows of kind $2 but the newest, at $1. SQLite numbers `$N` parameters
+/// by first appearance, so with $1 first one text serves both drivers.
+pub(crate) const RETIRE_OLDER_CA: &str = "UPDATE ca SET retired_at = $1 \
+     WHERE kind = $2 AND retired_at IS NULL AND id <> (SELECT id FROM ca \
+     WHERE kind = $2 AND retired_at IS NULL ORDER BY created_at DESC, id DESC LIMIT 1)";
 pub(crate) const JOIN_TOKEN_COLUMNS: &str =
     "id, token_hash, agent_id, created_by, created_at, expires_at, used_at, used_by, revoked_at";
 pub(crate) const AGENT_COLUMNS: &str = "id, labels, fingerprint, enrolled_at, quarantined, \

@@ -255,6 +255,12 @@ pub trait Store: Send + Sync + 'static {
     /// active row that was found instead (None: `row` was inserted). First starts of several
     /// servers on one database then agree on one CA.
     async fn insert_first_ca(&self, row: &CaRow) -> Result<Option<CaRow>>;
+    /// Inserts `row` beside the active row of its kind, only when exactly one is active, in
+    /// one transaction (command-key rotation: the previous key stays active for its grace);
+    /// false when another is still beside it.
+    async fn add_ca_generation(&self, row: &CaRow) -> Result<bool>;
+    /// Retires every active row of `kind` but the newest at `at`; returns how many.
+    async fn retire_older_ca(&self, kind: &str, at: &str) -> Result<u64>;
     async fn insert_join_token(&self, row: &JoinTokenRow) -> Result<()>;
     async fn list_join_tokens(&self) -> Result<Vec<JoinTokenRow>>;
     async fn find_join_token_by_hash(&self, token_hash: &str) -> Result<Option<JoinTokenRow>>;

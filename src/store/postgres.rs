@@ -1005,7 +1005,9 @@ impl Store for PostgresStore {
 
     async fn active_ca(&self) -> Result<Vec<CaRow>> {
         self.rows(
-            &format!("SELECT {CA_COLUMNS} FROM ca WHERE retired_at IS NULL ORDER BY created_at"),
+            &format!(
+                "SELECT {CA_COLUMNS} FROM ca WHERE retired_at IS NULL ORDER BY created_at, id"
+            ),
             &[],
             ca,
         )
@@ -1060,6 +1062,31 @@ impl Store for PostgresStore {
         insert_ca_row(&tx, row).await?;
         tx.commit().await?;
         Ok(None)
+    }
+
+    async fn add_ca_generation(&self, row: &CaRow) -> Result<bool> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        // The rotation lock: two rotations at once cannot both find one active row.
+        tx.batch_execute("LOCK TABLE ca IN SHARE ROW EXCLUSIVE MODE")
+            .await?;
+        let active: i64 = tx
+            .query_one(
+                "SELECT COUNT(*) FROM ca WHERE kind = $1 AND retired_at IS NULL",
+                &[&row.kind],
+            )
+            .await?
+            .get(0);
+        if active != 1 {
+            return Ok(false);
+        }
+        insert_ca_row(&tx, row).await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    async fn retire_older_ca(&self, kind: &str, at: &str) -> Result<u64> {
+        self.execute(RETIRE_OLDER_CA, &[&at, &kind]).await
     }
 
     async fn insert_join_token(&self, row: &JoinTokenRow) -> Result<()> {

@@ -656,7 +656,7 @@ impl Store for SqliteStore {
     async fn active_ca(&self) -> Result<Vec<CaRow>> {
         self.with(|c| {
             let mut statement = c.prepare_cached(&format!(
-                "SELECT {CA_COLUMNS} FROM ca WHERE retired_at IS NULL ORDER BY created_at"
+                "SELECT {CA_COLUMNS} FROM ca WHERE retired_at IS NULL ORDER BY created_at, id"
             ))?;
             let rows = statement.query_map([], ca_from_row)?;
             Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
@@ -706,6 +706,27 @@ impl Store for SqliteStore {
             tx.commit()?;
             Ok(None)
         })
+    }
+
+    async fn add_ca_generation(&self, row: &CaRow) -> Result<bool> {
+        self.with(|c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let active: i64 = tx.query_row(
+                "SELECT COUNT(*) FROM ca WHERE kind = ?1 AND retired_at IS NULL",
+                [&row.kind],
+                |r| r.get(0),
+            )?;
+            if active != 1 {
+                return Ok(false);
+            }
+            insert_ca_row(&tx, row)?;
+            tx.commit()?;
+            Ok(true)
+        })
+    }
+
+    async fn retire_older_ca(&self, kind: &str, at: &str) -> Result<u64> {
+        self.with(|c| Ok(c.execute(RETIRE_OLDER_CA, params![at, kind])? as u64))
     }
 
     async fn insert_join_token(&self, row: &JoinTokenRow) -> Result<()> {

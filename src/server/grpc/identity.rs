@@ -32,6 +32,20 @@ fn ca_info_response(info: identity::CaInfo) -> proto::CaInfoResponse {
     }
 }
 
+fn command_key_response(info: identity::CommandKeyInfo) -> proto::CommandKeyResponse {
+    proto::CommandKeyResponse {
+        current: Some(certificate(info.current)),
+        previous: info.previous.map(certificate),
+        retire_after: info.retire_after,
+        agents: info.agents.map(|d| proto::CommandKeyDelivery {
+            updated: d.updated,
+            refused: d.refused,
+            no_answer: d.no_answer,
+            unreachable: d.unreachable,
+        }),
+    }
+}
+
 fn token_message(view: TokenView, cleartext: String) -> proto::JoinToken {
     proto::JoinToken {
         id: view.id,
@@ -93,6 +107,33 @@ impl proto::identity_service_server::IdentityService for Identity {
         let caller = principal(&request)?;
         let info = identity::rotate_signing(&self.context.domain, &caller).await?;
         Ok(Response::new(ca_info_response(info)))
+    }
+
+    async fn command_key_info(
+        &self,
+        request: Request<proto::Empty>,
+    ) -> Result<Response<proto::CommandKeyResponse>, Status> {
+        let caller = principal(&request)?;
+        let info = identity::command_key_status(&self.context.domain, &caller).await?;
+        Ok(Response::new(command_key_response(info)))
+    }
+
+    async fn rotate_command_key(
+        &self,
+        request: Request<proto::Empty>,
+    ) -> Result<Response<proto::CommandKeyResponse>, Status> {
+        let caller = principal(&request)?;
+        let info = identity::rotate_command_key(&self.context.domain, &caller).await?;
+        Ok(Response::new(command_key_response(info)))
+    }
+
+    async fn retire_command_key(
+        &self,
+        request: Request<proto::Empty>,
+    ) -> Result<Response<proto::CommandKeyResponse>, Status> {
+        let caller = principal(&request)?;
+        let info = identity::retire_command_key(&self.context.domain, &caller, false).await?;
+        Ok(Response::new(command_key_response(info)))
     }
 
     async fn export_ca(
