@@ -364,28 +364,32 @@ pub async fn rotate_command_key(domain: &Domain, principal: &Principal) -> Resul
     let keys = &domain.identity_keys();
     let result = domain
         .auditor
-        .gate(async {
-            principal.require(Role::Admin)?;
-            let store = domain.store.as_ref();
-            let in_grace = || {
-                Error::FailedPrecondition(
-                    "the previous command key is still accepted (a rotation's grace): retire \
+        .gate(
+            principal,
+            Action::new("command_key.rotate", "command_key", COMMAND),
+            async {
+                principal.require(Role::Admin)?;
+                let store = domain.store.as_ref();
+                let in_grace = || {
+                    Error::FailedPrecondition(
+                        "the previous command key is still accepted (a rotation's grace): retire \
                      it first with `svc-identity command-key retire`"
-                        .into(),
-                )
-            };
-            let rows = command_rows(store).await?;
-            if rows.len() > 1 {
-                return Err(in_grace());
-            }
-            let (root, _) = active(store).await?;
-            let issued = ca::make_command_key(Some(&unseal(keys, &root)?))?;
-            let row = sealed_row(keys, COMMAND, &issued)?;
-            if !store.add_ca_generation(&row).await? {
-                return Err(in_grace());
-            }
-            Ok((rows[0].fingerprint.clone(), row.fingerprint))
-        })
+                            .into(),
+                    )
+                };
+                let rows = command_rows(store).await?;
+                if rows.len() > 1 {
+                    return Err(in_grace());
+                }
+                let (root, _) = active(store).await?;
+                let issued = ca::make_command_key(Some(&unseal(keys, &root)?))?;
+                let row = sealed_row(keys, COMMAND, &issued)?;
+                if !store.add_ca_generation(&row).await? {
+                    return Err(in_grace());
+                }
+                Ok((rows[0].fingerprint.clone(), row.fingerprint))
+            },
+        )
         .await;
     let detail = rotation_detail(&result);
     let action = Action::new("command_key.rotate", "command_key", COMMAND).detail(detail);
@@ -432,22 +436,26 @@ pub async fn retire_command_key(
 ) -> Result<CommandKeyInfo> {
     let result = domain
         .auditor
-        .gate(async {
-            principal.require(Role::Admin)?;
-            let store = domain.store.as_ref();
-            let rows = command_rows(store).await?;
-            if rows.len() < 2
-                || store
-                    .retire_older_ca(COMMAND, &clock::now_rfc3339())
-                    .await?
-                    == 0
-            {
-                return Err(Error::FailedPrecondition(
-                    "there is no previous command key to retire (rotate first)".into(),
-                ));
-            }
-            Ok(rows[0].fingerprint.clone())
-        })
+        .gate(
+            principal,
+            Action::new("command_key.retire", "command_key", COMMAND),
+            async {
+                principal.require(Role::Admin)?;
+                let store = domain.store.as_ref();
+                let rows = command_rows(store).await?;
+                if rows.len() < 2
+                    || store
+                        .retire_older_ca(COMMAND, &clock::now_rfc3339())
+                        .await?
+                        == 0
+                {
+                    return Err(Error::FailedPrecondition(
+                        "there is no previous command key to retire (rotate first)".into(),
+                    ));
+                }
+                Ok(rows[0].fingerprint.clone())
+            },
+        )
         .await;
     let mut detail = serde_json::json!({"scheduled": scheduled});
     if let Ok(retired) = &result {
