@@ -116,7 +116,8 @@ impl Domain {
             events,
             Some(logs.audit),
             Parts {
-                fleet: crate::fleet::Fleet::new(config.agents.heartbeat_timeout.0, Some(bus)),
+                fleet: crate::fleet::Fleet::new(config.agents.heartbeat_timeout.0, Some(bus))
+                    .with_retention(&config.jobs),
                 files: Arc::new(files),
                 webhooks: crate::webhooks::Webhooks::new(&config.webhooks)?,
                 runbooks: crate::runbooks::Runbooks::load(config.runbook_dir.clone()),

@@ -490,6 +490,7 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     super::fleet::serve_content(context.clone()).await?;
     crate::secrets::leases::spawn_reaper(context.domain.clone());
     crate::identity::spawn_token_cleanup(context.domain.clone());
+    crate::fleet::history::spawn_pruner(context.domain.clone());
     crate::cluster::spawn(context.domain.clone());
     crate::webhooks::delivery::spawn(context.domain.clone());
     crate::runbooks::engine::resume(&context.domain).await;

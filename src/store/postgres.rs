@@ -87,6 +87,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "agent_facts",
         include_str!("migrations/postgres/0010_agent_facts.sql"),
     ),
+    (
+        11,
+        "jobs",
+        include_str!("migrations/postgres/0011_jobs.sql"),
+    ),
 ];
 
 /// Advisory lock keys (any two constants of ours; "svc" spelled in ASCII, then a number).
