@@ -41,8 +41,8 @@ pub async fn get(
     only(request.method(), &[Method::GET])?;
     let (caller, _admission) = principal(context, &request).await?;
     let query = Query::of(&request, &["limit", "after"])?;
-    let job = history::get(&context.domain, &caller, id).await?;
     let limit = limit(&query, 100)?;
+    let job = history::get(&context.domain, &caller, id).await?;
     let rows = history::results(&context.domain, id, query.text("after"), limit).await?;
     let next = (rows.len() == limit)
         .then(|| rows.last().map(|row| row.agent_id.clone()))
