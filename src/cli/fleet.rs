@@ -372,16 +372,11 @@ impl Summary {
     }
 
     fn line(&self) -> String {
-        let parts: Vec<String> = self
-            .by_status
-            .iter()
-            .map(|(status, n)| format!("{n} {}", status.replace('_', " ")))
-            .collect();
         format!(
             "{} agent{}: {} (job {})",
             self.agents,
             if self.agents == 1 { "" } else { "s" },
-            parts.join(", "),
+            counts_text(&self.by_status),
             self.job_id
         )
     }
@@ -523,22 +518,16 @@ impl Results {
                 }
             }
         };
-        if !self.add(
-            &result.agent_id,
-            &result.status,
-            &result.job_id,
-            result.agents,
+        self.print(
+            (
+                &result.agent_id,
+                &result.status,
+                &result.job_id,
+                result.agents,
+            ),
             first,
-        ) {
-            return;
-        }
-        let stdout = std::io::stdout();
-        let mut out = stdout.lock();
-        match self.output {
-            Output::Json => {
-                let _ = writeln!(out, "{}", exec_json(result));
-            }
-            Output::Table => {
+            || exec_json(result),
+            |out| {
                 let _ = writeln!(
                     out,
                     "== {}  {}  exit {}  {} ms",
@@ -547,14 +536,13 @@ impl Results {
                 if !result.error.is_empty() {
                     let _ = writeln!(out, "  error: {}", result.error);
                 }
-                write_block(&mut out, "stdout", &result.stdout);
-                write_block(&mut out, "stderr", &result.stderr);
+                write_block(out, "stdout", &result.stdout);
+                write_block(out, "stderr", &result.stderr);
                 if result.truncated {
                     let _ = writeln!(out, "  (output truncated)");
                 }
-            }
-        }
-        let _ = out.flush();
+            },
+        );
     }
 
     pub(super) fn state(&mut self, result: &proto::StateResult, operation: &str) {
@@ -569,22 +557,37 @@ impl Results {
                 .map(str::to_string)
                 .unwrap_or_else(|| result.drift.join(", "))
         };
-        if !self.add(
-            &result.agent_id,
-            &result.status,
-            &result.job_id,
-            result.agents,
+        self.print(
+            (
+                &result.agent_id,
+                &result.status,
+                &result.job_id,
+                result.agents,
+            ),
             first,
-        ) {
+            || state_json(result),
+            |out| print_state_result(out, result, operation),
+        );
+    }
+
+    /// Counts a result (agent, status, job, targeted agents) and prints it in full (`json`
+    /// or `table`), or keeps its `first_line` for the summary.
+    fn print(
+        &mut self,
+        (agent_id, status, job_id, agents): (&str, &str, &str, u32),
+        first_line: impl FnOnce() -> String,
+        json: impl FnOnce() -> serde_json::Value,
+        table: impl FnOnce(&mut std::io::StdoutLock<'static>),
+    ) {
+        if !self.add(agent_id, status, job_id, agents, first_line) {
             return;
         }
-        let stdout = std::io::stdout();
-        let mut out = stdout.lock();
+        let mut out = std::io::stdout().lock();
         match self.output {
             Output::Json => {
-                let _ = writeln!(out, "{}", state_json(result));
+                let _ = writeln!(out, "{}", json());
             }
-            Output::Table => print_state_result(&mut out, result, operation),
+            Output::Table => table(&mut out),
         }
         let _ = out.flush();
     }
@@ -707,18 +710,13 @@ fn job_json(job: &proto::Job) -> serde_json::Value {
     })
 }
 
-/// `3 ok, 1 failed`: the counts by status.
-fn counts_text(job: &proto::Job) -> String {
-    let counts: std::collections::BTreeMap<_, _> = job.counts.iter().collect();
+/// `1 failed, 3 ok`: counts by status, in status order.
+fn counts_text(counts: &std::collections::BTreeMap<String, u64>) -> String {
     let parts: Vec<String> = counts
         .iter()
         .map(|(status, n)| format!("{n} {}", status.replace('_', " ")))
         .collect();
-    if parts.is_empty() {
-        "-".into()
-    } else {
-        parts.join(", ")
-    }
+    parts.join(", ")
 }
 
 async fn job_command(common: Common, args: JobArgs) -> Result<(), CliError> {
@@ -745,7 +743,10 @@ async fn job_command(common: Common, args: JobArgs) -> Result<(), CliError> {
                                 j.kind.clone(),
                                 j.status.clone(),
                                 j.agents.to_string(),
-                                counts_text(j),
+                                match counts_text(&j.counts.clone().into_iter().collect()) {
+                                    text if text.is_empty() => "-".into(),
+                                    text => text,
+                                },
                                 j.created_at.clone(),
                                 j.created_by.clone(),
                                 j.description.clone(),
