@@ -132,6 +132,32 @@ pub struct ServerConfig {
     pub webhooks: WebhooksConfig,
     /// Runbooks (*.yaml), loaded at start and on SIGHUP (docs/runbooks.md).
     pub runbook_dir: PathBuf,
+    /// Fleet jobs kept in the store for `svcctl job list|show` (docs/fleet.md, "Jobs").
+    pub jobs: JobsConfig,
+}
+
+/// How many fleet jobs (exec, state, module runs) the store keeps, and for how long: both
+/// bounds apply, whichever drops a job first; pruned when a job starts and every few minutes.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct JobsConfig {
+    /// The newest jobs kept (with every agent's result); older ones are deleted.
+    pub keep: u64,
+    /// Jobs older than this are deleted.
+    pub max_age: ConfigDuration,
+    /// Each stored stdout and stderr (and each state diff) is cut at this many bytes; the
+    /// live stream of a job that is watched is not.
+    pub max_output_bytes: u64,
+}
+
+impl Default for JobsConfig {
+    fn default() -> Self {
+        JobsConfig {
+            keep: 1000,
+            max_age: ConfigDuration(Duration::from_secs(30 * 86_400)),
+            max_output_bytes: 64 * 1024,
+        }
+    }
 }
 
 /// Outbound webhook delivery (docs/webhooks.md).
@@ -237,6 +263,7 @@ impl Default for ServerConfig {
             cluster: ClusterConfig::default(),
             webhooks: WebhooksConfig::default(),
             runbook_dir: PathBuf::from("/etc/svc/runbooks"),
+            jobs: JobsConfig::default(),
         }
     }
 }
@@ -781,8 +808,12 @@ pub fn load_server(
 ) -> Result<Loaded<ServerConfig>, ConfigErrors> {
     let loaded: Loaded<ServerConfig> =
         load(path, Path::new(DEFAULT_SERVER_CONFIG), env, &SERVER_SCHEMA)?;
-    // The file service's limits are checked here so --check-config reports them too.
-    let problems = loaded.config.files.problems();
+    // The file service's and the job history's limits are checked here so --check-config
+    // reports them too.
+    let mut problems = loaded.config.files.problems();
+    if loaded.config.jobs.keep == 0 || loaded.config.jobs.max_age.0.is_zero() {
+        problems.push("jobs.keep and jobs.max_age must be positive (default 1000 and 30d)".into());
+    }
     if !problems.is_empty() {
         return Err(ConfigErrors(problems));
     }

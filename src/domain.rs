@@ -120,7 +120,8 @@ impl Domain {
                     config.agents.heartbeat_timeout.0,
                     config.agents.command_key_grace.0,
                     Some(bus),
-                ),
+                )
+                .with_retention(&config.jobs),
                 files: Arc::new(files),
                 webhooks: crate::webhooks::Webhooks::new(&config.webhooks)?,
                 runbooks: crate::runbooks::Runbooks::load(config.runbook_dir.clone()),

@@ -51,6 +51,8 @@ fn every_console_route_needs_a_key_and_bad_queries_are_refused() {
         "/api/v1/agents",
         "/api/v1/agents/web-01",
         "/api/v1/secrets",
+        "/api/v1/jobs",
+        "/api/v1/jobs/01JZZZZZZZZZZZZZZZZZZZZZZZ",
     ] {
         let response = server.request("GET", path, None, None);
         assert_eq!(response.status, 401, "{path}: {}", response.body);
@@ -70,6 +72,9 @@ fn every_console_route_needs_a_key_and_bad_queries_are_refused() {
         ("/api/v1/events/stream?after=x", 422),
         ("/api/v1/events/424242", 404),
         ("/api/v1/agents/nobody", 404),
+        ("/api/v1/jobs?limit=ten", 422),
+        ("/api/v1/jobs?bogus=1", 422),
+        ("/api/v1/jobs/nobody?after=a&limit=x", 422),
         ("/ui/nothing.js", 404),
     ] {
         let response = server.request("GET", path, Some(admin), None);

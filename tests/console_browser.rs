@@ -393,6 +393,36 @@ fn an_operator_watches_quarantines_and_audits_and_a_readonly_key_cannot() {
     );
     browser.page_shot("fleet");
 
+    // A job run from the CLI is on the jobs page; an operator opens it, its output as text.
+    let ran = run(server.cli("svcctl").args([
+        "--api-key",
+        &operator,
+        "exec",
+        "-t",
+        "web-01",
+        "--",
+        "echo",
+        SCRIPT_PAYLOAD,
+    ]));
+    assert_eq!(ran.code, 0, "{ran:?}");
+    browser.click("#nav a[data-page=jobs]");
+    browser.wait(
+        "document.querySelector('#jobs-table tbody button')",
+        "the job on the jobs page",
+    );
+    browser.click("#jobs-table tbody button");
+    browser.wait(
+        "document.querySelector('#job-results tbody tr')",
+        "the job's results",
+    );
+    let result_row = browser.text("#job-results tbody tr");
+    assert!(
+        result_row.contains("web-01") && result_row.contains(SCRIPT_PAYLOAD),
+        "{result_row}"
+    );
+    browser.assert_nothing_injected();
+    browser.page_shot("jobs");
+
     // The live tail opens; it keeps running while the operator goes back to the fleet.
     browser.click("#nav a[data-page=events]");
     browser.wait(

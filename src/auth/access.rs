@@ -127,6 +127,11 @@ pub const GRPC: &[(&str, Access)] = &[
     ("svc.v1.FleetService/StateApply", Least(Operator)),
     ("svc.v1.FleetService/StateDrift", Least(Operator)),
     ("svc.v1.FleetService/ModuleRun", Least(Operator)),
+    ("svc.v1.FleetService/ExecAsync", Least(Operator)),
+    ("svc.v1.FleetService/StateApplyAsync", Least(Operator)),
+    ("svc.v1.FleetService/ListJobs", Least(Readonly)),
+    // A job's results carry the programs' output: the role that may run one.
+    ("svc.v1.FleetService/GetJob", Least(Operator)),
     ("svc.v1.WebhookService/Create", Least(Operator)),
     ("svc.v1.WebhookService/List", Least(Readonly)),
     ("svc.v1.WebhookService/Get", Least(Readonly)),
@@ -180,6 +185,8 @@ pub const REST: &[(&str, Access)] = &[
     ("POST /api/v1/agents/{id}/quarantine", Least(Operator)),
     ("POST /api/v1/agents/{id}/unquarantine", Least(Operator)),
     ("GET /api/v1/secrets", Least(Readonly)),
+    ("GET /api/v1/jobs", Least(Readonly)),
+    ("GET /api/v1/jobs/{id}", Least(Operator)),
 ];
 
 /// The access rule for a gRPC method path (`/svc.v1.X/Y` or `svc.v1.X/Y`).
@@ -306,6 +313,8 @@ pub const AUDITED: &[(&str, Audited)] = &[
     ("svc.v1.FleetService/Exec", row("exec.run", "job", Empty)),
     ("svc.v1.FleetService/StateApply", row("state.apply", "job", Empty)),
     ("svc.v1.FleetService/ModuleRun", row("module.run", "job", Empty)),
+    ("svc.v1.FleetService/ExecAsync", row("exec.run", "job", Empty)),
+    ("svc.v1.FleetService/StateApplyAsync", row("state.apply", "job", Empty)),
     ("svc.v1.WebhookService/Create", row("webhook.create", "webhook", Empty)),
     ("svc.v1.WebhookService/Update", row("webhook.update", "webhook", Field("id"))),
     ("svc.v1.WebhookService/Delete", row("webhook.delete", "webhook", Field("id"))),
@@ -333,6 +342,8 @@ pub const NOT_AUDITED: &[&str] = &[
     "svc.v1.IdentityService/ListJwts",
     "svc.v1.FleetService/StateCheck",
     "svc.v1.FleetService/StateDrift",
+    "svc.v1.FleetService/GetJob",
+    "GET /api/v1/jobs/{id}",
     "GET /api/v1/apikeys",
     "GET /api/v1/apikeys/{id}",
     "GET /api/v1/audit/export",

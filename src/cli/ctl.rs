@@ -1,4 +1,4 @@
-//! `svcctl`: the operator CLI. Own commands: agent, exec, state, apikey, completion, version;
+//! `svcctl`: the operator CLI. Own commands: agent, exec, state, job, apikey, completion, version;
 //! any other `svcctl NAME ARGS` runs the `svc-NAME` mode, or an `svc-NAME` plugin found on
 //! PATH.
 
@@ -21,6 +21,7 @@ Commands:
   agent       inspect registered agents; label, quarantine and unquarantine them
   exec        run a command on agents
   state       declarative state: compile, check, apply, drift
+  job         jobs kept on the server (exec, state): list, show
   apikey      manage API keys: create, list, show, update, delete
   version     print the version
   completion  print the shell completion script: bash, zsh or fish
@@ -57,6 +58,7 @@ pub fn main(program: &str, mut args: Vec<String>, run_mode: fn(&str, Vec<String>
         "agent" => super::fleet::agent(program, common, &rest),
         "exec" => super::fleet::exec(program, common, &rest),
         "state" => super::fleet::state(program, common, &rest),
+        "job" => super::fleet::job(program, common, &rest),
         "ctl" | "server" | "agent-daemon" => unknown(program, &command),
         name => {
             // Built-in svc-NAME modes run in-process with the common flags passed on.

@@ -296,8 +296,10 @@ async fn agent_command(common: Common, args: AgentArgs) -> Result<(), CliError> 
 
 #[derive(FromArgs)]
 /// Run a program on agents (no shell: use `-- sh -c '...'` for one) and stream each agent's
-/// exit code, output and duration as it arrives. Exits 1 if any targeted agent failed,
-/// timed out, or did not run it (quarantined agents are skipped; unreachable ones too).
+/// exit code, output and duration as it arrives; past 20 targeted agents, print a summary
+/// instead (counts, and each agent that did not succeed with its first line of output).
+/// Exits 1 if any targeted agent failed, timed out, or did not run it (quarantined agents
+/// are skipped; unreachable ones too). Every job is kept on the server: svcctl job show ID.
 #[argh(help_triggers("-h", "--help"))]
 struct ExecArgs {
     /// which agents: * (default), id globs (web-*), a comma list, or labels and facts (role=web,os_family=debian)
@@ -309,6 +311,12 @@ struct ExecArgs {
     /// how many agents run it at once (default: all)
     #[argh(option)]
     concurrency: Option<u32>,
+    /// print the job id and return at once; the server collects the results (svcctl job show ID)
+    #[argh(switch, long = "async")]
+    detach: bool,
+    /// print every agent's result, however many agents are targeted
+    #[argh(switch)]
+    verbose: bool,
     /// the command and its arguments, after --
     #[argh(positional, greedy)]
     command: Vec<String>,
@@ -364,16 +372,11 @@ impl Summary {
     }
 
     fn line(&self) -> String {
-        let parts: Vec<String> = self
-            .by_status
-            .iter()
-            .map(|(status, n)| format!("{n} {}", status.replace('_', " ")))
-            .collect();
         format!(
             "{} agent{}: {} (job {})",
             self.agents,
             if self.agents == 1 { "" } else { "s" },
-            parts.join(", "),
+            counts_text(&self.by_status),
             self.job_id
         )
     }
@@ -434,31 +437,97 @@ async fn exec_command(common: Common, args: ExecArgs) -> Result<(), CliError> {
         timeout_ms: duration(&args.timeout, "--timeout")?,
         concurrency: args.concurrency.unwrap_or(0),
     };
-    let mut stream = client(&common)
-        .await?
+    let mut client = client(&common).await?;
+    if args.detach {
+        let started = client
+            .exec_async(authorized(&common, request)?)
+            .await?
+            .into_inner();
+        return print_started(common.output, &started);
+    }
+    let mut stream = client
         .exec(authorized(&common, request)?)
         .await?
         .into_inner();
-    let mut summary = Summary::default();
-    let stdout = std::io::stdout();
+    let mut results = Results::new(common.output, args.verbose);
     while let Some(result) = stream.message().await? {
-        summary.add_agent(&result.agent_id, &result.status, &result.job_id);
-        let mut out = stdout.lock();
-        match common.output {
-            Output::Json => {
-                let line = serde_json::json!({
-                    "agent_id": result.agent_id, "status": result.status,
-                    "exit_code": result.exit_code,
-                    "stdout": String::from_utf8_lossy(&result.stdout),
-                    "stderr": String::from_utf8_lossy(&result.stderr),
-                    "duration_ms": result.duration_ms, "timed_out": result.timed_out,
-                    "truncated": result.truncated,
-                    "error": (!result.error.is_empty()).then_some(&result.error),
-                    "job_id": result.job_id,
-                });
-                let _ = writeln!(out, "{line}");
+        results.exec(&result);
+    }
+    results.finish(EXEC_FAILING)
+}
+
+/// The statuses that fail an exec (and a state run; drift adds `drift`).
+const EXEC_FAILING: &[&str] = &["failed", "timed_out", "unreachable"];
+
+/// Above this many targeted agents, exec (and job show) print a summary on a table rather
+/// than every result (docs/fleet.md, "Output").
+pub(super) const SUMMARY_ABOVE: u32 = 20;
+
+/// Prints a fan-out's results: each as it arrives, or, above [`SUMMARY_ABOVE`] targets on a
+/// table without --verbose, only the agents that did not succeed with their first line, once
+/// all are in. Then the counts and the exit code (`Summary::finish`).
+pub(super) struct Results {
+    output: Output,
+    verbose: bool,
+    summary: Summary,
+    /// In summary mode: a row per agent that did not succeed.
+    digest: Option<Vec<Vec<String>>>,
+}
+
+impl Results {
+    pub(super) fn new(output: Output, verbose: bool) -> Results {
+        Results {
+            output,
+            verbose,
+            summary: Summary::default(),
+            digest: None,
+        }
+    }
+
+    /// Counts a result; true when it is to be printed in full.
+    fn add(
+        &mut self,
+        agent_id: &str,
+        status: &str,
+        job_id: &str,
+        agents: u32,
+        first_line: impl FnOnce() -> String,
+    ) -> bool {
+        self.summary.add_agent(agent_id, status, job_id);
+        if self.output == Output::Json || self.verbose || agents <= SUMMARY_ABOVE {
+            return true;
+        }
+        let digest = self.digest.get_or_insert_with(Vec::new);
+        if !matches!(status, "ok" | "changed") {
+            digest.push(vec![agent_id.to_string(), status.to_string(), first_line()]);
+        }
+        false
+    }
+
+    pub(super) fn exec(&mut self, result: &proto::ExecResult) {
+        let first = || {
+            let (stderr, stdout) = (
+                String::from_utf8_lossy(&result.stderr),
+                String::from_utf8_lossy(&result.stdout),
+            );
+            match first_line(&result.error) {
+                Some(error) => error.to_string(),
+                None => {
+                    let line = first_line(&stderr).or_else(|| first_line(&stdout));
+                    format!("exit {}: {}", result.exit_code, line.unwrap_or_default())
+                }
             }
-            Output::Table => {
+        };
+        self.print(
+            (
+                &result.agent_id,
+                &result.status,
+                &result.job_id,
+                result.agents,
+            ),
+            first,
+            || exec_json(result),
+            |out| {
                 let _ = writeln!(
                     out,
                     "== {}  {}  exit {}  {} ms",
@@ -467,16 +536,282 @@ async fn exec_command(common: Common, args: ExecArgs) -> Result<(), CliError> {
                 if !result.error.is_empty() {
                     let _ = writeln!(out, "  error: {}", result.error);
                 }
-                write_block(&mut out, "stdout", &result.stdout);
-                write_block(&mut out, "stderr", &result.stderr);
+                write_block(out, "stdout", &result.stdout);
+                write_block(out, "stderr", &result.stderr);
                 if result.truncated {
                     let _ = writeln!(out, "  (output truncated)");
                 }
+            },
+        );
+    }
+
+    pub(super) fn state(&mut self, result: &proto::StateResult, operation: &str) {
+        let first = || {
+            let failed = result
+                .outcomes
+                .iter()
+                .find(|o| !o.error.is_empty())
+                .map(|o| format!("{}: {}", o.resource, o.error));
+            first_line(&result.error)
+                .or(failed.as_deref().and_then(first_line))
+                .map(str::to_string)
+                .unwrap_or_else(|| result.drift.join(", "))
+        };
+        self.print(
+            (
+                &result.agent_id,
+                &result.status,
+                &result.job_id,
+                result.agents,
+            ),
+            first,
+            || state_json(result),
+            |out| print_state_result(out, result, operation),
+        );
+    }
+
+    /// Counts a result (agent, status, job, targeted agents) and prints it in full (`json`
+    /// or `table`), or keeps its `first_line` for the summary.
+    fn print(
+        &mut self,
+        (agent_id, status, job_id, agents): (&str, &str, &str, u32),
+        first_line: impl FnOnce() -> String,
+        json: impl FnOnce() -> serde_json::Value,
+        table: impl FnOnce(&mut std::io::StdoutLock<'static>),
+    ) {
+        if !self.add(agent_id, status, job_id, agents, first_line) {
+            return;
+        }
+        let mut out = std::io::stdout().lock();
+        match self.output {
+            Output::Json => {
+                let _ = writeln!(out, "{}", json());
             }
+            Output::Table => table(&mut out),
         }
         let _ = out.flush();
     }
-    summary.finish(common.output, &["failed", "timed_out", "unreachable"])
+
+    pub(super) fn finish(self, failing: &[&str]) -> Result<(), CliError> {
+        if let Some(rows) = &self.digest {
+            println!(
+                "{} agents: more than {SUMMARY_ABOVE}, so only those that did not succeed are \
+                 listed (--verbose or -o json prints every result)",
+                self.summary.agents
+            );
+            if !rows.is_empty() {
+                print_table(&["AGENT", "STATUS", "FIRST LINE"], rows);
+            }
+        }
+        self.summary.finish(self.output, failing)
+    }
+}
+
+/// The first line of `text` with something on it.
+fn first_line(text: &str) -> Option<&str> {
+    text.lines().map(str::trim).find(|line| !line.is_empty())
+}
+
+fn exec_json(result: &proto::ExecResult) -> serde_json::Value {
+    serde_json::json!({
+        "agent_id": result.agent_id, "status": result.status,
+        "exit_code": result.exit_code,
+        "stdout": String::from_utf8_lossy(&result.stdout),
+        "stderr": String::from_utf8_lossy(&result.stderr),
+        "duration_ms": result.duration_ms, "timed_out": result.timed_out,
+        "truncated": result.truncated,
+        "error": (!result.error.is_empty()).then_some(&result.error),
+        "job_id": result.job_id,
+    })
+}
+
+/// What `--async` prints: the job's id (and how to follow it).
+fn print_started(output: Output, started: &proto::JobStarted) -> Result<(), CliError> {
+    match output {
+        Output::Json => print_json(&serde_json::json!({
+            "job_id": started.job_id, "agents": started.agents,
+        })),
+        Output::Table => {
+            println!("{}", started.job_id);
+            eprintln!(
+                "job {} started on {} agent{}; the server collects the results: svcctl job show {}",
+                started.job_id,
+                started.agents,
+                if started.agents == 1 { "" } else { "s" },
+                started.job_id
+            );
+            Ok(())
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// svcctl job
+
+#[derive(FromArgs)]
+/// Jobs kept on the server (exec, state and module runs, synchronous or --async): list them,
+/// or show one job's results from any terminal and any cluster member.
+#[argh(help_triggers("-h", "--help"))]
+struct JobArgs {
+    #[argh(subcommand)]
+    command: JobCommand,
+}
+
+#[derive(FromArgs)]
+#[argh(subcommand)]
+enum JobCommand {
+    List(JobListArgs),
+    Show(JobShowArgs),
+}
+
+#[derive(FromArgs)]
+/// List jobs, newest first, with their results so far by status.
+#[argh(subcommand, name = "list", help_triggers("-h", "--help"))]
+struct JobListArgs {
+    /// at most this many (default 50, at most 1000)
+    #[argh(option)]
+    limit: Option<u32>,
+    /// only jobs older than this job id (the next page)
+    #[argh(option)]
+    before: Option<String>,
+}
+
+#[derive(FromArgs)]
+/// Show a job and each agent's result (status, exit code, output; past 20 agents a summary
+/// unless --verbose or -o json). Exits 1 when an agent failed, as the exec or state run
+/// would have; a job still running shows the results so far.
+#[argh(subcommand, name = "show", help_triggers("-h", "--help"))]
+struct JobShowArgs {
+    /// the job id (svcctl job list, or what exec and state print)
+    #[argh(positional)]
+    id: String,
+    /// print every agent's result, however many agents are targeted
+    #[argh(switch)]
+    verbose: bool,
+}
+
+pub fn job(program: &str, common: Common, args: &[String]) -> i32 {
+    run_command::<JobArgs, _>(
+        program,
+        &format!("{program} job"),
+        args,
+        common,
+        job_command,
+    )
+}
+
+fn job_json(job: &proto::Job) -> serde_json::Value {
+    let counts: std::collections::BTreeMap<_, _> = job.counts.iter().collect();
+    serde_json::json!({
+        "id": job.id, "kind": job.kind, "target": job.target, "description": job.description,
+        "created_by": job.created_by, "created_at": job.created_at,
+        "finished_at": (!job.finished_at.is_empty()).then_some(&job.finished_at),
+        "status": job.status, "agents": job.agents, "counts": counts,
+    })
+}
+
+/// `1 failed, 3 ok`: counts by status, in status order.
+fn counts_text(counts: &std::collections::BTreeMap<String, u64>) -> String {
+    let parts: Vec<String> = counts
+        .iter()
+        .map(|(status, n)| format!("{n} {}", status.replace('_', " ")))
+        .collect();
+    parts.join(", ")
+}
+
+async fn job_command(common: Common, args: JobArgs) -> Result<(), CliError> {
+    let mut client = client(&common).await?;
+    let show = match args.command {
+        JobCommand::List(args) => {
+            let request = proto::ListJobsRequest {
+                limit: args.limit.unwrap_or(0),
+                before: args.before.unwrap_or_default(),
+            };
+            let jobs = client
+                .list_jobs(authorized(&common, request)?)
+                .await?
+                .into_inner()
+                .jobs;
+            return match common.output {
+                Output::Json => print_json(&jobs.iter().map(job_json).collect::<Vec<_>>()),
+                Output::Table => {
+                    let rows: Vec<Vec<String>> = jobs
+                        .iter()
+                        .map(|j| {
+                            vec![
+                                j.id.clone(),
+                                j.kind.clone(),
+                                j.status.clone(),
+                                j.agents.to_string(),
+                                match counts_text(&j.counts.clone().into_iter().collect()) {
+                                    text if text.is_empty() => "-".into(),
+                                    text => text,
+                                },
+                                j.created_at.clone(),
+                                j.created_by.clone(),
+                                j.description.clone(),
+                            ]
+                        })
+                        .collect();
+                    print_table(
+                        &[
+                            "ID", "KIND", "STATUS", "AGENTS", "RESULTS", "CREATED", "BY", "WHAT",
+                        ],
+                        &rows,
+                    );
+                    Ok(())
+                }
+            };
+        }
+        JobCommand::Show(args) => args,
+    };
+    let request = proto::JobRequest { id: show.id };
+    let mut stream = client
+        .get_job(authorized(&common, request)?)
+        .await?
+        .into_inner();
+    let Some(proto::JobPart {
+        part: Some(proto::job_part::Part::Job(job)),
+    }) = stream.message().await?
+    else {
+        return Err(CliError::failed("the server sent no job"));
+    };
+    match common.output {
+        Output::Json => println!("{}", serde_json::json!({ "job": job_json(&job) })),
+        Output::Table => {
+            println!(
+                "job {}  {}  {}  by {} at {}  target '{}'",
+                job.id,
+                job.kind,
+                job.status,
+                job.created_by,
+                job.created_at,
+                if job.target.is_empty() {
+                    "*"
+                } else {
+                    &job.target
+                }
+            );
+            println!("  {}", job.description);
+        }
+    }
+    let operation = job.kind.rsplit('.').next().unwrap_or_default();
+    let mut results = Results::new(common.output, show.verbose);
+    while let Some(part) = stream.message().await? {
+        match part.part {
+            Some(proto::job_part::Part::Exec(result)) => results.exec(&result),
+            Some(proto::job_part::Part::State(result)) => results.state(&result, operation),
+            _ => {}
+        }
+    }
+    let got = results.summary.agents;
+    if job.status != "finished" {
+        eprintln!(
+            "job {} is {}: {got} of {} results in",
+            job.id, job.status, job.agents
+        );
+    }
+    results.finish(&state_failing(operation))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -542,6 +877,9 @@ struct RunArgs {
     /// show a unified diff of each file that would change
     #[argh(switch)]
     diff: bool,
+    /// print every agent's result, however many agents are targeted
+    #[argh(switch)]
+    verbose: bool,
 }
 
 #[derive(FromArgs)]
@@ -567,6 +905,12 @@ struct ApplyArgs {
     /// a secret template parameter NAME=VALUE (repeatable)
     #[argh(option, long = "set-secret")]
     set_secret: Vec<String>,
+    /// print the job id and return at once; the server collects the results (svcctl job show ID)
+    #[argh(switch, long = "async")]
+    detach: bool,
+    /// print every agent's result, however many agents are targeted
+    #[argh(switch)]
+    verbose: bool,
 }
 
 #[derive(FromArgs)]
@@ -580,6 +924,9 @@ struct DriftArgs {
     /// how long each agent may take (default 10m)
     #[argh(option, from_str_fn(super::values::duration))]
     timeout: Option<String>,
+    /// print every agent's result, however many agents are targeted
+    #[argh(switch)]
+    verbose: bool,
 }
 
 pub fn state(program: &str, common: Common, args: &[String]) -> i32 {
@@ -635,6 +982,8 @@ struct StateRun {
     timeout: Option<String>,
     concurrency: Option<u32>,
     diff: bool,
+    detach: bool,
+    verbose: bool,
 }
 
 async fn state_command(common: Common, args: StateArgs) -> Result<(), CliError> {
@@ -668,6 +1017,8 @@ async fn state_command(common: Common, args: StateArgs) -> Result<(), CliError> 
             timeout: a.timeout,
             concurrency: a.concurrency,
             diff: a.diff,
+            detach: false,
+            verbose: a.verbose,
         },
         StateCommand::Apply(a) => StateRun {
             operation: "apply",
@@ -676,6 +1027,8 @@ async fn state_command(common: Common, args: StateArgs) -> Result<(), CliError> 
             timeout: a.timeout,
             concurrency: a.concurrency,
             diff: false,
+            detach: a.detach,
+            verbose: a.verbose,
         },
         StateCommand::Drift(a) => StateRun {
             operation: "drift",
@@ -684,6 +1037,8 @@ async fn state_command(common: Common, args: StateArgs) -> Result<(), CliError> 
             timeout: a.timeout,
             concurrency: None,
             diff: false,
+            detach: false,
+            verbose: a.verbose,
         },
     };
     let plan = match &run.plan {
@@ -701,40 +1056,39 @@ async fn state_command(common: Common, args: StateArgs) -> Result<(), CliError> 
     let operation = run.operation;
     let mut client = client(&common).await?;
     let request = authorized(&common, request)?;
+    if run.detach {
+        let started = client.state_apply_async(request).await?.into_inner();
+        return print_started(common.output, &started);
+    }
     let stream = match operation {
         "check" => client.state_check(request).await?,
         "apply" => client.state_apply(request).await?,
         _ => client.state_drift(request).await?,
     }
     .into_inner();
-    print_state_stream(common.output, stream, operation).await
+    print_state_stream(Results::new(common.output, run.verbose), stream, operation).await
 }
 
-/// Prints each agent's state result as it arrives, then the summary; an error when any
-/// agent failed, timed out or was unreachable (or drifted, for drift).
+/// Prints each agent's state result as it arrives (or a summary, see [`Results`]); an error
+/// when any agent failed, timed out or was unreachable (or drifted, for drift).
 pub(super) async fn print_state_stream(
-    output: Output,
+    mut results: Results,
     mut stream: tonic::Streaming<proto::StateResult>,
     operation: &str,
 ) -> Result<(), CliError> {
-    let mut summary = Summary::default();
-    let stdout = std::io::stdout();
     while let Some(result) = stream.message().await? {
-        summary.add_agent(&result.agent_id, &result.status, &result.job_id);
-        let mut out = stdout.lock();
-        match output {
-            Output::Json => {
-                let _ = writeln!(out, "{}", state_json(&result));
-            }
-            Output::Table => print_state_result(&mut out, &result, operation),
-        }
-        let _ = out.flush();
+        results.state(&result, operation);
     }
-    let mut failing = vec!["failed", "timed_out", "unreachable"];
+    results.finish(&state_failing(operation))
+}
+
+/// The statuses that fail a state run of `operation` (check, apply, drift).
+fn state_failing(operation: &str) -> Vec<&'static str> {
+    let mut failing = EXEC_FAILING.to_vec();
     if operation == "drift" {
         failing.push("drift");
     }
-    summary.finish(output, &failing)
+    failing
 }
 
 /// A resource's settings other than what its label shows, as `key=value` (content as a size).

@@ -398,7 +398,9 @@ async fn run_on_agents(common: &Common, a: RunArgs) -> Result<(), CliError> {
     let mut client = FleetServiceClient::new(grpc_channel(common).await?);
     let request = authorized(common, request)?;
     let stream = client.module_run(request).await?.into_inner();
-    super::fleet::print_state_stream(common.output, stream, operation).await
+    // Every result in full, as before job summaries (this command has no --verbose).
+    let results = super::fleet::Results::new(common.output, true);
+    super::fleet::print_state_stream(results, stream, operation).await
 }
 
 /// A module from a directory, a ZIP, or NAME[@RANGE] installed.

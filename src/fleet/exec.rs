@@ -3,15 +3,17 @@
 //!
 //! `prepare` does everything that can refuse the request (role, arguments, targets) and
 //! writes the one audit row; the transport then spawns `Job::run`, which streams results.
+//! Every result is also stored (`history`), whether or not a client still reads them.
 //! Events: command_dispatched when an agent's command goes out, then command_completed (exit
 //! 0) or command_failed (non-zero, timeout, no answer, not connected), each with the agent id
 //! as source.
 
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
+use super::history::{self, Recorder};
 use super::jobs::{self, Delivery, EventSink};
 use super::protocol::{Command, ExecOutcome, ReplyOutcome, Work};
 use super::{JobStatus, Skip, Targets};
@@ -37,7 +39,7 @@ pub struct ExecRequest {
 }
 
 /// One agent's result.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct AgentResult {
     pub agent_id: String,
     /// ok | failed | timed_out | unreachable | skipped (quarantined)
@@ -48,7 +50,7 @@ pub struct AgentResult {
     pub truncated: bool,
     pub duration_ms: u64,
     pub timed_out: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
 
@@ -113,6 +115,21 @@ async fn prepare_checked(
     }
     let timeout = check_timeout(request.timeout)?;
     let targets = super::targets(domain, &request.target).await?;
+    history::create(
+        domain,
+        history::NewJob {
+            id: job_id,
+            kind: "exec",
+            target: &request.target,
+            description: command_line(&request.argv),
+            by: &principal.name,
+            agents: targets.reachable.len() + targets.skipped.len(),
+            working: targets.reachable.len(),
+            timeout,
+            concurrency: request.concurrency as usize,
+        },
+    )
+    .await?;
     Ok(Job {
         job_id: job_id.to_string(),
         command: Command {
@@ -151,14 +168,20 @@ fn command_line(argv: &[String]) -> String {
 }
 
 impl Job {
-    /// Skipped agents first, then results as they arrive. Ends when all are in (or `out`
-    /// closes).
+    /// Targeted agents, skipped ones included: each gets one result.
+    pub fn agents(&self) -> usize {
+        self.targets.reachable.len() + self.targets.skipped.len()
+    }
+
+    /// Skipped agents first, then results as they arrive, to `out` while it is open and to
+    /// the store in any case. Ends when all are in.
     pub async fn run(self, domain: &Domain, out: mpsc::Sender<AgentResult>) {
         let Work::Exec { argv } = &self.command.work else {
             return;
         };
         let line = command_line(argv);
         let sink = EventSink::start(domain.events.clone());
+        let recorder = Recorder::start(domain, &self.job_id);
         for (agent_id, skip) in &self.targets.skipped {
             let result = AgentResult {
                 agent_id: agent_id.clone(),
@@ -177,10 +200,8 @@ impl Job {
                     self.event_payload(&line, &result),
                 );
             }
-            if out.send(result).await.is_err() {
-                sink.close().await;
-                return;
-            }
+            recorder.add(agent_id, result.status, &result).await;
+            let _ = out.send(result).await;
         }
         let agents = self
             .targets
@@ -221,15 +242,16 @@ impl Job {
                     &result.agent_id,
                     self.event_payload(&line, &result),
                 );
-                if out.send(result).await.is_err() {
-                    break;
-                }
+                recorder.add(&result.agent_id, result.status, &result).await;
+                // A client that went away stops reading, not the job.
+                let _ = out.send(result).await;
             }
         };
         let (dispatched, ()) = tokio::join!(dispatch, collect);
         if let Err(e) = dispatched {
             tracing::warn!(job_id = %self.job_id, error = %e, "exec dispatch failed");
         }
+        recorder.finish().await;
         sink.close().await;
     }
 

@@ -9,6 +9,7 @@
 //! - `command_keys.rs`: telling agents which command-signing keys to trust (after a rotation);
 //! - `jobs.rs`: sending one command to many agents and collecting their answers by deadline;
 //! - `exec.rs`, `state.rs`: `svcctl exec` and `svcctl state check|apply|drift` on top of jobs;
+//! - `history.rs`: every job and its results in the store (`svcctl job list|show`), bounded;
 //! - `content.rs`: state plans too large for a command, stored by SHA-256 for agents to fetch;
 //! - `module.rs`: `svc-module run --target`, a module run on agents as a state job.
 //!
@@ -18,6 +19,7 @@
 pub mod command_keys;
 pub mod content;
 pub mod exec;
+pub mod history;
 pub mod jobs;
 pub mod module;
 pub mod protocol;
@@ -48,6 +50,8 @@ pub struct Fleet {
     /// How long the previous command-signing key stays accepted after a rotation
     /// (`agents.command_key_grace`; `identity::rotate_command_key`).
     pub command_key_grace: Duration,
+    /// How much of the job history the store keeps (`jobs` in the configuration).
+    pub retention: history::Retention,
     /// The client commands go out on; None in a domain without a bus (unit tests, offline
     /// tools), where sending a command is `Unavailable`.
     bus: Option<async_nats::Client>,
@@ -63,8 +67,14 @@ impl Fleet {
             registry: Registry::new(heartbeat_timeout),
             jobs: jobs::Jobs::default(),
             command_key_grace,
+            retention: history::Retention::default(),
             bus,
         }
+    }
+
+    pub fn with_retention(mut self, config: &crate::config::JobsConfig) -> Fleet {
+        self.retention = history::Retention::from(config);
+        self
     }
 
     /// The largest message the bus takes (None without a bus).
@@ -84,7 +94,7 @@ impl Fleet {
 
 /// How one targeted agent's part of a job (exec or state) ended; the wire names are the
 /// snake_case of the variants.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum JobStatus {
     /// Ran and succeeded (state: nothing to change, or no drift).

@@ -152,5 +152,12 @@ async fn prepare_checked(
     for agent_id in reachable {
         job.add(agent_id, work.clone());
     }
+    let kind = match operation {
+        Operation::Check => "module.check",
+        _ => "module.apply",
+    };
+    let description = format!("{} {}", opened.module.id(), request.function);
+    job.record(domain, kind, &request.target, description)
+        .await?;
     Ok(job)
 }

@@ -8,14 +8,17 @@
 //! - drift: each agent's last applied plan is checked again on the host; what would change is
 //!   drift (state_drift_detected). Commands without `unless`/`creates` would always "change",
 //!   so they are never counted as drift.
+//!
+//! Every result is also stored (`history`), whether or not a client still reads them.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use super::content::{self, Applied};
+use super::history::{self, Recorder};
 use super::jobs::{self, Delivery, EventSink};
 use super::protocol::{Command, PlanRef, Reply, ReplyOutcome, Work};
 use super::{JobStatus, Skip, Targets};
@@ -49,7 +52,8 @@ pub struct StateRequest {
 }
 
 /// One agent's answer.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct AgentStateResult {
     pub agent_id: String,
     /// ok (nothing to change) | changed (apply: changed; check: would change) | drift |
@@ -203,9 +207,20 @@ async fn prepare_checked(
             },
         ));
     }
+    let description = match &plan {
+        Some(plan) => format!("{} resources", plan.resources.len()),
+        None => "last applied state".into(),
+    };
     if let (Some((_, Some(plan_ref))), Some(plan)) = (sent, plan) {
         job.stored.insert(plan_ref.sha256, plan);
     }
+    let kind = match operation {
+        Operation::Apply => "state.apply",
+        Operation::Check => "state.check",
+        Operation::Drift => "state.drift",
+    };
+    job.record(domain, kind, &request.target, description)
+        .await?;
     Ok(job)
 }
 
@@ -287,8 +302,42 @@ impl Job {
         self.work.len()
     }
 
+    /// Targeted agents, skipped ones included: each gets one result.
+    pub fn targeted(&self) -> usize {
+        self.work.len() + self.skipped.len()
+    }
+
+    /// Stores the job's row in the history (`kind` and `description` as `job list` shows
+    /// them), once its agents and their work are known.
+    pub(super) async fn record(
+        &self,
+        domain: &Domain,
+        kind: &str,
+        target: &str,
+        description: String,
+    ) -> Result<()> {
+        history::create(
+            domain,
+            history::NewJob {
+                id: &self.job_id,
+                kind,
+                target,
+                description,
+                by: &self.by,
+                agents: self.targeted(),
+                working: self.work.len(),
+                timeout: self.timeout,
+                concurrency: self.concurrency,
+            },
+        )
+        .await
+    }
+
+    /// Skipped agents first, then results as they arrive, to `out` while it is open and to
+    /// the store in any case. Ends when all are in.
     pub async fn run(self, domain: &Domain, out: mpsc::Sender<AgentStateResult>) {
         let sink = EventSink::start(domain.events.clone());
+        let recorder = Recorder::start(domain, &self.job_id);
         for result in &self.skipped {
             if self.operation == Operation::Apply && result.status == JobStatus::Unreachable {
                 sink.emit(
@@ -297,10 +346,8 @@ impl Job {
                     serde_json::json!({"job_id": self.job_id, "error": result.error}),
                 );
             }
-            if out.send(result.clone()).await.is_err() {
-                sink.close().await;
-                return;
-            }
+            recorder.add(&result.agent_id, result.status, result).await;
+            let _ = out.send(result.clone()).await;
         }
         let agents: Vec<(String, Command)> = self
             .work
@@ -350,15 +397,16 @@ impl Job {
                     self.remember(domain, &result.agent_id, applied).await;
                 }
                 self.emit_events(&sink, &result);
-                if out.send(result).await.is_err() {
-                    break;
-                }
+                recorder.add(&result.agent_id, result.status, &result).await;
+                // A client that went away stops reading, not the job.
+                let _ = out.send(result).await;
             }
         };
         let (dispatched, ()) = tokio::join!(dispatch, collect);
         if let Err(e) = dispatched {
             tracing::warn!(job_id = %self.job_id, error = %e, "state dispatch failed");
         }
+        recorder.finish().await;
         sink.close().await;
     }
 

@@ -493,6 +493,7 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     crate::secrets::leases::spawn_reaper(context.domain.clone());
     crate::identity::spawn_token_cleanup(context.domain.clone());
     crate::identity::spawn_command_key_retirement(context.domain.clone());
+    crate::fleet::history::spawn_pruner(context.domain.clone());
     crate::cluster::spawn(context.domain.clone());
     crate::webhooks::delivery::spawn(context.domain.clone());
     crate::runbooks::engine::resume(&context.domain).await;

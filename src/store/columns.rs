@@ -44,3 +44,5 @@ pub(crate) const BLUEPRINT_APPLY_COLUMNS: &str =
     "id, name, version, kind, target, parameters, plan, results, applied_by, applied_at";
 pub(crate) const BLUEPRINT_AGENT_COLUMNS: &str =
     "name, agent_id, version, apply_id, status, applied_at";
+pub(crate) const JOB_COLUMNS: &str = "id, kind, target, description, created_by, created_at, \
+     expires_at, finished_at, agents, counts";

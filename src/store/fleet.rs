@@ -1,6 +1,6 @@
-//! The fleet tables (migration 0005 on top of 0004's `agents`, 0010 for facts): the agent
-//! registry as the operator sees it, quarantine, heartbeats, facts and each agent's last
-//! applied state.
+//! The fleet tables (migration 0005 on top of 0004's `agents`, 0010 for facts, 0011 for
+//! jobs): the agent registry as the operator sees it, quarantine, heartbeats, facts, each
+//! agent's last applied state, and the jobs sent to agents with their results.
 
 use async_trait::async_trait;
 
@@ -15,6 +15,32 @@ pub struct AgentStateRow {
     pub job_id: String,
     pub applied_by: String,
     pub applied_at: String,
+}
+
+/// One job (exec, state or module run) as stored.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct JobRow {
+    pub id: String,
+    pub kind: String,
+    pub target: String,
+    pub description: String,
+    pub created_by: String,
+    pub created_at: String,
+    /// Past this, a job without `finished_at` was cut off (its server stopped).
+    pub expires_at: String,
+    pub finished_at: Option<String>,
+    /// Targeted agents: at most this many results.
+    pub agents: i64,
+    /// Results so far by status, a JSON object as text.
+    pub counts: String,
+}
+
+/// One agent's result of a job: its status and the whole result as JSON text.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct JobResultRow {
+    pub agent_id: String,
+    pub status: String,
+    pub result: String,
 }
 
 #[async_trait]
@@ -38,4 +64,28 @@ pub trait FleetStore: Send + Sync {
     async fn record_facts(&self, reported: &[(String, String)]) -> Result<()>;
     async fn put_agent_state(&self, row: &AgentStateRow) -> Result<()>;
     async fn get_agent_state(&self, agent_id: &str) -> Result<Option<AgentStateRow>>;
+    /// Inserts a new job's row.
+    async fn insert_job(&self, row: &JobRow) -> Result<()>;
+    /// Stores a batch of one job's results, its counts so far and, on the last batch, when it
+    /// finished, in one transaction. Fails when the job was pruned meanwhile.
+    async fn record_job_results(
+        &self,
+        job_id: &str,
+        counts: &str,
+        finished_at: Option<&str>,
+        results: &[JobResultRow],
+    ) -> Result<()>;
+    /// Jobs newest first, ids before `before` when given, at most `limit`.
+    async fn list_jobs(&self, before: Option<&str>, limit: usize) -> Result<Vec<JobRow>>;
+    async fn get_job(&self, id: &str) -> Result<Option<JobRow>>;
+    /// One job's results by agent id, those after `after_agent`, at most `limit`.
+    async fn job_results(
+        &self,
+        job_id: &str,
+        after_agent: &str,
+        limit: usize,
+    ) -> Result<Vec<JobResultRow>>;
+    /// Deletes the jobs (and their results) past the newest `keep` or created before
+    /// `created_before`; returns how many jobs went.
+    async fn prune_jobs(&self, keep: usize, created_before: &str) -> Result<u64>;
 }

@@ -26,7 +26,7 @@ use crate::config::{StoreConfig, StoreDriver};
 use crate::Result;
 
 pub use blueprints::{BlueprintAgentRow, BlueprintApplyRow, BlueprintRow, BlueprintStore};
-pub use fleet::{AgentStateRow, FleetStore};
+pub use fleet::{AgentStateRow, FleetStore, JobResultRow, JobRow};
 pub use jwt::{JwtStore, JwtSvidRow};
 pub use postgres::PostgresStore;
 pub use secrets::{
@@ -64,6 +64,7 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "agent_facts",
         include_str!("migrations/0010_agent_facts.sql"),
     ),
+    (11, "jobs", include_str!("migrations/0011_jobs.sql")),
     (
         13,
         "audit_attempts",

@@ -88,6 +88,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         include_str!("migrations/postgres/0010_agent_facts.sql"),
     ),
     (
+        11,
+        "jobs",
+        include_str!("migrations/postgres/0011_jobs.sql"),
+    ),
+    (
         13,
         "audit_attempts",
         include_str!("migrations/postgres/0013_audit_attempts.sql"),

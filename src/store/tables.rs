@@ -363,6 +363,32 @@ pub const TABLES: &[Table] = &[
         ],
         primary_key: &["execution_id", "step_id"],
     },
+    Table {
+        name: "jobs",
+        columns: &[
+            text("id"),
+            text("kind"),
+            text("target"),
+            text("description"),
+            text("created_by"),
+            text("created_at"),
+            text("expires_at"),
+            text("finished_at"),
+            int("agents"),
+            text("counts"),
+        ],
+        primary_key: &["id"],
+    },
+    Table {
+        name: "job_results",
+        columns: &[
+            text("job_id"),
+            text("agent_id"),
+            text("status"),
+            text("result"),
+        ],
+        primary_key: &["job_id", "agent_id"],
+    },
 ];
 
 #[cfg(test)]

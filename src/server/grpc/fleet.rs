@@ -1,6 +1,7 @@
 //! FleetService: agents, exec and state (contract §10). Thin: unpack, call the fleet domain
 //! with the caller's principal, pack. Exec and state jobs run in a task of their own that
-//! feeds the response stream; a client that goes away ends the stream, not the agents' work.
+//! feeds the response stream and stores every result; a client that goes away ends the
+//! stream, not the job (ExecAsync and StateApplyAsync watch no stream at all).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,6 +12,7 @@ use tonic::{Request, Response, Status};
 
 use super::principal;
 use crate::fleet::exec::{AgentResult, ExecRequest};
+use crate::fleet::history::{self, JobView};
 use crate::fleet::module::ModuleRequest;
 use crate::fleet::state::{AgentStateResult, Operation, StateRequest};
 use crate::fleet::{self, AgentView};
@@ -40,6 +42,26 @@ impl From<AgentView> for proto::Agent {
     }
 }
 
+impl From<JobView> for proto::Job {
+    fn from(job: JobView) -> Self {
+        proto::Job {
+            id: job.id,
+            kind: job.kind,
+            target: job.target,
+            description: job.description,
+            created_by: job.created_by,
+            created_at: job.created_at,
+            finished_at: job.finished_at.unwrap_or_default(),
+            status: job.status.to_string(),
+            agents: job.agents as u32,
+            counts: job.counts.into_iter().collect(),
+        }
+    }
+}
+
+/// Results one GetJob reads from the store at a time.
+const JOB_PAGE: usize = 500;
+
 fn exec_result(job_id: &str, result: AgentResult) -> proto::ExecResult {
     proto::ExecResult {
         agent_id: result.agent_id,
@@ -52,6 +74,7 @@ fn exec_result(job_id: &str, result: AgentResult) -> proto::ExecResult {
         status: result.status.to_string(),
         truncated: result.truncated,
         job_id: job_id.to_string(),
+        agents: 0,
     }
 }
 
@@ -75,6 +98,7 @@ pub(super) fn state_result(job_id: &str, result: AgentStateResult) -> proto::Sta
         error: result.error.unwrap_or_default(),
         job_id: job_id.to_string(),
         logs: result.logs,
+        agents: 0,
     }
 }
 
@@ -123,13 +147,37 @@ impl Fleet {
         connection: Option<crate::server::tls::Connection>,
     ) -> Response<BoxStream<proto::StateResult>> {
         let job_id = job.job_id.clone();
+        let agents = job.targeted() as u32;
         let (sender, receiver) = mpsc::channel(64);
         let context = self.context.clone();
         tokio::spawn(async move { job.run(&context.domain, sender).await });
         let relayed = super::relay(&self.context, connection, "State", receiver);
-        Response::new(stream_of(relayed, move |result| {
-            state_result(&job_id, result)
+        Response::new(stream_of(relayed, move |result| proto::StateResult {
+            agents,
+            ..state_result(&job_id, result)
         }))
+    }
+
+    fn exec_request(request: proto::ExecRequest) -> ExecRequest {
+        ExecRequest {
+            target: request.target,
+            argv: request.argv,
+            timeout: timeout(request.timeout_ms),
+            concurrency: request.concurrency,
+        }
+    }
+
+    /// Runs a job with no one reading its results but the store: the job id goes back at
+    /// once.
+    fn detach<F>(&self, job_id: String, agents: usize, run: F) -> Response<proto::JobStarted>
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        tokio::spawn(run);
+        Response::new(proto::JobStarted {
+            job_id,
+            agents: agents as u32,
+        })
     }
 }
 
@@ -200,25 +248,140 @@ impl proto::fleet_service_server::FleetService for Fleet {
     ) -> Result<Response<BoxStream<proto::ExecResult>>, Status> {
         let caller = principal(&request)?;
         let connection = super::connection(&request);
-        let request = request.into_inner();
         let job = fleet::exec::prepare(
             &self.context.domain,
             &caller,
-            ExecRequest {
-                target: request.target,
-                argv: request.argv,
-                timeout: timeout(request.timeout_ms),
-                concurrency: request.concurrency,
-            },
+            Self::exec_request(request.into_inner()),
         )
         .await?;
         let job_id = job.job_id.clone();
+        let agents = job.agents() as u32;
         let (sender, receiver) = mpsc::channel(256);
         let context = self.context.clone();
         tokio::spawn(async move { job.run(&context.domain, sender).await });
         let relayed = super::relay(&self.context, connection, "Exec", receiver);
         Ok(Response::new(stream_of(relayed, move |result| {
-            exec_result(&job_id, result)
+            proto::ExecResult {
+                agents,
+                ..exec_result(&job_id, result)
+            }
+        })))
+    }
+
+    async fn exec_async(
+        &self,
+        request: Request<proto::ExecRequest>,
+    ) -> Result<Response<proto::JobStarted>, Status> {
+        let caller = principal(&request)?;
+        let domain = &self.context.domain;
+        let job =
+            fleet::exec::prepare(domain, &caller, Self::exec_request(request.into_inner())).await?;
+        let (job_id, agents) = (job.job_id.clone(), job.agents());
+        // The results' channel is closed from the start: the job stores them only.
+        let (sender, _) = mpsc::channel(1);
+        let context = self.context.clone();
+        Ok(self.detach(job_id, agents, async move {
+            job.run(&context.domain, sender).await
+        }))
+    }
+
+    async fn state_apply_async(
+        &self,
+        request: Request<proto::StateRequest>,
+    ) -> Result<Response<proto::JobStarted>, Status> {
+        let caller = principal(&request)?;
+        let request = request.into_inner();
+        let job = fleet::state::prepare(
+            &self.context.domain,
+            &caller,
+            Operation::Apply,
+            StateRequest {
+                target: request.target,
+                plan: request.plan,
+                timeout: timeout(request.timeout_ms),
+                concurrency: request.concurrency,
+                diff: false,
+            },
+        )
+        .await?;
+        let (job_id, agents) = (job.job_id.clone(), job.targeted());
+        let (sender, _) = mpsc::channel(1);
+        let context = self.context.clone();
+        Ok(self.detach(job_id, agents, async move {
+            job.run(&context.domain, sender).await
+        }))
+    }
+
+    async fn list_jobs(
+        &self,
+        request: Request<proto::ListJobsRequest>,
+    ) -> Result<Response<proto::ListJobsResponse>, Status> {
+        let caller = principal(&request)?;
+        let request = request.into_inner();
+        let limit = match request.limit {
+            0 => 50,
+            n => n as usize,
+        };
+        let before = Some(request.before.as_str()).filter(|b| !b.is_empty());
+        let jobs = history::list(&self.context.domain, &caller, before, limit).await?;
+        Ok(Response::new(proto::ListJobsResponse {
+            jobs: jobs.into_iter().map(Into::into).collect(),
+        }))
+    }
+
+    async fn get_job(
+        &self,
+        request: Request<proto::JobRequest>,
+    ) -> Result<Response<BoxStream<proto::JobPart>>, Status> {
+        use proto::job_part::Part;
+        let caller = principal(&request)?;
+        let connection = super::connection(&request);
+        let id = request.into_inner().id;
+        let job = history::get(&self.context.domain, &caller, &id).await?;
+        let is_exec = job.kind == "exec";
+        let (sender, receiver) = mpsc::channel(64);
+        let context = self.context.clone();
+        tokio::spawn(async move {
+            let agents = job.agents as u32;
+            if sender.send(Part::Job(job.into())).await.is_err() {
+                return;
+            }
+            let mut after = String::new();
+            loop {
+                let page = match history::results(&context.domain, &id, &after, JOB_PAGE).await {
+                    Ok(page) => page,
+                    Err(e) => {
+                        tracing::warn!(job_id = %id, error = %e, "job results not read");
+                        return;
+                    }
+                };
+                let Some(last) = page.last() else { return };
+                after = last.agent_id.clone();
+                let full = page.len() == JOB_PAGE;
+                for row in &page {
+                    let part = if is_exec {
+                        Part::Exec(proto::ExecResult {
+                            agents,
+                            ..exec_result(&id, history::parse(row))
+                        })
+                    } else {
+                        Part::State(proto::StateResult {
+                            agents,
+                            ..state_result(&id, history::parse(row))
+                        })
+                    };
+                    if sender.send(part).await.is_err() {
+                        return;
+                    }
+                }
+                if !full {
+                    return;
+                }
+            }
+        });
+        let relayed = super::relay(&self.context, connection, "GetJob", receiver);
+        Ok(Response::new(stream_of(relayed, |part| proto::JobPart {
+            part: Some(part),
         })))
     }
 

@@ -11,6 +11,7 @@ mod apikeys;
 mod audit;
 mod events;
 mod health;
+mod jobs;
 mod openapi;
 mod query;
 mod secrets;
@@ -248,6 +249,11 @@ async fn route(
                 "/api/v1/agents/{id}/unquarantine",
                 agents::unquarantine(context, request, &id).await,
             )
+        }
+        ["api", "v1", "jobs"] => ("/api/v1/jobs", jobs::list(context, request).await),
+        ["api", "v1", "jobs", id] => {
+            let id = id.to_string();
+            ("/api/v1/jobs/{id}", jobs::get(context, request, &id).await)
         }
         ["api", "v1", "secrets"] => ("/api/v1/secrets", secrets::list(context, request).await),
         ["api", "v1", "apikeys"] => (

@@ -152,6 +152,13 @@ pub fn document() -> Response<Body> {
                     "enrolled_at": {"type": "string"}, "fingerprint": {"type": "string"},
                     "hostname": {"type": "string"}, "version": {"type": "string"},
                     "facts": facts}},
+                "Job": {"type": "object", "description": "an exec, state or module run (docs/fleet.md, Jobs)", "properties": {
+                    "id": {"type": "string"}, "kind": {"type": "string", "enum": ["exec", "state.apply", "state.check", "state.drift", "module.apply", "module.check"]},
+                    "target": {"type": "string"}, "description": {"type": "string"}, "created_by": {"type": "string"},
+                    "created_at": {"type": "string"}, "finished_at": {"type": "string", "nullable": true},
+                    "status": {"type": "string", "enum": ["running", "finished", "interrupted"]},
+                    "agents": {"type": "integer", "description": "targeted agents"},
+                    "counts": {"type": "object", "description": "results so far by status", "additionalProperties": {"type": "integer"}}}},
                 "SecretMetadata": {"type": "object", "description": "never a value", "properties": {
                     "path": {"type": "string"}, "version": {"type": "integer"}, "created_at": {"type": "string"},
                     "updated_at": {"type": "string"}, "deleted_at": {"type": "string", "nullable": true}}},
@@ -244,6 +251,16 @@ pub fn document() -> Response<Body> {
     doc["paths"]["/api/v1/agents/{id}/unquarantine"] = json!({"parameters": id_parameter.clone(),
                 "post": {"summary": "Lift an agent's quarantine (operator); audited as agent.unquarantine, emits agent_unquarantined", "security": [{"bearer": []}],
                 "responses": with_errors(json!({"200": {"description": "the agent", "content": agent_ref}}), &[("404", "no such agent")])}});
+    doc["paths"]["/api/v1/jobs"] = json!({"get": {"summary": "Jobs newest first (svcctl job list)", "security": [{"bearer": []}],
+                "parameters": with_params(&[], &[("limit", "integer", "at most this many (default 50, at most 1000)"), ("before", "string", "only jobs older than this job id (the next page)")]),
+                "responses": with_errors(json!({"200": {"description": "jobs", "content": {"application/json": {"schema": {"type": "object", "properties": {
+                    "jobs": {"type": "array", "items": {"$ref": "#/components/schemas/Job"}}}}}}}}), &[("422", "bad limit")])}});
+    doc["paths"]["/api/v1/jobs/{id}"] = json!({"parameters": id_parameter.clone(),
+                "get": {"summary": "One job with its agents' results by agent id (svcctl job show; operator: results carry output)", "security": [{"bearer": []}],
+                "parameters": with_params(&[], &[("limit", "integer", "results per page (default 100, at most 1000)"), ("after", "string", "the previous page's next_after")]),
+                "responses": with_errors(json!({"200": {"description": "the job and a page of results", "content": {"application/json": {"schema": {"type": "object", "properties": {
+                    "job": {"$ref": "#/components/schemas/Job"}, "results": {"type": "array", "items": {"type": "object", "description": "as svcctl exec|state -o json prints one agent's result"}},
+                    "next_after": {"type": "string", "nullable": true}}}}}}}), &[("404", "no such job (or pruned)")])}});
     doc["paths"]["/api/v1/secrets"] = json!({"get": {"summary": "Secret paths and metadata under a prefix, never values (svc-secrets list); audited as secret.list", "security": [{"bearer": []}],
                 "parameters": with_params(&[], &[("prefix", "string", "path prefix"), ("include_deleted", "boolean", "also paths whose current version is deleted")]),
                 "responses": with_errors(json!({"200": {"description": "metadata", "content": {"application/json": {"schema": {"type": "object", "properties": {

@@ -5,7 +5,7 @@ use async_trait::async_trait;
 use tokio_postgres::Row;
 
 use super::PostgresStore;
-use crate::store::{AgentRow, AgentStateRow, FleetStore};
+use crate::store::{AgentRow, AgentStateRow, FleetStore, JobResultRow, JobRow};
 use crate::Result;
 
 pub(super) fn agent(row: &Row) -> Result<AgentRow, tokio_postgres::Error> {
@@ -19,6 +19,21 @@ pub(super) fn agent(row: &Row) -> Result<AgentRow, tokio_postgres::Error> {
         quarantined_at: row.try_get(6)?,
         last_heartbeat_at: row.try_get(7)?,
         facts: row.try_get(8)?,
+    })
+}
+
+fn job(row: &Row) -> Result<JobRow, tokio_postgres::Error> {
+    Ok(JobRow {
+        id: row.try_get(0)?,
+        kind: row.try_get(1)?,
+        target: row.try_get(2)?,
+        description: row.try_get(3)?,
+        created_by: row.try_get(4)?,
+        created_at: row.try_get(5)?,
+        expires_at: row.try_get(6)?,
+        finished_at: row.try_get(7)?,
+        agents: row.try_get(8)?,
+        counts: row.try_get(9)?,
     })
 }
 
@@ -131,6 +146,115 @@ impl FleetStore for PostgresStore {
                     applied_at: row.try_get(4)?,
                 })
             },
+        )
+        .await
+    }
+
+    async fn insert_job(&self, row: &JobRow) -> Result<()> {
+        self.execute(
+            &format!(
+                "INSERT INTO jobs ({JOB_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+            ),
+            &[
+                &row.id,
+                &row.kind,
+                &row.target,
+                &row.description,
+                &row.created_by,
+                &row.created_at,
+                &row.expires_at,
+                &row.finished_at,
+                &row.agents,
+                &row.counts,
+            ],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn record_job_results(
+        &self,
+        job_id: &str,
+        counts: &str,
+        finished_at: Option<&str>,
+        results: &[JobResultRow],
+    ) -> Result<()> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let updated = tx
+            .execute(
+                "UPDATE jobs SET counts = $2, finished_at = COALESCE($3, finished_at) \
+                 WHERE id = $1",
+                &[&job_id, &counts, &finished_at],
+            )
+            .await?;
+        if updated == 0 {
+            return Err(crate::Error::NotFound(format!("job '{job_id}' was pruned")));
+        }
+        // One statement for the batch, as for heartbeat times.
+        let agents: Vec<&str> = results.iter().map(|r| r.agent_id.as_str()).collect();
+        let statuses: Vec<&str> = results.iter().map(|r| r.status.as_str()).collect();
+        let bodies: Vec<&str> = results.iter().map(|r| r.result.as_str()).collect();
+        tx.execute(
+            "INSERT INTO job_results (job_id, agent_id, status, result) \
+             SELECT $1, r.agent_id, r.status, r.result \
+             FROM UNNEST($2::TEXT[], $3::TEXT[], $4::TEXT[]) AS r (agent_id, status, result) \
+             ON CONFLICT (job_id, agent_id) DO NOTHING",
+            &[&job_id, &agents, &statuses, &bodies],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn list_jobs(&self, before: Option<&str>, limit: usize) -> Result<Vec<JobRow>> {
+        self.rows(
+            &format!(
+                "SELECT {JOB_COLUMNS} FROM jobs WHERE $1::TEXT IS NULL OR id < $1 \
+                 ORDER BY id DESC LIMIT $2"
+            ),
+            &[&before, &(limit as i64)],
+            job,
+        )
+        .await
+    }
+
+    async fn get_job(&self, id: &str) -> Result<Option<JobRow>> {
+        self.first(
+            &format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1"),
+            &[&id],
+            job,
+        )
+        .await
+    }
+
+    async fn job_results(
+        &self,
+        job_id: &str,
+        after_agent: &str,
+        limit: usize,
+    ) -> Result<Vec<JobResultRow>> {
+        self.rows(
+            "SELECT agent_id, status, result FROM job_results \
+             WHERE job_id = $1 AND agent_id > $2 ORDER BY agent_id LIMIT $3",
+            &[&job_id, &after_agent, &(limit as i64)],
+            |row| {
+                Ok(JobResultRow {
+                    agent_id: row.try_get(0)?,
+                    status: row.try_get(1)?,
+                    result: row.try_get(2)?,
+                })
+            },
+        )
+        .await
+    }
+
+    async fn prune_jobs(&self, keep: usize, created_before: &str) -> Result<u64> {
+        // Results go with their job (ON DELETE CASCADE).
+        self.execute(
+            "DELETE FROM jobs WHERE created_at < $1 \
+             OR id NOT IN (SELECT id FROM jobs ORDER BY id DESC LIMIT $2)",
+            &[&created_before, &(keep as i64)],
         )
         .await
     }

@@ -5,7 +5,7 @@ use async_trait::async_trait;
 use rusqlite::{params, OptionalExtension, Row, TransactionBehavior};
 
 use super::SqliteStore;
-use crate::store::{AgentRow, AgentStateRow, FleetStore};
+use crate::store::{AgentRow, AgentStateRow, FleetStore, JobResultRow, JobRow};
 use crate::Result;
 
 pub(super) fn agent_from_row(row: &Row<'_>) -> rusqlite::Result<AgentRow> {
@@ -19,6 +19,21 @@ pub(super) fn agent_from_row(row: &Row<'_>) -> rusqlite::Result<AgentRow> {
         quarantined_at: row.get(6)?,
         last_heartbeat_at: row.get(7)?,
         facts: row.get(8)?,
+    })
+}
+
+fn job_from_row(row: &Row<'_>) -> rusqlite::Result<JobRow> {
+    Ok(JobRow {
+        id: row.get(0)?,
+        kind: row.get(1)?,
+        target: row.get(2)?,
+        description: row.get(3)?,
+        created_by: row.get(4)?,
+        created_at: row.get(5)?,
+        expires_at: row.get(6)?,
+        finished_at: row.get(7)?,
+        agents: row.get(8)?,
+        counts: row.get(9)?,
     })
 }
 
@@ -152,6 +167,117 @@ impl FleetStore for SqliteStore {
                 })
             })
             .optional()?)
+        })
+    }
+
+    async fn insert_job(&self, row: &JobRow) -> Result<()> {
+        self.with(|c| {
+            c.prepare_cached(&format!(
+                "INSERT INTO jobs ({JOB_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
+            ))?
+            .execute(params![
+                row.id,
+                row.kind,
+                row.target,
+                row.description,
+                row.created_by,
+                row.created_at,
+                row.expires_at,
+                row.finished_at,
+                row.agents,
+                row.counts
+            ])?;
+            Ok(())
+        })
+    }
+
+    async fn record_job_results(
+        &self,
+        job_id: &str,
+        counts: &str,
+        finished_at: Option<&str>,
+        results: &[JobResultRow],
+    ) -> Result<()> {
+        self.with(|c| {
+            let _writer = self.writer.lock().expect("writer lock poisoned");
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let updated = tx
+                .prepare_cached(
+                    "UPDATE jobs SET counts = ?2, finished_at = COALESCE(?3, finished_at) \
+                     WHERE id = ?1",
+                )?
+                .execute(params![job_id, counts, finished_at])?;
+            if updated == 0 {
+                return Err(crate::Error::NotFound(format!("job '{job_id}' was pruned")));
+            }
+            {
+                let mut statement = tx.prepare_cached(
+                    "INSERT INTO job_results (job_id, agent_id, status, result) \
+                     VALUES (?1, ?2, ?3, ?4) ON CONFLICT (job_id, agent_id) DO NOTHING",
+                )?;
+                for row in results {
+                    statement.execute(params![job_id, row.agent_id, row.status, row.result])?;
+                }
+            }
+            tx.commit()?;
+            Ok(())
+        })
+    }
+
+    async fn list_jobs(&self, before: Option<&str>, limit: usize) -> Result<Vec<JobRow>> {
+        self.with(|c| {
+            let mut statement = c.prepare_cached(&format!(
+                "SELECT {JOB_COLUMNS} FROM jobs WHERE ?1 IS NULL OR id < ?1 \
+                 ORDER BY id DESC LIMIT ?2"
+            ))?;
+            let rows = statement.query_map(params![before, limit as i64], job_from_row)?;
+            Ok(rows.collect::<rusqlite::Result<_>>()?)
+        })
+    }
+
+    async fn get_job(&self, id: &str) -> Result<Option<JobRow>> {
+        self.with(|c| {
+            Ok(
+                c.prepare_cached(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?1"))?
+                    .query_row([id], job_from_row)
+                    .optional()?,
+            )
+        })
+    }
+
+    async fn job_results(
+        &self,
+        job_id: &str,
+        after_agent: &str,
+        limit: usize,
+    ) -> Result<Vec<JobResultRow>> {
+        self.with(|c| {
+            let mut statement = c.prepare_cached(
+                "SELECT agent_id, status, result FROM job_results \
+                 WHERE job_id = ?1 AND agent_id > ?2 ORDER BY agent_id LIMIT ?3",
+            )?;
+            let rows = statement.query_map(params![job_id, after_agent, limit as i64], |row| {
+                Ok(JobResultRow {
+                    agent_id: row.get(0)?,
+                    status: row.get(1)?,
+                    result: row.get(2)?,
+                })
+            })?;
+            Ok(rows.collect::<rusqlite::Result<_>>()?)
+        })
+    }
+
+    async fn prune_jobs(&self, keep: usize, created_before: &str) -> Result<u64> {
+        self.with(|c| {
+            let _writer = self.writer.lock().expect("writer lock poisoned");
+            // Results go with their job (ON DELETE CASCADE).
+            let deleted = c
+                .prepare_cached(
+                    "DELETE FROM jobs WHERE created_at < ?1 \
+                     OR id NOT IN (SELECT id FROM jobs ORDER BY id DESC LIMIT ?2)",
+                )?
+                .execute(params![created_before, keep as i64])?;
+            Ok(deleted as u64)
         })
     }
 }

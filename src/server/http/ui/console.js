@@ -16,7 +16,7 @@
   const KEY_NAME = "svc.apiKey";
   const ROLES = { readonly: 1, operator: 2, admin: 3 };
   const TAIL_ROWS = 500;
-  const PAGES = ["fleet", "events", "audit", "secrets", "health"];
+  const PAGES = ["fleet", "jobs", "events", "audit", "secrets", "health"];
 
   const state = {
     who: null,
@@ -24,6 +24,7 @@
     tail: null, // { controller, lastSeq, received, gaps, filtered }
     historyCursors: [""],
     auditCursors: [""],
+    job: null, // { id, after } of the job whose results are shown
   };
 
   const $ = (id) => document.getElementById(id);
@@ -177,8 +178,8 @@
     showMessage("");
     clearInterval(state.timer);
     state.timer = null;
-    const loaders = { fleet: loadFleet, events: openEvents, audit: loadAudit, secrets: loadSecrets, health: loadHealth };
-    const refresh = { fleet: 2000, health: 10000 };
+    const loaders = { fleet: loadFleet, jobs: loadJobs, events: openEvents, audit: loadAudit, secrets: loadSecrets, health: loadHealth };
+    const refresh = { fleet: 2000, jobs: 5000, health: 10000 };
     const run = () => loaders[page]().catch((error) => showMessage(error.message));
     run();
     if (refresh[page]) state.timer = setInterval(run, refresh[page]);
@@ -480,6 +481,56 @@
     }
   }
 
+  // ---- jobs ----
+  function countsText(counts) {
+    const parts = Object.entries(counts || {}).map(([status, n]) => n + " " + status.replace("_", " "));
+    return parts.length ? parts.join(", ") : "-";
+  }
+
+  async function loadJobs() {
+    const result = await api("/api/v1/jobs" + query({ limit: 50 }));
+    replaceRows(
+      "jobs-table",
+      result.jobs.map((job) => {
+        let id = job.id;
+        if (mayOperate()) {
+          id = el("button", job.id, "action");
+          id.type = "button";
+          id.addEventListener("click", () => openJob(job.id).catch((e) => showMessage(e.message)));
+        }
+        const status = el("span", job.status, "state state-" + job.status);
+        return row([id, job.kind, status, job.agents, countsText(job.counts), job.created_at, job.created_by, job.description]);
+      })
+    );
+  }
+
+  // One agent's output, as text: the error, else stdout and stderr (exec), else the
+  // resources that changed or failed (state).
+  function resultText(result) {
+    if (result.error) return result.error;
+    if (result.outcomes) {
+      return result.outcomes
+        .filter((o) => o.changed || o.error)
+        .map((o) => o.resource + ": " + (o.error || o.detail))
+        .join("\n");
+    }
+    return [result.stdout, result.stderr].filter(Boolean).join("\n");
+  }
+
+  async function openJob(id, more) {
+    if (!more) state.job = { id, after: "" };
+    const page = await api("/api/v1/jobs/" + encodeURIComponent(id) + query({ after: state.job.after, limit: 100 }));
+    const rows = page.results.map((r) => row([r.agent_id, r.status, r.exit_code === undefined ? "" : r.exit_code, el("pre", resultText(r))]));
+    const body = $("job-results").tBodies[0];
+    if (more) body.append(...rows);
+    else body.replaceChildren(...rows);
+    state.job.after = page.next_after || "";
+    $("job-more").hidden = !page.next_after;
+    $("job-id").textContent = page.job.id + " (" + page.job.kind + ", " + page.job.status + ")";
+    $("job-count").textContent = countsText(page.job.counts) + " of " + page.job.agents + " agent(s)";
+    $("job-detail").hidden = false;
+  }
+
   // ---- secrets ----
   async function loadSecrets() {
     const result = await api(
@@ -634,6 +685,7 @@
     $("audit-export-csv").addEventListener("click", () => exportAudit("csv"));
     $("audit-export-json").addEventListener("click", () => exportAudit("json"));
     submit("secrets-form", () => loadSecrets().catch((e) => showMessage(e.message)));
+    $("job-more").addEventListener("click", () => openJob(state.job.id, true).catch((e) => showMessage(e.message)));
     window.addEventListener("hashchange", route);
     const saved = key();
     if (saved) signIn(saved);
