@@ -239,7 +239,7 @@ fn recover_admin(program: &str, config: &ServerConfig) -> i32 {
     let key_file = data_dir.join(format!("{name}.key"));
     let result = runtime.block_on(async {
         let store = crate::store::open(&config.store, data_dir).await?;
-        let keys = crate::identity::Keys::from_config(&config)?;
+        let keys = crate::identity::Keys::from_config(config)?;
         let at_rest = unlock_at_rest(store.as_ref(), &keys).await?;
         let record = auth::recover_admin_key(store.as_ref(), &at_rest, &key_file, &name).await?;
         let line = serde_json::json!({
