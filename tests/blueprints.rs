@@ -358,6 +358,35 @@ fn install_apply_update_rollback_on_real_agents() {
         "{rows}"
     );
 
+    // Drift reads the plan each agent last applied (the rollback's) back from the store.
+    let drift = run(server.cli("svcctl").args([
+        "--api-key",
+        &operator,
+        "-o",
+        "json",
+        "state",
+        "drift",
+        "-t",
+        "web-01",
+    ]));
+    assert_eq!(drift.code, 0, "{drift:?}");
+    assert!(drift.stdout.contains("\"status\":\"ok\""), "{drift:?}");
+
+    // A copy of the store holds neither the secret parameter, which the rendered plans carry
+    // (they are sealed), nor any key's file-request signing key.
+    let dump = common::store_dump(&server);
+    assert!(
+        !common::contains_bytes(&dump, b"s3cret"),
+        "secret parameter at rest"
+    );
+    assert!(
+        common::contains_bytes(&dump, b"blueprint_applies"),
+        "not a store dump"
+    );
+    for key in [&operator, &readonly, &server.admin_key] {
+        common::assert_no_signing_key(&dump, key);
+    }
+
     // Audit: every change recorded, the secret parameter redacted.
     let rows = audit_rows(&server, &["--action", "blueprint.apply", "--limit", "10"]);
     assert_eq!(rows.len(), 2, "{rows:?}");

@@ -55,6 +55,8 @@ enum Sign<'a> {
     Key(&'a str, i64),
     /// Signed for another reply subject than the one it is sent with (a replay elsewhere).
     OtherReply(&'a str),
+    /// With this HMAC key itself (e.g. one read out of the database).
+    Raw([u8; 32]),
 }
 
 /// One request on `subject`, signed as `sign` says; the reply's `Svc-Error` (None: success)
@@ -79,8 +81,9 @@ async fn raw(
         .as_secs() as i64;
     let (key, offset, reply) = match sign {
         Sign::None => (None, 0, inbox.clone()),
-        Sign::Key(key, offset) => (Some(key), offset, inbox.clone()),
-        Sign::OtherReply(key) => (Some(key), 0, format!("{inbox}x")),
+        Sign::Key(key, offset) => (Some(signature::signing_key(key)), offset, inbox.clone()),
+        Sign::OtherReply(key) => (Some(signature::signing_key(key)), 0, format!("{inbox}x")),
+        Sign::Raw(key) => (Some(key), 0, inbox.clone()),
     };
     if let Some(key) = key {
         let request = signature::Request {
@@ -89,12 +92,7 @@ async fn raw(
             headers: values,
             payload: &body,
         };
-        let value = signature::sign(
-            &signature::signing_key(key),
-            &request,
-            now + offset,
-            &signature::nonce(),
-        );
+        let value = signature::sign(&key, &request, now + offset, &signature::nonce());
         headers.insert(signature::AUTH_HEADER, value.as_str());
     }
     client
@@ -115,6 +113,63 @@ async fn raw(
         .and_then(|h| h.get("Svc-Error"))
         .map(|v| v.as_str().to_string());
     (error, message.payload)
+}
+
+/// One request signed once with `key` and sent `times` times (the same bytes, the same
+/// inbox, as a replay would): each answer's `Svc-Error` (None: success), in order.
+async fn replayed(
+    client: &async_nats::Client,
+    key: &str,
+    subject: &str,
+    body: Vec<u8>,
+    times: usize,
+) -> Vec<Option<String>> {
+    use futures_util::StreamExt;
+    let inbox = client.new_inbox();
+    let mut replies = client.subscribe(inbox.clone()).await.unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let request = signature::Request {
+        subject,
+        reply: &inbox,
+        headers: ["", "", "", ""],
+        payload: &body,
+    };
+    let value = signature::sign(
+        &signature::signing_key(key),
+        &request,
+        now,
+        &signature::nonce(),
+    );
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(signature::AUTH_HEADER, value.as_str());
+    let mut errors = Vec::new();
+    for _ in 0..times {
+        client
+            .publish_with_reply_and_headers(
+                subject.to_string(),
+                inbox.clone(),
+                headers.clone(),
+                body.clone().into(),
+            )
+            .await
+            .unwrap();
+        // One at a time, so the first to arrive is the original.
+        let message = tokio::time::timeout(Duration::from_secs(30), replies.next())
+            .await
+            .expect("an answer within 30 s")
+            .expect("a reply");
+        errors.push(
+            message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get("Svc-Error"))
+                .map(|v| v.as_str().to_string()),
+        );
+    }
+    errors
 }
 
 fn path_body(path: &str) -> Vec<u8> {
@@ -314,6 +369,59 @@ fn files_across_members_with_signed_requests() {
             );
         }
     });
+
+    // A signed request replayed within the window is refused by every member, not only by
+    // the one that answered it: the nonces are shared through the store. (Each replay goes
+    // to a member the queue group picks; twelve of them reach both.)
+    let errors = runtime.block_on(replayed(
+        &client,
+        &readonly,
+        "svc.files.default.get",
+        path_body("dir/f"),
+        12,
+    ));
+    assert_eq!(errors[0], None, "the original request is answered");
+    assert!(
+        errors[1..]
+            .iter()
+            .all(|e| e.as_deref() == Some("unauthenticated")),
+        "a replay was answered: {errors:?}"
+    );
+
+    // What the database holds for a key does not sign: its hash is not the HMAC key, and
+    // the HMAC key is there only sealed.
+    let (stored_hash, sealed): (String, String) = runtime.block_on(async {
+        let (db, connection) =
+            tokio_postgres::connect(&members.database_url, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+        tokio::spawn(connection);
+        let row = db
+            .query_one(
+                "SELECT key_hash, signing_sealed FROM api_keys WHERE name = 'reader'",
+                &[],
+            )
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    });
+    let signing = signature::signing_key(&readonly);
+    assert_ne!(stored_hash, hex::encode(signing));
+    assert!(!sealed.contains(&hex::encode(signing)), "{sealed}");
+    let stolen: [u8; 32] = hex::decode(&stored_hash).unwrap().try_into().unwrap();
+    let (error, body) = runtime.block_on(raw(
+        &client,
+        Sign::Raw(stolen),
+        "svc.files.default.get",
+        async_nats::HeaderMap::new(),
+        path_body("dir/f"),
+    ));
+    assert_eq!(
+        error.as_deref(),
+        Some("unauthenticated"),
+        "signed with the stored hash: {}",
+        String::from_utf8_lossy(&body)
+    );
 
     // A deleted key fails its next request.
     let (id, doomed) = a.create_key("doomed", "readonly");

@@ -1070,9 +1070,19 @@ fn state_templates_triggers_and_diffs_on_a_real_agent() {
         "{result}"
     );
     assert_eq!(reloads(), "reload\n");
-    assert_eq!(
-        state(&server, &operator, &["drift", "-t", "web-01"]).code,
-        0
+    let drift = state(&server, &operator, &["drift", "-t", "web-01"]);
+    assert_eq!(drift.code, 0, "{drift:?}");
+    assert_eq!(by_agent(&json_lines(&drift))["web-01"]["status"], "ok");
+    // The applied plan, which drift just read back, is sealed at rest: a copy of the store
+    // does not show the secret value.
+    let dump = common::store_dump(&server);
+    assert!(
+        common::contains_bytes(&dump, b"agent_states"),
+        "not a store dump"
+    );
+    assert!(
+        !common::contains_bytes(&dump, b"s3cret"),
+        "secret value at rest"
     );
     // --set changes the rendered file, so the trigger runs once more.
     let moved = state(

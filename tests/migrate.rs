@@ -138,7 +138,7 @@ fn synthetic_store(dir: &Path, audit_rows: i64, secrets: i64) -> PathBuf {
             }
         }
         tx.execute_batch(
-            "INSERT INTO api_keys VALUES ('k1', 'admin', 'admin', 'hash1', '2026-01-01T00:00:00.000Z', NULL, NULL);
+            "INSERT INTO api_keys VALUES ('k1', 'admin', 'admin', 'hash1', '2026-01-01T00:00:00.000Z', NULL, NULL, 'sealed:k1');
              INSERT INTO agents VALUES ('web-01', '{}', 'fp', '2026-01-01T00:00:00.000Z', 1, 'why', NULL, NULL, NULL);
              INSERT INTO transit_keys VALUES ('k', 'aes256-gcm', 1, 1, 't', 't');
              INSERT INTO transit_key_versions VALUES ('k', 1, 'material', '', 't');",
@@ -576,7 +576,7 @@ fn other_rows_in_the_target_are_refused_unless_forced() {
     let db = Db::connect(&url);
     apply_migrations(&db, &url);
     db.execute(
-        "INSERT INTO api_keys VALUES ('theirs', 'n', 'admin', 'h', 't', NULL, NULL);
+        "INSERT INTO api_keys VALUES ('theirs', 'n', 'admin', 'h', 't', NULL, NULL, NULL);
          INSERT INTO audit_events VALUES (1, 'a1', 't', 'u', 'x', 'r', 'i', 'success', NULL, NULL, 'info', '{}', 'p', 'h')",
     )
     .unwrap();
@@ -631,7 +631,7 @@ fn other_rows_in_the_target_are_refused_unless_forced() {
     let changed = rusqlite::Connection::open(&source).unwrap();
     changed
         .execute(
-            "INSERT INTO api_keys VALUES ('k2', 'n', 'readonly', 'h2', 't', NULL, NULL)",
+            "INSERT INTO api_keys VALUES ('k2', 'n', 'readonly', 'h2', 't', NULL, NULL, NULL)",
             [],
         )
         .unwrap();
@@ -743,7 +743,7 @@ fn validate_names_what_differs() {
     );
     let db = Db::connect(&url);
     db.execute(
-        "INSERT INTO api_keys VALUES ('extra', 'n', 'admin', 'h-extra', 't', NULL, NULL);
+        "INSERT INTO api_keys VALUES ('extra', 'n', 'admin', 'h-extra', 't', NULL, NULL, NULL);
          INSERT INTO audit_events SELECT seq + 1, id || 'x', timestamp, user_id, action,
            resource_type, resource_id, outcome, policy_id, decision, severity, detail, hash, 'h'
            FROM audit_events WHERE seq = 20",

@@ -392,8 +392,9 @@ fn wrong_master_key_is_refused_and_rotation_needs_no_restart() {
         ],
     ));
     assert_eq!(
-        rotated["rewrapped"], 6,
-        "check value, one data key, one transit key, the two CA keys and the command-signing key"
+        rotated["rewrapped"], 7,
+        "check value, one data key, one transit key, the at-rest data key, the two CA keys and \
+         the command-signing key"
     );
     assert_eq!(
         ok(&server, &admin, &["get", "db/prod", "--field", "password"]).stdout,
@@ -440,6 +441,10 @@ fn wrong_master_key_is_refused_and_rotation_needs_no_restart() {
         ok(&server, &admin, &["get", "db/prod", "--field", "password"]).stdout,
         "after-rotation\n"
     );
+    // The at-rest data key followed the rotation: the server opens it at start, and refuses
+    // to start when it cannot. Keys made before the rotation still sign in.
+    let whoami = server.request("GET", "/api/v1/whoami", Some(&operator), None);
+    assert_eq!(whoami.status, 200, "{whoami:?}");
     // The CA keys followed the rotation: the restarted server can still issue identities.
     let token = run(server.cli("svc-identity").args([
         "--api-key",
@@ -831,4 +836,57 @@ fn postgres_leases_create_renew_revoke_and_expire() {
         .iter()
         .any(|e| e["user"] == "server" && e["detail"]["reason"] == "expired");
     assert!(expired_by_server, "{}", audit.stdout);
+}
+
+/// A data dir from before migration 0012 (API keys stored as the SHA-256 that signs file
+/// requests, plans in the clear): the next start seals them, and nothing is lost: the old key
+/// still signs in and its row then holds neither the signing key nor the plan in the clear.
+#[test]
+fn rows_from_before_sealing_are_sealed_at_the_next_start() {
+    use sha2::{Digest, Sha256};
+    let mut server = TestServer::start_sqlite();
+    server.stop_with(libc::SIGTERM);
+    let old_key = format!("svc_{}", "o".repeat(40));
+    let signing = hex::encode(Sha256::digest(old_key.as_bytes()));
+    let db_path = server.data_dir.join("svc.db");
+    {
+        let db = rusqlite::Connection::open(&db_path).unwrap();
+        db.execute(
+            "INSERT INTO api_keys (id, name, role, key_hash, created_at) \
+             VALUES ('legacy', 'legacy', 'operator', ?1, '2026-01-01T00:00:00.000Z')",
+            [&signing],
+        )
+        .unwrap();
+        db.execute(
+            "INSERT INTO agent_states (agent_id, plan, job_id, applied_by, applied_at) \
+             VALUES ('a1', '{\"inline\":{\"resources\":[],\"note\":\"clearvalue\"}}', 'j', \
+             'me', '2026-01-01T00:00:00.000Z')",
+            [],
+        )
+        .unwrap();
+    }
+    server.spawn(&[]);
+    let whoami = server.request("GET", "/api/v1/whoami", Some(&old_key), None);
+    assert_eq!(whoami.status, 200, "{whoami:?}");
+    let db = rusqlite::Connection::open(&db_path).unwrap();
+    let (hash, sealed): (String, Option<String>) = db
+        .query_row(
+            "SELECT key_hash, signing_sealed FROM api_keys WHERE id = 'legacy'",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_ne!(hash, signing, "the stored hash is the signing key still");
+    assert!(sealed.is_some_and(|s| s.starts_with("sealed:") && !s.contains(&signing)));
+    let plan: String = db
+        .query_row(
+            "SELECT plan FROM agent_states WHERE agent_id = 'a1'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(
+        plan.starts_with("sealed:") && !plan.contains("clearvalue"),
+        "{plan}"
+    );
 }

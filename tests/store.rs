@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use svc::config::{Secret, StoreConfig, StoreDriver};
 use svc::store::{
     AgentRow, AgentStateRow, ApiKeyChange, ApiKeyRow, AuditFilter, AuditGroup, AuditRow, CaRow,
-    JoinTokenRow, JwtSvidRow, KeyWrite, LeaseRow, SecretRow, SecretVersionRow, Store,
+    JoinTokenRow, JwtSvidRow, KeyWrite, LeaseRow, PlanTable, SecretRow, SecretVersionRow, Store,
     TransitKeyRow, TransitVersionRow, Wrapped, MIGRATIONS,
 };
 use svc::Error;
@@ -145,6 +145,7 @@ conformance!(
     leases,
     unique_violations_are_conflicts,
     blueprint_tables,
+    sealed_at_rest,
 );
 
 // ---- Rows ----
@@ -172,6 +173,7 @@ fn key(id: &str, role: &str, expires_at: Option<u32>) -> ApiKeyRow {
         created_at: at(1),
         last_used_at: None,
         expires_at: expires_at.map(at),
+        signing_sealed: Some(format!("sealed-{id}")),
     }
 }
 
@@ -1588,6 +1590,10 @@ async fn rotate_master_is_all_or_nothing(store: Arc<dyn Store>, _db: Db) {
         .await
         .unwrap();
     store.insert_ca(&ca("s1", "signing", 1)).await.unwrap();
+    secrets
+        .init_data_key("at-rest", "dk", &at(3))
+        .await
+        .unwrap();
 
     let snapshot = || {
         let store = store.clone();
@@ -1603,6 +1609,7 @@ async fn rotate_master_is_all_or_nothing(store: Arc<dyn Store>, _db: Db) {
                     .into_iter()
                     .map(|v| v.material)
                     .collect::<Vec<_>>(),
+                s.data_key("at-rest").await.unwrap(),
             )
         }
     };
@@ -1633,22 +1640,24 @@ async fn rotate_master_is_all_or_nothing(store: Arc<dyn Store>, _db: Db) {
             Wrapped::MasterCheck => "check".to_string(),
             Wrapped::SecretKey { path } => format!("secret {path}"),
             Wrapped::TransitKey { name, version } => format!("transit {name} v{version}"),
+            Wrapped::DataKey { name } => format!("data {name}"),
         };
         assert!(seen.lock().unwrap().insert(name), "re-wrapped twice");
         Ok(format!("new:{old}"))
     };
-    assert_eq!(secrets.rotate_master(&rewrap, &at(5)).await.unwrap(), 5);
+    assert_eq!(secrets.rotate_master(&rewrap, &at(5)).await.unwrap(), 6);
     assert_eq!(
         seen.into_inner().unwrap().into_iter().collect::<Vec<_>>(),
         [
             "check",
+            "data at-rest",
             "secret a/one",
             "secret b/two",
             "transit k v1",
             "transit k v2"
         ]
     );
-    let (check, one, two, material) = before;
+    let (check, one, two, material, data_key) = before;
     assert_eq!(
         snapshot().await,
         (
@@ -1656,6 +1665,7 @@ async fn rotate_master_is_all_or_nothing(store: Arc<dyn Store>, _db: Db) {
             format!("new:{one}"),
             format!("new:{two}"),
             material.iter().map(|m| format!("new:{m}")).collect(),
+            data_key.map(|k| format!("new:{k}")),
         )
     );
     assert_eq!(
@@ -2352,4 +2362,101 @@ async fn blueprint_tables(store: Arc<dyn Store>, _db: Db) {
         "records stay"
     );
     assert_eq!(blueprints.list_blueprints(None).await.unwrap().len(), 1);
+}
+
+/// Migration 0012's parts: the data key stored once, key rows from before it converted once,
+/// clear plans found and sealed unless changed meanwhile, and (PostgreSQL) the shared nonces.
+async fn sealed_at_rest(store: Arc<dyn Store>, db: Db) {
+    let secrets = store.secrets();
+    assert_eq!(secrets.data_key("at-rest").await.unwrap(), None);
+    assert_eq!(
+        secrets
+            .init_data_key("at-rest", "first", &at(1))
+            .await
+            .unwrap(),
+        "first"
+    );
+    assert_eq!(
+        secrets
+            .init_data_key("at-rest", "second", &at(2))
+            .await
+            .unwrap(),
+        "first",
+        "a later start keeps the stored key"
+    );
+
+    let legacy = ApiKeyRow {
+        signing_sealed: None,
+        ..key("old", "admin", None)
+    };
+    store.insert_api_key(&legacy).await.unwrap();
+    assert!(!store
+        .seal_api_key("old", "wrong-hash", "new-hash", "sealed")
+        .await
+        .unwrap());
+    assert!(store
+        .seal_api_key("old", "hash-old", "new-hash", "sealed")
+        .await
+        .unwrap());
+    assert!(
+        !store
+            .seal_api_key("old", "new-hash", "newer", "again")
+            .await
+            .unwrap(),
+        "converted once"
+    );
+    let row = store.get_api_key("old").await.unwrap().unwrap();
+    assert_eq!(
+        (row.key_hash.as_str(), row.signing_sealed.as_deref()),
+        ("new-hash", Some("sealed"))
+    );
+
+    for (agent, plan) in [("a1", "{\"resources\":[1]}"), ("a2", "sealed:xyz")] {
+        let row = AgentStateRow {
+            agent_id: agent.into(),
+            plan: plan.into(),
+            job_id: "j".into(),
+            applied_by: "me".into(),
+            applied_at: at(1),
+        };
+        store.fleet().put_agent_state(&row).await.unwrap();
+    }
+    let clear = store.clear_plans(PlanTable::AgentStates, 10).await.unwrap();
+    assert_eq!(
+        clear,
+        [("a1".to_string(), "{\"resources\":[1]}".to_string())]
+    );
+    assert!(!store
+        .seal_plan(PlanTable::AgentStates, "a1", "{}", "sealed:other")
+        .await
+        .unwrap());
+    assert!(store
+        .seal_plan(PlanTable::AgentStates, "a1", &clear[0].1, "sealed:abc")
+        .await
+        .unwrap());
+    assert!(store
+        .clear_plans(PlanTable::AgentStates, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(store
+        .clear_plans(PlanTable::BlueprintApplies, 10)
+        .await
+        .unwrap()
+        .is_empty());
+
+    match db.driver {
+        StoreDriver::Sqlite => assert!(store.record_file_nonce("k:n", 100, None).await.is_err()),
+        StoreDriver::Postgres => {
+            let other = db.open().await;
+            assert!(store.record_file_nonce("k:n", 100, None).await.unwrap());
+            assert!(!other.record_file_nonce("k:n", 100, None).await.unwrap());
+            // Forgetting what was signed before 200 makes room again.
+            assert!(other
+                .record_file_nonce("k:m", 300, Some(200))
+                .await
+                .unwrap());
+            assert!(store.record_file_nonce("k:n", 100, None).await.unwrap());
+        }
+    }
 }

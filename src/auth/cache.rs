@@ -105,6 +105,7 @@ mod tests {
             created_at: "2026-01-01T00:00:00.000Z".into(),
             last_used_at: None,
             expires_at: None,
+            signing_sealed: None,
         }
     }
 

@@ -11,6 +11,8 @@ use super::cache::KeyCache;
 use super::{Principal, Role};
 use crate::audit::Action;
 use crate::domain::Domain;
+use crate::secrets::at_rest;
+use crate::secrets::crypto::AeadKey;
 use crate::store::{ApiKeyChange, ApiKeyRow, KeyWrite, Store};
 use crate::{clock, ids, Error, Result};
 
@@ -68,9 +70,55 @@ pub struct KeyUpdate {
     pub expires_at: Option<String>,
 }
 
-/// Hex SHA-256 of a key: what the store keeps and looks up by.
+/// What the store keeps and looks up a key by: hex SHA-256 of the key's signing key (itself
+/// SHA-256 of the key, the file service's HMAC key: `files::signature`). So the stored hash
+/// signs nothing, and the signing key is kept only sealed (`signing_sealed`).
 pub fn hash_key(key: &str) -> String {
-    hex::encode(Sha256::digest(key.as_bytes()))
+    hash_signing_key(&Sha256::digest(key.as_bytes()).into())
+}
+
+fn hash_signing_key(signing_key: &[u8; 32]) -> String {
+    hex::encode(Sha256::digest(signing_key))
+}
+
+/// The associated data of a key's sealed signing key.
+fn signing_context(id: &str) -> String {
+    format!("api_keys:{id}")
+}
+
+/// The file service's HMAC key of a stored key, opened with the at-rest key; None for a row
+/// that has none (written by an older server since this one started) or does not open.
+pub fn signing_key(at_rest: &AeadKey, row: &ApiKeyRow) -> Option<[u8; 32]> {
+    let sealed = row.signing_sealed.as_deref()?;
+    let hex_key = at_rest::open(at_rest, &signing_context(&row.id), sealed).ok()?;
+    hex::decode(hex_key).ok()?.try_into().ok()
+}
+
+/// Converts key rows from before migration 0012, whose `key_hash` is their signing key
+/// itself: that key is sealed, and the hash becomes its hash. Returns how many.
+pub async fn seal_legacy_keys(store: &dyn Store, at_rest: &AeadKey) -> Result<u64> {
+    let mut count = 0;
+    for row in store.list_api_keys().await? {
+        if row.signing_sealed.is_some() {
+            continue;
+        }
+        let Some(signing_key) = hex::decode(&row.key_hash)
+            .ok()
+            .and_then(|bytes| <[u8; 32]>::try_from(bytes).ok())
+        else {
+            tracing::warn!(key_id = %row.id, "API key row with a malformed hash left as it is");
+            continue;
+        };
+        let sealed = at_rest::seal(at_rest, &signing_context(&row.id), &row.key_hash);
+        let hash = hash_signing_key(&signing_key);
+        if store
+            .seal_api_key(&row.id, &row.key_hash, &hash, &sealed)
+            .await?
+        {
+            count += 1;
+        }
+    }
+    Ok(count)
 }
 
 /// Whether `text` has the shape of an API key (`svc_` + 40 base62).
@@ -158,11 +206,10 @@ pub async fn create_key(
     }));
     let result = domain
         .auditor
-        .gate(
-            principal,
-            action.clone(),
-            create_key_checked(domain.store.as_ref(), principal, input),
-        )
+        .gate(principal, action.clone(), async {
+            let at_rest = at_rest::key(domain).await?;
+            create_key_checked(domain.store.as_ref(), at_rest, principal, input).await
+        })
         .await;
     let action = match &result {
         Ok((record, _)) => Action {
@@ -184,6 +231,7 @@ pub async fn create_key(
 
 async fn create_key_checked(
     store: &dyn Store,
+    at_rest: &AeadKey,
     principal: &Principal,
     input: NewKey,
 ) -> Result<(ApiKey, String)> {
@@ -194,7 +242,7 @@ async fn create_key_checked(
         None => None,
         Some(text) => Some(validate_expiry(text)?),
     };
-    insert_key(store, name, role, expires_at, generate_key()).await
+    insert_key(store, at_rest, name, role, expires_at, generate_key()).await
 }
 
 /// An RFC 3339 time in the future, normalised as the store keeps it.
@@ -220,13 +268,17 @@ fn last_admin(id: &str, what: &str) -> Error {
 
 async fn insert_key(
     store: &dyn Store,
+    at_rest: &AeadKey,
     name: String,
     role: Role,
     expires_at: Option<String>,
     key: String,
 ) -> Result<(ApiKey, String)> {
+    let id = ids::ulid();
+    let signing_key = hex::encode(Sha256::digest(key.as_bytes()));
     let row = ApiKeyRow {
-        id: ids::ulid(),
+        signing_sealed: Some(at_rest::seal(at_rest, &signing_context(&id), &signing_key)),
+        id,
         name,
         role: role.as_str().into(),
         key_hash: hash_key(&key),
@@ -348,6 +400,7 @@ pub async fn delete_key(domain: &Domain, principal: &Principal, id: &str) -> Res
 /// Returns the new key's id, or None when keys already exist. The key is never logged.
 pub async fn ensure_bootstrap_key(
     store: &dyn Store,
+    at_rest: &AeadKey,
     key_file: &Path,
     preset: Option<&str>,
 ) -> Result<Option<String>> {
@@ -366,18 +419,31 @@ pub async fn ensure_bootstrap_key(
     if preset.is_none() {
         write_private_file(key_file, format!("{key}\n").as_bytes())?;
     }
-    let (record, _) = insert_key(store, BOOTSTRAP_KEY_NAME.into(), Role::Admin, None, key).await?;
+    let (record, _) = insert_key(
+        store,
+        at_rest,
+        BOOTSTRAP_KEY_NAME.into(),
+        Role::Admin,
+        None,
+        key,
+    )
+    .await?;
     Ok(Some(record.id))
 }
 
 /// `svc-server --recover-admin`: a new admin key named `name`, its cleartext written to
 /// `key_file` (0600) before the row is stored. For the server's host only, with the data
 /// dir's lock held, when no admin key is left to make one through the API.
-pub async fn recover_admin_key(store: &dyn Store, key_file: &Path, name: &str) -> Result<ApiKey> {
+pub async fn recover_admin_key(
+    store: &dyn Store,
+    at_rest: &AeadKey,
+    key_file: &Path,
+    name: &str,
+) -> Result<ApiKey> {
     let name = validate_name(name)?;
     let key = generate_key();
     write_private_file(key_file, format!("{key}\n").as_bytes())?;
-    let (record, _) = insert_key(store, name, Role::Admin, None, key).await?;
+    let (record, _) = insert_key(store, at_rest, name, Role::Admin, None, key).await?;
     Ok(record)
 }
 

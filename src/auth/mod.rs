@@ -22,8 +22,8 @@ pub use access::{bus_permissions, Access};
 pub use cache::KeyCache;
 pub use keys::{
     authenticate, authenticate_cached, create_key, delete_key, ensure_bootstrap_key, get_key,
-    hash_key, list_keys, looks_like_api_key, recover_admin_key, update_key, write_private_file,
-    ApiKey, KeyUpdate, NewKey, BOOTSTRAP_KEY_NAME,
+    hash_key, list_keys, looks_like_api_key, recover_admin_key, seal_legacy_keys, signing_key,
+    update_key, write_private_file, ApiKey, KeyUpdate, NewKey, BOOTSTRAP_KEY_NAME,
 };
 pub use rate_limit::{Admission, InFlight, KeyLimits, RateLimiter};
 

@@ -19,8 +19,10 @@ use crate::auth::{Principal, Role};
 use crate::domain::Domain;
 use crate::fleet::state::{self as fleet_state, AgentStateResult, Operation, StateRequest};
 use crate::fleet::JobStatus;
+use crate::secrets::at_rest;
+use crate::secrets::crypto::AeadKey;
 use crate::state::{DirectoryResource, FileResource, Plan, Presence, Resource, SymlinkResource};
-use crate::store::{BlueprintAgentRow, BlueprintApplyRow, BlueprintRow};
+use crate::store::{BlueprintAgentRow, BlueprintApplyRow, BlueprintRow, PlanTable};
 use crate::version::{self, Range, Version};
 use crate::{clock, Error, Result};
 
@@ -352,6 +354,7 @@ async fn prepare_apply_checked(
     };
     let plan_text =
         serde_json::to_string(&plan).map_err(|e| Error::Internal(format!("plan: {e}")))?;
+    let at_rest = at_rest::key(domain).await?;
     let operation = if request.is_dry_run {
         Operation::Check
     } else {
@@ -377,7 +380,7 @@ async fn prepare_apply_checked(
         kind: "apply".into(),
         target,
         parameters: serde_json::to_string(&blueprint.manifest.redact(&values)).unwrap_or_default(),
-        plan: plan_text,
+        plan: sealed_plan(at_rest, &job.job_id, &plan_text),
         results: String::new(),
         applied_by: principal.name.clone(),
         applied_at: clock::now_rfc3339(),
@@ -461,11 +464,11 @@ async fn prepare_rollback_checked(
             )
         }));
     };
-    let current_plan: Plan = serde_json::from_str(&current.plan)
-        .map_err(|e| Error::Internal(format!("recorded plan: {e}")))?;
-    let previous_plan: Plan = serde_json::from_str(&previous.plan)
-        .map_err(|e| Error::Internal(format!("recorded plan: {e}")))?;
-    let plan = rollback_plan(&previous_plan, &current_plan);
+    let at_rest = at_rest::key(domain).await?;
+    let plan = rollback_plan(
+        &recorded_plan(at_rest, previous)?,
+        &recorded_plan(at_rest, current)?,
+    );
     let plan_text =
         serde_json::to_string(&plan).map_err(|e| Error::Internal(format!("plan: {e}")))?;
     let target = if request.target.is_empty() {
@@ -495,13 +498,27 @@ async fn prepare_rollback_checked(
             kind: "rollback".into(),
             target,
             parameters: previous.parameters.clone(),
-            plan: plan_text,
+            plan: sealed_plan(at_rest, &job.job_id, &plan_text),
             results: String::new(),
             applied_by: principal.name.clone(),
             applied_at: clock::now_rfc3339(),
         }),
         job,
     })
+}
+
+/// An apply record's plan as stored: sealed, since it holds what secret parameters rendered
+/// into (`secrets::at_rest`).
+fn sealed_plan(at_rest: &AeadKey, apply_id: &str, plan_text: &str) -> String {
+    let context = at_rest::plan_context(PlanTable::BlueprintApplies, apply_id);
+    at_rest::seal(at_rest, &context, plan_text)
+}
+
+/// The plan an apply record holds.
+fn recorded_plan(at_rest: &AeadKey, record: &BlueprintApplyRow) -> Result<Plan> {
+    let context = at_rest::plan_context(PlanTable::BlueprintApplies, &record.id);
+    serde_json::from_str(&at_rest::open(at_rest, &context, &record.plan)?)
+        .map_err(|e| Error::Internal(format!("recorded plan of {}: {e}", record.id)))
 }
 
 /// `previous`, then `state: absent` for every file and symlink, and then (deepest first)

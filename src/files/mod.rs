@@ -833,12 +833,15 @@ pub async fn key_principal(store: &dyn crate::store::Store, key_id: &str) -> Res
 
 /// The principal of the API key that signed a request (external NATS): the key is found by
 /// the signature's key id among the stored keys (every request: a deleted or expired key fails
-/// at once), then the MAC is checked with the stored hash.
+/// at once), then the MAC is checked with its signing key, which the store keeps sealed
+/// (`auth::signing_key`, opened with the at-rest key).
 ///
-/// The lookup reads every key row and tags each hash: the store has no index by tag, and the
-/// number of API keys is small. (A key cache in `auth` can replace the read.)
+/// The lookup reads every key row and opens and tags each signing key: the store has no index
+/// by tag (the tag derives from the key the store must not hold in the clear), and the number
+/// of API keys is small. (A key cache in `auth` can replace the read.)
 pub async fn signed_principal(
     store: &dyn crate::store::Store,
+    at_rest: &crate::secrets::crypto::AeadKey,
     signature: &signature::Signature,
     request: &signature::Request<'_>,
 ) -> Result<Principal> {
@@ -848,7 +851,7 @@ pub async fn signed_principal(
         .await?
         .into_iter()
         .find_map(|row| {
-            let key = signature::signing_key_from_hash(&row.key_hash)?;
+            let key = crate::auth::signing_key(at_rest, &row)?;
             (signature::key_id(&key) == signature.key_id).then_some((row, key))
         })
         .ok_or_else(refused)?;

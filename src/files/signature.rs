@@ -3,26 +3,28 @@
 //! `Svc-Auth: v1,<key id>,<unix time>,<nonce>,<base64 HMAC-SHA256>` and the API key itself
 //! never crosses the bus.
 //!
-//! The HMAC key is SHA-256 of the API key, which is what the store keeps (`auth::keys`
-//! stores keys as SHA-256), so the server verifies without ever holding the cleartext. The key
-//! id is a tag derived from that hash (not the store's key id, which the CLI does not know,
-//! and not the hash, which is the HMAC key). The signed text binds the subject, the reply
+//! The HMAC key is SHA-256 of the API key, which the store keeps only sealed under master_key
+//! (`auth::keys`: its lookup hash is SHA-256 of the HMAC key), so the server verifies without
+//! ever holding the cleartext key, and a copy of the database alone signs nothing. The key id
+//! is a tag derived from the HMAC key (not the store's key id, which the CLI does not know). The signed text binds the subject, the reply
 //! subject (a replayed request answers only the original inbox), the time, the nonce, the
 //! headers that change what a request does (manifest, chunk, declared principal) and the
 //! payload's SHA-256. For a chunk being stored (a payload and an `Svc-Chunk` header) that is
 //! the header's value: the server checks the payload against it before storing anything, so
 //! neither side hashes a chunk twice, and for an honest request the text is the same.
 //!
-//! Owns the format, signing and checking; the lookup of the key and the nonce memory live
-//! with the caller (`server::files`).
+//! Owns the format, signing, checking and the nonce memory; the lookup of the key lives in
+//! `files::signed_principal`.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use base64::Engine;
 use sha2::{Digest, Sha256};
 
 use super::wire::{CHUNK_HEADER, MANIFEST_HEADER, PRINCIPAL_ID_HEADER, PRINCIPAL_ROLE_HEADER};
+use crate::store::Store;
 use crate::{Error, Result};
 
 /// The header a signature travels in.
@@ -44,11 +46,6 @@ const KEY_ID_LEN: usize = 24;
 /// The HMAC key of an API key: its SHA-256 (raw), what the store keeps as hex.
 pub fn signing_key(api_key: &str) -> [u8; 32] {
     Sha256::digest(api_key.as_bytes()).into()
-}
-
-/// The signing key from the store's hex hash; None for a malformed row.
-pub fn signing_key_from_hash(key_hash: &str) -> Option<[u8; 32]> {
-    hex::decode(key_hash).ok()?.try_into().ok()
 }
 
 /// The public key id a signature names: a tag of the signing key.
@@ -164,23 +161,54 @@ impl Signature {
     }
 }
 
-/// The nonces seen within the window, so a request replayed to the same server is refused.
-/// (Members do not share it: a replay that reaches another member within the window is
-/// answered, to the original inbox only, since the reply subject is signed.)
+/// The nonces seen within the window, so a request replayed within it is refused: in memory
+/// for one server; in cluster mode in the store the members share (`cluster_file_nonces`), so
+/// a replay that reaches another member is refused too.
 #[derive(Default)]
 pub struct Nonces {
     seen: Mutex<HashMap<String, i64>>,
+    shared: Option<Arc<dyn Store>>,
+    /// When the shared table was last rid of expired nonces (Unix seconds).
+    forgot_at: AtomicI64,
 }
 
 impl Nonces {
-    /// Records `nonce` at `time`; Err when it was seen within the window.
-    pub fn admit(&self, signature: &Signature, now: i64) -> Result<()> {
-        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        if seen.len() > 4096 {
-            seen.retain(|_, at| now - *at <= 2 * WINDOW_SECS);
+    /// Nonces kept in `store`, for every member to see.
+    pub fn shared(store: Arc<dyn Store>) -> Nonces {
+        Nonces {
+            shared: Some(store),
+            ..Nonces::default()
         }
+    }
+
+    /// Records `nonce` at `time`; Err when it was seen within the window.
+    pub async fn admit(&self, signature: &Signature, now: i64) -> Result<()> {
         let key = format!("{}:{}", signature.key_id, signature.nonce);
-        if seen.insert(key, signature.time).is_some() {
+        let fresh = match &self.shared {
+            Some(store) => {
+                // A nonce matters while its request's time is accepted (WINDOW_SECS either
+                // way); twice that leaves room for members' clocks to differ. Expired rows go
+                // once per window, by whichever request comes first.
+                let last = self.forgot_at.load(Ordering::Relaxed);
+                let forget = (now - last >= WINDOW_SECS
+                    && self
+                        .forgot_at
+                        .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                        .is_ok())
+                .then_some(now - 2 * WINDOW_SECS);
+                store
+                    .record_file_nonce(&key, signature.time, forget)
+                    .await?
+            }
+            None => {
+                let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+                if seen.len() > 4096 {
+                    seen.retain(|_, at| now - *at <= 2 * WINDOW_SECS);
+                }
+                seen.insert(key, signature.time).is_none()
+            }
+        };
+        if !fresh {
             return Err(Error::Unauthenticated(format!(
                 "{AUTH_HEADER}: nonce already used (a replayed request)"
             )));
@@ -207,11 +235,8 @@ mod tests {
     #[test]
     fn known_vector() {
         let key = signing_key(KEY);
-        // The store's form of the same key gives the same signing key.
-        assert_eq!(
-            signing_key_from_hash(&crate::auth::hash_key(KEY)),
-            Some(key)
-        );
+        // The hash the store looks keys up by is not the signing key.
+        assert_ne!(crate::auth::hash_key(KEY), hex::encode(key));
         let value = sign(
             &key,
             &request(b"hello"),
@@ -283,8 +308,11 @@ mod tests {
         assert!(signature.check_time(1001 + WINDOW_SECS).is_err());
         assert!(signature.check_time(999 - WINDOW_SECS).is_err());
         let nonces = Nonces::default();
-        assert!(nonces.admit(&signature, 1000).is_ok());
-        assert!(nonces.admit(&signature, 1000).is_err());
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        assert!(runtime.block_on(nonces.admit(&signature, 1000)).is_ok());
+        assert!(runtime.block_on(nonces.admit(&signature, 1000)).is_err());
     }
 
     #[test]

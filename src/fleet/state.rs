@@ -26,8 +26,9 @@ use crate::audit::Action;
 use crate::auth::{Principal, Role};
 use crate::domain::Domain;
 use crate::events::EventKind;
+use crate::secrets::at_rest;
 use crate::state::{Mode, Outcome, Plan, Resource};
-use crate::store::AgentStateRow;
+use crate::store::{AgentStateRow, PlanTable};
 use crate::{clock, ids, Error, Result};
 
 /// Package installs can be slow: a state run gets longer than an exec by default.
@@ -251,7 +252,9 @@ async fn last_applied(domain: &Domain, agent_id: &str) -> Result<Option<Applied>
     let Some(row) = domain.store.fleet().get_agent_state(agent_id).await? else {
         return Ok(None);
     };
-    serde_json::from_str(&row.plan)
+    let context = at_rest::plan_context(PlanTable::AgentStates, agent_id);
+    let plan = at_rest::open(at_rest::key(domain).await?, &context, &row.plan)?;
+    serde_json::from_str(&plan)
         .map(Some)
         .map_err(|e| Error::Internal(format!("stored plan of agent {agent_id}: {e}")))
 }
@@ -483,8 +486,17 @@ impl Job {
         }
     }
 
-    /// Stores the plan as the agent's last applied state (what drift compares against).
+    /// Stores the plan as the agent's last applied state (what drift compares against),
+    /// sealed: it holds what secret values rendered into (`secrets::at_rest`).
     async fn remember(&self, domain: &Domain, agent_id: &str, plan: String) {
+        let context = at_rest::plan_context(PlanTable::AgentStates, agent_id);
+        let plan = match at_rest::key(domain).await {
+            Ok(key) => at_rest::seal(key, &context, &plan),
+            Err(e) => {
+                tracing::error!(agent_id, error = %e, "applied state not recorded");
+                return;
+            }
+        };
         let row = AgentStateRow {
             agent_id: agent_id.to_string(),
             plan,

@@ -17,6 +17,7 @@
 //! Architecture invariant: nothing in this module logs or audits a value, a password or key
 //! material; secret-bearing types have a redacting `Debug`.
 
+pub mod at_rest;
 pub mod crypto;
 pub mod kv;
 pub mod leases;
@@ -49,6 +50,8 @@ pub struct Secrets {
     /// The current master key's bytes, for the other at-rest users (the CA keys), which must
     /// follow a rotation too.
     current_master: std::sync::RwLock<Option<[u8; crypto::KEY_LEN]>>,
+    /// The at-rest data key (`at_rest`), once unwrapped.
+    at_rest: std::sync::OnceLock<AeadKey>,
 }
 
 /// The running master key.
@@ -86,6 +89,7 @@ fn wrapped_aad(wrapped: Wrapped<'_>) -> Vec<u8> {
         Wrapped::MasterCheck => Vec::new(),
         Wrapped::SecretKey { path } => kv::data_key_aad(path),
         Wrapped::TransitKey { name, version } => transit::material_aad(name, version),
+        Wrapped::DataKey { name } => at_rest::data_key_aad(name),
     }
 }
 

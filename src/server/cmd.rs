@@ -239,7 +239,9 @@ fn recover_admin(program: &str, config: &ServerConfig) -> i32 {
     let key_file = data_dir.join(format!("{name}.key"));
     let result = runtime.block_on(async {
         let store = crate::store::open(&config.store, data_dir).await?;
-        let record = auth::recover_admin_key(store.as_ref(), &key_file, &name).await?;
+        let keys = crate::identity::Keys::from_config(config)?;
+        let at_rest = unlock_at_rest(store.as_ref(), &keys).await?;
+        let record = auth::recover_admin_key(store.as_ref(), &at_rest, &key_file, &name).await?;
         let line = serde_json::json!({
             "key_id": record.id, "name": record.name, "at": now,
             "file": key_file.display().to_string(),
@@ -319,6 +321,16 @@ async fn audit_admin_recoveries(domain: &Domain, data_dir: &Path) {
     }
 }
 
+/// Checks the configured master key against the store (a wrong one is refused, saying so)
+/// and unwraps the store's at-rest key with it.
+async fn unlock_at_rest(
+    store: &dyn crate::store::Store,
+    keys: &crate::identity::Keys,
+) -> Result<crate::secrets::crypto::AeadKey> {
+    crate::secrets::verify_master_key(store, keys.master_key()).await?;
+    crate::secrets::at_rest::load(store, keys.master_key()).await
+}
+
 async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     let mut signals = StopSignals::install()?;
     create_private_dir(&config.data_dir)?;
@@ -337,10 +349,22 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
     let _ = std::fs::remove_file(data_dir.join(LISTEN_ADDRS_FILE));
     let store = crate::store::open(&config.store, &data_dir).await?;
 
+    // Start-up order: store (above) → master-key check → sealed rows → bootstrap key → CA →
+    // stream logs → listeners bound → broker → the server's bus client → Domain::start → REST
+    // and gRPC serve. The CA comes before the broker because bus.tls verifies agents'
+    // certificates against its root; a wrong master_key is refused (with what to do) before
+    // anything sealed is opened. The key is decoded here, once, and checked against the store
+    // once; the domain gets these keys.
+    let keys = crate::identity::Keys::from_config(&config)?;
+    let at_rest = unlock_at_rest(store.as_ref(), &keys).await?;
+    // Rows from before migration 0012 (or an older member's writes) are sealed before any
+    // request is served.
+    crate::secrets::at_rest::seal_stored(store.as_ref(), &at_rest).await?;
+
     let key_file = data_dir.join(BOOTSTRAP_KEY_FILE);
     let preset = std::env::var("SVC_BOOTSTRAP_API_KEY").ok();
     if let Some(id) =
-        auth::ensure_bootstrap_key(store.as_ref(), &key_file, preset.as_deref()).await?
+        auth::ensure_bootstrap_key(store.as_ref(), &at_rest, &key_file, preset.as_deref()).await?
     {
         if preset.is_some() {
             tracing::info!(key_id = %id, "created bootstrap-admin key from SVC_BOOTSTRAP_API_KEY");
@@ -352,14 +376,6 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
             );
         }
     }
-
-    // Start-up order: store (above) → master-key check → CA → stream logs → listeners bound →
-    // broker → the server's bus client → Domain::start → REST and gRPC serve. The CA comes
-    // before the broker because bus.tls verifies agents' certificates against its root; a
-    // wrong master_key is refused (with what to do) before anything sealed is opened. The key
-    // is decoded here, once, and checked against the store once; the domain gets these keys.
-    let keys = crate::identity::Keys::from_config(&config)?;
-    crate::secrets::verify_master_key(store.as_ref(), keys.master_key()).await?;
     crate::identity::ensure_ca(store.as_ref(), &keys).await?;
     // JWT login on the external cluster: the keys are made now if `svc-cluster nats-config`
     // has not made them yet (the cluster then refuses everyone until its nodes include that

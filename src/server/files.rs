@@ -66,7 +66,11 @@ pub async fn object_store(
 /// Starts the file service on the server's bus client; it runs until the client goes away.
 pub async fn start(context: Arc<Context>) -> Result<()> {
     let files = context.domain.files.clone();
-    let nonces = Arc::new(Nonces::default());
+    // Members share the replay window through the store; one server keeps it in memory.
+    let nonces = Arc::new(match context.domain.cluster.is_clustered() {
+        true => Nonces::shared(context.domain.store.clone()),
+        false => Nonces::default(),
+    });
     let mut requests = context
         .bus
         .client
@@ -298,9 +302,15 @@ async fn signer(
         headers: values,
         payload: &message.payload,
     };
-    let key =
-        crate::files::signed_principal(context.domain.store.as_ref(), &signature, &request).await?;
-    nonces.admit(&signature, now)?;
+    let at_rest = crate::secrets::at_rest::key(&context.domain).await?;
+    let key = crate::files::signed_principal(
+        context.domain.store.as_ref(),
+        at_rest,
+        &signature,
+        &request,
+    )
+    .await?;
+    nonces.admit(&signature, now).await?;
     Ok(key)
 }
 

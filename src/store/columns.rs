@@ -2,7 +2,7 @@
 //! `store/mod.rs`), so the lists are too.
 
 pub(crate) const API_KEY_COLUMNS: &str =
-    "id, name, role, key_hash, created_at, last_used_at, expires_at";
+    "id, name, role, key_hash, created_at, last_used_at, expires_at, signing_sealed";
 pub(crate) const AUDIT_COLUMNS: &str =
     "seq, id, timestamp, user_id, action, resource_type, resource_id, \
      outcome, policy_id, decision, severity, detail, prev_hash, hash";

@@ -66,14 +66,20 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
     ),
     (11, "jobs", include_str!("migrations/0011_jobs.sql")),
     (
+        12,
+        "sealed_at_rest",
+        include_str!("migrations/0012_sealed_at_rest.sql"),
+    ),
+    (
         13,
         "audit_attempts",
         include_str!("migrations/0013_audit_attempts.sql"),
     ),
 ];
 
-/// A stored API key (never the key itself: only its hash).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A stored API key (never the key itself: only a hash, and its file-request signing key
+/// sealed; `auth::keys`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ApiKeyRow {
     pub id: String,
     pub name: String,
@@ -82,6 +88,47 @@ pub struct ApiKeyRow {
     pub created_at: String,
     pub last_used_at: Option<String>,
     pub expires_at: Option<String>,
+    /// The file service's HMAC key for this key, sealed; None for a row from before
+    /// migration 0012 (its `key_hash` is then that HMAC key, until the next start seals it).
+    pub signing_sealed: Option<String>,
+}
+
+/// The tables whose `plan` column holds rendered plans, which may carry what secret
+/// parameters rendered into: sealed at rest (`secrets::at_rest`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlanTable {
+    AgentStates,
+    BlueprintApplies,
+}
+
+impl PlanTable {
+    pub const ALL: [PlanTable; 2] = [PlanTable::AgentStates, PlanTable::BlueprintApplies];
+
+    /// The table and its key column.
+    fn names(self) -> (&'static str, &'static str) {
+        match self {
+            PlanTable::AgentStates => ("agent_states", "agent_id"),
+            PlanTable::BlueprintApplies => ("blueprint_applies", "id"),
+        }
+    }
+
+    /// `SELECT key, plan` of the rows whose plan is clear (sealed ones start with `sealed:`).
+    fn clear_sql(self, limit_parameter: &str) -> String {
+        let (table, key) = self.names();
+        format!(
+            "SELECT {key}, plan FROM {table} WHERE substr(plan, 1, 7) <> 'sealed:' \
+             ORDER BY {key} LIMIT {limit_parameter}"
+        )
+    }
+
+    /// `UPDATE` of one row's plan from (key, old) to the sealed one, in parameter order.
+    fn seal_sql(self, p: [&str; 3]) -> String {
+        let (table, key) = self.names();
+        format!(
+            "UPDATE {table} SET plan = {} WHERE {key} = {} AND plan = {}",
+            p[2], p[0], p[1]
+        )
+    }
 }
 
 /// A change to an API key; `None` leaves the field as it is.
@@ -199,6 +246,30 @@ pub trait Store: Send + Sync + 'static {
     /// transaction, as `update_api_key`).
     async fn delete_api_key(&self, id: &str, now: &str) -> Result<KeyWrite<()>>;
     async fn touch_api_key(&self, id: &str, used_at: &str) -> Result<()>;
+    /// Gives a key row from before migration 0012 its new hash and sealed signing key, unless
+    /// it changed since it was read (`old_hash`) or was converted already; true when written.
+    async fn seal_api_key(
+        &self,
+        id: &str,
+        old_hash: &str,
+        key_hash: &str,
+        signing_sealed: &str,
+    ) -> Result<bool>;
+    /// Up to `limit` rows of `table` whose plan is not sealed yet (from before migration
+    /// 0012): (key, plan).
+    async fn clear_plans(&self, table: PlanTable, limit: u32) -> Result<Vec<(String, String)>>;
+    /// Replaces a row's clear plan `old` by `sealed`, unless it changed since it was read.
+    async fn seal_plan(&self, table: PlanTable, key: &str, old: &str, sealed: &str)
+        -> Result<bool>;
+    /// Records a signed file request's nonce (cluster mode: shared by every member), first
+    /// deleting those signed before `forget_before` when given; false when it was recorded
+    /// already (a replay). PostgreSQL only: cluster mode needs it.
+    async fn record_file_nonce(
+        &self,
+        nonce: &str,
+        signed_at: i64,
+        forget_before: Option<i64>,
+    ) -> Result<bool>;
 
     /// Appends an audit row at the end of the chain: sets `seq` and `prev_hash` (the last
     /// row's hash, or `genesis`), then `hash` from `seal`, all in one write transaction.

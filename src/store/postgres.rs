@@ -28,7 +28,7 @@ use tokio_postgres::Row;
 
 use super::{
     AgentRow, ApiKeyChange, ApiKeyRow, AuditFilter, AuditGroup, AuditRow, AuditSeal, CaRow,
-    JoinTokenRow, KeyWrite, SqlValue, Store,
+    JoinTokenRow, KeyWrite, PlanTable, SqlValue, Store,
 };
 use crate::config::StoreConfig;
 use crate::{Error, Result};
@@ -91,6 +91,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         11,
         "jobs",
         include_str!("migrations/postgres/0011_jobs.sql"),
+    ),
+    (
+        12,
+        "sealed_at_rest",
+        include_str!("migrations/postgres/0012_sealed_at_rest.sql"),
     ),
     (
         13,
@@ -575,6 +580,7 @@ fn api_key(row: &Row) -> std::result::Result<ApiKeyRow, tokio_postgres::Error> {
         created_at: row.try_get(4)?,
         last_used_at: row.try_get(5)?,
         expires_at: row.try_get(6)?,
+        signing_sealed: row.try_get(7)?,
     })
 }
 
@@ -828,7 +834,7 @@ impl Store for PostgresStore {
     async fn insert_api_key(&self, key: &ApiKeyRow) -> Result<()> {
         self.execute(
             &format!(
-                "INSERT INTO api_keys ({API_KEY_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7)"
+                "INSERT INTO api_keys ({API_KEY_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
             ),
             &[
                 &key.id,
@@ -838,6 +844,7 @@ impl Store for PostgresStore {
                 &key.created_at,
                 &key.last_used_at,
                 &key.expires_at,
+                &key.signing_sealed,
             ],
         )
         .await?;
@@ -934,6 +941,64 @@ impl Store for PostgresStore {
         )
         .await?;
         Ok(())
+    }
+
+    async fn seal_api_key(
+        &self,
+        id: &str,
+        old_hash: &str,
+        key_hash: &str,
+        signing_sealed: &str,
+    ) -> Result<bool> {
+        Ok(self
+            .execute(
+                "UPDATE api_keys SET key_hash = $3, signing_sealed = $4 \
+                 WHERE id = $1 AND key_hash = $2 AND signing_sealed IS NULL",
+                &[&id, &old_hash, &key_hash, &signing_sealed],
+            )
+            .await?
+            == 1)
+    }
+
+    async fn clear_plans(&self, table: PlanTable, limit: u32) -> Result<Vec<(String, String)>> {
+        self.rows(&table.clear_sql("$1"), &[&i64::from(limit)], |r| {
+            Ok((r.try_get(0)?, r.try_get(1)?))
+        })
+        .await
+    }
+
+    async fn seal_plan(
+        &self,
+        table: PlanTable,
+        key: &str,
+        old: &str,
+        sealed: &str,
+    ) -> Result<bool> {
+        let sql = table.seal_sql(["$1", "$2", "$3"]);
+        Ok(self.execute(&sql, &[&key, &old, &sealed]).await? == 1)
+    }
+
+    async fn record_file_nonce(
+        &self,
+        nonce: &str,
+        signed_at: i64,
+        forget_before: Option<i64>,
+    ) -> Result<bool> {
+        if let Some(before) = forget_before {
+            self.execute(
+                "DELETE FROM cluster_file_nonces WHERE signed_at < $1",
+                &[&before],
+            )
+            .await?;
+        }
+        Ok(self
+            .execute(
+                "INSERT INTO cluster_file_nonces (nonce, signed_at) VALUES ($1, $2) \
+                 ON CONFLICT (nonce) DO NOTHING",
+                &[&nonce, &signed_at],
+            )
+            .await?
+            == 1)
     }
 
     async fn append_audit_batch(

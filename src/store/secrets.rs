@@ -71,8 +71,17 @@ pub struct LeaseRow {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Wrapped<'a> {
     MasterCheck,
-    SecretKey { path: &'a str },
-    TransitKey { name: &'a str, version: i64 },
+    SecretKey {
+        path: &'a str,
+    },
+    TransitKey {
+        name: &'a str,
+        version: i64,
+    },
+    /// A data key of `data_keys` (what seals stored plans and signing keys at rest).
+    DataKey {
+        name: &'a str,
+    },
 }
 
 /// Re-wraps one value from the old master key to the new one.
@@ -84,9 +93,15 @@ pub trait SecretStore: Send + Sync {
     async fn master_check(&self) -> Result<Option<String>>;
     /// Stores the key-check value on first start; returns the stored one if another start won.
     async fn init_master_check(&self, check_value: &str, at: &str) -> Result<String>;
-    /// Re-wraps every wrapped value (check, data keys, transit material) in one transaction:
+    /// Re-wraps every wrapped value (check, secrets' data keys, transit material, `data_keys`)
+    /// in one transaction:
     /// either all move to the new master key or none does. Returns how many were re-wrapped.
     async fn rotate_master(&self, rewrap: &Rewrap<'_>, at: &str) -> Result<u64>;
+    /// The wrapped data key `name` (`data_keys`), if one was stored.
+    async fn data_key(&self, name: &str) -> Result<Option<String>>;
+    /// Stores data key `name` unless one is (servers sharing a database may start together);
+    /// returns the stored one.
+    async fn init_data_key(&self, name: &str, wrapped: &str, at: &str) -> Result<String>;
 
     async fn get_secret(&self, path: &str) -> Result<Option<SecretRow>>;
     async fn get_secret_version(

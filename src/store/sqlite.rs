@@ -23,7 +23,7 @@ use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
 
 use super::{
     AgentRow, ApiKeyChange, ApiKeyRow, AuditFilter, AuditGroup, AuditRow, AuditSeal, CaRow,
-    JoinTokenRow, KeyWrite, SqlValue, Store, MIGRATIONS,
+    JoinTokenRow, KeyWrite, PlanTable, SqlValue, Store, MIGRATIONS,
 };
 use crate::{Error, Result};
 
@@ -267,6 +267,7 @@ fn api_key_from_row(row: &Row<'_>) -> rusqlite::Result<ApiKeyRow> {
         created_at: row.get(4)?,
         last_used_at: row.get(5)?,
         expires_at: row.get(6)?,
+        signing_sealed: row.get(7)?,
     })
 }
 
@@ -481,7 +482,7 @@ impl Store for SqliteStore {
     async fn insert_api_key(&self, key: &ApiKeyRow) -> Result<()> {
         self.with(|c| {
             c.prepare_cached(&format!(
-                "INSERT INTO api_keys ({API_KEY_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"
+                "INSERT INTO api_keys ({API_KEY_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
             ))?
             .execute(params![
                 key.id,
@@ -490,7 +491,8 @@ impl Store for SqliteStore {
                 key.key_hash,
                 key.created_at,
                 key.last_used_at,
-                key.expires_at
+                key.expires_at,
+                key.signing_sealed
             ])?;
             Ok(())
         })
@@ -651,6 +653,53 @@ impl Store for SqliteStore {
                 .execute(params![id, used_at])?;
             Ok(())
         })
+    }
+
+    async fn seal_api_key(
+        &self,
+        id: &str,
+        old_hash: &str,
+        key_hash: &str,
+        signing_sealed: &str,
+    ) -> Result<bool> {
+        self.with(|c| {
+            let changed = c.execute(
+                "UPDATE api_keys SET key_hash = ?3, signing_sealed = ?4 \
+                 WHERE id = ?1 AND key_hash = ?2 AND signing_sealed IS NULL",
+                params![id, old_hash, key_hash, signing_sealed],
+            )?;
+            Ok(changed == 1)
+        })
+    }
+
+    async fn clear_plans(&self, table: PlanTable, limit: u32) -> Result<Vec<(String, String)>> {
+        self.with(|c| {
+            let mut statement = c.prepare(&table.clear_sql("?1"))?;
+            let rows = statement.query_map([limit], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+    }
+
+    async fn seal_plan(
+        &self,
+        table: PlanTable,
+        key: &str,
+        old: &str,
+        sealed: &str,
+    ) -> Result<bool> {
+        self.with(|c| {
+            let changed = c.execute(
+                &table.seal_sql(["?1", "?2", "?3"]),
+                params![key, old, sealed],
+            )?;
+            Ok(changed == 1)
+        })
+    }
+
+    async fn record_file_nonce(&self, _: &str, _: i64, _: Option<i64>) -> Result<bool> {
+        Err(Error::Unavailable(
+            "a shared replay window needs the PostgreSQL store (cluster mode)".into(),
+        ))
     }
 
     async fn active_ca(&self) -> Result<Vec<CaRow>> {
@@ -879,6 +928,7 @@ mod tests {
             created_at: "2026-11-21T08:15:02.123Z".into(),
             last_used_at: None,
             expires_at: None,
+            signing_sealed: None,
         }
     }
 

@@ -88,6 +88,7 @@ pub const TABLES: &[Table] = &[
             text("created_at"),
             text("last_used_at"),
             text("expires_at"),
+            text("signing_sealed"),
         ],
         primary_key: &["id"],
     },
@@ -120,6 +121,11 @@ pub const TABLES: &[Table] = &[
             text("rotated_at"),
         ],
         primary_key: &["id"],
+    },
+    Table {
+        name: "data_keys",
+        columns: &[text("name"), text("key_sealed"), text("created_at")],
+        primary_key: &["name"],
     },
     Table {
         name: "secrets",
@@ -512,7 +518,7 @@ mod tests {
         assert_eq!(versions.key_columns(), vec![text("path"), int("version")]);
         assert_eq!(
             find("api_keys").unwrap().column_list(),
-            "id, name, role, key_hash, created_at, last_used_at, expires_at"
+            "id, name, role, key_hash, created_at, last_used_at, expires_at, signing_sealed"
         );
         assert!(find("schema_version").is_none());
     }

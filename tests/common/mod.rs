@@ -719,3 +719,46 @@ pub fn identity_json(server: &TestServer, key: &str, args: &[&str]) -> Run {
         .args(["--api-key", key, "-o", "json"])
         .args(args))
 }
+
+/// What a copy of the server's store holds, as bytes to search: a snapshot taken through
+/// `svc-cluster-backup backup` (the whole store as a SQLite file, whatever the driver, and
+/// the stream logs), unpacked, and on SQLite the data dir's database files themselves.
+pub fn store_dump(server: &TestServer) -> Vec<u8> {
+    let file = server.names.path("dump.tar.gz");
+    let taken = run(server.cli("svc-cluster-backup").args([
+        "--api-key",
+        &server.admin_key,
+        "backup",
+        "--output",
+        file.to_str().unwrap(),
+    ]));
+    assert_eq!(taken.code, 0, "{taken:?}");
+    let mut dump = Vec::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(&file).unwrap())
+        .read_to_end(&mut dump)
+        .unwrap();
+    std::fs::remove_file(&file).unwrap();
+    for name in ["svc.db", "svc.db-wal"] {
+        dump.extend(std::fs::read(server.data_dir.join(name)).unwrap_or_default());
+    }
+    dump
+}
+
+/// Whether `needle` occurs anywhere in `haystack`.
+pub fn contains_bytes(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack
+        .windows(needle.len())
+        .any(|window| window == needle)
+}
+
+/// Asserts that a store dump shows none of API key `key`'s file-request signing key (its
+/// SHA-256, raw or hex: the HMAC key of `Svc-Auth` signatures).
+pub fn assert_no_signing_key(dump: &[u8], key: &str) {
+    use sha2::{Digest, Sha256};
+    let signing = Sha256::digest(key.as_bytes());
+    assert!(!contains_bytes(dump, &signing), "raw signing key of {key}");
+    assert!(
+        !contains_bytes(dump, hex::encode(signing).as_bytes()),
+        "hex signing key of {key} in the store"
+    );
+}

@@ -106,7 +106,8 @@ impl SecretStore for PostgresStore {
         let tx = client.transaction().await?;
         // EXCLUSIVE: readers go on, writers (which wrap with the old key) wait for the commit.
         tx.batch_execute(
-            "LOCK TABLE secrets_master_check, secrets, transit_key_versions IN EXCLUSIVE MODE",
+            "LOCK TABLE secrets_master_check, secrets, transit_key_versions, data_keys \
+             IN EXCLUSIVE MODE",
         )
         .await?;
         let mut count = 0u64;
@@ -164,8 +165,39 @@ impl SecretStore for PostgresStore {
             .await?;
             count += 1;
         }
+        let data_keys = rows_on(&tx, "SELECT name, key_sealed FROM data_keys", &[], pair).await?;
+        for (name, wrapped) in data_keys {
+            let new = rewrap(Wrapped::DataKey { name: &name }, &wrapped)?;
+            tx.execute(
+                "UPDATE data_keys SET key_sealed = $2 WHERE name = $1",
+                &[&name, &new],
+            )
+            .await?;
+            count += 1;
+        }
         tx.commit().await?;
         Ok(count)
+    }
+
+    async fn data_key(&self, name: &str) -> Result<Option<String>> {
+        self.first(
+            "SELECT key_sealed FROM data_keys WHERE name = $1",
+            &[&name],
+            |r| r.try_get(0),
+        )
+        .await
+    }
+
+    async fn init_data_key(&self, name: &str, wrapped: &str, at: &str) -> Result<String> {
+        self.execute(
+            "INSERT INTO data_keys (name, key_sealed, created_at) VALUES ($1, $2, $3) \
+             ON CONFLICT (name) DO NOTHING",
+            &[&name, &wrapped, &at],
+        )
+        .await?;
+        self.data_key(name)
+            .await?
+            .ok_or_else(|| Error::internal("the data key row vanished"))
     }
 
     async fn get_secret(&self, path: &str) -> Result<Option<SecretRow>> {

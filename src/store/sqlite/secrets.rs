@@ -154,8 +154,45 @@ impl SecretStore for SqliteStore {
                 )?;
                 count += 1;
             }
+            let data_keys: Vec<(String, String)> = tx
+                .prepare("SELECT name, key_sealed FROM data_keys")?
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<rusqlite::Result<_>>()?;
+            for (name, wrapped) in data_keys {
+                let new = rewrap(Wrapped::DataKey { name: &name }, &wrapped)?;
+                tx.execute(
+                    "UPDATE data_keys SET key_sealed = ?2 WHERE name = ?1",
+                    params![name, new],
+                )?;
+                count += 1;
+            }
             tx.commit()?;
             Ok(count)
+        })
+    }
+
+    async fn data_key(&self, name: &str) -> Result<Option<String>> {
+        self.with(|c| {
+            Ok(
+                c.prepare_cached("SELECT key_sealed FROM data_keys WHERE name = ?1")?
+                    .query_row([name], |r| r.get(0))
+                    .optional()?,
+            )
+        })
+    }
+
+    async fn init_data_key(&self, name: &str, wrapped: &str, at: &str) -> Result<String> {
+        self.with(|c| {
+            c.execute(
+                "INSERT INTO data_keys (name, key_sealed, created_at) VALUES (?1, ?2, ?3) \
+                 ON CONFLICT (name) DO NOTHING",
+                params![name, wrapped, at],
+            )?;
+            Ok(c.query_row(
+                "SELECT key_sealed FROM data_keys WHERE name = ?1",
+                [name],
+                |r| r.get(0),
+            )?)
         })
     }
 
