@@ -260,7 +260,7 @@ pub fn document() -> Response<Body> {
                 "parameters": with_params(&[], &[("limit", "integer", "results per page (default 100, at most 1000)"), ("after", "string", "the previous page's next_after")]),
                 "responses": with_errors(json!({"200": {"description": "the job and a page of results", "content": {"application/json": {"schema": {"type": "object", "properties": {
                     "job": {"$ref": "#/components/schemas/Job"}, "results": {"type": "array", "items": {"type": "object", "description": "as svcctl exec|state -o json prints one agent's result"}},
-                    "next_after": {"type": "string", "nullable": true}}}}}}}), &[("404", "no such job (or pruned)")])}});
+                    "next_after": {"type": "string", "nullable": true}}}}}}}), &[("404", "no such job (or pruned)"), ("422", "bad limit or job id")])}});
     doc["paths"]["/api/v1/secrets"] = json!({"get": {"summary": "Secret paths and metadata under a prefix, never values (svc-secrets list); audited as secret.list", "security": [{"bearer": []}],
                 "parameters": with_params(&[], &[("prefix", "string", "path prefix"), ("include_deleted", "boolean", "also paths whose current version is deleted")]),
                 "responses": with_errors(json!({"200": {"description": "metadata", "content": {"application/json": {"schema": {"type": "object", "properties": {
