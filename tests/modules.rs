@@ -548,6 +548,19 @@ fn registry_plain_http_only_to_loopback() {
         ],
     ));
 
+    // The registry itself sends API keys to --svc-url: the same rule, at start.
+    let svc_url = run(names.command("svc-registry").args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--svc-url",
+        "http://192.0.2.1:8080",
+    ]));
+    assert_eq!(svc_url.code, 2, "{svc_url:?}");
+    for part in ["--svc-url", "refusing plain http://", "--allow-plain-http"] {
+        assert!(svc_url.stderr.contains(part), "{part}: {svc_url:?}");
+    }
+
     // A URL that is not http(s) at all is refused as such.
     let ftp = module(
         &names,

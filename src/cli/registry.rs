@@ -99,14 +99,16 @@ async fn body(common: Common, args: Args) -> Result<(), CliError> {
             )
             .map_err(CliError::usage)?;
             let svc = match a.svc_url {
-                Some(url) => Some((
-                    url,
-                    Transport::new(
+                Some(url) => {
+                    let transport = Transport::new(
                         common.ca_file.as_deref(),
                         a.allow_plain_http,
                         ("--ca-file PATH (or set SVC_CA_FILE)", "--allow-plain-http"),
-                    )?,
-                )),
+                    )
+                    .and_then(|t| t.check(&url).map(|()| t))
+                    .map_err(|e| CliError::usage(format!("--svc-url: {e}")))?;
+                    Some((url, transport))
+                }
                 None => None,
             };
             let auth = Auth::load(token_file.as_deref(), svc)?;

@@ -113,9 +113,6 @@ pub struct Auth {
 
 impl Auth {
     pub fn load(token_file: Option<&Path>, svc: Option<(String, Transport)>) -> Result<Auth> {
-        if let Some((url, transport)) = &svc {
-            transport.check(url)?;
-        }
         let mut token_hashes = Vec::new();
         if let Some(path) = token_file {
             let text = std::fs::read_to_string(path)
