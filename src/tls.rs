@@ -4,14 +4,24 @@
 //!
 //! Owns PEM loading, the messages that name a bad key or file, and the choice of crypto
 //! provider: ring, always, passed explicitly so nothing depends on a process-wide default (and
-//! aws-lc-rs never enters the build). No sockets here: the server's per-connection handshakes
-//! are in `server::tls` and `bus::broker`, the clients' in `cli::client` and async-nats.
+//! aws-lc-rs never enters the build). The server's per-connection handshakes are in
+//! `server::tls` and `bus::broker`; the one client socket here is [`connect`] (and
+//! [`send_http1`] over it), shared by the `https://` CLIs and the module registry client, which
+//! make one connection per request and so need no TLS connector crate.
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
+use bytes::Bytes;
+use http::{header, Request, Response, Uri};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
 
 use crate::config::TlsConfig;
 
@@ -34,7 +44,7 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 /// Loads `tls.cert` and `tls.key`: `Ok(None)` when both are empty (plain TCP), an error naming
 /// the key and the file otherwise. Used by `--check-config` and at start-up alike.
 pub fn server_tls(config: &TlsConfig) -> Result<Option<ServerTls>, String> {
-    let Some((config, _)) = load_server_config(config, "tls", &[])? else {
+    let Some((config, _)) = load_server_config(config, ("tls.cert", "tls.key"), &[])? else {
         return Ok(None);
     };
     let with_alpn = |protocol: &[u8]| {
@@ -71,10 +81,12 @@ pub fn bus_server_tls(
     client_roots: &[CertificateDer<'static>],
 ) -> Result<Option<BusTls>, String> {
     Ok(
-        load_server_config(config, "bus.tls", client_roots)?.map(|(server, certificate)| BusTls {
-            server: Arc::new(server),
-            certificate,
-        }),
+        load_server_config(config, ("bus.tls.cert", "bus.tls.key"), client_roots)?.map(
+            |(server, certificate)| BusTls {
+                server: Arc::new(server),
+                certificate,
+            },
+        ),
     )
 }
 
@@ -98,30 +110,44 @@ fn client_verifier(
         .map_err(|e| format!("client certificate verifier: {e}"))
 }
 
-/// The certificate chain and key of a `{cert, key}` section named `section`, as a server
-/// configuration without ALPN (asking for client certificates chaining to `client_roots`,
-/// if any), and its leaf certificate.
+/// An HTTP/1.1 server configuration from `config`, whose two files errors call `names`
+/// (`svc-registry serve`'s `--tls-cert` and `--tls-key`); `Ok(None)` when both are empty.
+pub fn http_server_tls(
+    config: &TlsConfig,
+    names: (&str, &str),
+) -> Result<Option<Arc<rustls::ServerConfig>>, String> {
+    Ok(
+        load_server_config(config, names, &[])?.map(|(mut config, _)| {
+            config.alpn_protocols = vec![ALPN_REST.to_vec()];
+            Arc::new(config)
+        }),
+    )
+}
+
+/// The certificate chain and key of a `{cert, key}` pair that errors call `names`, as a
+/// server configuration without ALPN (asking for client certificates chaining to
+/// `client_roots`, if any), and its leaf certificate.
 fn load_server_config(
     config: &TlsConfig,
-    section: &str,
+    (cert_name, key_name): (&str, &str),
     client_roots: &[CertificateDer<'static>],
 ) -> Result<Option<(rustls::ServerConfig, CertificateDer<'static>)>, String> {
     let (cert_path, key_path) = match (config.cert.is_empty(), config.key.is_empty()) {
         (true, true) => return Ok(None),
         (false, true) => {
             return Err(format!(
-                "{section}.key is missing: {section}.cert is set, and TLS needs both"
+                "{key_name} is missing: {cert_name} is set, and TLS needs both"
             ))
         }
         (true, false) => {
             return Err(format!(
-                "{section}.cert is missing: {section}.key is set, and TLS needs both"
+                "{cert_name} is missing: {key_name} is set, and TLS needs both"
             ))
         }
         (false, false) => (Path::new(&config.cert), Path::new(&config.key)),
     };
-    let chain = load_certificates(cert_path).map_err(|e| format!("{section}.cert: {e}"))?;
-    let key = load_private_key(key_path).map_err(|e| format!("{section}.key: {e}"))?;
+    let chain = load_certificates(cert_path).map_err(|e| format!("{cert_name}: {e}"))?;
+    let key = load_private_key(key_path).map_err(|e| format!("{key_name}: {e}"))?;
     let leaf = chain[0].clone();
     let config = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
@@ -130,12 +156,12 @@ fn load_server_config(
         .with_single_cert(chain, key)
         .map_err(|e| match e {
             rustls::Error::InconsistentKeys(_) => format!(
-                "{section}.key: {} does not match the certificate in {}",
+                "{key_name}: {} does not match the certificate in {}",
                 key_path.display(),
                 cert_path.display()
             ),
             other => format!(
-                "{section}: cannot use {} with {}: {other}",
+                "{cert_name}: cannot use {} with {}: {other}",
                 cert_path.display(),
                 key_path.display()
             ),
@@ -312,6 +338,99 @@ pub fn untrusted_certificate(error: &(dyn std::error::Error + 'static)) -> Optio
     None
 }
 
+/// How long a client waits for a TCP connection.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The host `url` names when a connection to it would be plain TCP to another machine (not
+/// https://, not a loopback address): what travels then can be read and changed on the
+/// network. `host:port` without a scheme means plain `http://`.
+pub fn plaintext_remote_host(url: &str) -> Option<String> {
+    let uri: Uri = if url.contains("://") {
+        url.parse().ok()?
+    } else {
+        format!("http://{url}").parse().ok()?
+    };
+    if uri.scheme_str() == Some("https") {
+        return None;
+    }
+    let host = uri.host()?;
+    let bare = without_brackets(host);
+    let is_loopback = bare.eq_ignore_ascii_case("localhost")
+        || bare
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    (!is_loopback).then(|| host.to_string())
+}
+
+/// An IPv6 literal keeps its brackets in a URI's host; name checks and connects want the
+/// address itself.
+pub fn without_brackets(host: &str) -> &str {
+    host.trim_start_matches('[').trim_end_matches(']')
+}
+
+/// Connects to `uri`'s host and port and completes a TLS handshake, verifying the server's
+/// certificate for that host name (or IP address). An untrusted certificate is an error that
+/// names the host and says to pass `ca_hint` (the flag that gives the CA file).
+pub async fn connect(
+    uri: &Uri,
+    config: Arc<rustls::ClientConfig>,
+    ca_hint: &str,
+) -> std::io::Result<TlsStream<TcpStream>> {
+    use std::io::{Error, ErrorKind};
+    let host = uri
+        .host()
+        .ok_or_else(|| Error::new(ErrorKind::InvalidInput, "the address has no host"))?;
+    let port = uri.port_u16().unwrap_or(443);
+    let bare = without_brackets(host);
+    let name = rustls::pki_types::ServerName::try_from(bare.to_string())
+        .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("'{host}': {e}")))?;
+    let socket = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect((bare, port)))
+        .await
+        .map_err(|_| Error::new(ErrorKind::TimedOut, "connect timed out"))??;
+    let _ = socket.set_nodelay(true);
+    let connector = tokio_rustls::TlsConnector::from(config);
+    connector.connect(name, socket).await.map_err(|e| {
+        if let Some(why) = untrusted_certificate(&e) {
+            return Error::other(format!(
+                "TLS: the certificate of {host} is not trusted ({why}); pass {ca_hint} with \
+                 the CA that issued it"
+            ));
+        }
+        match e.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>()) {
+            Some(other) => Error::other(format!("TLS: {other}")),
+            None => e,
+        }
+    })
+}
+
+/// Sends one request over its own TLS connection (HTTP/1.1), in origin form with `Host`, as
+/// hyper's pooled client does for plain HTTP.
+pub async fn send_http1(
+    mut request: Request<Full<Bytes>>,
+    config: Arc<rustls::ClientConfig>,
+    ca_hint: &str,
+) -> Result<Response<Incoming>, Box<dyn std::error::Error + Send + Sync>> {
+    let stream = connect(request.uri(), config, ca_hint).await?;
+    if let Some(authority) = request.uri().authority() {
+        let host = header::HeaderValue::from_str(authority.as_str())?;
+        request.headers_mut().insert(header::HOST, host);
+    }
+    let origin_form = request
+        .uri()
+        .path_and_query()
+        .map_or("/", |path| path.as_str())
+        .parse()?;
+    *request.uri_mut() = origin_form;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!(error = %e, "https connection ended with an error");
+        }
+    });
+    Ok(sender.send_request(request).await?)
+}
+
 /// Every certificate in a PEM file; an error (naming the file) if there is none.
 pub fn load_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
     let text = read(path)?;
@@ -472,5 +591,33 @@ mod tests {
         assert!(client_config(Some(Path::new(&ca)), ALPN_REST).is_ok());
         let message = client_config(Some(Path::new(&key_only)), ALPN_REST).unwrap_err();
         assert!(message.contains("no PEM certificate"), "{message}");
+    }
+
+    #[test]
+    fn plaintext_remote_hosts() {
+        for local in [
+            "127.0.0.1:5397",
+            "localhost:5397",
+            "http://127.0.0.2:5397",
+            "http://[::1]:5397",
+            "http://LOCALHOST:8095",
+            "https://svc.example:5397",
+            "https://10.0.0.5:5397",
+        ] {
+            assert_eq!(plaintext_remote_host(local), None, "{local}");
+        }
+        for (remote, host) in [
+            ("10.0.0.5:5397", "10.0.0.5"),
+            ("http://svc.example:5397", "svc.example"),
+            ("http://[2001:db8::1]:5397", "[2001:db8::1]"),
+            // Only the loopback range is this machine; a name that merely starts so is not.
+            ("http://localhost.example:8095", "localhost.example"),
+        ] {
+            assert_eq!(
+                plaintext_remote_host(remote).as_deref(),
+                Some(host),
+                "{remote}"
+            );
+        }
     }
 }

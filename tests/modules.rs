@@ -48,12 +48,18 @@ impl Drop for Registry {
 }
 
 fn start_registry(names: &Names, dir: &Path, token_file: &Path) -> Registry {
+    start_registry_with(names, dir, token_file, &["--listen", "127.0.0.1:0"])
+}
+
+/// `svc-registry serve` with `args` (which give --listen), once it says where it listens.
+fn start_registry_with(names: &Names, dir: &Path, token_file: &Path, args: &[&str]) -> Registry {
     let child = names
         .command("svc-registry")
-        .args(["serve", "--listen", "127.0.0.1:0", "--dir"])
+        .args(["serve", "--dir"])
         .arg(dir)
         .arg("--token-file")
         .arg(token_file)
+        .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -363,6 +369,245 @@ fn registry_publish_resolve_install() {
         .env("SVC_MODULES_DIR", &strict)
         .env("SVC_MODULES_CONFIG", h.join("modules.yaml"))
         .args(["install", base_zip.to_str().unwrap()])));
+}
+
+/// Builds module NAME at VERSION in HOME/NAME-VERSION; returns its ZIP.
+fn build_module(names: &Names, home: &Path, name: &str, version: &str) -> String {
+    let dir = home.join(format!("{name}-{version}"));
+    write(
+        &dir,
+        &[
+            (
+                "module.yaml",
+                &format!("name: {name}\nversion: {version}\n"),
+            ),
+            ("main.star", ""),
+        ],
+    );
+    ok(module(names, home, &["build", dir.to_str().unwrap()]));
+    let zip = dir.join(format!("build/{name}-{version}.zip"));
+    zip.to_str().unwrap().to_string()
+}
+
+#[test]
+fn registry_over_https() {
+    let names = Names::new();
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    let pki = common::pki::Pki::new();
+    let (ca, cert, key) = (
+        pki.path("ca.pem"),
+        pki.path("server.pem"),
+        pki.path("server.key"),
+    );
+    let (ca, cert, key) = (
+        ca.to_str().unwrap(),
+        cert.to_str().unwrap(),
+        key.to_str().unwrap(),
+    );
+    std::fs::write(h.join("tokens"), "secret-token\n").unwrap();
+
+    // Half a pair, or a key for another certificate, is refused at start with the flag named.
+    for (args, expect) in [
+        (vec!["--tls-cert", cert], "--tls-key is missing"),
+        (vec!["--tls-key", key], "--tls-cert is missing"),
+        (
+            vec![
+                "--tls-cert",
+                cert,
+                "--tls-key",
+                pki.path("other.key").to_str().unwrap(),
+            ],
+            "does not match",
+        ),
+    ] {
+        let refused = run(names
+            .command("svc-registry")
+            .args(["serve", "--listen", "127.0.0.1:0", "--dir"])
+            .arg(h.join("unused"))
+            .args(&args));
+        assert_eq!(refused.code, 2, "{refused:?}");
+        assert!(refused.stderr.contains(expect), "{expect}: {refused:?}");
+    }
+
+    let registry = start_registry_with(
+        &names,
+        &h.join("registry"),
+        &h.join("tokens"),
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--tls-cert",
+            cert,
+            "--tls-key",
+            key,
+        ],
+    );
+    let url = registry.url.as_str();
+    assert!(url.starts_with("https://127.0.0.1:"), "{url}");
+    std::fs::create_dir_all(h.join("fresh")).unwrap();
+    let zip = build_module(&names, h, "base", "1.0.0");
+    let publish = |extra: &[&str]| {
+        let mut args = vec![
+            "publish",
+            &zip,
+            "--registry",
+            url,
+            "--token",
+            "secret-token",
+        ];
+        args.extend_from_slice(extra);
+        module(&names, h, &args)
+    };
+
+    // Without the CA the certificate does not verify: refused before the token is sent, and
+    // the error names the host and the flag that fixes it.
+    let untrusted = publish(&[]);
+    assert_eq!(untrusted.code, 3, "{untrusted:?}");
+    for part in ["not trusted", "127.0.0.1", "--registry-ca"] {
+        assert!(untrusted.stderr.contains(part), "{part}: {untrusted:?}");
+    }
+    assert!(!h.join("registry/base").exists());
+    // A CA file that holds no certificate is a usage error naming the flag.
+    let bad_ca = publish(&["--registry-ca", key]);
+    assert_eq!(bad_ca.code, 2, "{bad_ca:?}");
+    assert!(bad_ca.stderr.contains("--registry-ca"), "{bad_ca:?}");
+
+    // With the CA: publish, then list and download (install by name) over https.
+    let published = ok(publish(&["--registry-ca", ca, "-o", "json"]));
+    assert!(
+        published.stdout.contains("\"version\": \"1.0.0\""),
+        "{published:?}"
+    );
+    let installed = ok(run(names
+        .command("svc-module")
+        .env("SVC_MODULES_DIR", h.join("fresh"))
+        .env("SVC_REGISTRY_CA", ca)
+        .args(["install", "base@^1", "--registry", url])));
+    assert!(
+        installed.stdout.contains("installed base 1.0.0"),
+        "{installed:?}"
+    );
+    // The certificate's DNS name works as well as its IP address.
+    let by_name = url.replace("127.0.0.1", "localhost");
+    let again = ok(run(names
+        .command("svc-module")
+        .env("SVC_MODULES_DIR", h.join("fresh"))
+        .args([
+            "install",
+            "base",
+            "--registry",
+            &by_name,
+            "--registry-ca",
+            ca,
+        ])));
+    assert!(
+        again.stdout.contains("already installed base 1.0.0"),
+        "{again:?}"
+    );
+
+    // The registry speaks nothing but TLS: a plain request on its port gets no answer.
+    let addr: std::net::SocketAddr = url.trim_start_matches("https://").parse().unwrap();
+    assert!(common::http_request(addr, "GET", "/healthz", &[], None).is_err());
+}
+
+/// An address of this machine that is not loopback, if it has one (the interface a route to
+/// a documentation address would leave by; no packet is sent).
+fn non_loopback_ip() -> Option<std::net::IpAddr> {
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    socket.connect("192.0.2.1:9").ok()?;
+    Some(socket.local_addr().ok()?.ip()).filter(|ip| !ip.is_loopback() && !ip.is_unspecified())
+}
+
+#[test]
+fn registry_plain_http_only_to_loopback() {
+    let names = Names::new();
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    std::fs::write(h.join("tokens"), "secret-token\n").unwrap();
+    let registry = start_registry_with(
+        &names,
+        &h.join("registry"),
+        &h.join("tokens"),
+        &["--listen", "0.0.0.0:0"],
+    );
+    let port = registry.url.rsplit(':').next().unwrap().to_string();
+    let zip = build_module(&names, h, "base", "1.0.0");
+    // Loopback needs no flag.
+    let local = format!("http://127.0.0.1:{port}");
+    ok(module(
+        &names,
+        h,
+        &[
+            "publish",
+            &zip,
+            "--registry",
+            &local,
+            "--token",
+            "secret-token",
+        ],
+    ));
+
+    // The registry itself sends API keys to --svc-url: the same rule, at start.
+    let svc_url = run(names.command("svc-registry").args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--svc-url",
+        "http://192.0.2.1:8080",
+    ]));
+    assert_eq!(svc_url.code, 2, "{svc_url:?}");
+    for part in ["--svc-url", "refusing plain http://", "--allow-plain-http"] {
+        assert!(svc_url.stderr.contains(part), "{part}: {svc_url:?}");
+    }
+
+    // A URL that is not http(s) at all is refused as such.
+    let ftp = module(
+        &names,
+        h,
+        &["install", "base", "--registry", "ftp://127.0.0.1/"],
+    );
+    assert_eq!(ftp.code, 2, "{ftp:?}");
+    assert!(ftp.stderr.contains("https://"), "{ftp:?}");
+
+    let Some(ip) = non_loopback_ip() else {
+        // The URL policy itself is covered by the unit test tls::tests::plaintext_remote_hosts.
+        eprintln!("no non-loopback address on this machine: remote http:// not exercised");
+        return;
+    };
+    let remote = format!("http://{ip}:{port}");
+    let refused = module(&names, h, &["install", "base", "--registry", &remote]);
+    assert_eq!(refused.code, 2, "{refused:?}");
+    for part in [
+        "refusing plain http://",
+        &ip.to_string(),
+        "--allow-plain-http",
+    ] {
+        assert!(refused.stderr.contains(part), "{part}: {refused:?}");
+    }
+    let publish = module(
+        &names,
+        h,
+        &["publish", &zip, "--registry", &remote, "--token", "x"],
+    );
+    assert_eq!(publish.code, 2, "{publish:?}");
+    assert!(publish.stderr.contains("--allow-plain-http"), "{publish:?}");
+    // Allowed explicitly, the same registry answers.
+    let allowed = ok(module(
+        &names,
+        h,
+        &[
+            "install",
+            "base",
+            "--registry",
+            &remote,
+            "--allow-plain-http",
+        ],
+    ));
+    assert!(
+        allowed.stdout.contains("installed base 1.0.0"),
+        "{allowed:?}"
+    );
 }
 
 /// `svc-module` with the server's address and `key`, in `home` (its store).

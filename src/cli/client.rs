@@ -2,7 +2,7 @@
 //! client for the REST routes. Every failure becomes a `CliError` with the contract's code.
 //!
 //! `https://` addresses use TLS (rustls with ring, `crate::tls::client_config`): one
-//! connection per process, made here with tokio-rustls rather than a TLS connector crate,
+//! connection per process, made by `crate::tls::connect` rather than a TLS connector crate,
 //! since each CLI run sends one request (REST) or opens one channel (gRPC). The server's
 //! certificate must chain to `--ca-file`, or to the system's store without it.
 
@@ -10,18 +10,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{header, Method, Request, Response, StatusCode, Uri};
+use http::{header, Method, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::Value;
-use tokio::net::TcpStream;
-use tokio_rustls::client::TlsStream;
 
 use super::{exit, CliError, Common};
+use crate::tls::CONNECT_TIMEOUT;
 
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// What an untrusted server certificate's error tells to pass.
+const CA_HINT: &str = "--ca-file PATH (or set SVC_CA_FILE)";
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// `--server` as a URL: `host:port` means plain `http://`.
@@ -31,28 +30,6 @@ fn server_url(server: &str) -> String {
     } else {
         format!("http://{server}")
     }
-}
-
-/// The host `--server` names when the connection to it would be plain TCP to another machine
-/// (not https://, not a loopback address): what travels then can be read on the network.
-pub fn plaintext_remote_host(server: &str) -> Option<String> {
-    let uri: Uri = server_url(server).parse().ok()?;
-    if uri.scheme_str() == Some("https") {
-        return None;
-    }
-    let host = uri.host()?;
-    let bare = without_brackets(host);
-    let is_loopback = bare.eq_ignore_ascii_case("localhost")
-        || bare
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback());
-    (!is_loopback).then(|| host.to_string())
-}
-
-/// An IPv6 literal keeps its brackets in a URI's host; name checks and connects want the
-/// address itself.
-fn without_brackets(host: &str) -> &str {
-    host.trim_start_matches('[').trim_end_matches(']')
 }
 
 /// Connects to the gRPC server named by `--server`.
@@ -65,7 +42,11 @@ pub async fn grpc_channel(common: &Common) -> Result<tonic::transport::Channel, 
         let config = Arc::new(tls_config(common, crate::tls::ALPN_GRPC)?);
         let connector = tower::service_fn(move |uri: Uri| {
             let config = config.clone();
-            async move { connect_tls(&uri, config).await.map(TokioIo::new) }
+            async move {
+                crate::tls::connect(&uri, config, CA_HINT)
+                    .await
+                    .map(TokioIo::new)
+            }
         });
         return endpoint
             .connect_with_connector(connector)
@@ -82,39 +63,6 @@ pub async fn grpc_channel(common: &Common) -> Result<tonic::transport::Channel, 
 fn tls_config(common: &Common, alpn: &[u8]) -> Result<rustls::ClientConfig, CliError> {
     crate::tls::client_config(common.ca_file.as_deref(), alpn)
         .map_err(|e| CliError::usage(format!("--ca-file: {e}")))
-}
-
-/// Connects to `uri`'s host and port and completes a TLS handshake, verifying the server's
-/// certificate for that host name (or IP address).
-async fn connect_tls(
-    uri: &Uri,
-    config: Arc<rustls::ClientConfig>,
-) -> std::io::Result<TlsStream<TcpStream>> {
-    use std::io::{Error, ErrorKind};
-    let host = uri
-        .host()
-        .ok_or_else(|| Error::new(ErrorKind::InvalidInput, "the address has no host"))?;
-    let port = uri.port_u16().unwrap_or(443);
-    let bare = without_brackets(host);
-    let name = rustls::pki_types::ServerName::try_from(bare.to_string())
-        .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("'{host}': {e}")))?;
-    let socket = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect((bare, port)))
-        .await
-        .map_err(|_| Error::new(ErrorKind::TimedOut, "connect timed out"))??;
-    let _ = socket.set_nodelay(true);
-    let connector = tokio_rustls::TlsConnector::from(config);
-    connector.connect(name, socket).await.map_err(|e| {
-        if let Some(why) = crate::tls::untrusted_certificate(&e) {
-            return Error::other(format!(
-                "TLS: the server's certificate is not trusted ({why}); pass --ca-file \
-                 PATH (or set SVC_CA_FILE) with the CA that issued it"
-            ));
-        }
-        match e.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>()) {
-            Some(other) => Error::other(format!("TLS: {other}")),
-            None => e,
-        }
-    })
 }
 
 /// `cannot reach the server at ADDRESS: CAUSE`, with every cause in the chain.
@@ -179,7 +127,7 @@ pub async fn http_json(
     let sent = async {
         if request.uri().scheme_str() == Some("https") {
             let config = Arc::new(tls_config(common, crate::tls::ALPN_REST)?);
-            send_over_tls(request, config)
+            crate::tls::send_http1(request, config, CA_HINT)
                 .await
                 .map_err(|e| unreachable(&common.http_url, e.as_ref()))
         } else {
@@ -223,61 +171,4 @@ pub async fn http_json(
         _ => exit::FAILED,
     };
     Err(CliError::new(code, message))
-}
-
-/// Sends one request over its own TLS connection (HTTP/1.1), in origin form with `Host`, as
-/// the pooled client does for plain HTTP.
-async fn send_over_tls(
-    mut request: Request<Full<Bytes>>,
-    config: Arc<rustls::ClientConfig>,
-) -> Result<Response<Incoming>, Box<dyn std::error::Error + Send + Sync>> {
-    let stream = connect_tls(request.uri(), config).await?;
-    if let Some(authority) = request.uri().authority() {
-        let host = header::HeaderValue::from_str(authority.as_str())?;
-        request.headers_mut().insert(header::HOST, host);
-    }
-    let origin_form = request
-        .uri()
-        .path_and_query()
-        .map_or("/", |path| path.as_str())
-        .parse()?;
-    *request.uri_mut() = origin_form;
-    let (mut sender, connection) =
-        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-    tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            tracing::debug!(error = %e, "https connection ended with an error");
-        }
-    });
-    Ok(sender.send_request(request).await?)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::plaintext_remote_host;
-
-    #[test]
-    fn plaintext_remote_hosts() {
-        for local in [
-            "127.0.0.1:5397",
-            "localhost:5397",
-            "http://127.0.0.2:5397",
-            "http://[::1]:5397",
-            "https://svc.example:5397",
-            "https://10.0.0.5:5397",
-        ] {
-            assert_eq!(plaintext_remote_host(local), None, "{local}");
-        }
-        for (remote, host) in [
-            ("10.0.0.5:5397", "10.0.0.5"),
-            ("http://svc.example:5397", "svc.example"),
-            ("http://[2001:db8::1]:5397", "[2001:db8::1]"),
-        ] {
-            assert_eq!(
-                plaintext_remote_host(remote).as_deref(),
-                Some(host),
-                "{remote}"
-            );
-        }
-    }
 }

@@ -14,7 +14,7 @@ use super::client::{authorized, grpc_channel};
 use super::output::{print_json, print_table};
 use super::{CliError, Common, Output};
 use crate::config::TrustPolicy;
-use crate::modules::registry::{by_version, RegistryClient};
+use crate::modules::registry::{by_version, RegistryClient, Transport};
 use crate::modules::sandbox::{self, Limits};
 use crate::modules::sign;
 use crate::modules::store::{self, Added, Store};
@@ -209,6 +209,14 @@ struct ResolveArgs {
     /// a registry URL (repeatable; env SVC_MODULE_REGISTRY)
     #[argh(option)]
     registry: Vec<String>,
+    /// PEM CA bundle an https:// registry's certificate must chain to (env SVC_REGISTRY_CA;
+    /// default: the system's CA store)
+    #[argh(option)]
+    registry_ca: Option<PathBuf>,
+    /// allow plain http:// to a registry on another host (this machine needs no flag); tokens
+    /// and modules then cross the network unencrypted and unauthenticated
+    #[argh(switch)]
+    allow_plain_http: bool,
     /// installed modules (env SVC_MODULES_DIR)
     #[argh(option)]
     modules_dir: Option<PathBuf>,
@@ -242,6 +250,14 @@ struct InstallArgs {
     /// a registry URL (repeatable; env SVC_MODULE_REGISTRY)
     #[argh(option)]
     registry: Vec<String>,
+    /// PEM CA bundle an https:// registry's certificate must chain to (env SVC_REGISTRY_CA;
+    /// default: the system's CA store)
+    #[argh(option)]
+    registry_ca: Option<PathBuf>,
+    /// allow plain http:// to a registry on another host (this machine needs no flag); tokens
+    /// and modules then cross the network unencrypted and unauthenticated
+    #[argh(switch)]
+    allow_plain_http: bool,
     /// the signature file (default: ZIP.sig when it exists)
     #[argh(option)]
     signature: Option<PathBuf>,
@@ -263,6 +279,14 @@ struct UpdateArgs {
     /// a registry URL (repeatable; env SVC_MODULE_REGISTRY)
     #[argh(option)]
     registry: Vec<String>,
+    /// PEM CA bundle an https:// registry's certificate must chain to (env SVC_REGISTRY_CA;
+    /// default: the system's CA store)
+    #[argh(option)]
+    registry_ca: Option<PathBuf>,
+    /// allow plain http:// to a registry on another host (this machine needs no flag); tokens
+    /// and modules then cross the network unencrypted and unauthenticated
+    #[argh(switch)]
+    allow_plain_http: bool,
     /// the signature file (default: ZIP.sig when it exists)
     #[argh(option)]
     signature: Option<PathBuf>,
@@ -280,6 +304,8 @@ impl From<UpdateArgs> for InstallArgs {
         InstallArgs {
             source: a.source,
             registry: a.registry,
+            registry_ca: a.registry_ca,
+            allow_plain_http: a.allow_plain_http,
             signature: a.signature,
             modules_dir: a.modules_dir,
             config: a.config,
@@ -307,6 +333,14 @@ struct PublishArgs {
     /// the registry URL (env SVC_MODULE_REGISTRY)
     #[argh(option)]
     registry: Option<String>,
+    /// PEM CA bundle an https:// registry's certificate must chain to (env SVC_REGISTRY_CA;
+    /// default: the system's CA store)
+    #[argh(option)]
+    registry_ca: Option<PathBuf>,
+    /// allow plain http:// to a registry on another host (this machine needs no flag); tokens
+    /// and modules then cross the network unencrypted and unauthenticated
+    #[argh(switch)]
+    allow_plain_http: bool,
     /// the token (env SVC_REGISTRY_TOKEN)
     #[argh(option)]
     token: Option<String>,
@@ -422,14 +456,42 @@ fn name_and_range(spec: &str) -> (&str, Option<&str>) {
     }
 }
 
-fn registries(given: &[String]) -> Vec<RegistryClient> {
+/// How registries are reached: `--registry-ca` (else SVC_REGISTRY_CA, else the system's CA
+/// store) and `--allow-plain-http`.
+fn transport(ca_file: Option<PathBuf>, allow_plain_http: bool) -> Result<Transport, CliError> {
+    let ca_file = ca_file.or_else(|| {
+        std::env::var_os("SVC_REGISTRY_CA")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    });
+    Transport::new(
+        ca_file.as_deref(),
+        allow_plain_http,
+        (
+            "--registry-ca FILE (or set SVC_REGISTRY_CA)",
+            "--allow-plain-http",
+        ),
+    )
+    .map_err(|e| CliError::usage(e.to_string()))
+}
+
+/// The registries of `--registry` (else SVC_MODULE_REGISTRY, comma-separated); a URL the
+/// transport refuses is a usage error before anything is sent.
+fn registries(given: &[String], transport: &Transport) -> Result<Vec<RegistryClient>, CliError> {
     let mut urls: Vec<String> = given.to_vec();
     if urls.is_empty() {
         if let Ok(url) = std::env::var("SVC_MODULE_REGISTRY") {
             urls.extend(url.split(',').filter(|u| !u.is_empty()).map(str::to_string));
         }
     }
-    urls.iter().map(|u| RegistryClient::new(u)).collect()
+    urls.iter().map(|url| registry(url, transport)).collect()
+}
+
+fn registry(url: &str, transport: &Transport) -> Result<RegistryClient, CliError> {
+    transport
+        .check(url)
+        .map_err(|e| CliError::usage(e.to_string()))?;
+    Ok(RegistryClient::new(url, transport))
 }
 
 async fn body(common: Common, args: Args) -> Result<(), CliError> {
@@ -640,7 +702,9 @@ async fn body(common: Common, args: Args) -> Result<(), CliError> {
             let module = Module::load_dir(&a.dir)
                 .map_err(|e| CliError::failed(format!("{}: {e}", a.dir.display())))?;
             let policy = TrustPolicy::load(a.config.as_deref())?;
-            let lock = store::resolve(&module, &store, &registries(&a.registry), &policy).await?;
+            let transport = transport(a.registry_ca, a.allow_plain_http)?;
+            let registries = registries(&a.registry, &transport)?;
+            let lock = store::resolve(&module, &store, &registries, &policy).await?;
             let file = a.dir.join(LOCK);
             std::fs::write(&file, lock.to_text())
                 .map_err(|e| CliError::failed(format!("cannot write {}: {e}", file.display())))?;
@@ -726,7 +790,8 @@ async fn body(common: Common, args: Args) -> Result<(), CliError> {
             } else {
                 None
             };
-            let info = RegistryClient::new(&url)
+            let transport = transport(a.registry_ca, a.allow_plain_http)?;
+            let info = registry(&url, &transport)?
                 .publish(zip, signature.as_deref(), &token)
                 .await?;
             if json {
@@ -797,7 +862,8 @@ fn print_tree(node: &serde_json::Value, prefix: &str, last: bool, root: bool) {
 async fn install(a: InstallArgs, json: bool, update: bool) -> Result<(), CliError> {
     let store = Store::open(a.modules_dir);
     let policy = TrustPolicy::load(a.config.as_deref())?;
-    let registries = registries(&a.registry);
+    let transport = transport(a.registry_ca.clone(), a.allow_plain_http)?;
+    let registries = registries(&a.registry, &transport)?;
     let path = Path::new(&a.source);
     let (zip, signature) = if path.is_dir() {
         let module = Module::load_dir(path)
@@ -868,7 +934,15 @@ async fn install(a: InstallArgs, json: bool, update: bool) -> Result<(), CliErro
             Some(_) => {}
         }
     }
-    let done = store::install(&store, &zip, signature.as_deref(), &policy, &registries).await?;
+    let done = store::install(
+        &store,
+        &zip,
+        signature.as_deref(),
+        &policy,
+        &registries,
+        &transport,
+    )
+    .await?;
     if json {
         let rows: Vec<serde_json::Value> = done.iter().map(|(i, added)| serde_json::json!({"name": i.name, "version": i.version, "sha256": i.sha256, "signed": i.signed, "new": *added == Added::New})).collect();
         return print_json(&rows);

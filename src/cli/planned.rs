@@ -220,7 +220,9 @@ pub const TOOLS: &[Planned] = &[
     },
     Planned {
         name: "svc-module",
-        about: "Modules: Starlark that returns state resources, in reproducible ZIPs with a module.lock;\nsigned (ed25519), published to a registry, installed and run in a sandbox (docs/modules.md).\nNo command talks to svc-server; registries are given with --registry URL (env SVC_MODULE_REGISTRY).",
+        about: "Modules: Starlark that returns state resources, in reproducible ZIPs with a module.lock;\nsigned (ed25519), published to a registry, installed and run in a sandbox (docs/modules.md).\nNo command talks to svc-server; registries are given with --registry URL (env SVC_MODULE_REGISTRY):
+https:// verified against --registry-ca FILE (env SVC_REGISTRY_CA) or the system's CA store; plain
+http:// only to this machine unless --allow-plain-http.",
         commands: &[
             ("init", "start a module: NAME [--dir DIR]"),
             ("validate", "schema, sources parse, exports defined: [DIR|ZIP]"),
@@ -247,9 +249,9 @@ pub const TOOLS: &[Planned] = &[
     },
     Planned {
         name: "svc-registry",
-        about: "Module registry HTTP server (docs/modules.md): modules, versions and SHA-256, ZIP and signature\ndownloads, token-checked publishing of immutable versions, GET /openapi.json.",
+        about: "Module registry HTTPS (or HTTP) server (docs/modules.md): modules, versions and SHA-256, ZIP and\nsignature downloads, token-checked publishing of immutable versions, GET /openapi.json.",
         commands: &[
-            ("serve", "serve: [--listen ADDR] [--dir DIR] [--token-file F] [--svc-url URL]"),
+            ("serve", "serve: [--listen ADDR] [--dir DIR] [--tls-cert F --tls-key F] [--token-file F] [--svc-url URL]"),
             ("version", "print the registry version"),
         ],
         default: None,

@@ -363,7 +363,7 @@ async fn rotate_master(common: Common, args: RotateMasterArgs) -> Result<(), Cli
         }
     };
     // The master key opens every secret: it must not cross a network in clear by accident.
-    if let Some(host) = super::client::plaintext_remote_host(&common.server) {
+    if let Some(host) = crate::tls::plaintext_remote_host(&common.server) {
         if !args.allow_plaintext {
             return Err(CliError::usage(format!(
                 "refusing to send the master key in clear to {host}: give --server as \

@@ -8,6 +8,12 @@
 //! `--token-file` (compared by SHA-256 in constant time), or, with `--svc-url`, an svc API
 //! key whose `GET /api/v1/whoami` role is operator or admin. Reads are open: modules are
 //! verified by hash and signature, not by who served them.
+//!
+//! With a certificate and key the registry serves HTTPS only. Clients ([`Transport`]) verify
+//! an `https://` registry's certificate against a CA file or the system's store, and send
+//! plain `http://` only to this machine (loopback) unless told otherwise: a publish token or
+//! API key would otherwise cross the network in clear, and a module's bytes could be swapped
+//! for a version that no lock pins yet.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -46,17 +52,67 @@ pub struct ModuleInfo {
     pub versions: Vec<VersionInfo>,
 }
 
+/// How a client reaches a registry (or `serve` its `--svc-url`): the roots an `https://`
+/// certificate must chain to, and whether plain `http://` may leave this machine.
+#[derive(Clone)]
+pub struct Transport {
+    tls: Arc<rustls::ClientConfig>,
+    /// The flag that gives the CA file, named when a certificate does not verify.
+    ca_hint: &'static str,
+    /// The flag that allows plain HTTP to another host, named when it is refused.
+    allow_hint: &'static str,
+    allow_plain_http: bool,
+}
+
+impl Transport {
+    /// Trusts the PEM bundle `ca_file`, else the system's CA store; only a bad `ca_file` is an
+    /// error. The hints are the flags (or variables) errors tell the user to pass.
+    pub fn new(
+        ca_file: Option<&Path>,
+        allow_plain_http: bool,
+        (ca_hint, allow_hint): (&'static str, &'static str),
+    ) -> Result<Transport> {
+        let tls = crate::tls::client_config(ca_file, crate::tls::ALPN_REST)
+            .map_err(|e| Error::Invalid(format!("{ca_hint}: {e}")))?;
+        Ok(Transport {
+            tls: Arc::new(tls),
+            ca_hint,
+            allow_hint,
+            allow_plain_http,
+        })
+    }
+
+    /// Refuses a URL that is neither `https://` nor `http://`, and plain `http://` to another
+    /// machine unless allowed.
+    pub fn check(&self, url: &str) -> Result<()> {
+        if !(url.starts_with("https://") || url.starts_with("http://")) {
+            return Err(Error::Invalid(format!(
+                "{url}: a registry URL is https://HOST[:PORT] (or http:// on this machine)"
+            )));
+        }
+        match crate::tls::plaintext_remote_host(url) {
+            Some(host) if !self.allow_plain_http => Err(Error::Invalid(format!(
+                "refusing plain http:// to {host}: tokens and modules would cross the network \
+                 unencrypted and unauthenticated; use https:// (svc-registry serve --tls-cert \
+                 --tls-key), or pass {} to accept that",
+                self.allow_hint
+            ))),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// Who may publish.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct Auth {
     /// SHA-256 of each accepted registry token.
     pub token_hashes: Vec<[u8; 32]>,
-    /// An svc server's REST URL whose operator and admin keys may publish.
-    pub svc_url: Option<String>,
+    /// An svc server's REST URL whose operator and admin keys may publish, and how to reach it.
+    pub svc: Option<(String, Transport)>,
 }
 
 impl Auth {
-    pub fn load(token_file: Option<&Path>, svc_url: Option<String>) -> Result<Auth> {
+    pub fn load(token_file: Option<&Path>, svc: Option<(String, Transport)>) -> Result<Auth> {
         let mut token_hashes = Vec::new();
         if let Some(path) = token_file {
             let text = std::fs::read_to_string(path)
@@ -69,10 +125,7 @@ impl Auth {
                 token_hashes.push(Sha256::digest(line.as_bytes()).into());
             }
         }
-        Ok(Auth {
-            token_hashes,
-            svc_url,
-        })
+        Ok(Auth { token_hashes, svc })
     }
 
     async fn check(&self, bearer: Option<&str>) -> Result<()> {
@@ -89,8 +142,9 @@ impl Auth {
         }) {
             return Ok(());
         }
-        if let Some(url) = &self.svc_url {
+        if let Some((url, transport)) = &self.svc {
             let (status, body) = http(
+                transport,
                 Method::GET,
                 &format!("{}/api/v1/whoami", url.trim_end_matches('/')),
                 Some(token),
@@ -388,8 +442,13 @@ async fn route(registry: &Registry, request: Request<Incoming>) -> Result<Respon
     }
 }
 
-/// Serves until the process ends. Prints `listening on ADDR` once bound (tests wait for it).
-pub async fn serve(listen: SocketAddr, registry: Registry) -> Result<()> {
+/// Serves until the process ends, over TLS with `tls` (HTTPS only). Prints `listening on
+/// URL` once bound (tests wait for it).
+pub async fn serve(
+    listen: SocketAddr,
+    registry: Registry,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) -> Result<()> {
     std::fs::create_dir_all(&registry.dir)
         .map_err(|e| Error::Internal(format!("{}: {e}", registry.dir.display())))?;
     let listener = tokio::net::TcpListener::bind(listen)
@@ -397,12 +456,14 @@ pub async fn serve(listen: SocketAddr, registry: Registry) -> Result<()> {
         .map_err(|e| Error::Unavailable(format!("cannot listen on {listen}: {e}")))?;
     let local = listener.local_addr().map_err(Error::internal)?;
     println!(
-        "svc-registry: listening on http://{local} (modules in {})",
+        "svc-registry: listening on {}://{local} (modules in {})",
+        if tls.is_some() { "https" } else { "http" },
         registry.dir.display()
     );
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let registry = Arc::new(registry);
     loop {
-        let (stream, _) = match listener.accept().await {
+        let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(e) => {
                 tracing::warn!(error = %e, "accept failed");
@@ -411,35 +472,52 @@ pub async fn serve(listen: SocketAddr, registry: Registry) -> Result<()> {
             }
         };
         let registry = registry.clone();
+        let acceptor = acceptor.clone();
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |request| {
-                let registry = registry.clone();
-                async move { Ok::<_, std::convert::Infallible>(handle(registry, request).await) }
-            });
-            let connection = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(30))
-                .serve_connection(TokioIo::new(stream), service);
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "registry connection ended with an error");
+            let Some(acceptor) = acceptor else {
+                return serve_connection(registry, stream).await;
+            };
+            // Bounded like the header read below: a client that never finishes its handshake
+            // holds this task and socket only so long.
+            match tokio::time::timeout(HEADER_TIMEOUT, acceptor.accept(stream)).await {
+                Ok(Ok(stream)) => serve_connection(registry, stream).await,
+                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
             }
         });
     }
 }
 
-/// One plain-HTTP request: (status, body).
+const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+
+async fn serve_connection<S>(registry: Arc<Registry>, stream: S)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = hyper::service::service_fn(move |request| {
+        let registry = registry.clone();
+        async move { Ok::<_, std::convert::Infallible>(handle(registry, request).await) }
+    });
+    let connection = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
+        .serve_connection(TokioIo::new(stream), service);
+    if let Err(e) = connection.await {
+        tracing::debug!(error = %e, "registry connection ended with an error");
+    }
+}
+
+/// One request, over TLS for `https://`: (status, body). Refused before any connection when
+/// `transport` does not allow the URL.
 async fn http(
+    transport: &Transport,
     method: Method,
     url: &str,
     bearer: Option<&str>,
     headers: &[(&str, String)],
     body: Bytes,
-) -> std::result::Result<(StatusCode, Bytes), String> {
-    if url.starts_with("https://") {
-        return Err(
-            "https:// registries are not supported yet; use http:// behind a TLS proxy".into(),
-        );
-    }
+) -> Result<(StatusCode, Bytes)> {
+    transport.check(url)?;
     let mut builder = Request::builder().method(method).uri(url);
     if let Some(token) = bearer {
         builder = builder.header(header::AUTHORIZATION, format!("Bearer {token}"));
@@ -449,25 +527,49 @@ async fn http(
     }
     let request = builder
         .body(Full::new(body))
-        .map_err(|e| format!("bad URL {url}: {e}"))?;
-    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    let response = tokio::time::timeout(TIMEOUT, client.request(request))
+        .map_err(|e| Error::Invalid(format!("bad URL {url}: {e}")))?;
+    let sent = async {
+        if url.starts_with("https://") {
+            crate::tls::send_http1(request, transport.tls.clone(), transport.ca_hint).await
+        } else {
+            let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+            Ok(client.request(request).await?)
+        }
+    };
+    let unavailable = |e: String| Error::Unavailable(format!("cannot reach {url}: {e}"));
+    let response = tokio::time::timeout(TIMEOUT, sent)
         .await
-        .map_err(|_| format!("no answer from {url} within {TIMEOUT:?}"))?
-        .map_err(|e| format!("cannot reach {url}: {e}"))?;
+        .map_err(|_| unavailable(format!("no answer within {TIMEOUT:?}")))?
+        .map_err(|e| unavailable(error_chain(e.as_ref())))?;
     let status = response.status();
     let body = response
         .into_body()
         .collect()
         .await
-        .map_err(|e| format!("connection lost: {e}"))?
+        .map_err(|e| unavailable(format!("connection lost: {e}")))?
         .to_bytes();
     Ok((status, body))
 }
 
+/// Every message in an error's chain (hyper hides the TLS error behind "client error").
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(error) = cause {
+        let next = error.to_string();
+        if !text.contains(&next) {
+            text = format!("{text}: {next}");
+        }
+        cause = error.source();
+    }
+    text
+}
+
 /// The client side: a registry at `url`.
+#[derive(Clone)]
 pub struct RegistryClient {
     pub url: String,
+    transport: Transport,
 }
 
 fn answer_error(status: StatusCode, body: &[u8]) -> Error {
@@ -486,22 +588,23 @@ fn answer_error(status: StatusCode, body: &[u8]) -> Error {
 }
 
 impl RegistryClient {
-    pub fn new(url: &str) -> RegistryClient {
+    pub fn new(url: &str, transport: &Transport) -> RegistryClient {
         RegistryClient {
             url: url.trim_end_matches('/').to_string(),
+            transport: transport.clone(),
         }
     }
 
     async fn get(&self, path: &str) -> Result<Bytes> {
         let (status, body) = http(
+            &self.transport,
             Method::GET,
             &format!("{}{path}", self.url),
             None,
             &[],
             Bytes::new(),
         )
-        .await
-        .map_err(Error::Unavailable)?;
+        .await?;
         if status.is_success() {
             Ok(body)
         } else {
@@ -565,14 +668,14 @@ impl RegistryClient {
             headers.push((SIGNATURE_HEADER, sig.trim().to_string()));
         }
         let (status, body) = http(
+            &self.transport,
             Method::POST,
             &format!("{}/v1/modules", self.url),
             Some(token),
             &headers,
             Bytes::from(zip),
         )
-        .await
-        .map_err(Error::Unavailable)?;
+        .await?;
         if !status.is_success() {
             return Err(answer_error(status, &body));
         }

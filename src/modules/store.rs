@@ -13,7 +13,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::registry::{by_version, RegistryClient};
+use super::registry::{by_version, RegistryClient, Transport};
 use super::{sha256_hex, Module, LOCK};
 use crate::config::TrustPolicy;
 use crate::version::{Range, Version};
@@ -186,14 +186,15 @@ impl Store {
 }
 
 /// Installs a module ZIP: the signature policy, then every dependency its lock pins (from
-/// the store, or downloaded from the lock's registry or `registries`) with the lock's
-/// SHA-256, then the module. Returns what was installed, dependencies first.
+/// the store, or downloaded from the lock's registry, reached by `transport`, or `registries`)
+/// with the lock's SHA-256, then the module. Returns what was installed, dependencies first.
 pub async fn install(
     store: &Store,
     zip: &[u8],
     signature: Option<&str>,
     policy: &TrustPolicy,
     registries: &[RegistryClient],
+    transport: &Transport,
 ) -> Result<Vec<(Installed, Added)>> {
     let module = Module::from_zip(zip)?;
     policy.check(&module.id(), zip, signature)?;
@@ -213,9 +214,9 @@ pub async fn install(
                 Err(_) => {
                     let mut clients: Vec<RegistryClient> = Vec::new();
                     if locked.source.starts_with("http") {
-                        clients.push(RegistryClient::new(&locked.source));
+                        clients.push(RegistryClient::new(&locked.source, transport));
                     }
-                    clients.extend(registries.iter().map(|r| RegistryClient::new(&r.url)));
+                    clients.extend(registries.iter().cloned());
                     let mut fetched = None;
                     let mut last = Error::NotFound(format!(
                         "{name} {} is not installed and no registry was given (--registry)",
