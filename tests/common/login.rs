@@ -145,9 +145,23 @@ pub async fn until_pong<R: AsyncBufReadExt + Unpin, W: AsyncWriteExt + Unpin>(
     }
 }
 
+/// How long a login may take before the agent gives up on it and retries: async-nats'
+/// `connection_timeout`, which svc-agent leaves at its default.
+pub const LOGIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Connects from `source` to the plain-TCP bus at `bus` and logs in as `identity` (INFO,
-/// CONNECT with the signed nonce, PING until PONG).
+/// CONNECT with the signed nonce, PING until PONG), giving up after [`LOGIN_TIMEOUT`].
 pub async fn login(
+    identity: &Identity,
+    bus: SocketAddr,
+    source: Ipv4Addr,
+) -> std::io::Result<(BufReader<OwnedReadHalf>, OwnedWriteHalf)> {
+    tokio::time::timeout(LOGIN_TIMEOUT, login_unbounded(identity, bus, source))
+        .await
+        .map_err(|_| Error::new(ErrorKind::TimedOut, "login timed out"))?
+}
+
+async fn login_unbounded(
     identity: &Identity,
     bus: SocketAddr,
     source: Ipv4Addr,
