@@ -45,19 +45,21 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use base64::Engine;
 use futures_util::StreamExt;
-use ring::signature::EcdsaKeyPair;
 use svc::fleet::protocol::{
-    Command as AgentCommand, ExecOutcome, Heartbeat, Reply, ReplyOutcome, StateOutcome, Work,
+    Command as AgentCommand, ExecOutcome, Reply, ReplyOutcome, StateOutcome, Work,
 };
 use svc::fleet::signature::{SeenJobs, Signer, Verifier};
 use svc::proto::fleet_service_client::FleetServiceClient;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio::task::JoinHandle;
 
 mod common;
 use common::{authorized, psk, run, spawn_real_agent, Server};
+
+#[path = "../tests/common/login.rs"]
+mod login;
+use login::{enrol, heartbeat, login, source_address, until_pong, Identity};
 
 #[path = "../tests/common/nats_cluster.rs"]
 #[allow(dead_code)]
@@ -88,76 +90,6 @@ fn heartbeat_interval() -> Duration {
     svc::config::AgentSection::default().heartbeat_interval.0
 }
 
-/// An enrolled simulated agent: its id, certificate, key, and the server's command key (the
-/// certificate PEM svc-agent bootstrap writes to command-key.pem).
-struct Identity {
-    id: String,
-    cert_pem: String,
-    key: EcdsaKeyPair,
-    command_key: String,
-}
-
-/// Enrols agents `range` over `svc.enroll` with the label `sim=GROUP`, 32 at a time, as
-/// svc-agent bootstrap does (anonymous connection, private inbox prefix).
-async fn enrol(bus: &str, range: std::ops::Range<usize>, group: &str) -> Vec<Arc<Identity>> {
-    let client = async_nats::ConnectOptions::new()
-        .custom_inbox_prefix(svc::agent::private_inbox_prefix())
-        .connect(bus)
-        .await
-        .unwrap();
-    futures_util::stream::iter(range)
-        .map(|n| {
-            let client = client.clone();
-            async move {
-                let id = format!("sim-{n:05}");
-                let key = rcgen::KeyPair::generate().unwrap();
-                let mut params = rcgen::CertificateParams::default();
-                params
-                    .distinguished_name
-                    .push(rcgen::DnType::CommonName, id.as_str());
-                let csr = params.serialize_request(&key).unwrap().pem().unwrap();
-                let request = svc::identity::EnrolRequest {
-                    agent_id: id.clone(),
-                    csr,
-                    psk: Some(psk(&id)),
-                    labels: [("sim".to_string(), group.to_string())].into(),
-                    token: None,
-                    bus_nkey: None,
-                };
-                let reply = client
-                    .request("svc.enroll", serde_json::to_vec(&request).unwrap().into())
-                    .await
-                    .unwrap();
-                let answer: svc::identity::Enrolled = serde_json::from_slice(&reply.payload)
-                    .unwrap_or_else(|e| {
-                        panic!(
-                            "enrolment of {id} refused ({e}): {}",
-                            String::from_utf8_lossy(&reply.payload)
-                        )
-                    });
-                assert!(
-                    !answer.command_key.is_empty(),
-                    "the server sent {id} no command key: it would refuse every command"
-                );
-                let key = EcdsaKeyPair::from_pkcs8(
-                    &ring::signature::ECDSA_P256_SHA256_ASN1_SIGNING,
-                    &key.serialize_der(),
-                    &ring::rand::SystemRandom::new(),
-                )
-                .unwrap();
-                Arc::new(Identity {
-                    id,
-                    cert_pem: answer.certificate,
-                    key,
-                    command_key: answer.command_key,
-                })
-            }
-        })
-        .buffer_unordered(32)
-        .collect()
-        .await
-}
-
 /// Where one simulated agent connects and what it trusts.
 #[derive(Clone)]
 struct Link {
@@ -172,63 +104,8 @@ struct Link {
     facts: Arc<svc::facts::Facts>,
 }
 
-/// The n-th agent's source address: 127.1.0.1, 127.1.0.2, ... (16 million before wrapping).
-fn source_address(n: usize) -> Ipv4Addr {
-    let base = u32::from(Ipv4Addr::new(127, 1, 0, 0));
-    Ipv4Addr::from(base + 1 + (n as u32 % 0x00fe_0000))
-}
-
 fn bus_address(url: &str) -> SocketAddr {
     url.trim_start_matches("nats://").parse().unwrap()
-}
-
-/// CONNECT as svc-agent sends it: async-nats' own ConnectInfo, filled as its connector fills it
-/// for the agent's auth callback (`svc::agent::connect_options`): the certificate in `jwt`, the
-/// nonce's ECDSA signature (base64url) in `pass`.
-fn connect_line(identity: &Identity, nonce: &str) -> String {
-    let signature = identity
-        .key
-        .sign(&ring::rand::SystemRandom::new(), nonce.as_bytes())
-        .unwrap();
-    let info = async_nats::ConnectInfo {
-        verbose: false,
-        pedantic: false,
-        user_jwt: Some(identity.cert_pem.clone()),
-        nkey: None,
-        signature: None,
-        name: Some(format!("svc-agent {}", identity.id)),
-        echo: true,
-        lang: "rust".into(),
-        version: "fleet-bench".into(),
-        protocol: async_nats::Protocol::Dynamic,
-        tls_required: false,
-        user: None,
-        pass: Some(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(signature.as_ref())),
-        auth_token: None,
-        headers: true,
-        no_responders: true,
-    };
-    format!("CONNECT {}\r\n", serde_json::to_string(&info).unwrap())
-}
-
-/// Reads protocol lines until PONG, answering PINGs; panics on -ERR.
-async fn until_pong<R: AsyncBufReadExt + Unpin, W: AsyncWriteExt + Unpin>(
-    reader: &mut R,
-    write: &mut W,
-    id: &str,
-) {
-    let mut line = String::new();
-    loop {
-        line.clear();
-        let read = reader.read_line(&mut line).await.unwrap();
-        assert!(read > 0, "{id}: connection closed during login");
-        match line.trim_end() {
-            "PONG" => return,
-            "PING" => write.write_all(b"PONG\r\n").await.unwrap(),
-            other if other.starts_with("-ERR") => panic!("{id}: {other}"),
-            _ => {}
-        }
-    }
 }
 
 /// The `Svc-Signature` header's value in a NATS header block (empty when absent).
@@ -310,50 +187,23 @@ async fn simulate(identity: Arc<Identity>, link: Link, connected: Arc<AtomicUsiz
     let id = identity.id.as_str();
     let verifier = Verifier::from_certificate_pem(&link.command_key, id).unwrap();
     let mut seen = SeenJobs::open(None, svc::clock::now_millis() as u64).unwrap();
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.bind(SocketAddr::new(link.source.into(), 0)).unwrap();
-    let stream = socket
-        .connect(link.bus)
+    let (mut reader, mut write) = login(&identity, link.bus, link.source)
         .await
-        .unwrap_or_else(|e| panic!("{id}: connect from {}: {e}", link.source));
-    stream.set_nodelay(true).unwrap();
-    let (read, mut write) = stream.into_split();
-    let mut reader = BufReader::new(read);
+        .unwrap_or_else(|e| panic!("{id}: login from {}: {e}", link.source));
     let mut line = String::new();
-    reader.read_line(&mut line).await.unwrap();
-    let info: serde_json::Value =
-        serde_json::from_str(line.trim().trim_start_matches("INFO ")).unwrap();
-    // nats-server without auth sends no nonce; async-nats then signs the empty one.
-    let nonce = info["nonce"].as_str().unwrap_or_default();
-    let login = format!("{}PING\r\n", connect_line(&identity, nonce));
-    write.write_all(login.as_bytes()).await.unwrap();
-    until_pong(&mut reader, &mut write, id).await;
 
-    let subject = format!("svc.agent.{id}.heartbeat");
-    let beat = |facts: Option<svc::facts::Facts>| {
-        let body = serde_json::to_vec(&Heartbeat {
-            version: "sim".into(),
-            hostname: id.to_string(),
-            running_jobs: 0,
-            facts,
-            command_keys: None,
-        })
-        .unwrap();
-        let mut out = format!("PUB {subject} {}\r\n", body.len()).into_bytes();
-        out.extend_from_slice(&body);
-        out.extend_from_slice(b"\r\n");
-        out
-    };
     let mut facts = (*link.facts).clone();
     facts.insert("hostname".into(), id.into());
     let mut hello = format!("SUB svc.agent.{id}.cmd 1\r\n").into_bytes();
-    hello.extend(beat(Some(facts)));
+    hello.extend(heartbeat(id, Some(facts)));
     hello.extend_from_slice(b"PING\r\n");
     write.write_all(&hello).await.unwrap();
-    until_pong(&mut reader, &mut write, id).await;
+    until_pong(&mut reader, &mut write)
+        .await
+        .unwrap_or_else(|e| panic!("{id}: {e}"));
     connected.fetch_add(1, Ordering::Relaxed);
 
-    let heartbeat = beat(None);
+    let beat = heartbeat(id, None);
     let interval = heartbeat_interval();
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + link.phase, interval);
     let mut payload = Vec::new();
@@ -392,7 +242,7 @@ async fn simulate(identity: Arc<Identity>, link: Link, connected: Arc<AtomicUsiz
                 out.extend_from_slice(b"\r\n");
                 write.write_all(&out).await.unwrap();
             }
-            _ = tick.tick() => write.write_all(&heartbeat).await.unwrap(),
+            _ = tick.tick() => write.write_all(&beat).await.unwrap(),
         }
     }
 }
@@ -710,8 +560,8 @@ fn main() {
     runtime.block_on(async {
         let facts = Arc::new(svc::facts::collect());
         let started = Instant::now();
-        let identities = enrol(&server.bus, 0..options.agents, "exec").await;
-        let rest = enrol(&server.bus, options.agents..options.heartbeat_agents, "load").await;
+        let identities = enrol(&server.bus, 0..options.agents, "exec", psk).await;
+        let rest = enrol(&server.bus, options.agents..options.heartbeat_agents, "load", psk).await;
         let took = started.elapsed().as_secs_f64();
         println!(
             "enrolled {} agents over svc.enroll in {took:.1} s ({:.0}/s)",

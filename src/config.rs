@@ -381,6 +381,11 @@ pub struct BusConfig {
     /// client gets `-ERR 'maximum connections exceeded'`. Fitted into the open-file limit
     /// at start with the REST and gRPC caps (`server::fds`).
     pub max_connections: usize,
+    /// New bus connections the embedded broker takes through TLS handshake and login (the
+    /// agent's certificate and signature checks) at once; the rest wait up to the 2 s login
+    /// deadline, then are closed and retry with their backoff. Bounds what a reconnect storm
+    /// puts on the runtime REST and gRPC share. 0: no bound.
+    pub max_concurrent_logins: usize,
     /// Bytes the embedded broker may hold queued for all clients together. Past it, the
     /// clients with the most bytes queued (those not reading) are closed as slow consumers.
     pub max_pending_total: u64,
@@ -411,6 +416,7 @@ impl Default for BusConfig {
             lame_duck_grace_period: ConfigDuration(Duration::from_secs(10)),
             monitor_auth: false,
             max_connections: 65536,
+            max_concurrent_logins: 64,
             max_pending_total: 64 * 1024 * 1024,
         }
     }

@@ -570,6 +570,50 @@ async fn slow_consumer_is_dropped_without_slowing_others() {
     );
 }
 
+/// Lets every CONNECT through, but only when the test says so: a login held mid-verification.
+struct GatedAuth(tokio::sync::Semaphore);
+
+#[async_trait::async_trait]
+impl svc::bus::Authenticator for GatedAuth {
+    fn auth_required(&self) -> bool {
+        true
+    }
+
+    async fn authenticate(&self, _request: &svc::bus::AuthRequest<'_>) -> Option<Permissions> {
+        self.0.acquire().await.ok()?.forget();
+        Some(Permissions::allow_all("gated"))
+    }
+}
+
+#[tokio::test]
+async fn logins_past_the_bound_wait_for_a_permit_then_are_closed() {
+    let auth = Arc::new(GatedAuth(tokio::sync::Semaphore::new(0)));
+    let config = BrokerConfig {
+        max_concurrent_logins: 1,
+        auth_timeout: Duration::from_millis(500),
+        ..BrokerConfig::default()
+    };
+    let broker = start_broker(config, auth.clone()).await;
+    // The only permit: a login whose CONNECT is being verified.
+    let (mut first, _) = Raw::connect_after_info(broker.local_addr()).await;
+    first.send(b"CONNECT {}\r\n").await;
+    // The next one waits without INFO, then is closed unanswered at the auth timeout.
+    let mut waiting = Raw::connect(broker.local_addr()).await;
+    assert_eq!(waiting.expect_closed().await, b"");
+    assert_eq!(broker.stats().logins_timed_out.load(Ordering::Relaxed), 1);
+    assert_eq!(broker.stats().logins_in_progress.load(Ordering::Relaxed), 1);
+    // One that arrives while the permit is held is served as soon as it is free.
+    let mut queued = Raw::connect(broker.local_addr()).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    auth.0.add_permits(2);
+    first.expect(b"+OK\r\n").await;
+    assert!(queued.read_line().await.starts_with("INFO "));
+    queued.send(b"CONNECT {}\r\n").await;
+    queued.expect(b"+OK\r\n").await;
+    assert_eq!(broker.stats().logins_in_progress.load(Ordering::Relaxed), 0);
+    assert_eq!(broker.stats().logins_timed_out.load(Ordering::Relaxed), 1);
+}
+
 #[tokio::test]
 async fn connection_cap() {
     let config = BrokerConfig {

@@ -200,6 +200,7 @@ pub async fn start(
                 ping_interval: config.bus.ping_interval.0,
                 max_pings_out: config.bus.ping_max,
                 max_connections: config.bus.max_connections,
+                max_concurrent_logins: config.bus.max_concurrent_logins,
                 max_pending_total: config.bus.max_pending_total as usize,
                 tls: tls.as_ref().map(|tls| tls.server.clone()),
                 // The file service authorizes by the key a request came with (server::files).

@@ -601,10 +601,30 @@ fn jetstream_replicas(config: &ServerConfig, client: &async_nats::Client) -> usi
     advertised.max(config.bus.external_urls.len()).clamp(1, 3)
 }
 
+/// Connections the kernel completes and queues for accept. tokio's 1024 overflows when a few
+/// thousand agents reconnect at once: the overflow's handshakes stall until the client's
+/// connect timeout (5 s) and retry. Linux caps it at `net.core.somaxconn` (4096 by default).
+const LISTEN_BACKLOG: u32 = 4096;
+
 async fn bind(address: &str, key: &str) -> Result<tokio::net::TcpListener> {
-    tokio::net::TcpListener::bind(address)
-        .await
-        .map_err(|e| crate::Error::Unavailable(format!("{key}: cannot listen on {address}: {e}")))
+    let fail = |e: std::io::Error| {
+        crate::Error::Unavailable(format!("{key}: cannot listen on {address}: {e}"))
+    };
+    let mut last = std::io::Error::new(std::io::ErrorKind::InvalidInput, "no address");
+    for socket_address in tokio::net::lookup_host(address).await.map_err(fail)? {
+        let socket = match socket_address {
+            std::net::SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
+            std::net::SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+        }
+        .map_err(fail)?;
+        // As tokio's TcpListener::bind: a restarted server rebinds its port at once.
+        socket.set_reuseaddr(true).map_err(fail)?;
+        match socket.bind(socket_address) {
+            Ok(()) => return socket.listen(LISTEN_BACKLOG).map_err(fail),
+            Err(error) => last = error,
+        }
+    }
+    Err(fail(last))
 }
 
 /// The signals the server handles, installed before the server announces its addresses:

@@ -4,6 +4,7 @@
 
 pub mod agent;
 pub mod cluster;
+pub mod login;
 pub mod moto;
 pub mod nats_cluster;
 pub mod pki;

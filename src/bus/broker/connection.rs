@@ -26,7 +26,7 @@ use super::auth::{AuthRequest, Permissions};
 use super::outbound::{Batch, Close, Outbound, Queued, IDLE_CAPACITY};
 use super::protocol::{ClientOp, Parsed, Parser, Publish};
 use super::router::{Matches, Subscription};
-use super::{ClientMeta, ConnectMeta, Shared};
+use super::{ClientMeta, ConnectMeta, LoginPermit, Shared};
 use crate::bus::subjects::{is_valid_literal, is_valid_pattern, subject_matches};
 
 /// The NATS server version we match; clients gate features on it.
@@ -119,6 +119,13 @@ pub(crate) async fn serve(
     client_id: u64,
 ) -> bool {
     let _ = socket.set_nodelay(true);
+    // Before INFO: a waiting client costs a socket and nothing else.
+    let Some(permit) = shared.login_permit().await else {
+        tracing::debug!(%peer, "bus login waited past auth_timeout; closed");
+        return false;
+    };
+    // Without auth no CONNECT is verified: the permit covers the TLS handshake only.
+    let login = |login: LoginPermit| shared.auth.auth_required().then_some(login);
     let nonce = if shared.auth.uses_nonce() {
         make_nonce()
     } else {
@@ -127,7 +134,7 @@ pub(crate) async fn serve(
     let first_info = shared.info(client_id, peer.ip(), &nonce, false);
     let Some(tls) = shared.config.tls.clone() else {
         let (reader, writer) = socket.into_split();
-        let session = Session::new(shared.clone(), client_id, peer, nonce, None);
+        let session = Session::new(shared.clone(), client_id, peer, nonce, None, login(permit));
         return session.run(reader, writer, first_info).await;
     };
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
@@ -157,7 +164,14 @@ pub(crate) async fn serve(
         .filter(|chain| !chain.is_empty())
         .map(|chain| chain.iter().map(|cert| cert.clone().into_owned()).collect());
     let (reader, writer) = tokio::io::split(stream);
-    let session = Session::new(shared.clone(), client_id, peer, nonce, certificates);
+    let session = Session::new(
+        shared.clone(),
+        client_id,
+        peer,
+        nonce,
+        certificates,
+        login(permit),
+    );
     // With TLS-first, INFO is the first thing inside TLS; otherwise it was already sent.
     let inner_info = if shared.config.tls_handshake_first {
         first_info
@@ -184,6 +198,8 @@ struct Session {
     peer: SocketAddr,
     nonce: String,
     peer_certificates: Option<Vec<CertificateDer<'static>>>,
+    /// Held until CONNECT is verified (`BrokerConfig::max_concurrent_logins`).
+    login: Option<LoginPermit>,
     outbound: Arc<Outbound>,
     cancel: CancellationToken,
     is_connected: bool,
@@ -238,6 +254,7 @@ impl Session {
         peer: SocketAddr,
         nonce: String,
         peer_certificates: Option<Vec<CertificateDer<'static>>>,
+        login: Option<LoginPermit>,
     ) -> Self {
         let outbound = Arc::new(Outbound::new(
             shared.config.max_pending_bytes,
@@ -249,6 +266,7 @@ impl Session {
             peer,
             nonce,
             peer_certificates,
+            login,
             outbound,
             cancel: CancellationToken::new(),
             is_connected: false,
@@ -471,7 +489,9 @@ impl Session {
             client_ip: self.peer.ip(),
             peer_certificates: self.peer_certificates.as_deref(),
         };
-        let Some(permissions) = self.shared.auth.authenticate(&request).await else {
+        let verified = self.shared.auth.authenticate(&request).await;
+        self.login = None;
+        let Some(permissions) = verified else {
             tracing::info!(
                 user = options.user.as_deref().unwrap_or(""),
                 "bus authorization violation"

@@ -64,6 +64,11 @@ pub struct BrokerConfig {
     pub write_deadline: Duration,
     /// Connections served at once; the next gets `-ERR 'maximum connections exceeded'`.
     pub max_connections: usize,
+    /// New connections between accept and a verified CONNECT (TLS handshake, INFO, the
+    /// authenticator) at once. The rest wait, before INFO, up to `auth_timeout`, then are
+    /// closed (the client retries with its backoff): a reconnect storm queues here instead of
+    /// crowding the runtime every other listener shares. 0: no bound.
+    pub max_concurrent_logins: usize,
     /// Announced in INFO as `server_name`.
     pub server_name: String,
     /// TLS for every client (INFO says `tls_required`); rustls with ring.
@@ -100,6 +105,7 @@ impl Default for BrokerConfig {
             max_pending_total: 64 * 1024 * 1024,
             write_deadline: Duration::from_secs(10),
             max_connections: 64 * 1024,
+            max_concurrent_logins: 64,
             server_name: "svc".into(),
             tls: None,
             tls_verify: false,
@@ -122,6 +128,7 @@ impl std::fmt::Debug for BrokerConfig {
             .field("max_pending_total", &self.max_pending_total)
             .field("write_deadline", &self.write_deadline)
             .field("max_connections", &self.max_connections)
+            .field("max_concurrent_logins", &self.max_concurrent_logins)
             .field("server_name", &self.server_name)
             .field("tls", &self.tls.is_some())
             .field("tls_verify", &self.tls_verify)
@@ -153,6 +160,25 @@ pub struct BrokerStats {
     /// Clients dropped for exceeding `max_pending_bytes`, `max_pending_total` or
     /// `write_deadline`.
     pub slow_consumers: AtomicU64,
+    /// Connections holding a login permit now (`max_concurrent_logins`; a gauge).
+    pub logins_in_progress: AtomicU64,
+    /// Connections closed because no login permit came within `auth_timeout`.
+    pub logins_timed_out: AtomicU64,
+}
+
+/// One of `max_concurrent_logins`, held from accept until CONNECT is verified (or the
+/// connection ends); keeps `BrokerStats::logins_in_progress`.
+pub(crate) struct LoginPermit {
+    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    stats: Arc<BrokerStats>,
+}
+
+impl Drop for LoginPermit {
+    fn drop(&mut self) {
+        self.stats
+            .logins_in_progress
+            .fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// What every connection task shares.
@@ -175,6 +201,8 @@ pub(crate) struct Shared {
     pub pending: Arc<PendingBudget>,
     /// One shedder at a time: the others wait for it and then usually find room.
     shedding: Mutex<()>,
+    /// `config.max_concurrent_logins` permits; None when unbounded.
+    logins: Option<Arc<Semaphore>>,
     clients: Mutex<HashMap<u64, Client>>,
 }
 
@@ -322,6 +350,30 @@ impl Shared {
         }
     }
 
+    /// Waits for a login permit, at most `auth_timeout`; None (counted) when none came.
+    pub(crate) async fn login_permit(&self) -> Option<LoginPermit> {
+        let permit = match &self.logins {
+            None => None,
+            Some(logins) => {
+                let wait = logins.clone().acquire_owned();
+                match tokio::time::timeout(self.config.auth_timeout, wait).await {
+                    Ok(Ok(permit)) => Some(permit),
+                    _ => {
+                        self.stats.logins_timed_out.fetch_add(1, Ordering::Relaxed);
+                        return None;
+                    }
+                }
+            }
+        };
+        self.stats
+            .logins_in_progress
+            .fetch_add(1, Ordering::Relaxed);
+        Some(LoginPermit {
+            _permit: permit,
+            stats: self.stats.clone(),
+        })
+    }
+
     /// An INFO line: the first one of a connection, or (`ldm`) the lame-duck notice, which
     /// nats-server sends with the same client fields and no nonce.
     pub(crate) fn info(
@@ -382,6 +434,8 @@ impl Broker {
             lame_duck: AtomicBool::new(false),
             pending: pending.clone(),
             shedding: Mutex::new(()),
+            logins: (config.max_concurrent_logins > 0)
+                .then(|| Arc::new(Semaphore::new(config.max_concurrent_logins))),
             clients: Mutex::new(HashMap::new()),
             config,
         });

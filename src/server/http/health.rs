@@ -17,17 +17,42 @@ fn write_bus(context: &Context, out: &mut Exposition) {
             s.bytes_in.load(Relaxed),
             s.bytes_out.load(Relaxed),
             s.slow_consumers.load(Relaxed),
+            s.logins_in_progress.load(Relaxed),
+            s.logins_timed_out.load(Relaxed),
         )
     }) else {
         return;
     };
-    let (connections, messages_in, messages_out, bytes_in, bytes_out, slow) = stats;
-    out.family(
+    let (connections, messages_in, messages_out, bytes_in, bytes_out, slow, logins, timed_out) =
+        stats;
+    let mut single = |name: &str, kind: &str, help: &str, value: u64| {
+        out.family(name, kind, help);
+        out.sample(name, &[], value as f64);
+    };
+    single(
         "svc_bus_connections",
         "gauge",
         "Client connections open on the embedded bus.",
+        connections,
     );
-    out.sample("svc_bus_connections", &[], connections as f64);
+    single(
+        "svc_bus_logins_in_progress",
+        "gauge",
+        "New bus connections between accept and a verified CONNECT (bus.max_concurrent_logins).",
+        logins,
+    );
+    single(
+        "svc_bus_logins_timed_out_total",
+        "counter",
+        "New bus connections closed after waiting the login deadline for a login slot.",
+        timed_out,
+    );
+    single(
+        "svc_bus_slow_consumers_total",
+        "counter",
+        "Clients disconnected for not reading fast enough.",
+        slow,
+    );
     out.family(
         "svc_bus_messages_total",
         "counter",
@@ -58,12 +83,6 @@ fn write_bus(context: &Context, out: &mut Exposition) {
         &[("direction", "out")],
         bytes_out as f64,
     );
-    out.family(
-        "svc_bus_slow_consumers_total",
-        "counter",
-        "Clients disconnected for not reading fast enough.",
-    );
-    out.sample("svc_bus_slow_consumers_total", &[], slow as f64);
 }
 
 pub fn live() -> Response<Body> {

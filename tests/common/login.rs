@@ -1,0 +1,204 @@
+//! A simulated agent's enrolment and login, on the wire as svc-agent does them, for tests and
+//! benches that need hundreds of agents without hundreds of processes (tests/storm.rs,
+//! bench/fleet.rs).
+
+use std::io::{Error, ErrorKind};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+
+use base64::Engine;
+use futures_util::StreamExt;
+use ring::signature::EcdsaKeyPair;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+
+/// An enrolled simulated agent: its id, certificate, key, and the server's command key (the
+/// certificate PEM svc-agent bootstrap writes to command-key.pem).
+pub struct Identity {
+    pub id: String,
+    pub cert_pem: String,
+    pub key: EcdsaKeyPair,
+    pub command_key: String,
+}
+
+/// Enrols agents `range` (ids `sim-00000`...) over `svc.enroll` with the label `sim=GROUP`, 32
+/// at a time, as svc-agent bootstrap does (anonymous connection, private inbox prefix);
+/// `psk` gives an id's bootstrap PSK.
+pub async fn enrol(
+    bus: &str,
+    range: std::ops::Range<usize>,
+    group: &str,
+    psk: fn(&str) -> String,
+) -> Vec<Arc<Identity>> {
+    let client = async_nats::ConnectOptions::new()
+        .custom_inbox_prefix(svc::agent::private_inbox_prefix())
+        .connect(bus)
+        .await
+        .unwrap();
+    futures_util::stream::iter(range)
+        .map(|n| {
+            let client = client.clone();
+            async move {
+                let id = format!("sim-{n:05}");
+                let key = rcgen::KeyPair::generate().unwrap();
+                let mut params = rcgen::CertificateParams::default();
+                params
+                    .distinguished_name
+                    .push(rcgen::DnType::CommonName, id.as_str());
+                let csr = params.serialize_request(&key).unwrap().pem().unwrap();
+                let request = svc::identity::EnrolRequest {
+                    agent_id: id.clone(),
+                    csr,
+                    psk: Some(psk(&id)),
+                    labels: [("sim".to_string(), group.to_string())].into(),
+                    token: None,
+                    bus_nkey: None,
+                };
+                let reply = client
+                    .request("svc.enroll", serde_json::to_vec(&request).unwrap().into())
+                    .await
+                    .unwrap();
+                let answer: svc::identity::Enrolled = serde_json::from_slice(&reply.payload)
+                    .unwrap_or_else(|e| {
+                        panic!(
+                            "enrolment of {id} refused ({e}): {}",
+                            String::from_utf8_lossy(&reply.payload)
+                        )
+                    });
+                assert!(
+                    !answer.command_key.is_empty(),
+                    "the server sent {id} no command key: it would refuse every command"
+                );
+                let key = EcdsaKeyPair::from_pkcs8(
+                    &ring::signature::ECDSA_P256_SHA256_ASN1_SIGNING,
+                    &key.serialize_der(),
+                    &ring::rand::SystemRandom::new(),
+                )
+                .unwrap();
+                Arc::new(Identity {
+                    id,
+                    cert_pem: answer.certificate,
+                    key,
+                    command_key: answer.command_key,
+                })
+            }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await
+}
+
+/// The n-th agent's source address: 127.1.0.1, 127.1.0.2, ... (16 million before wrapping):
+/// the whole of 127.0.0.0/8 reaches the server, so the ephemeral port range does not cap the
+/// count.
+pub fn source_address(n: usize) -> Ipv4Addr {
+    let base = u32::from(Ipv4Addr::new(127, 1, 0, 0));
+    Ipv4Addr::from(base + 1 + (n as u32 % 0x00fe_0000))
+}
+
+/// CONNECT as svc-agent sends it: async-nats' own ConnectInfo, filled as its connector fills it
+/// for the agent's auth callback (`svc::agent::connect_options`): the certificate in `jwt`, the
+/// nonce's ECDSA signature (base64url) in `pass`.
+pub fn connect_line(identity: &Identity, nonce: &str) -> String {
+    let signature = identity
+        .key
+        .sign(&ring::rand::SystemRandom::new(), nonce.as_bytes())
+        .unwrap();
+    let info = async_nats::ConnectInfo {
+        verbose: false,
+        pedantic: false,
+        user_jwt: Some(identity.cert_pem.clone()),
+        nkey: None,
+        signature: None,
+        name: Some(format!("svc-agent {}", identity.id)),
+        echo: true,
+        lang: "rust".into(),
+        version: "simulated".into(),
+        protocol: async_nats::Protocol::Dynamic,
+        tls_required: false,
+        user: None,
+        pass: Some(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(signature.as_ref())),
+        auth_token: None,
+        headers: true,
+        no_responders: true,
+    };
+    format!("CONNECT {}\r\n", serde_json::to_string(&info).unwrap())
+}
+
+/// Reads protocol lines until PONG, answering PINGs; an error on -ERR or a closed connection.
+pub async fn until_pong<R: AsyncBufReadExt + Unpin, W: AsyncWriteExt + Unpin>(
+    reader: &mut R,
+    write: &mut W,
+) -> std::io::Result<()> {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if reader.read_line(&mut line).await? == 0 {
+            return Err(Error::new(ErrorKind::UnexpectedEof, "closed during login"));
+        }
+        match line.trim_end() {
+            "PONG" => return Ok(()),
+            "PING" => write.write_all(b"PONG\r\n").await?,
+            other if other.starts_with("-ERR") => return Err(Error::other(other.to_string())),
+            _ => {}
+        }
+    }
+}
+
+/// How long a login may take before the agent gives up on it and retries: async-nats'
+/// `connection_timeout`, which svc-agent leaves at its default.
+pub const LOGIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Connects from `source` to the plain-TCP bus at `bus` and logs in as `identity` (INFO,
+/// CONNECT with the signed nonce, PING until PONG), giving up after [`LOGIN_TIMEOUT`].
+pub async fn login(
+    identity: &Identity,
+    bus: SocketAddr,
+    source: Ipv4Addr,
+) -> std::io::Result<(BufReader<OwnedReadHalf>, OwnedWriteHalf)> {
+    tokio::time::timeout(LOGIN_TIMEOUT, login_unbounded(identity, bus, source))
+        .await
+        .map_err(|_| Error::new(ErrorKind::TimedOut, "login timed out"))?
+}
+
+async fn login_unbounded(
+    identity: &Identity,
+    bus: SocketAddr,
+    source: Ipv4Addr,
+) -> std::io::Result<(BufReader<OwnedReadHalf>, OwnedWriteHalf)> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(SocketAddr::new(source.into(), 0))?;
+    let stream = socket.connect(bus).await?;
+    stream.set_nodelay(true)?;
+    let (read, mut write) = stream.into_split();
+    let mut reader = BufReader::new(read);
+    let mut line = String::new();
+    if reader.read_line(&mut line).await? == 0 {
+        return Err(Error::new(ErrorKind::UnexpectedEof, "closed before INFO"));
+    }
+    let info: serde_json::Value = serde_json::from_str(line.trim().trim_start_matches("INFO "))
+        .map_err(|e| Error::new(ErrorKind::InvalidData, e))?;
+    // nats-server without auth sends no nonce; async-nats then signs the empty one.
+    let nonce = info["nonce"].as_str().unwrap_or_default();
+    let login = format!("{}PING\r\n", connect_line(identity, nonce));
+    write.write_all(login.as_bytes()).await?;
+    until_pong(&mut reader, &mut write).await?;
+    Ok((reader, write))
+}
+
+/// `PUB svc.agent.<id>.heartbeat`, as the agent sends it: its first heartbeat carries the
+/// host's facts, later ones do not.
+pub fn heartbeat(id: &str, facts: Option<svc::facts::Facts>) -> Vec<u8> {
+    let body = serde_json::to_vec(&svc::fleet::protocol::Heartbeat {
+        version: "sim".into(),
+        hostname: id.to_string(),
+        running_jobs: 0,
+        facts,
+        command_keys: None,
+    })
+    .unwrap();
+    let mut out = format!("PUB svc.agent.{id}.heartbeat {}\r\n", body.len()).into_bytes();
+    out.extend_from_slice(&body);
+    out.extend_from_slice(b"\r\n");
+    out
+}
