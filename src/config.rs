@@ -389,9 +389,49 @@ pub struct BusConfig {
     /// Bytes the embedded broker may hold queued for all clients together. Past it, the
     /// clients with the most bytes queued (those not reading) are closed as slow consumers.
     pub max_pending_total: u64,
+    /// Messages per second one credential (an API key, or one agent) may publish on the
+    /// embedded broker, all its connections together. Past it (after `publish_burst_per_key`)
+    /// the broker reads that credential's connections more slowly: its publishers wait in
+    /// their own socket, nothing is dropped, and other credentials are not slowed.
+    /// 0: no rate.
+    pub publish_rate_per_key: f64,
+    /// Messages a credential may publish at once before `publish_rate_per_key` applies.
+    pub publish_burst_per_key: u32,
+    /// Bytes queued to one credential's connections together. Past it, that credential's
+    /// connections that read slowest are closed as slow consumers; other clients' buffers
+    /// are not touched. 0: a quarter of `max_pending_total`.
+    pub max_pending_per_key: u64,
 }
 
 impl BusConfig {
+    /// `max_pending_per_key`, with 0 read as a quarter of `max_pending_total`.
+    pub fn effective_max_pending_per_key(&self) -> u64 {
+        match self.max_pending_per_key {
+            0 => (self.max_pending_total / 4).max(1),
+            max => max,
+        }
+    }
+
+    /// What is wrong with the per-key limits, each problem naming its key.
+    pub fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        if !self.publish_rate_per_key.is_finite() || self.publish_rate_per_key < 0.0 {
+            problems.push(
+                "bus.publish_rate_per_key must be a number of messages per second, 0 or more \
+                 (0: no rate; default 50000)"
+                    .into(),
+            );
+        }
+        if self.publish_rate_per_key > 0.0 && self.publish_burst_per_key == 0 {
+            problems.push(
+                "bus.publish_burst_per_key must be at least 1 while bus.publish_rate_per_key \
+                 is set (default 100000)"
+                    .into(),
+            );
+        }
+        problems
+    }
+
     /// `max_payload`, with 0 read as the default 1 MiB (nats-server's reading of 0).
     pub fn effective_max_payload(&self) -> u64 {
         match self.max_payload {
@@ -418,6 +458,9 @@ impl Default for BusConfig {
             max_connections: 65536,
             max_concurrent_logins: 64,
             max_pending_total: 64 * 1024 * 1024,
+            publish_rate_per_key: 50_000.0,
+            publish_burst_per_key: 100_000,
+            max_pending_per_key: 0,
         }
     }
 }
@@ -817,6 +860,7 @@ pub fn load_server(
     // The file service's and the job history's limits are checked here so --check-config
     // reports them too.
     let mut problems = loaded.config.files.problems();
+    problems.extend(loaded.config.bus.problems());
     if loaded.config.jobs.keep == 0 || loaded.config.jobs.max_age.0.is_zero() {
         problems.push("jobs.keep and jobs.max_age must be positive (default 1000 and 30d)".into());
     }

@@ -213,6 +213,7 @@ async fn permissions_violations_keep_the_connection() {
         publish: AllowDeny::only(["svc.>", "_INBOX.>"]).deny(["svc.secret"]),
         subscribe: AllowDeny::only(["svc.>", "_INBOX.>"]).deny(["svc.hidden.>"]),
         internal: false,
+        quota: false,
     };
     let auth = StaticAuth::new().with_user("alice", "pw", alice);
     let broker = start_broker(BrokerConfig::default(), Arc::new(auth)).await;

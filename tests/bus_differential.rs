@@ -52,6 +52,7 @@ fn mirrored_auth() -> StaticAuth {
                 publish: AllowDeny::only(["svc.>", "_INBOX.>"]).deny(["svc.secret"]),
                 subscribe: AllowDeny::only(["svc.>", "_INBOX.>"]).deny(["svc.hidden.>"]),
                 internal: false,
+                quota: false,
             },
         )
         .with_user("bob", "pw", Permissions::allow_all("bob"))

@@ -776,3 +776,200 @@ async fn slow_consumers_share_one_pending_budget_and_memory_comes_back() {
     );
     drop((slow, publisher));
 }
+
+fn metric(server: &TestServer, name: &str) -> f64 {
+    let metrics = server.request("GET", "/metrics", None, None).body;
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("{name} not in /metrics:\n{metrics}"))
+}
+
+/// A raw client with `key` that subscribes to `subject` and then never reads again (a 4 KiB
+/// receive buffer, so the kernel does not soak up what is sent to it).
+fn stalled_subscriber(server: &TestServer, key: &str, subject: &str) -> TcpStream {
+    let stream = TcpStream::connect(bus_socket(&server.bus)).unwrap();
+    let size: libc::c_int = 4096;
+    unsafe {
+        use std::os::fd::AsRawFd;
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            &size as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut info = String::new();
+    reader.read_line(&mut info).unwrap();
+    let mut writer = stream.try_clone().unwrap();
+    write!(
+        writer,
+        "CONNECT {{\"verbose\":false,\"auth_token\":\"{key}\"}}\r\nSUB {subject} 1\r\nPING\r\n"
+    )
+    .unwrap();
+    assert_eq!(common::lines_until_pong(&mut reader), ["PONG"]);
+    stream
+}
+
+/// Issue 37 item 5: one credential's connections share a publish rate (past it they are slowed,
+/// nothing is lost, another key is not slowed) and a pending-bytes budget (past it its own
+/// slowest reader is cut, while another key's stalled reader of the same messages is not).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_key_has_its_own_publish_rate_and_pending_budget() {
+    const RATE: u64 = 400;
+    const BURST: u64 = 100;
+    const EACH: u64 = 250;
+    let server = tokio::task::spawn_blocking(|| {
+        TestServer::start_with(Options {
+            config_yaml: format!(
+                "bus:\n  publish_rate_per_key: {RATE}\n  publish_burst_per_key: {BURST}\n  \
+                 max_pending_per_key: 1048576\n"
+            ),
+            ..Options::default()
+        })
+    })
+    .await
+    .unwrap();
+    let ((rated_id, slow_key), (_, fast_key)) = (
+        server.create_key("rated", "operator"),
+        server.create_key("other", "operator"),
+    );
+    let bus_url = server.bus.clone();
+    let connect = |key: String| {
+        let url = bus_url.clone();
+        async move {
+            async_nats::ConnectOptions::with_token(key)
+                .connect(url.as_str())
+                .await
+                .unwrap()
+        }
+    };
+    let reader = connect(server.admin_key.clone()).await;
+    let mut received = reader.subscribe("rated.>").await.unwrap();
+    reader.flush().await.unwrap();
+
+    // Two connections of one key publish 2 × 250 = 500 messages: 100 at once, the other 400
+    // at 400/s, so they arrive over about a second however the two split it. Meanwhile
+    // another key publishes 250, unslowed. (A client's flush returns once its socket took the
+    // bytes, so the time is taken where the messages arrive.)
+    let publish = |client: async_nats::Client, subject: &'static str| async move {
+        for i in 0..EACH {
+            client
+                .publish(subject, i.to_string().into_bytes().into())
+                .await
+                .unwrap();
+        }
+        client.flush().await.unwrap();
+        client
+    };
+    let (first, second, other) = (
+        connect(slow_key.clone()).await,
+        connect(slow_key.clone()).await,
+        connect(fast_key).await,
+    );
+    let started = std::time::Instant::now();
+    let publishers = tokio::spawn(async move {
+        tokio::join!(
+            publish(first, "rated.a"),
+            publish(second, "rated.b"),
+            publish(other, "rated.c")
+        )
+    });
+    let mut seen = std::collections::BTreeMap::<String, (u64, Duration)>::new();
+    while seen.values().map(|(count, _)| count).sum::<u64>() < 3 * EACH {
+        let message = tokio::time::timeout(Duration::from_secs(10), received.next())
+            .await
+            .expect("every message arrives: a rate slows, it never drops")
+            .unwrap();
+        let entry = seen.entry(message.subject.to_string()).or_default();
+        *entry = (entry.0 + 1, started.elapsed());
+    }
+    let _publishers = publishers.await.unwrap();
+    let counts: Vec<u64> = seen.values().map(|(count, _)| *count).collect();
+    assert_eq!(counts, [EACH; 3], "{seen:?}");
+    let rated_took = seen["rated.a"].1.max(seen["rated.b"].1);
+    let unslowed = seen["rated.c"].1;
+    let minimum = Duration::from_millis((2 * EACH - BURST) * 1000 / RATE);
+    eprintln!("500 messages of the rated key in {rated_took:?} (the rate allows {minimum:?}); 250 of another key in {unslowed:?}");
+    assert!(
+        rated_took >= minimum.mul_f64(0.9),
+        "500 messages of one key took {rated_took:?}, under the rate's {minimum:?}"
+    );
+    assert!(
+        unslowed < minimum / 2,
+        "another key's 250 messages took {unslowed:?}: it was slowed too"
+    );
+    let server = std::sync::Arc::new(server);
+    let throttled = {
+        let server = server.clone();
+        tokio::task::spawn_blocking(move || metric(&server, "svc_bus_publish_throttled_total"))
+            .await
+            .unwrap()
+    };
+    assert!(
+        throttled >= 1.0,
+        "svc_bus_publish_throttled_total {throttled}"
+    );
+
+    // Pending bytes: the rated key has a stalled reader and a reading one on `flood.x`.
+    // 12.5 MiB published over about a second (by the admin key) pass its 1 MiB budget long
+    // before the 64 MiB each connection may hold: the stalled reader is cut once its socket
+    // has been full for 100 ms, the reading one gets every message.
+    let stalled = {
+        let server = server.clone();
+        let key = slow_key.clone();
+        tokio::task::spawn_blocking(move || stalled_subscriber(&server, &key, "flood.x"))
+            .await
+            .unwrap()
+    };
+    let same_key = connect(slow_key.clone()).await;
+    let mut flood_received = same_key.subscribe("flood.x").await.unwrap();
+    same_key.flush().await.unwrap();
+    let flood = connect(server.admin_key.clone()).await;
+    let chunk = bytes::Bytes::from(vec![b'x'; 64 * 1024]);
+    let flooding = tokio::spawn(async move {
+        for _ in 0..200 {
+            flood.publish("flood.x", chunk.clone()).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        flood.flush().await.unwrap();
+        flood
+    });
+    for i in 0..200 {
+        tokio::time::timeout(Duration::from_secs(10), flood_received.next())
+            .await
+            .unwrap_or_else(|_| panic!("the reading connection got {i} of 200"))
+            .unwrap();
+    }
+    let _flood = flooding.await.unwrap();
+    // The stalled one is gone (its socket still holds what the kernel took before the cut,
+    // which a 4 KiB window would take long to read, so the server is asked instead); the
+    // other three connections of the key are not.
+    let monitor = server.bus_monitor.expect("bus_monitor");
+    let rated_connections = tokio::task::spawn_blocking(move || {
+        let connz = common::http_request(monitor, "GET", "/connz?auth=1", &[], None).unwrap();
+        assert_eq!(connz.status, 200, "{}", connz.body);
+        connz.json()["connections"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|connection| connection["authorized_user"] == rated_id.as_str())
+            .count()
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        rated_connections, 3,
+        "the stalled reader past its key's budget was not cut (or another was)"
+    );
+    drop(stalled);
+    let slow = tokio::task::spawn_blocking(move || metric(&server, "svc_bus_slow_consumers_total"))
+        .await
+        .unwrap();
+    assert!(slow >= 1.0, "svc_bus_slow_consumers_total {slow}");
+}

@@ -385,6 +385,7 @@ pub fn bus_permissions(role: Role, user: String) -> Permissions {
                 .deny(agents_and_enrolment)
                 .deny([subjects::FILES_ALL]),
             internal: false,
+            quota: true,
         },
         Readonly => Permissions {
             user,
@@ -401,6 +402,7 @@ pub fn bus_permissions(role: Role, user: String) -> Permissions {
                 deny: Vec::new(),
             },
             internal: false,
+            quota: true,
         },
     }
 }

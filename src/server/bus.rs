@@ -205,6 +205,11 @@ pub async fn start(
                 tls: tls.as_ref().map(|tls| tls.server.clone()),
                 // The file service authorizes by the key a request came with (server::files).
                 sender_subjects: Some(subjects::FILES_ALL.into()),
+                user_limits: Some(crate::bus::broker::UserLimits {
+                    publish_rate: config.bus.publish_rate_per_key,
+                    publish_burst: config.bus.publish_burst_per_key,
+                    max_pending: config.bus.effective_max_pending_per_key() as usize,
+                }),
                 ..BrokerConfig::default()
             };
             pinned_certificate = tls.map(|tls| tls.certificate);
@@ -303,6 +308,7 @@ pub fn agent_bus_permissions(agent_id: &str) -> Permissions {
             deny: Vec::new(),
         },
         internal: false,
+        quota: true,
     }
 }
 

@@ -205,6 +205,11 @@ pub struct Permissions {
     /// like any other, but left out of monitoring's `/connz` and of the broker's connection
     /// and message counters, as nats-server leaves out its internal clients.
     pub internal: bool,
+    /// Every connection with this `user` shares one publish rate and one pending-bytes
+    /// budget (`BrokerConfig::user_limits`): set for credentials (API keys, agents), not for
+    /// the anonymous enrolment client (anyone is anonymous, so a shared budget would let
+    /// one stranger starve every enrolment) nor for the embedding process.
+    pub quota: bool,
 }
 
 impl Permissions {
@@ -214,6 +219,7 @@ impl Permissions {
             publish: AllowDeny::all(),
             subscribe: AllowDeny::all(),
             internal: false,
+            quota: false,
         }
     }
 
@@ -236,6 +242,7 @@ impl Permissions {
                 deny: Vec::new(),
             },
             internal: false,
+            quota: false,
         }
     }
 

@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use super::auth::{AuthRequest, Permissions};
 use super::outbound::{Batch, Close, Outbound, Queued, IDLE_CAPACITY};
 use super::protocol::{ClientOp, Parsed, Parser, Publish};
+use super::quota::{UserQuota, TOKEN_CHUNK};
 use super::router::{Matches, Subscription};
 use super::{ClientMeta, ConnectMeta, LoginPermit, Shared};
 use crate::bus::subjects::{is_valid_literal, is_valid_pattern, subject_matches};
@@ -216,6 +217,10 @@ struct Session {
     user: String,
     /// `Permissions::internal`: not a client, so not in the broker's counters.
     internal: bool,
+    /// This credential's share of the broker (`Permissions::quota`), from CONNECT.
+    quota: Option<Arc<UserQuota>>,
+    /// Publishes already taken from the quota's bucket and not yet made.
+    publish_tokens: u32,
     subscriptions: HashMap<Bytes, Arc<Subscription>>,
     /// Exhausted (`UNSUB max`) subscriptions leave the map lazily, when it grows past this.
     sweep_at: usize,
@@ -280,6 +285,8 @@ impl Session {
             permissions: None,
             user: "anonymous".into(),
             internal: false,
+            quota: None,
+            publish_tokens: 0,
             subscriptions: HashMap::new(),
             sweep_at: 64,
             cache: HashMap::new(),
@@ -408,6 +415,9 @@ impl Session {
             }
             match parser.parse(buffer) {
                 Ok(Parsed::Op(op)) => {
+                    if matches!(op, ClientOp::Publish(_)) && !self.admit_publish().await {
+                        return false;
+                    }
                     if !self.handle(op).await {
                         return false;
                     }
@@ -523,6 +533,13 @@ impl Session {
         }
         self.user = permissions.user.clone();
         self.set_internal(permissions.internal);
+        self.publish_tokens = 0;
+        self.quota = match &self.shared.quotas {
+            Some(quotas) if permissions.quota && !permissions.internal => {
+                Some(quotas.join(&permissions.user, &self.outbound))
+            }
+            _ => None,
+        };
         self.permissions = (!permissions.is_unrestricted()).then(|| Arc::new(permissions));
         self.is_connected = true;
         self.send_ok();
@@ -768,6 +785,41 @@ impl Session {
         }
         self.push_own(&[b"PING\r\n"]);
         true
+    }
+
+    /// Takes one publish from this credential's rate (`UserLimits::publish_rate`), waiting
+    /// while its bucket is empty: the client's next ops stay in its socket meanwhile, so a
+    /// fast publisher is slowed, never dropped, and other credentials are not slowed. False
+    /// when the connection closed while waiting.
+    async fn admit_publish(&mut self) -> Keep {
+        if self.publish_tokens > 0 {
+            self.publish_tokens -= 1;
+            return true;
+        }
+        let Some(quota) = self.quota.clone() else {
+            return true;
+        };
+        loop {
+            match quota.take_publishes(TOKEN_CHUNK) {
+                Ok(granted) => {
+                    self.publish_tokens = granted - 1;
+                    return true;
+                }
+                Err(wait) => {
+                    self.shared
+                        .stats
+                        .publishes_throttled
+                        .fetch_add(1, Ordering::Relaxed);
+                    // What was handled so far goes out before the pause.
+                    self.flush_counters();
+                    self.wake_all();
+                    tokio::select! {
+                        _ = self.cancel.cancelled() => return false,
+                        _ = tokio::time::sleep(wait) => {}
+                    }
+                }
+            }
+        }
     }
 
     /// The outbound buffers together are past three quarters of `max_pending_total`: wake

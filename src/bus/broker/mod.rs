@@ -11,6 +11,7 @@ mod connection;
 mod local;
 mod outbound;
 mod protocol;
+mod quota;
 pub(crate) mod router;
 
 use std::collections::HashMap;
@@ -26,6 +27,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use local::LocalPublisher;
+pub use quota::UserLimits;
 pub use router::IndexStats;
 pub use view::{BrokerView, ConnectionView, SubscriptionView};
 
@@ -88,6 +90,9 @@ pub struct BrokerConfig {
     /// file service, `svc.files.>`), as nats-server's `Nats-Request-Info` tells an exporting
     /// account who is asking. None: messages pass unchanged.
     pub sender_subjects: Option<String>,
+    /// Limits per credential (`Permissions::quota`), over all its connections together: a
+    /// publish rate and a pending-bytes budget. None (nats-server's default): none.
+    pub user_limits: Option<UserLimits>,
 }
 
 /// The header [`BrokerConfig::sender_subjects`] stamps.
@@ -111,6 +116,7 @@ impl Default for BrokerConfig {
             tls_verify: false,
             tls_handshake_first: false,
             sender_subjects: None,
+            user_limits: None,
         }
     }
 }
@@ -133,6 +139,7 @@ impl std::fmt::Debug for BrokerConfig {
             .field("tls", &self.tls.is_some())
             .field("tls_verify", &self.tls_verify)
             .field("tls_handshake_first", &self.tls_handshake_first)
+            .field("user_limits", &self.user_limits)
             .finish()
     }
 }
@@ -164,6 +171,9 @@ pub struct BrokerStats {
     pub logins_in_progress: AtomicU64,
     /// Connections closed because no login permit came within `auth_timeout`.
     pub logins_timed_out: AtomicU64,
+    /// Times a connection stopped reading to wait for its user's publish rate
+    /// (`UserLimits::publish_rate`).
+    pub publishes_throttled: AtomicU64,
 }
 
 /// One of `max_concurrent_logins`, held from accept until CONNECT is verified (or the
@@ -203,6 +213,8 @@ pub(crate) struct Shared {
     shedding: Mutex<()>,
     /// `config.max_concurrent_logins` permits; None when unbounded.
     logins: Option<Arc<Semaphore>>,
+    /// Each credential's share (`config.user_limits`); None when there are no such limits.
+    pub quotas: Option<quota::Quotas>,
     clients: Mutex<HashMap<u64, Client>>,
 }
 
@@ -436,6 +448,7 @@ impl Broker {
             shedding: Mutex::new(()),
             logins: (config.max_concurrent_logins > 0)
                 .then(|| Arc::new(Semaphore::new(config.max_concurrent_logins))),
+            quotas: config.user_limits.clone().map(quota::Quotas::new),
             clients: Mutex::new(HashMap::new()),
             config,
         });
@@ -668,7 +681,7 @@ async fn accept_loop(
 
 /// How long a client's socket must have been full before the pending budget's shedder
 /// treats it as not reading.
-const MIN_BLOCKED: Duration = Duration::from_millis(100);
+pub(crate) const MIN_BLOCKED: Duration = Duration::from_millis(100);
 
 /// How often the housekeeping task looks at the pending total.
 const HOUSEKEEPING: Duration = Duration::from_secs(1);

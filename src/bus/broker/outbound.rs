@@ -11,7 +11,9 @@
 //! (`max_pending_total`): one relaxed atomic add per append and one subtract per written
 //! batch. An append that would exceed it asks the budget's shedder (the broker's
 //! `Shared::shed`) to cut slow consumers, then retries once; still no room, the connection
-//! appended to is cut, so the limit holds.
+//! appended to is cut, so the limit holds. A connection with a credential also draws on its
+//! user's budget (`quota::UserQuota`), shared by that credential's connections only, the same
+//! way: one client cannot fill the broker-wide budget alone.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -61,6 +63,12 @@ impl PendingBudget {
 
     pub(crate) fn is_under_pressure(&self) -> bool {
         self.total() > self.pressure()
+    }
+
+    /// Counts `bytes` whatever the limit: what a connection joining a user's budget has
+    /// queued, and appends past a user's budget (a mark its shedder acts on, not a wall).
+    fn add(&self, bytes: usize) {
+        self.total.fetch_add(bytes, Ordering::Relaxed);
     }
 
     /// Takes `bytes` from the budget; false (and nothing taken) when that would exceed it.
@@ -122,6 +130,9 @@ struct State {
     /// the writer takes the buffer. Lets publishers wake each writer once per batch.
     is_signalled: bool,
     close: Option<Close>,
+    /// The budget of this connection's user (`quota`), beside the broker-wide one: set at
+    /// CONNECT. Kept under the lock so that what is reserved and released always agree.
+    user_budget: Option<Arc<PendingBudget>>,
     /// MSG/HMSG queued to this connection and their payload bytes (monitoring's `out_msgs`
     /// and `out_bytes`); counted under the lock the append takes anyway.
     messages: u64,
@@ -157,6 +168,7 @@ impl Outbound {
                 blocked_since: None,
                 is_signalled: false,
                 close: None,
+                user_budget: None,
                 messages: 0,
                 payload_bytes: 0,
             }),
@@ -212,13 +224,42 @@ impl Outbound {
         self.lock().blocked_since.get_or_insert_with(Instant::now);
     }
 
+    /// Makes this connection draw on `budget` too (its user's), bringing what it has queued;
+    /// a previous user budget gets those bytes back.
+    pub(crate) fn join_user_budget(&self, budget: Arc<PendingBudget>) {
+        let mut state = self.lock();
+        let pending = state.buffer.len() + state.in_flight;
+        if let Some(previous) = state.user_budget.take() {
+            previous.release(pending);
+        }
+        budget.add(pending);
+        state.user_budget = Some(budget);
+    }
+
     fn push_counted(&self, pieces: &[&[u8]], payload_len: Option<usize>) -> Queued {
-        match self.try_push(pieces, payload_len) {
-            Err(needed) => {
-                // Over the shared budget: let the broker cut slow consumers (possibly this
-                // one), then try once more; still no room, this one goes.
-                self.budget.shed(needed);
-                match self.try_push(pieces, payload_len) {
+        let mut over_user = None;
+        let queued = self.push_within(pieces, payload_len, &mut over_user);
+        if let Some((user, needed)) = over_user {
+            // Past the user's budget: its stuck readers go (`quota`), now that this
+            // buffer's lock is released.
+            user.shed(needed);
+        }
+        queued
+    }
+
+    fn push_within(
+        &self,
+        pieces: &[&[u8]],
+        payload_len: Option<usize>,
+        over_user: &mut Option<(Arc<PendingBudget>, usize)>,
+    ) -> Queued {
+        match self.try_push(pieces, payload_len, over_user) {
+            Err((budget, needed)) => {
+                // Over a shared budget (the broker's or the user's): let its shedder cut
+                // slow consumers (possibly this one), then try once more; still no room,
+                // this one goes.
+                budget.shed(needed);
+                match self.try_push(pieces, payload_len, over_user) {
                     Err(_) => {
                         self.cut_slow();
                         Queued::Closed
@@ -230,8 +271,14 @@ impl Outbound {
         }
     }
 
-    /// `Err(bytes)` when the shared budget has no room for them.
-    fn try_push(&self, pieces: &[&[u8]], payload_len: Option<usize>) -> Result<Queued, usize> {
+    /// `Err((budget, bytes))` when the broker's budget has no room for them. The user's budget
+    /// does not refuse: past it, `over_user` names it and the bytes, for its shedder.
+    fn try_push(
+        &self,
+        pieces: &[&[u8]],
+        payload_len: Option<usize>,
+        over_user: &mut Option<(Arc<PendingBudget>, usize)>,
+    ) -> Result<Queued, (Arc<PendingBudget>, usize)> {
         let mut state = self.lock();
         if state.close.is_some() {
             return Ok(Queued::Closed);
@@ -243,7 +290,13 @@ impl Outbound {
             return Ok(Queued::Closed);
         }
         if !self.budget.reserve(length) {
-            return Err(length);
+            return Err((self.budget.clone(), length));
+        }
+        if let Some(user) = &state.user_budget {
+            if !user.reserve(length) {
+                user.add(length);
+                *over_user = Some((user.clone(), length));
+            }
         }
         for piece in pieces {
             state.buffer.extend_from_slice(piece);
@@ -280,8 +333,8 @@ impl Outbound {
         state.close = Some(Close::Now);
         let buffer = std::mem::take(&mut state.buffer);
         let in_flight = std::mem::take(&mut state.in_flight);
+        self.release(&state, buffer.len() + in_flight);
         drop(state);
-        self.budget.release(buffer.len() + in_flight);
         drop(buffer);
         self.killed.cancel();
         self.wake.notify_one();
@@ -319,7 +372,8 @@ impl Outbound {
     pub(crate) fn take(&self, spare: &mut Vec<u8>) -> Batch {
         let mut state = self.lock();
         state.is_signalled = false;
-        self.budget.release(std::mem::take(&mut state.in_flight));
+        let written = std::mem::take(&mut state.in_flight);
+        self.release(&state, written);
         state.blocked_since = None;
         if state.close == Some(Close::Now) {
             return Batch::Close(Close::Now);
@@ -339,6 +393,14 @@ impl Outbound {
         Batch::Write
     }
 
+    /// Gives `bytes` back to the broker's budget and the user's.
+    fn release(&self, state: &State, bytes: usize) {
+        self.budget.release(bytes);
+        if let Some(user) = &state.user_budget {
+            user.release(bytes);
+        }
+    }
+
     pub(crate) async fn wait(&self) {
         self.wake.notified().await;
     }
@@ -352,7 +414,7 @@ impl Outbound {
 impl Drop for Outbound {
     fn drop(&mut self) {
         let state = self.lock();
-        self.budget.release(state.buffer.len() + state.in_flight);
+        self.release(&state, state.buffer.len() + state.in_flight);
     }
 }
 

@@ -19,12 +19,22 @@ fn write_bus(context: &Context, out: &mut Exposition) {
             s.slow_consumers.load(Relaxed),
             s.logins_in_progress.load(Relaxed),
             s.logins_timed_out.load(Relaxed),
+            s.publishes_throttled.load(Relaxed),
         )
     }) else {
         return;
     };
-    let (connections, messages_in, messages_out, bytes_in, bytes_out, slow, logins, timed_out) =
-        stats;
+    let (
+        connections,
+        messages_in,
+        messages_out,
+        bytes_in,
+        bytes_out,
+        slow,
+        logins,
+        timed_out,
+        throttled,
+    ) = stats;
     let mut single = |name: &str, kind: &str, help: &str, value: u64| {
         out.family(name, kind, help);
         out.sample(name, &[], value as f64);
@@ -46,6 +56,12 @@ fn write_bus(context: &Context, out: &mut Exposition) {
         "counter",
         "New bus connections closed after waiting the login deadline for a login slot.",
         timed_out,
+    );
+    single(
+        "svc_bus_publish_throttled_total",
+        "counter",
+        "Times a client connection waited for its credential's publish rate (bus.publish_rate_per_key).",
+        throttled,
     );
     single(
         "svc_bus_slow_consumers_total",
