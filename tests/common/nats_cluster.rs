@@ -76,25 +76,33 @@ impl NatsCluster {
     /// answers on every node (in a cluster: a meta leader is elected). None when nats-server
     /// is not installed (the skip is printed).
     pub async fn start(nodes: usize) -> Option<NatsCluster> {
-        Self::start_configured(nodes, "", None).await
+        Self::start_configured(nodes, "", None, false).await
+    }
+
+    /// As [`NatsCluster::start`], with `no_advertise` in every node's cluster block: clients
+    /// learn no other node's address from INFO, so a client reaches exactly the URLs it was
+    /// given (a test that puts a proxy in front of the nodes needs that).
+    pub async fn start_unadvertised(nodes: usize) -> Option<NatsCluster> {
+        Self::start_configured(nodes, "", None, true).await
     }
 
     /// As [`NatsCluster::start`], with `extra` (nats-server configuration lines, e.g.
     /// `max_payload: 8192`) in every node's configuration.
     pub async fn start_with(nodes: usize, extra: &str) -> Option<NatsCluster> {
-        Self::start_configured(nodes, extra, None).await
+        Self::start_configured(nodes, extra, None, false).await
     }
 
     /// [`start`](Self::start), every node's configuration ending with `auth` (the block
     /// `svc-cluster nats-config` prints: operator mode, where every client needs a user JWT).
     pub async fn start_with_auth(nodes: usize, auth: &str) -> Option<NatsCluster> {
-        Self::start_configured(nodes, "", Some(auth)).await
+        Self::start_configured(nodes, "", Some(auth), false).await
     }
 
     async fn start_configured(
         nodes: usize,
         extra: &str,
         auth: Option<&str>,
+        no_advertise: bool,
     ) -> Option<NatsCluster> {
         assert!(nodes >= 1);
         let binary = nats_server_or_skip("this NATS cluster test")?;
@@ -125,8 +133,9 @@ impl NatsCluster {
                     .map(|(_, (_, cluster))| format!("\"nats-route://127.0.0.1:{cluster}\""))
                     .collect();
                 config.push_str(&format!(
-                    "cluster {{\n  name: svc-test\n  listen: \"127.0.0.1:{cluster_port}\"\n  routes: [{}]\n}}\n",
-                    routes.join(", ")
+                    "cluster {{\n  name: svc-test\n  listen: \"127.0.0.1:{cluster_port}\"\n  routes: [{}]\n{}}}\n",
+                    routes.join(", "),
+                    if no_advertise { "  no_advertise: true\n" } else { "" }
                 ));
             }
             let http_port = auth.map(|auth| {

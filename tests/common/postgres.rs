@@ -29,7 +29,7 @@ pub struct Postgres {
     /// `?...` of the given URL, carried into every URL made from it.
     query: String,
     /// Our own cluster; None for a server named by SVC_TEST_PG_URL.
-    cluster: Option<Cluster>,
+    cluster: Option<Box<Cluster>>,
 }
 
 /// A cluster this process started. Its watchdog stops it and removes its directory once the
@@ -38,6 +38,12 @@ pub struct Postgres {
 struct Cluster {
     dir: PathBuf,
     watchdog: Mutex<Option<(Child, ChildStdin)>>,
+    /// What [`Postgres::kill`] and [`Postgres::start_again`] need: the binaries' directory,
+    /// the data directory, the server options and whether it runs as `nobody`.
+    bin: PathBuf,
+    data: PathBuf,
+    options: String,
+    as_nobody: bool,
 }
 
 /// The one server of this test process: started on first use, stopped when the process
@@ -89,6 +95,14 @@ impl Postgres {
     /// full-page writes), for benchmarks that compare it with a store that syncs its commits.
     pub fn start_durable() -> Option<Postgres> {
         Self::start_with("")
+    }
+
+    /// A private cluster that can be killed and started again ([`Postgres::kill`],
+    /// [`Postgres::start_again`]) without losing a commit it acknowledged: fsync is off (the
+    /// operating system does not crash in a test) but commits are synchronous, so each one is
+    /// written out of PostgreSQL's memory before the client hears of it.
+    pub fn start_restartable() -> Option<Postgres> {
+        Self::start_with("-c fsync=off -c full_page_writes=off")
     }
 
     fn start_with(durability: &str) -> Option<Postgres> {
@@ -150,9 +164,17 @@ impl Postgres {
         std::os::unix::process::CommandExt::process_group(watchdog, 0);
         let mut watchdog = watchdog.spawn().expect("watchdog starts");
         let stdin = watchdog.stdin.take().unwrap();
+        let options = format!(
+            "-p {port} -k {} -c listen_addresses=127.0.0.1 {durability} -c max_connections=300",
+            dir.display()
+        );
         let cluster = Cluster {
             dir: dir.clone(),
             watchdog: Mutex::new(Some((watchdog, stdin))),
+            bin: bin.clone(),
+            data: data.clone(),
+            options: options.clone(),
+            as_nobody,
         };
         let run = |mut command: Command, what: &str| {
             let output = command.output().unwrap();
@@ -173,11 +195,7 @@ impl Postgres {
             .args(["-E", "UTF8"]);
         run(initdb, "initdb");
         // fsync off (`start`): a test cluster never needs to survive a crash. max_connections above
-        // the default 100: parallel tests each run servers with their own pools.
-        let options = format!(
-            "-p {port} -k {} -c listen_addresses=127.0.0.1 {durability} -c max_connections=300",
-            dir.display()
-        );
+        // the default 100 (`options`, above): parallel tests each run servers with their own pools.
         let mut pg_ctl = tool("pg_ctl");
         pg_ctl
             .arg("-D")
@@ -192,7 +210,7 @@ impl Postgres {
             port,
             admin_db: "postgres".into(),
             query: String::new(),
-            cluster: Some(cluster),
+            cluster: Some(Box::new(cluster)),
         })
     }
 
@@ -360,12 +378,67 @@ impl Postgres {
         panic!("ssl did not turn on: {}", self.log());
     }
 
+    /// Stops our own cluster the way a crash would (`pg_ctl stop -m immediate`: every backend
+    /// is killed, no checkpoint; the next start replays the WAL) and returns once it is down.
+    pub fn kill(&self) {
+        let cluster = self.cluster.as_ref().expect("kill needs our own cluster");
+        let mut stop = cluster.tool("pg_ctl");
+        stop.arg("-D")
+            .arg(&cluster.data)
+            .args(["-m", "immediate", "-w", "stop"]);
+        cluster.run(stop, "pg_ctl stop");
+    }
+
+    /// Starts our own cluster again on the same port and data directory (after
+    /// [`Postgres::kill`]) and returns once it accepts connections.
+    pub fn start_again(&self) {
+        let cluster = self
+            .cluster
+            .as_ref()
+            .expect("start_again needs our own cluster");
+        let mut start = cluster.tool("pg_ctl");
+        start
+            .arg("-D")
+            .arg(&cluster.data)
+            .arg("-l")
+            .arg(cluster.dir.join("log"))
+            .args(["-o", &cluster.options, "-w", "-t", "60", "start"]);
+        cluster.run(start, "pg_ctl start");
+    }
+
     /// The server's log file, when this process started the cluster.
     pub fn log(&self) -> String {
         self.cluster
             .as_ref()
             .and_then(|c| std::fs::read_to_string(c.dir.join("log")).ok())
             .unwrap_or_default()
+    }
+}
+
+impl Cluster {
+    /// A PostgreSQL tool run as the cluster's owner.
+    fn tool(&self, name: &str) -> Command {
+        let program = self.bin.join(name);
+        let mut command = if self.as_nobody {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "nobody", "--"]).arg(program);
+            c
+        } else {
+            Command::new(program)
+        };
+        command.current_dir(&self.dir);
+        command
+    }
+
+    fn run(&self, mut command: Command, what: &str) {
+        let output = command.output().unwrap();
+        assert!(
+            output.status.success(),
+            "{what} failed: {}\n{}\n{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr),
+            std::fs::read_to_string(self.dir.join("log")).unwrap_or_default()
+        );
     }
 }
 
