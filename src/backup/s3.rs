@@ -1081,18 +1081,19 @@ fn uri_encode(text: &str, encode_slash: bool) -> String {
     encoded
 }
 
-/// `20130524T000000Z` from Unix milliseconds.
+/// `20130524T000000Z` (SigV4's ISO 8601 basic form, UTC) from Unix milliseconds; `time`'s
+/// calendar, like `clock`.
 fn amz_date(millis: i64) -> String {
-    let text = crate::clock::format_rfc3339(millis);
-    // 2013-05-24T00:00:00.000Z
+    let at = time::OffsetDateTime::from_unix_timestamp(millis.div_euclid(1000))
+        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
     format!(
-        "{}{}{}T{}{}{}Z",
-        &text[0..4],
-        &text[5..7],
-        &text[8..10],
-        &text[11..13],
-        &text[14..16],
-        &text[17..19]
+        "{:04}{:02}{:02}T{:02}{:02}{:02}Z",
+        at.year(),
+        u8::from(at.month()),
+        at.day(),
+        at.hour(),
+        at.minute(),
+        at.second()
     )
 }
 
@@ -1385,6 +1386,8 @@ mod tests {
     #[test]
     fn dates() {
         assert_eq!(amz_date(1_369_353_600_000), "20130524T000000Z");
+        assert_eq!(amz_date(1_795_248_902_123), "20261121T081502Z");
+        assert_eq!(amz_date(951_868_799_999), "20000229T235959Z");
         assert_eq!(
             parse_http_date("Fri, 24 May 2013 00:00:00 GMT"),
             Some(1_369_353_600_000)
