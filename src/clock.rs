@@ -4,16 +4,15 @@
 //! which sort as strings, so the store keeps them as TEXT on both SQLite and PostgreSQL; they
 //! are read with any offset (`Z`, `±HH:MM`) and fraction. Durations accept `500ms`, `30s` (or
 //! plain `30`), `5m`, `24h`, `7d`, `2w`; where a point in time is asked for, a duration means
-//! that long ago (`parse_time_or_ago`). The calendar (days in a month, leap years, day
-//! numbers) is the `time` crate's, already compiled in for certificates; this module reads
-//! and writes the text itself, without the crate's format-description machinery.
+//! that long ago (`parse_time_or_ago`). The calendar (which days exist, leap years, offsets,
+//! Unix time) is the `time` crate's `OffsetDateTime`, already compiled in for certificates:
+//! a day that does not exist (`2026-02-31`) is refused, never rolled over. This module only
+//! reads and writes the one text shape, digits in place, without the crate's
+//! format-description machinery (this runs for every event and audit row; issue 21).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use time::{Date, Month};
-
-/// Julian day number of 1970-01-01: `time` counts days from the Julian epoch.
-const UNIX_EPOCH_JULIAN_DAY: i64 = 2_440_588;
+use time::{Date, Month, OffsetDateTime, PrimitiveDateTime, Time, UtcOffset};
 
 /// Milliseconds since the Unix epoch, now.
 pub fn now_millis() -> i64 {
@@ -31,24 +30,23 @@ pub fn now_rfc3339() -> String {
 /// Formats Unix milliseconds as `YYYY-MM-DDTHH:MM:SS.mmmZ` (years 0000 to 9999; a time
 /// outside them is written as the nearest end of that range).
 pub fn format_rfc3339(millis: i64) -> String {
-    let seconds = millis.div_euclid(1000);
-    let ms = millis.rem_euclid(1000);
-    let days = seconds.div_euclid(86_400);
-    let rem = seconds.rem_euclid(86_400);
-    let date = i32::try_from(days + UNIX_EPOCH_JULIAN_DAY)
+    let at = OffsetDateTime::from_unix_timestamp(millis.div_euclid(1000))
         .ok()
-        .and_then(|day| Date::from_julian_day(day).ok())
-        .filter(|date| (0..=9999).contains(&date.year()));
-    let (date, rem, ms) = match date {
-        Some(date) => (date, rem, ms),
-        None if days < 0 => (
-            Date::from_calendar_date(0, Month::January, 1).expect("valid"),
-            0,
+        .filter(|at| (0..=9999).contains(&at.year()));
+    let (at, ms) = match at {
+        Some(at) => (at, millis.rem_euclid(1000)),
+        None if millis < 0 => (
+            Date::from_calendar_date(0, Month::January, 1)
+                .expect("a valid date")
+                .midnight()
+                .assume_utc(),
             0,
         ),
         None => (
-            Date::from_calendar_date(9999, Month::December, 31).expect("valid"),
-            86_399,
+            Date::from_calendar_date(9999, Month::December, 31)
+                .and_then(|date| date.with_hms(23, 59, 59))
+                .expect("a valid time")
+                .assume_utc(),
             999,
         ),
     };
@@ -61,12 +59,12 @@ pub fn format_rfc3339(millis: i64) -> String {
             value /= 10;
         }
     };
-    put(0, 4, i64::from(date.year()));
-    put(5, 2, i64::from(u8::from(date.month())));
-    put(8, 2, i64::from(date.day()));
-    put(11, 2, rem / 3600);
-    put(14, 2, rem % 3600 / 60);
-    put(17, 2, rem % 60);
+    put(0, 4, i64::from(at.year()));
+    put(5, 2, i64::from(u8::from(at.month())));
+    put(8, 2, i64::from(at.day()));
+    put(11, 2, i64::from(at.hour()));
+    put(14, 2, i64::from(at.minute()));
+    put(17, 2, i64::from(at.second()));
     put(20, 3, ms);
     String::from_utf8(text.to_vec()).expect("digits are ASCII")
 }
@@ -89,12 +87,6 @@ pub fn parse_rfc3339(text: &str) -> Option<i64> {
     };
     let (year, month, day) = (number(0..4)?, number(5..7)?, number(8..10)?);
     let (hour, minute, second) = (number(11..13)?, number(14..16)?, number(17..19)?);
-    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 {
-        return None;
-    }
-    if second > 60 {
-        return None;
-    }
     let mut rest = &text[19..];
     let mut millis = 0i64;
     if let Some(fraction) = rest.strip_prefix('.') {
@@ -106,23 +98,34 @@ pub fn parse_rfc3339(text: &str) -> Option<i64> {
         millis = padded.parse().ok()?;
         rest = &fraction[digits..];
     }
-    let offset_seconds = match rest {
-        "Z" | "z" => 0,
+    let offset = match rest {
+        "Z" | "z" => UtcOffset::UTC,
         _ if rest.len() == 6 && (rest.starts_with('+') || rest.starts_with('-')) => {
-            let hours: i64 = rest.get(1..3)?.parse().ok()?;
-            let minutes: i64 = rest.get(4..6)?.parse().ok()?;
+            // `±HH:MM`, the last six bytes of `text`.
+            let end = text.len();
+            if rest.as_bytes()[3] != b':' {
+                return None;
+            }
+            let hours = i8::try_from(number(end - 5..end - 3)?).ok()?;
+            let minutes = i8::try_from(number(end - 2..end)?).ok()?;
             let sign = if rest.starts_with('-') { -1 } else { 1 };
-            sign * (hours * 3600 + minutes * 60)
+            UtcOffset::from_hms(sign * hours, sign * minutes, 0).ok()?
         }
         _ => return None,
     };
     // The calendar decides which days exist: 2026-02-31 is refused, not read as March 3rd.
-    let month = Month::try_from(u8::try_from(month).ok()?).ok()?;
-    let date =
-        Date::from_calendar_date(i32::try_from(year).ok()?, month, u8::try_from(day).ok()?).ok()?;
-    let days = i64::from(date.to_julian_day()) - UNIX_EPOCH_JULIAN_DAY;
-    let seconds = days * 86_400 + hour * 3600 + minute * 60 + second - offset_seconds;
-    Some(seconds * 1000 + millis)
+    let small = |value: i64| u8::try_from(value).ok();
+    let date = Date::from_calendar_date(
+        i32::try_from(year).ok()?,
+        Month::try_from(small(month)?).ok()?,
+        small(day)?,
+    )
+    .ok()?;
+    // A leap second (:60) reads as the first second of the next minute.
+    let leap = i64::from(second == 60);
+    let time = Time::from_hms(small(hour)?, small(minute)?, small(second - leap)?).ok()?;
+    let at = PrimitiveDateTime::new(date, time).assume_offset(offset);
+    Some((at.unix_timestamp() + leap) * 1000 + millis)
 }
 
 /// Parses `500ms`, `30s`, `5m`, `24h`, `7d`, `2w` (and plain seconds, `30`).
@@ -216,10 +219,30 @@ mod tests {
             "2026-13-01T00:00:00Z",
             "2026-02-31T00:00:00Z",
             "2025-02-29T00:00:00Z",
+            "2026-04-31T00:00:00Z",
+            "2100-02-29T00:00:00Z",
+            "2026-11-21T24:00:00Z",
+            "2026-11-21T08:60:00Z",
+            "2026-11-21T08:15:61Z",
             "2026-11-21T08:15:02",
             "2026-11-21T08:15:02.Z",
+            "2026-11-21T08:15:02+01:60",
+            "2026-11-21T08:15:02+-1:00",
+            "2026-11-21T08:15:02+01-00",
         ] {
             assert_eq!(parse_rfc3339(bad), None, "{bad}");
+            // Nor is it read as a duration ago: where a user gives a time, it is refused.
+            assert_eq!(parse_time_or_ago(bad), None, "{bad}");
+        }
+        let same = [
+            ("2024-02-29T12:00:00-05:30", "2024-02-29T17:30:00Z"),
+            ("2016-12-31T23:59:60Z", "2017-01-01T00:00:00Z"),
+            ("2026-11-21t08:15:02.1234z", "2026-11-21T08:15:02.123Z"),
+            ("2026-11-21 08:15:02.5Z", "2026-11-21T08:15:02.500Z"),
+        ];
+        for (text, utc) in same {
+            assert_eq!(parse_rfc3339(text), parse_rfc3339(utc), "{text}");
+            assert!(parse_rfc3339(text).is_some(), "{text}");
         }
     }
 

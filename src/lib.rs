@@ -27,6 +27,7 @@ pub mod identity;
 pub mod ids;
 pub mod metrics;
 pub mod modules;
+pub mod percent;
 pub mod preflight;
 pub mod program;
 pub mod runbooks;

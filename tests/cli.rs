@@ -299,6 +299,63 @@ fn bad_flag_values_are_usage_errors_that_list_the_allowed_values() {
     }
 }
 
+/// Issue 35: a day that does not exist was read as a later one (2026-02-31 as March 3rd).
+/// Every flag that takes a time refuses it at parse time (exit 2), while a duration ago is
+/// still a time: that one passes parsing and fails only on the missing server (exit 3).
+#[test]
+fn issue_35_days_that_do_not_exist_are_refused() {
+    let names = Names::new();
+    let cases: &[(&str, &[&str], i32, &str)] = &[
+        (
+            "svc-audit",
+            &["log", "--since", "2026-02-31T00:00:00Z"],
+            2,
+            "'--since' with value '2026-02-31T00:00:00Z': not a time",
+        ),
+        (
+            "svc-events",
+            &["list", "--until", "2025-02-29T12:00:00+01:00"],
+            2,
+            "not a time",
+        ),
+        (
+            "svcctl",
+            &[
+                "apikey",
+                "create",
+                "--name",
+                "x",
+                "--role",
+                "readonly",
+                "--expires-at",
+                "2027-04-31T00:00:00Z",
+            ],
+            2,
+            "not an RFC 3339 time",
+        ),
+        ("svc-audit", &["log", "--since", "1h"], 3, ""),
+        (
+            "svc-events",
+            &["list", "--since", "2024-02-29T00:00:00Z"],
+            3,
+            "",
+        ),
+    ];
+    for (name, args, code, message) in cases {
+        let result = run(names
+            .command(name)
+            .env("SVC_SERVER", "127.0.0.1:1")
+            .env("SVC_HTTP_URL", "http://127.0.0.1:1")
+            .env("SVC_API_KEY", "k")
+            .args(*args));
+        assert_eq!(result.code, *code, "{name} {args:?}: {result:?}");
+        assert!(
+            result.stderr.contains(message),
+            "{name} {args:?}: {result:?}"
+        );
+    }
+}
+
 #[test]
 fn help_of_nested_commands() {
     let names = Names::new();

@@ -26,8 +26,8 @@ const LAYERS: &[Layer] = &[
         name: "leaf utilities",
         ring: false,
         modules: &[
-            "clock", "codec", "error", "facts", "ids", "metrics", "program", "proto", "template",
-            "version", "zip",
+            "clock", "codec", "error", "facts", "ids", "metrics", "percent", "program", "proto",
+            "template", "version", "zip",
         ],
     },
     Layer {

@@ -26,6 +26,7 @@ use tokio::net::TcpStream;
 
 use crate::config::Secret;
 use crate::error::{Error, Result};
+use crate::percent;
 
 /// S3 refuses parts below 5 MiB (except the last one).
 pub const MIN_PART_SIZE: u64 = 5 * 1024 * 1024;
@@ -197,7 +198,7 @@ impl S3Client {
         if config.list_page_size == 0 || config.list_page_size > 1000 {
             return Err(Error::Invalid("S3 list page size must be 1 to 1000".into()));
         }
-        if config.region.is_empty() || !config.region.bytes().all(is_unreserved) {
+        if config.region.is_empty() || !config.region.bytes().all(percent::unreserved) {
             return Err(Error::Invalid(format!(
                 "S3 region '{}' is not valid",
                 config.region
@@ -651,7 +652,7 @@ impl S3Client {
         Ok(match virtual_host {
             true => Target {
                 host: format!("{bucket}.{}", endpoint.host),
-                path: format!("/{}", uri_encode(key, false)),
+                path: format!("/{}", encode_key(key)),
             },
             false if key.is_empty() => Target {
                 host: endpoint.host.clone(),
@@ -659,7 +660,7 @@ impl S3Client {
             },
             false => Target {
                 host: endpoint.host.clone(),
-                path: format!("/{bucket}/{}", uri_encode(key, false)),
+                path: format!("/{bucket}/{}", encode_key(key)),
             },
         })
     }
@@ -1036,7 +1037,12 @@ fn authorization(
 fn encoded_query(query: &[(&str, String)]) -> Vec<(String, String)> {
     let mut pairs: Vec<(String, String)> = query
         .iter()
-        .map(|(name, value)| (uri_encode(name, true), uri_encode(value, true)))
+        .map(|(name, value)| {
+            (
+                percent::encode(name.as_bytes(), percent::unreserved),
+                percent::encode(value.as_bytes(), percent::unreserved),
+            )
+        })
         .collect();
     pairs.sort();
     pairs
@@ -1064,35 +1070,25 @@ fn request_query(pairs: &[(String, String)]) -> String {
         .join("&")
 }
 
-fn is_unreserved(byte: u8) -> bool {
-    byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~')
+/// An object key in a path, as SigV4 signs it: every byte but RFC 3986's unreserved ones
+/// and `/` percent-encoded.
+fn encode_key(key: &str) -> String {
+    percent::encode(key.as_bytes(), percent::unreserved_or_slash)
 }
 
-/// Percent-encodes every byte but RFC 3986's unreserved ones (and `/` unless `encode_slash`).
-fn uri_encode(text: &str, encode_slash: bool) -> String {
-    let mut encoded = String::with_capacity(text.len());
-    for byte in text.bytes() {
-        if is_unreserved(byte) || (byte == b'/' && !encode_slash) {
-            encoded.push(byte as char);
-        } else {
-            encoded.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    encoded
-}
-
-/// `20130524T000000Z` from Unix milliseconds.
+/// `20130524T000000Z` (SigV4's ISO 8601 basic form, UTC) from Unix milliseconds; `time`'s
+/// calendar, like `clock`.
 fn amz_date(millis: i64) -> String {
-    let text = crate::clock::format_rfc3339(millis);
-    // 2013-05-24T00:00:00.000Z
+    let at = time::OffsetDateTime::from_unix_timestamp(millis.div_euclid(1000))
+        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
     format!(
-        "{}{}{}T{}{}{}Z",
-        &text[0..4],
-        &text[5..7],
-        &text[8..10],
-        &text[11..13],
-        &text[14..16],
-        &text[17..19]
+        "{:04}{:02}{:02}T{:02}{:02}{:02}Z",
+        at.year(),
+        u8::from(at.month()),
+        at.day(),
+        at.hour(),
+        at.minute(),
+        at.second()
     )
 }
 
@@ -1231,7 +1227,7 @@ mod tests {
             ("ü~", "%C3%BC~"),
         ];
         for (key, expected) in cases {
-            assert_eq!(uri_encode(key, false), expected, "{key}");
+            assert_eq!(encode_key(key), expected, "{key}");
         }
     }
 
@@ -1385,6 +1381,8 @@ mod tests {
     #[test]
     fn dates() {
         assert_eq!(amz_date(1_369_353_600_000), "20130524T000000Z");
+        assert_eq!(amz_date(1_795_248_902_123), "20261121T081502Z");
+        assert_eq!(amz_date(951_868_799_999), "20000229T235959Z");
         assert_eq!(
             parse_http_date("Fri, 24 May 2013 00:00:00 GMT"),
             Some(1_369_353_600_000)

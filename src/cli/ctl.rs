@@ -11,6 +11,7 @@ use super::output::{print_json, print_table};
 use super::values::{duration, rfc3339, role};
 use super::{exit, run_async, take_common, version_line, CliError, Common, Output, COMMON_HELP};
 use crate::auth::ApiKey;
+use crate::percent;
 
 const USAGE: &str = "\
 Usage: svcctl <command> [<args>]
@@ -294,17 +295,11 @@ fn expiry(expires_at: Option<String>, ttl: Option<String>) -> Result<Option<Stri
 }
 
 fn key_path(id: &str) -> String {
-    // Ids are ULIDs; anything else is passed through percent-encoded so it cannot change the path.
-    let encoded: String = id
-        .bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect();
+    // Ids are ULIDs; anything else is passed through percent-encoded so it cannot change the
+    // path (`.` too: `..` would climb out of it).
+    let encoded = percent::encode(id.as_bytes(), |byte| {
+        byte.is_ascii_alphanumeric() || byte == b'-' || byte == b'_'
+    });
     format!("/api/v1/apikeys/{encoded}")
 }
 

@@ -9,6 +9,7 @@ use argh::FromArgs;
 use super::output::{format_table, print_json};
 use super::progress::Bar;
 use super::{exit, parse_args, run_async, version_line, wants_version, CliError, Output};
+use crate::percent;
 use crate::store::copy::{
     self, message_of, Comparison, CopyOptions, CopySummary, Progress, Source,
 };
@@ -240,14 +241,7 @@ fn with_password(url: &str, password: &str) -> String {
     if user_info.contains(':') || user_info.is_empty() {
         return url.to_string();
     }
-    let mut encoded = String::new();
-    for byte in password.bytes() {
-        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
-            encoded.push(byte as char);
-        } else {
-            encoded.push_str(&format!("%{byte:02X}"));
-        }
-    }
+    let encoded = percent::encode(password.as_bytes(), percent::unreserved);
     format!("{scheme}://{user_info}:{encoded}@{host}{tail}")
 }
 

@@ -14,6 +14,7 @@ use super::{CliError, Common, Output};
 use crate::proto::runbook_service_client::RunbookServiceClient;
 use crate::proto::{self, RunbookDocument};
 use crate::runbooks::definition;
+use crate::store::ExecutionStatus;
 
 pub fn main(program: &str, args: Vec<String>) -> i32 {
     super::run_partly_built(program, args, run)
@@ -362,7 +363,7 @@ async fn status(common: Common, args: StatusArgs) -> Result<(), CliError> {
             print_status(&common, &view)?;
             last = view;
         }
-        if !args.follow || last["status"] != "running" {
+        if !args.follow || last["status"] != ExecutionStatus::Running.as_str() {
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(500)).await;

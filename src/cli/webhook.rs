@@ -11,6 +11,7 @@ use super::values::{event_category, event_severity};
 use super::{CliError, Common, Output};
 use crate::proto::webhook_service_client::WebhookServiceClient;
 use crate::proto::{self, Webhook, WebhookDelivery};
+use crate::store::DeliveryStatus;
 
 pub fn main(program: &str, args: Vec<String>) -> i32 {
     super::run_partly_built(program, args, run)
@@ -374,7 +375,7 @@ async fn outbound(common: Common, args: OutboundArgs) -> Result<(), CliError> {
                 .await?
                 .into_inner();
             print_deliveries(&common, std::slice::from_ref(&delivery))?;
-            if delivery.status != "delivered" {
+            if delivery.status != DeliveryStatus::Delivered.as_str() {
                 return Err(CliError::failed(format!(
                     "the ping was not delivered: {}",
                     delivery.last_error

@@ -21,7 +21,7 @@ use crate::audit::Action;
 use crate::auth::{Principal, Role};
 use crate::domain::Domain;
 use crate::events::{Event, Filter, NewEvent};
-use crate::store::{ExecutionRow, StepRow};
+use crate::store::{ExecutionRow, ExecutionStatus, StepRow, StepStatus};
 use crate::{clock, Error, Result};
 
 /// How often a running execution looks for a cancel and a waiting approval for its answer.
@@ -52,7 +52,7 @@ pub(crate) fn new_execution(
     let row = ExecutionRow {
         id: id.to_string(),
         runbook: runbook.name.clone(),
-        status: "running".into(),
+        status: ExecutionStatus::Running,
         parameters: serde_json::to_string(values).map_err(Error::internal)?,
         definition: serde_json::to_string(runbook).map_err(Error::internal)?,
         started_by: started_by.to_string(),
@@ -66,7 +66,7 @@ pub(crate) fn new_execution(
         .map(|s| StepRow {
             execution_id: id.to_string(),
             step_id: s.id.clone(),
-            status: "pending".into(),
+            status: StepStatus::Pending,
             output: "null".into(),
             ..StepRow::default()
         })
@@ -122,7 +122,7 @@ pub async fn resume(domain: &Arc<Domain>) {
     match domain
         .store
         .runbooks()
-        .list_executions("", "running", 10_000)
+        .list_executions("", Some(ExecutionStatus::Running), 10_000)
         .await
     {
         Ok(rows) => {
@@ -171,12 +171,15 @@ async fn run(domain: &Arc<Domain>, id: &str) -> Result<()> {
             .runbooks()
             .get_execution(id)
             .await?
-            .is_some_and(|e| e.status == "cancelled")
+            .is_some_and(|e| e.status == ExecutionStatus::Cancelled)
         {
             tasks.abort_all();
             for row in rows.values_mut() {
-                if matches!(row.status.as_str(), "pending" | "running" | "waiting") {
-                    row.status = "cancelled".into();
+                if matches!(
+                    row.status,
+                    StepStatus::Pending | StepStatus::Running | StepStatus::Waiting
+                ) {
+                    row.status = StepStatus::Cancelled;
                     row.finished_at = Some(clock::now_rfc3339());
                     store.runbooks().upsert_step(row).await?;
                 }
@@ -190,9 +193,11 @@ async fn run(domain: &Arc<Domain>, id: &str) -> Result<()> {
                 };
                 // `running`/`waiting` rows not in this process's task set are left from
                 // before a restart: they run again.
-                let is_new = row.status == "pending"
-                    || (matches!(row.status.as_str(), "running" | "waiting" | "approved")
-                        && !running.contains(&step.id));
+                let is_new = row.status == StepStatus::Pending
+                    || (matches!(
+                        row.status,
+                        StepStatus::Running | StepStatus::Waiting | StepStatus::Approved
+                    ) && !running.contains(&step.id));
                 if !is_new || running.contains(&step.id) {
                     continue;
                 }
@@ -201,16 +206,21 @@ async fn run(domain: &Arc<Domain>, id: &str) -> Result<()> {
                 for need in &step.needs {
                     let need_row = &rows[need];
                     let need_on_failure = by_id[need.as_str()].on_failure;
-                    match need_row.status.as_str() {
-                        "succeeded" => {}
-                        "failed" if need_on_failure == OnFailure::Continue => {}
-                        "failed" | "skipped" | "cancelled" => blocked = true,
-                        _ => ready = false,
+                    match need_row.status {
+                        StepStatus::Succeeded => {}
+                        StepStatus::Failed if need_on_failure == OnFailure::Continue => {}
+                        StepStatus::Failed | StepStatus::Skipped | StepStatus::Cancelled => {
+                            blocked = true
+                        }
+                        StepStatus::Pending
+                        | StepStatus::Running
+                        | StepStatus::Waiting
+                        | StepStatus::Approved => ready = false,
                     }
                 }
                 if blocked {
                     let row = rows.get_mut(&step.id).expect("row exists");
-                    row.status = "skipped".into();
+                    row.status = StepStatus::Skipped;
                     row.finished_at = Some(clock::now_rfc3339());
                     store.runbooks().upsert_step(row).await?;
                     continue;
@@ -219,7 +229,7 @@ async fn run(domain: &Arc<Domain>, id: &str) -> Result<()> {
                     continue;
                 }
                 let row = rows.get_mut(&step.id).expect("row exists");
-                row.status = "running".into();
+                row.status = StepStatus::Running;
                 row.started_at = Some(row.started_at.clone().unwrap_or_else(clock::now_rfc3339));
                 store.runbooks().upsert_step(row).await?;
                 running.insert(step.id.clone());
@@ -265,8 +275,8 @@ async fn run(domain: &Arc<Domain>, id: &str) -> Result<()> {
     }
     if halted {
         for row in rows.values_mut() {
-            if row.status == "pending" {
-                row.status = "skipped".into();
+            if row.status == StepStatus::Pending {
+                row.status = StepStatus::Skipped;
                 row.finished_at = Some(clock::now_rfc3339());
                 store.runbooks().upsert_step(row).await?;
             }
@@ -279,7 +289,7 @@ async fn run(domain: &Arc<Domain>, id: &str) -> Result<()> {
             let mut row = StepRow {
                 execution_id: id.to_string(),
                 step_id: row_id.clone(),
-                status: "running".into(),
+                status: StepStatus::Running,
                 started_at: Some(clock::now_rfc3339()),
                 output: "null".into(),
                 ..StepRow::default()
@@ -302,21 +312,27 @@ async fn run(domain: &Arc<Domain>, id: &str) -> Result<()> {
             )
             .await?;
             row = rows[&row_id].clone();
-            if row.status != "succeeded" {
+            if row.status != StepStatus::Succeeded {
                 break;
             }
         }
     }
     let failed = runbook.steps.iter().any(|s| {
-        rows.get(&s.id).is_some_and(|r| r.status == "failed") && s.on_failure != OnFailure::Continue
+        rows.get(&s.id)
+            .is_some_and(|r| r.status == StepStatus::Failed)
+            && s.on_failure != OnFailure::Continue
     });
-    let status = if failed { "failed" } else { "succeeded" };
+    let status = if failed {
+        ExecutionStatus::Failed
+    } else {
+        ExecutionStatus::Succeeded
+    };
     // A cancel that landed meanwhile stays a cancel.
     if store
         .runbooks()
         .get_execution(id)
         .await?
-        .is_some_and(|e| e.status == "running")
+        .is_some_and(|e| e.status == ExecutionStatus::Running)
     {
         store
             .runbooks()
@@ -352,7 +368,11 @@ async fn record(
         .into_iter()
         .find(|r| r.step_id == step_id)
         .unwrap_or_else(|| rows[step_id].clone());
-    row.status = if outcome.ok { "succeeded" } else { "failed" }.into();
+    row.status = if outcome.ok {
+        StepStatus::Succeeded
+    } else {
+        StepStatus::Failed
+    };
     row.attempts = outcome.attempts;
     row.finished_at = Some(clock::now_rfc3339());
     row.output = outcome.output.to_string();
@@ -471,12 +491,12 @@ async fn run_kind(
             let Some(mut row) = rows.into_iter().find(|r| r.step_id == row_id) else {
                 return Err("step row missing".into());
             };
-            match row.status.as_str() {
-                "approved" => {
+            match row.status {
+                StepStatus::Approved => {
                     return Ok(json!({ "approved_by": row.approved_by }));
                 }
-                "running" => {
-                    row.status = "waiting".into();
+                StepStatus::Running => {
+                    row.status = StepStatus::Waiting;
                     domain
                         .store
                         .runbooks()
@@ -701,7 +721,7 @@ async fn start_triggered(domain: &Arc<Domain>, runbook: &Runbook, event: &Event)
     let running = domain
         .store
         .runbooks()
-        .list_executions(&runbook.name, "running", 10_000)
+        .list_executions(&runbook.name, Some(ExecutionStatus::Running), 10_000)
         .await?
         .iter()
         .filter(|e| e.trigger_event_id.is_some())

@@ -20,6 +20,7 @@ use crate::audit::Action;
 use crate::auth::{Principal, Role};
 use crate::domain::Domain;
 use crate::store::{AuditFilter, ExecutionRow, StepRow};
+pub use crate::store::{ExecutionStatus, StepStatus};
 use crate::{clock, ids, Error, Result};
 
 pub use definition::Runbook;
@@ -135,7 +136,7 @@ pub struct RunbookSummary {
 pub struct ExecutionView {
     pub id: String,
     pub runbook: String,
-    pub status: String,
+    pub status: ExecutionStatus,
     pub parameters: Value,
     pub started_by: String,
     pub started_at: String,
@@ -147,7 +148,7 @@ pub struct ExecutionView {
 #[derive(Clone, Debug, Serialize)]
 pub struct StepView {
     pub id: String,
-    pub status: String,
+    pub status: StepStatus,
     pub attempts: i64,
     pub started_at: Option<String>,
     pub finished_at: Option<String>,
@@ -296,7 +297,8 @@ pub async fn execute(
     result
 }
 
-/// `svc-runbook list-executions [--runbook NAME] [--status S]` (any key), newest first.
+/// `svc-runbook list-executions [--runbook NAME] [--status S]` (any key), newest first. An
+/// empty status matches every execution, one that is no status none.
 pub async fn list_executions(
     domain: &Domain,
     principal: &Principal,
@@ -306,6 +308,13 @@ pub async fn list_executions(
 ) -> Result<Vec<ExecutionView>> {
     principal.require(Role::Readonly)?;
     let limit = if limit == 0 { 100 } else { limit.min(1000) };
+    let status = match status {
+        "" => None,
+        name => match name.parse::<ExecutionStatus>() {
+            Ok(status) => Some(status),
+            Err(_) => return Ok(Vec::new()),
+        },
+    };
     let rows = domain
         .store
         .runbooks()
@@ -376,7 +385,7 @@ pub async fn cancel(domain: &Domain, principal: &Principal, id: &str) -> Result<
         .gate(principal, action.clone(), async {
             principal.require(Role::Operator)?;
             let row = find(domain, id).await?;
-            if row.status != "running" {
+            if row.status != ExecutionStatus::Running {
                 return Err(Error::Conflict(format!(
                     "execution '{id}' is {}, not running",
                     row.status
@@ -385,7 +394,7 @@ pub async fn cancel(domain: &Domain, principal: &Principal, id: &str) -> Result<
             domain
                 .store
                 .runbooks()
-                .set_execution_status(id, "cancelled", Some(&clock::now_rfc3339()))
+                .set_execution_status(id, ExecutionStatus::Cancelled, Some(&clock::now_rfc3339()))
                 .await?;
             status(domain, principal, id).await
         })
@@ -421,13 +430,13 @@ pub async fn approve(
                 .ok_or_else(|| {
                     Error::NotFound(format!("execution '{id}' has no step '{step_id}'"))
                 })?;
-            if step.status != "waiting" {
+            if step.status != StepStatus::Waiting {
                 return Err(Error::Conflict(format!(
                     "step '{step_id}' is {}, not waiting for approval",
                     step.status
                 )));
             }
-            step.status = "approved".into();
+            step.status = StepStatus::Approved;
             step.approved_by = Some(principal.id.clone());
             domain.store.runbooks().upsert_step(&step).await?;
             status(domain, principal, id).await

@@ -29,7 +29,7 @@ use serde::Serialize;
 use super::postgres::{schema_version_of, Target};
 use super::tables::{ColumnType, Table, TABLES};
 use super::{PostgresStore, MIGRATIONS};
-use crate::{Error, Result};
+use crate::{percent, Error, Result};
 
 /// This binary's schema version: the last migration it carries.
 pub fn binary_schema_version() -> i64 {
@@ -280,15 +280,9 @@ fn lock_source(database: &Path) -> Result<Lock> {
 /// A path for a `file:` URI: `%`, `?` and `#` (and non-ASCII bytes) percent-encoded.
 fn uri_escape(path: &Path) -> String {
     use std::os::unix::ffi::OsStrExt;
-    let mut escaped = String::new();
-    for &byte in path.as_os_str().as_bytes() {
-        match byte {
-            b'%' | b'?' | b'#' => escaped.push_str(&format!("%{byte:02X}")),
-            byte if byte.is_ascii() && !byte.is_ascii_control() => escaped.push(byte as char),
-            byte => escaped.push_str(&format!("%{byte:02X}")),
-        }
-    }
-    escaped
+    percent::encode(path.as_os_str().as_bytes(), |byte| {
+        byte.is_ascii() && !byte.is_ascii_control() && !matches!(byte, b'%' | b'?' | b'#')
+    })
 }
 
 /// The last row of the audit chain.

@@ -34,7 +34,10 @@ pub use secrets::{
     Wrapped,
 };
 pub use sqlite::{insert_audit_row, SqliteStore, INSERT_AUDIT_SQL};
-pub use webhooks::{DeliveryRow, ExecutionRow, RunbookStore, StepRow, WebhookRow, WebhookStore};
+pub use webhooks::{
+    DeliveryRow, DeliveryStatus, ExecutionRow, ExecutionStatus, RunbookStore, StepRow, StepStatus,
+    UnknownStatus, WebhookRow, WebhookStore,
+};
 
 /// Every migration, in order. A migration is never edited once released: add a new one.
 pub const MIGRATIONS: &[(i64, &str, &str)] = &[

@@ -31,7 +31,7 @@ use super::{
     JoinTokenRow, KeyWrite, PlanTable, SqlValue, Store,
 };
 use crate::config::StoreConfig;
-use crate::{Error, Result};
+use crate::{percent, Error, Result};
 
 pub use tls::RustlsConnect;
 
@@ -347,27 +347,9 @@ fn shown(config: &tokio_postgres::Config) -> String {
     format!("{host}:{port}/{database}")
 }
 
+/// A URL query value, decoded as the driver decodes the rest of the URL: a stray `%` stays.
 fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = bytes
-            .get(i + 1..i + 3)
-            .and_then(|h| std::str::from_utf8(h).ok())
-            .and_then(|h| u8::from_str_radix(h, 16).ok());
-        match (bytes[i], hex) {
-            (b'%', Some(byte)) => {
-                out.push(byte);
-                i += 3;
-            }
-            (byte, _) => {
-                out.push(byte);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    String::from_utf8_lossy(&percent::decode_lenient(text)).into_owned()
 }
 
 /// The database's own message (and hint) without the values in `detail`, which can repeat a

@@ -1,9 +1,135 @@
 //! The outbound-webhook and runbook tables (migration 0009): subscriptions with their
 //! durable cursor in the events stream, deliveries, and runbook executions with their steps.
+//!
+//! The status columns are TEXT; their values are the enums below, so a misspelt state is a
+//! compile error. Each enum's one list of names serves `as_str` (what the drivers write),
+//! `FromStr` (what they read back: an unknown stored value is an error naming it) and serde
+//! (the JSON views), so the stored and shown text cannot drift apart.
+
+use std::fmt;
+use std::str::FromStr;
 
 use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
 
 use crate::Result;
+
+/// A status text that is none of its enum's names (a row this version did not write).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnknownStatus {
+    /// What was being read (`delivery status`, ...).
+    pub kind: &'static str,
+    pub text: String,
+    pub expected: &'static [&'static str],
+}
+
+impl fmt::Display for UnknownStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "unknown {} '{}' (expected one of {})",
+            self.kind,
+            self.text,
+            self.expected.join(", ")
+        )
+    }
+}
+
+impl std::error::Error for UnknownStatus {}
+
+/// A status enum over a TEXT column: the variants with their names, `as_str`, `FromStr`,
+/// `Display` and serde, all from the one list.
+macro_rules! status_enum {
+    (
+        $(#[$meta:meta])*
+        $name:ident, $kind:literal {
+            $($(#[$variant_meta:meta])* $variant:ident = $text:literal,)+
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        pub enum $name {
+            $($(#[$variant_meta])* #[serde(rename = $text)] $variant,)+
+        }
+
+        impl $name {
+            pub const ALL: &'static [$name] = &[$($name::$variant,)+];
+            /// The names, in declaration order (for messages).
+            pub const NAMES: &'static [&'static str] = &[$($text,)+];
+
+            /// The stored and shown name.
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text,)+
+                }
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = UnknownStatus;
+
+            fn from_str(text: &str) -> std::result::Result<Self, UnknownStatus> {
+                match text {
+                    $($text => Ok($name::$variant),)+
+                    _ => Err(UnknownStatus {
+                        kind: $kind,
+                        text: text.to_string(),
+                        expected: $name::NAMES,
+                    }),
+                }
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+status_enum! {
+    /// Where a delivery stands.
+    DeliveryStatus, "delivery status" {
+        /// To send, at `next_attempt_at`.
+        #[default]
+        Pending = "pending",
+        /// The receiver answered 2xx.
+        Delivered = "delivered",
+        /// Given up on (`deadline_at` passed, or a ping that failed).
+        Dead = "dead",
+    }
+}
+
+status_enum! {
+    /// Where a runbook execution stands.
+    ExecutionStatus, "execution status" {
+        #[default]
+        Running = "running",
+        Succeeded = "succeeded",
+        Failed = "failed",
+        Cancelled = "cancelled",
+    }
+}
+
+status_enum! {
+    /// Where one step of an execution stands.
+    StepStatus, "step status" {
+        /// Not started: its `needs` are not all done.
+        #[default]
+        Pending = "pending",
+        Running = "running",
+        /// An `approve` step waiting for another principal.
+        Waiting = "waiting",
+        /// Approved; the step finishes on its next look.
+        Approved = "approved",
+        Succeeded = "succeeded",
+        Failed = "failed",
+        /// Not run: a step it needs failed, or the execution stopped.
+        Skipped = "skipped",
+        Cancelled = "cancelled",
+    }
+}
 
 /// An outbound webhook subscription as stored (the secret only sealed).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -33,8 +159,7 @@ pub struct DeliveryRow {
     pub event_seq: i64,
     pub event_type: String,
     pub body: String,
-    /// `pending`, `delivered` or `dead`.
-    pub status: String,
+    pub status: DeliveryStatus,
     pub attempts: i64,
     pub created_at: String,
     pub next_attempt_at: String,
@@ -77,8 +202,7 @@ pub trait WebhookStore: Send + Sync {
 pub struct ExecutionRow {
     pub id: String,
     pub runbook: String,
-    /// `running`, `succeeded`, `failed` or `cancelled`.
-    pub status: String,
+    pub status: ExecutionStatus,
     /// JSON object, as text.
     pub parameters: String,
     /// The runbook as JSON, as it was when the execution started.
@@ -94,7 +218,7 @@ pub struct ExecutionRow {
 pub struct StepRow {
     pub execution_id: String,
     pub step_id: String,
-    pub status: String,
+    pub status: StepStatus,
     pub attempts: i64,
     pub started_at: Option<String>,
     pub finished_at: Option<String>,
@@ -110,21 +234,93 @@ pub trait RunbookStore: Send + Sync {
     /// an execution of the same runbook already has this trigger event.
     async fn insert_execution(&self, row: &ExecutionRow, steps: &[StepRow]) -> Result<bool>;
     async fn get_execution(&self, id: &str) -> Result<Option<ExecutionRow>>;
-    /// Newest first, at most `limit`; empty filters match everything.
+    /// Newest first, at most `limit`; an empty runbook name and no status match everything.
     async fn list_executions(
         &self,
         runbook: &str,
-        status: &str,
+        status: Option<ExecutionStatus>,
         limit: usize,
     ) -> Result<Vec<ExecutionRow>>;
     /// Sets status and finished_at (None keeps it running).
     async fn set_execution_status(
         &self,
         id: &str,
-        status: &str,
+        status: ExecutionStatus,
         finished_at: Option<&str>,
     ) -> Result<()>;
     async fn list_steps(&self, execution_id: &str) -> Result<Vec<StepRow>>;
     /// Inserts or replaces one step row.
     async fn upsert_step(&self, row: &StepRow) -> Result<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every name reads back as its variant, and serde writes the same text.
+    #[test]
+    fn names_round_trip_through_text_and_json() {
+        fn check<T>(all: &[T])
+        where
+            T: Copy
+                + fmt::Display
+                + FromStr<Err = UnknownStatus>
+                + Serialize
+                + PartialEq
+                + fmt::Debug,
+        {
+            for &value in all {
+                let text = value.to_string();
+                assert_eq!(text.parse::<T>(), Ok(value), "{text}");
+                assert_eq!(
+                    serde_json::to_string(&value).unwrap(),
+                    format!("\"{text}\"")
+                );
+            }
+        }
+        check(DeliveryStatus::ALL);
+        check(ExecutionStatus::ALL);
+        check(StepStatus::ALL);
+        assert_eq!(DeliveryStatus::NAMES, ["pending", "delivered", "dead"]);
+        assert_eq!(
+            ExecutionStatus::NAMES,
+            ["running", "succeeded", "failed", "cancelled"]
+        );
+        assert_eq!(
+            StepStatus::NAMES,
+            [
+                "pending",
+                "running",
+                "waiting",
+                "approved",
+                "succeeded",
+                "failed",
+                "skipped",
+                "cancelled"
+            ]
+        );
+    }
+
+    #[test]
+    fn unknown_stored_values_are_named() {
+        let cases = [
+            (
+                "done",
+                "unknown step status 'done' (expected one of pending, running, waiting, \
+              approved, succeeded, failed, skipped, cancelled)",
+            ),
+            (
+                "Pending",
+                "unknown step status 'Pending' (expected one of pending, running, \
+              waiting, approved, succeeded, failed, skipped, cancelled)",
+            ),
+        ];
+        for (text, message) in cases {
+            assert_eq!(text.parse::<StepStatus>().unwrap_err().to_string(), message);
+        }
+        assert_eq!(
+            "".parse::<DeliveryStatus>().unwrap_err().to_string(),
+            "unknown delivery status '' (expected one of pending, delivered, dead)"
+        );
+    }
 }

@@ -27,8 +27,8 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, Notify};
 
 use crate::domain::Domain;
-use crate::events::{types, Event, Filter, Severity};
-use crate::store::{DeliveryRow, WebhookRow};
+use crate::events::{types, Event, Filter};
+use crate::store::{DeliveryRow, DeliveryStatus, WebhookRow};
 use crate::{clock, ids, Result};
 
 /// A running worker: which version of the row it runs, and how to stop or wake it.
@@ -106,8 +106,15 @@ pub async fn sync(domain: &Arc<Domain>) {
                 continue;
             }
         };
+        let filter = match filter_of(&row) {
+            Ok(filter) => filter,
+            Err(e) => {
+                tracing::error!(webhook = %row.id, error = %e, "webhook not started");
+                continue;
+            }
+        };
         let wake = Arc::new(Notify::new());
-        let task = tokio::spawn(run(domain.clone(), row.clone(), key, wake.clone()));
+        let task = tokio::spawn(run(domain.clone(), row.clone(), filter, key, wake.clone()));
         workers.insert(
             row.id.clone(),
             Worker {
@@ -131,21 +138,27 @@ pub(crate) fn wake(domain: &Domain, webhook_id: &str) {
     }
 }
 
-fn filter_of(row: &WebhookRow) -> Filter {
+fn filter_of(row: &WebhookRow) -> Result<Filter> {
     let names: Vec<String> = serde_json::from_str(&row.event_types).unwrap_or_default();
-    Filter {
+    Ok(Filter {
         types: names
             .iter()
             .filter_map(|name| types::find(name).map(|t| t.kind))
             .collect(),
         category: (!row.category.is_empty()).then(|| row.category.clone()),
-        min_severity: Severity::parse(&row.min_severity),
+        min_severity: super::stored_min_severity(row)?,
         ..Filter::default()
-    }
+    })
 }
 
 /// One subscription's worker; runs until aborted.
-async fn run(domain: Arc<Domain>, row: WebhookRow, key: Vec<u8>, wake: Arc<Notify>) {
+async fn run(
+    domain: Arc<Domain>,
+    row: WebhookRow,
+    filter: Filter,
+    key: Vec<u8>,
+    wake: Arc<Notify>,
+) {
     let store = domain.store.clone();
     let pause = Duration::from_secs(1);
     let mut stream: Option<(mpsc::Receiver<Result<Event>>, tokio::task::JoinHandle<()>)> = None;
@@ -191,7 +204,7 @@ async fn run(domain: Arc<Domain>, row: WebhookRow, key: Vec<u8>, wake: Arc<Notif
                     continue;
                 }
             };
-            stream = Some(open_stream(&domain, filter_of(&row), cursor));
+            stream = Some(open_stream(&domain, filter.clone(), cursor));
         }
         let (receiver, _) = stream.as_mut().expect("stream opened above");
         let next = tokio::select! {
@@ -231,7 +244,7 @@ async fn enqueue(domain: &Domain, row: &WebhookRow, event: &Event) -> Result<()>
         event_seq: event.seq as i64,
         event_type: event.event_type.to_string(),
         body,
-        status: "pending".into(),
+        status: DeliveryStatus::Pending,
         attempts: 0,
         created_at: clock::format_rfc3339(now),
         next_attempt_at: clock::format_rfc3339(now),
@@ -265,12 +278,12 @@ async fn attempt(domain: &Domain, row: &WebhookRow, key: &[u8], mut delivery: De
     delivery.response_status = outcome.status.map(i64::from);
     delivery.last_error = outcome.error.clone();
     if outcome.is_success() {
-        delivery.status = "delivered".into();
+        delivery.status = DeliveryStatus::Delivered;
     } else {
         let next = now
             + backoff(domain.webhooks.config.retry_base.0, delivery.attempts).as_millis() as i64;
         if next > clock::parse_rfc3339(&delivery.deadline_at).unwrap_or(0) {
-            delivery.status = "dead".into();
+            delivery.status = DeliveryStatus::Dead;
             tracing::warn!(webhook = %row.id, delivery = %delivery.id, attempts = delivery.attempts,
                 error = ?outcome.error, "webhook delivery dead-lettered");
         } else {
@@ -328,11 +341,10 @@ pub(crate) async fn ping(domain: &Domain, row: &WebhookRow, key: &[u8]) -> Resul
         event_type: "webhook.ping".into(),
         body,
         status: if outcome.is_success() {
-            "delivered"
+            DeliveryStatus::Delivered
         } else {
-            "dead"
-        }
-        .into(),
+            DeliveryStatus::Dead
+        },
         attempts: 1,
         created_at: clock::format_rfc3339(now),
         next_attempt_at: finished.clone(),

@@ -14,7 +14,7 @@ pub mod target;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use serde::Serialize;
+use serde::{Serialize, Serializer};
 use serde_json::json;
 
 use crate::audit::Action;
@@ -23,6 +23,7 @@ use crate::config::WebhooksConfig;
 use crate::domain::Domain;
 use crate::events::{types, Severity};
 use crate::secrets::crypto::AeadKey;
+pub use crate::store::DeliveryStatus;
 use crate::store::{DeliveryRow, Store, WebhookRow};
 use crate::{clock, ids, Error, Result};
 
@@ -47,12 +48,14 @@ impl Webhooks {
     }
 }
 
-/// What `create` takes.
+/// What `create` takes, as the caller gave it (checked inside the audit gate, so a refusal
+/// is audited).
 #[derive(Clone, Debug, Default)]
 pub struct NewWebhook {
     pub url: String,
     pub event_types: Vec<String>,
     pub category: String,
+    /// A severity name; empty: any severity.
     pub min_severity: String,
     pub description: String,
     /// `whsec_...`; empty: the server makes one.
@@ -78,7 +81,9 @@ pub struct WebhookView {
     pub url: String,
     pub event_types: Vec<String>,
     pub category: String,
-    pub min_severity: String,
+    /// None: any severity (written as `""`, as stored).
+    #[serde(serialize_with = "severity_or_empty")]
+    pub min_severity: Option<Severity>,
     pub description: String,
     pub created_by: String,
     pub created_at: String,
@@ -97,7 +102,7 @@ pub struct DeliveryView {
     pub event_id: String,
     pub event_seq: u64,
     pub event_type: String,
-    pub status: String,
+    pub status: DeliveryStatus,
     pub attempts: u64,
     pub created_at: String,
     pub next_attempt_at: String,
@@ -127,7 +132,29 @@ impl From<DeliveryRow> for DeliveryView {
     }
 }
 
-fn view(row: &WebhookRow, principal: &Principal) -> WebhookView {
+fn severity_or_empty<S: Serializer>(
+    severity: &Option<Severity>,
+    serializer: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    serializer.serialize_str(severity.map_or("", Severity::as_str))
+}
+
+/// The stored `min_severity` (`""` is any severity, None).
+pub(crate) fn stored_min_severity(row: &WebhookRow) -> Result<Option<Severity>> {
+    if row.min_severity.is_empty() {
+        return Ok(None);
+    }
+    Severity::parse(&row.min_severity).map(Some).ok_or_else(|| {
+        Error::Internal(format!(
+            "webhook {}: unknown stored min_severity '{}' (expected one of {})",
+            row.id,
+            row.min_severity,
+            crate::events::SEVERITIES.join(", ")
+        ))
+    })
+}
+
+fn view(row: &WebhookRow, principal: &Principal) -> Result<WebhookView> {
     let url = if principal.role >= Role::Operator {
         row.url.clone()
     } else {
@@ -135,19 +162,19 @@ fn view(row: &WebhookRow, principal: &Principal) -> WebhookView {
             .map(|t| format!("{}/…", t.origin()))
             .unwrap_or_else(|_| "[REDACTED]".into())
     };
-    WebhookView {
+    Ok(WebhookView {
         id: row.id.clone(),
         url,
         event_types: serde_json::from_str(&row.event_types).unwrap_or_default(),
         category: row.category.clone(),
-        min_severity: row.min_severity.clone(),
+        min_severity: stored_min_severity(row)?,
         description: row.description.clone(),
         created_by: row.created_by.clone(),
         created_at: row.created_at.clone(),
         updated_at: row.updated_at.clone(),
         cursor: row.cursor_seq.max(0) as u64,
         secret: None,
-    }
+    })
 }
 
 /// The associated data binding a sealed secret to its subscription.
@@ -199,8 +226,20 @@ pub async fn reseal_secrets(store: &dyn Store, old: &[u8; 32], new: &[u8; 32]) -
     Ok(rows.len() as u64)
 }
 
-/// Checks the filter fields; returns the type list as stored (JSON text).
-fn check_filter(event_types: &[String], category: &str, min_severity: &str) -> Result<String> {
+/// The checked filter fields, as stored.
+struct CheckedFilter {
+    /// The type list as JSON text.
+    event_types: String,
+    /// The severity's name, or `""` for any.
+    min_severity: &'static str,
+}
+
+/// Checks the filter fields.
+fn check_filter(
+    event_types: &[String],
+    category: &str,
+    min_severity: &str,
+) -> Result<CheckedFilter> {
     for name in event_types {
         if types::find(name).is_none() {
             return Err(Error::Invalid(format!(
@@ -213,13 +252,21 @@ fn check_filter(event_types: &[String], category: &str, min_severity: &str) -> R
             "unknown event category '{category}'"
         )));
     }
-    if !min_severity.is_empty() && Severity::parse(min_severity).is_none() {
-        return Err(Error::Invalid(format!(
-            "severity '{min_severity}' is not one of {}",
-            crate::events::SEVERITIES.join(", ")
-        )));
-    }
-    serde_json::to_string(event_types).map_err(Error::internal)
+    let min_severity = match min_severity {
+        "" => "",
+        name => Severity::parse(name)
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "severity '{name}' is not one of {}",
+                    crate::events::SEVERITIES.join(", ")
+                ))
+            })?
+            .as_str(),
+    };
+    Ok(CheckedFilter {
+        event_types: serde_json::to_string(event_types).map_err(Error::internal)?,
+        min_severity,
+    })
 }
 
 fn check_url(domain: &Domain, url: &str) -> Result<()> {
@@ -248,7 +295,7 @@ pub async fn create(
         .auditor
         .gate(principal, action.clone(), async {
             principal.require(Role::Operator)?;
-            let event_types = check_filter(&new.event_types, &new.category, &new.min_severity)?;
+            let filter = check_filter(&new.event_types, &new.category, &new.min_severity)?;
             check_url(domain, &new.url)?;
             let secret = if new.secret.is_empty() {
                 sign::generate_secret()
@@ -260,9 +307,9 @@ pub async fn create(
             let row = WebhookRow {
                 id: id.clone(),
                 url: new.url.clone(),
-                event_types,
+                event_types: filter.event_types,
                 category: new.category.clone(),
-                min_severity: new.min_severity.clone(),
+                min_severity: filter.min_severity.to_string(),
                 description: new.description.clone(),
                 secret_sealed: seal_secret(domain, &id, &secret)?,
                 created_by: principal.id.clone(),
@@ -274,7 +321,7 @@ pub async fn create(
             domain.store.webhooks().insert_webhook(&row).await?;
             Ok(WebhookView {
                 secret: Some(secret),
-                ..view(&row, principal)
+                ..view(&row, principal)?
             })
         })
         .await;
@@ -290,7 +337,7 @@ pub async fn create(
 pub async fn list(domain: &Domain, principal: &Principal) -> Result<Vec<WebhookView>> {
     principal.require(Role::Readonly)?;
     let rows = domain.store.webhooks().list_webhooks().await?;
-    Ok(rows.iter().map(|row| view(row, principal)).collect())
+    rows.iter().map(|row| view(row, principal)).collect()
 }
 
 async fn find(domain: &Domain, id: &str) -> Result<WebhookRow> {
@@ -305,7 +352,7 @@ async fn find(domain: &Domain, id: &str) -> Result<WebhookRow> {
 /// `svc-webhook outbound show ID` (any key).
 pub async fn get(domain: &Domain, principal: &Principal, id: &str) -> Result<WebhookView> {
     principal.require(Role::Readonly)?;
-    Ok(view(&find(domain, id).await?, principal))
+    view(&find(domain, id).await?, principal)
 }
 
 /// `svc-webhook outbound update ID` (operator). A new secret is never echoed.
@@ -333,9 +380,10 @@ pub async fn update(
             };
             let category = change.category.unwrap_or(row.category.clone());
             let min_severity = change.min_severity.unwrap_or(row.min_severity.clone());
-            row.event_types = check_filter(&event_types, &category, &min_severity)?;
+            let filter = check_filter(&event_types, &category, &min_severity)?;
+            row.event_types = filter.event_types;
             row.category = category;
-            row.min_severity = min_severity;
+            row.min_severity = filter.min_severity.to_string();
             if let Some(url) = change.url {
                 check_url(domain, &url)?;
                 row.url = url;
@@ -351,7 +399,7 @@ pub async fn update(
             if !domain.store.webhooks().update_webhook(&row).await? {
                 return Err(Error::NotFound(format!("webhook '{id}' not found")));
             }
-            Ok(view(&row, principal))
+            view(&row, principal)
         })
         .await;
     domain.auditor.record(principal, action, &result).await;
@@ -438,7 +486,7 @@ pub async fn redeliver(
                 .await?
                 .ok_or_else(|| Error::NotFound(format!("delivery '{delivery_id}' not found")))?;
             let now = clock::now_millis();
-            row.status = "pending".into();
+            row.status = DeliveryStatus::Pending;
             row.next_attempt_at = clock::format_rfc3339(now);
             row.deadline_at = clock::format_rfc3339(
                 now + domain.webhooks.config.max_retry_age.0.as_millis() as i64,

@@ -20,7 +20,10 @@ fn webhook_message(view: WebhookView) -> proto::Webhook {
         url: view.url,
         event_types: view.event_types,
         category: view.category,
-        min_severity: view.min_severity,
+        min_severity: view
+            .min_severity
+            .map_or("", |severity| severity.as_str())
+            .to_string(),
         description: view.description,
         created_by: view.created_by,
         created_at: view.created_at,
@@ -37,7 +40,7 @@ fn delivery_message(view: DeliveryView) -> proto::WebhookDelivery {
         event_id: view.event_id,
         event_seq: view.event_seq,
         event_type: view.event_type,
-        status: view.status,
+        status: view.status.as_str().to_string(),
         attempts: view.attempts,
         created_at: view.created_at,
         next_attempt_at: view.next_attempt_at,

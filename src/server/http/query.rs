@@ -5,7 +5,7 @@
 
 use http::Request;
 
-use crate::{Error, Result};
+use crate::{percent, Error, Result};
 
 /// The decoded pairs of a request's query, in order; a name may repeat (`type=a&type=b`).
 pub struct Query {
@@ -79,25 +79,11 @@ impl Query {
 }
 
 /// Percent-decoding (RFC 3986) with `+` as a space (HTML forms); the result must be UTF-8.
+/// (`+` is replaced before decoding, so `%2B` stays a plus.)
 fn decode(text: &str) -> Result<String> {
     let bad = || Error::Invalid(format!("query '{text}' is not percent-encoded UTF-8"));
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut index = 0;
-    while index < bytes.len() {
-        match bytes[index] {
-            b'+' => out.push(b' '),
-            b'%' => {
-                let hex = bytes.get(index + 1..index + 3).ok_or_else(bad)?;
-                let hex = std::str::from_utf8(hex).map_err(|_| bad())?;
-                out.push(u8::from_str_radix(hex, 16).map_err(|_| bad())?);
-                index += 2;
-            }
-            byte => out.push(byte),
-        }
-        index += 1;
-    }
-    String::from_utf8(out).map_err(|_| bad())
+    let bytes = percent::decode(&text.replace('+', " ")).map_err(|_| bad())?;
+    String::from_utf8(bytes).map_err(|_| bad())
 }
 
 #[cfg(test)]

@@ -5,8 +5,31 @@ use async_trait::async_trait;
 use tokio_postgres::Row;
 
 use super::PostgresStore;
-use crate::store::{DeliveryRow, ExecutionRow, RunbookStore, StepRow, WebhookRow, WebhookStore};
+use crate::store::{
+    DeliveryRow, DeliveryStatus, ExecutionRow, ExecutionStatus, RunbookStore, StepRow, StepStatus,
+    WebhookRow, WebhookStore,
+};
 use crate::{Error, Result};
+
+/// The status columns read as their enums; an unknown value fails the read, naming it.
+macro_rules! status_from_sql {
+    ($($status:ty),+) => {$(
+        impl<'a> tokio_postgres::types::FromSql<'a> for $status {
+            fn from_sql(
+                ty: &tokio_postgres::types::Type,
+                raw: &'a [u8],
+            ) -> std::result::Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+                Ok(<&str as tokio_postgres::types::FromSql>::from_sql(ty, raw)?.parse()?)
+            }
+
+            fn accepts(ty: &tokio_postgres::types::Type) -> bool {
+                <&str as tokio_postgres::types::FromSql>::accepts(ty)
+            }
+        }
+    )+};
+}
+
+status_from_sql!(DeliveryStatus, ExecutionStatus, StepStatus);
 
 type PgResult<T> = std::result::Result<T, tokio_postgres::Error>;
 
@@ -176,7 +199,7 @@ impl WebhookStore for PostgresStore {
                 &d.event_seq,
                 &d.event_type,
                 &d.body,
-                &d.status,
+                &d.status.as_str(),
                 &d.attempts,
                 &d.created_at,
                 &d.next_attempt_at,
@@ -215,7 +238,7 @@ impl WebhookStore for PostgresStore {
              WHERE id = $1",
             &[
                 &d.id,
-                &d.status,
+                &d.status.as_str(),
                 &d.attempts,
                 &d.next_attempt_at,
                 &d.deadline_at,
@@ -272,7 +295,7 @@ impl RunbookStore for PostgresStore {
                 &[
                     &row.id,
                     &row.runbook,
-                    &row.status,
+                    &row.status.as_str(),
                     &row.parameters,
                     &row.definition,
                     &row.started_by,
@@ -288,7 +311,7 @@ impl RunbookStore for PostgresStore {
                     &[
                         &s.execution_id,
                         &s.step_id,
-                        &s.status,
+                        &s.status.as_str(),
                         &s.attempts,
                         &s.started_at,
                         &s.finished_at,
@@ -322,9 +345,10 @@ impl RunbookStore for PostgresStore {
     async fn list_executions(
         &self,
         runbook: &str,
-        status: &str,
+        status: Option<ExecutionStatus>,
         limit: usize,
     ) -> Result<Vec<ExecutionRow>> {
+        let status = status.map_or("", ExecutionStatus::as_str);
         let limit = limit as i64;
         self.rows(
             &format!(
@@ -341,12 +365,12 @@ impl RunbookStore for PostgresStore {
     async fn set_execution_status(
         &self,
         id: &str,
-        status: &str,
+        status: ExecutionStatus,
         finished_at: Option<&str>,
     ) -> Result<()> {
         self.execute(
             "UPDATE runbook_executions SET status = $2, finished_at = $3 WHERE id = $1",
-            &[&id, &status, &finished_at],
+            &[&id, &status.as_str(), &finished_at],
         )
         .await?;
         Ok(())
@@ -369,7 +393,7 @@ impl RunbookStore for PostgresStore {
             &[
                 &s.execution_id,
                 &s.step_id,
-                &s.status,
+                &s.status.as_str(),
                 &s.attempts,
                 &s.started_at,
                 &s.finished_at,

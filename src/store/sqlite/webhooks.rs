@@ -5,8 +5,27 @@ use async_trait::async_trait;
 use rusqlite::{params, OptionalExtension, Row};
 
 use super::SqliteStore;
-use crate::store::{DeliveryRow, ExecutionRow, RunbookStore, StepRow, WebhookRow, WebhookStore};
+use crate::store::{
+    DeliveryRow, DeliveryStatus, ExecutionRow, ExecutionStatus, RunbookStore, StepRow, StepStatus,
+    WebhookRow, WebhookStore,
+};
 use crate::{Error, Result};
+
+/// The status columns read as their enums; an unknown value fails the read, naming it.
+macro_rules! status_from_sql {
+    ($($status:ty),+) => {$(
+        impl rusqlite::types::FromSql for $status {
+            fn column_result(value: rusqlite::types::ValueRef<'_>) -> rusqlite::types::FromSqlResult<Self> {
+                value
+                    .as_str()?
+                    .parse()
+                    .map_err(|e| rusqlite::types::FromSqlError::Other(Box::new(e)))
+            }
+        }
+    )+};
+}
+
+status_from_sql!(DeliveryStatus, ExecutionStatus, StepStatus);
 
 fn webhook(row: &Row<'_>) -> rusqlite::Result<WebhookRow> {
     Ok(WebhookRow {
@@ -163,7 +182,7 @@ impl WebhookStore for SqliteStore {
                 d.event_seq,
                 d.event_type,
                 d.body,
-                d.status,
+                d.status.as_str(),
                 d.attempts,
                 d.created_at,
                 d.next_attempt_at,
@@ -201,7 +220,7 @@ impl WebhookStore for SqliteStore {
             )?
             .execute(params![
                 d.id,
-                d.status,
+                d.status.as_str(),
                 d.attempts,
                 d.next_attempt_at,
                 d.deadline_at,
@@ -256,7 +275,7 @@ impl RunbookStore for SqliteStore {
             .execute(params![
                 row.id,
                 row.runbook,
-                row.status,
+                row.status.as_str(),
                 row.parameters,
                 row.definition,
                 row.started_by,
@@ -290,9 +309,10 @@ impl RunbookStore for SqliteStore {
     async fn list_executions(
         &self,
         runbook: &str,
-        status: &str,
+        status: Option<ExecutionStatus>,
         limit: usize,
     ) -> Result<Vec<ExecutionRow>> {
+        let status = status.map_or("", ExecutionStatus::as_str);
         self.with(|c| {
             let mut statement = c.prepare_cached(&format!(
                 "SELECT {EXECUTION_COLUMNS} FROM runbook_executions \
@@ -307,14 +327,14 @@ impl RunbookStore for SqliteStore {
     async fn set_execution_status(
         &self,
         id: &str,
-        status: &str,
+        status: ExecutionStatus,
         finished_at: Option<&str>,
     ) -> Result<()> {
         self.with(|c| {
             c.prepare_cached(
                 "UPDATE runbook_executions SET status = ?2, finished_at = ?3 WHERE id = ?1",
             )?
-            .execute(params![id, status, finished_at])?;
+            .execute(params![id, status.as_str(), finished_at])?;
             Ok(())
         })
     }
@@ -346,7 +366,7 @@ fn insert_step(c: &rusqlite::Connection, s: &StepRow) -> rusqlite::Result<()> {
     .execute(params![
         s.execution_id,
         s.step_id,
-        s.status,
+        s.status.as_str(),
         s.attempts,
         s.started_at,
         s.finished_at,
