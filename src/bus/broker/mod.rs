@@ -164,6 +164,10 @@ pub struct BrokerStats {
     pub logins_in_progress: AtomicU64,
     /// Connections closed because no login permit came within `auth_timeout`.
     pub logins_timed_out: AtomicU64,
+    /// CONNECTs the authenticator accepted (agents, keys and the server's own clients).
+    pub logins_accepted: AtomicU64,
+    /// CONNECTs the authenticator refused.
+    pub logins_refused: AtomicU64,
 }
 
 /// One of `max_concurrent_logins`, held from accept until CONNECT is verified (or the
