@@ -290,6 +290,7 @@
     state.fleet.shown = body.rows.length;
     state.fleet.cursor = page.next_cursor || "";
     showFleetCount(body.rows.length);
+    document.body.dataset.fleetLoaded = String(body.rows.length);
   }
 
   // ---- events ----
