@@ -60,7 +60,11 @@ impl FanOuts {
     }
 
     pub fn write(&self, out: &mut Exposition) {
-        let durations = self.durations.lock().expect("metrics lock poisoned").clone();
+        let durations = self
+            .durations
+            .lock()
+            .expect("metrics lock poisoned")
+            .clone();
         write_histogram(
             out,
             "svc_fan_out_duration_seconds",

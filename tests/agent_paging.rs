@@ -133,7 +133,10 @@ fn a_big_fleet_pages_through_rest_grpc_and_the_cli_and_metrics_move() {
     }
     let started = Instant::now();
     while metric(&metrics(&server), "svc_agents{state=\"connected\"}") < 5.0 {
-        assert!(started.elapsed() < Duration::from_secs(10), "agents never connected");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "agents never connected"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 
@@ -310,7 +313,10 @@ fn a_big_fleet_pages_through_rest_grpc_and_the_cli_and_metrics_move() {
     silence.store(false, Ordering::Relaxed);
     let started = Instant::now();
     while metric(&metrics(&server), reconnects) < metric(&silent, reconnects) + 1.0 {
-        assert!(started.elapsed() < Duration::from_secs(10), "no reconnection counted");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no reconnection counted"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 
@@ -337,5 +343,58 @@ fn a_big_fleet_pages_through_rest_grpc_and_the_cli_and_metrics_move() {
         ),
         1.0,
         "{text}"
+    );
+}
+
+/// 50,000 agents (`SVC_PAGING_BENCH=1`; `SVC_PAGING_BENCH_AGENTS` to change): how long one
+/// REST page takes at the start and at the end of the fleet (keyset: the same), a whole walk
+/// through every page, and a selective filter that scans the fleet for a few agents. Prints.
+#[test]
+fn bench_paging_a_big_fleet() {
+    if std::env::var_os("SVC_PAGING_BENCH").is_none() {
+        eprintln!("agent_paging: benchmark not run (set SVC_PAGING_BENCH=1)");
+        return;
+    }
+    let agents: usize = std::env::var("SVC_PAGING_BENCH_AGENTS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(50_000);
+    let server = TestServer::start();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let started = Instant::now();
+    runtime.block_on(enrol(&server.bus, 0..agents - 3, "many", psk));
+    runtime.block_on(enrol(&server.bus, agents - 3..agents, "few", psk));
+    println!(
+        "{agents} agents enrolled in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let timed = |path: &str| {
+        let started = Instant::now();
+        let response = server.request("GET", path, Some(&server.admin_key), None);
+        assert_eq!(response.status, 200, "{path}: {}", response.body);
+        (started.elapsed(), response.json())
+    };
+    let best_of = |path: &str| (0..5).map(|_| timed(path).0).min().unwrap().as_secs_f64() * 1000.0;
+    let last = {
+        use base64::Engine as _;
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(id(agents - 501))
+    };
+    let first_page = best_of("/api/v1/agents?limit=500");
+    let last_page = best_of(&format!("/api/v1/agents?limit=500&cursor={last}"));
+    let big_page = best_of("/api/v1/agents?limit=5000");
+    let few = best_of("/api/v1/agents?target=sim%3Dfew");
+    let quarantined = best_of("/api/v1/agents?state=quarantined");
+    let started = Instant::now();
+    let (ids, pages) = rest_pages(&server, "", 5000);
+    let walk = started.elapsed();
+    assert_eq!(ids.len(), agents);
+    let (few_ids, _) = rest_pages(&server, "target=sim%3Dfew", 500);
+    assert_eq!(few_ids.len(), 3);
+    println!(
+        "REST, best of 5: first page of 500 {first_page:.1} ms, last page of 500 \
+         {last_page:.1} ms, a page of 5000 {big_page:.1} ms; a selector matching 3 of \
+         {agents} (scans them all) {few:.1} ms; state=quarantined (none; partial index) \
+         {quarantined:.1} ms; every agent in {pages} pages of 5000: {:.2} s",
+        walk.as_secs_f64()
     );
 }

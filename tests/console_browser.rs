@@ -743,7 +743,10 @@ fn bench_the_fleet_page_with_thousands_of_agents() {
     let started = Instant::now();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(common::login::enrol(&server.bus, 0..agents, "bench", psk));
-    println!("{agents} agents enrolled in {:.1} s", started.elapsed().as_secs_f64());
+    println!(
+        "{agents} agents enrolled in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
 
     let driver = Driver::start(&chromedriver);
     let browser = Browser::open(&driver, &chromium, server.http_url());
@@ -751,7 +754,10 @@ fn bench_the_fleet_page_with_thousands_of_agents() {
     browser.wait("document.querySelector('#signin-key')", "the sign-in form");
     browser.type_into("#signin-key", &operator);
     browser.click("#signin-form button");
-    browser.wait("document.body.dataset.fleetLoaded === '200'", "the first page");
+    browser.wait(
+        "document.body.dataset.fleetLoaded === '200'",
+        "the first page",
+    );
     let mut reloads = Vec::new();
     for _ in 0..5 {
         browser.script(
@@ -759,14 +765,20 @@ fn bench_the_fleet_page_with_thousands_of_agents() {
             json!([]),
         );
         browser.goto("/ui/?reload#fleet");
-        browser.wait("document.body.dataset.fleetLoaded === '200'", "the first page after reload");
+        browser.wait(
+            "document.body.dataset.fleetLoaded === '200'",
+            "the first page after reload",
+        );
         let ms = browser.script(
             "return Date.now() - Number(sessionStorage.getItem('bench.start'));",
             json!([]),
         );
         reloads.push(ms.as_u64().unwrap());
     }
-    let rows = browser.script("return document.querySelectorAll('#fleet-table tbody tr').length;", json!([]));
+    let rows = browser.script(
+        "return document.querySelectorAll('#fleet-table tbody tr').length;",
+        json!([]),
+    );
     assert_eq!(rows, json!(200));
     assert!(browser.text("#fleet-count").contains("more to load"));
     // Load more, timed in the page: click to the rows appended.
@@ -785,7 +797,10 @@ fn bench_the_fleet_page_with_thousands_of_agents() {
            ? done(performance.now() - t) : setTimeout(poll, 5); poll();",
         json!([]),
     );
-    let rows = browser.script("return document.querySelectorAll('#fleet-table tbody tr').length;", json!([]));
+    let rows = browser.script(
+        "return document.querySelectorAll('#fleet-table tbody tr').length;",
+        json!([]),
+    );
     assert_eq!(rows, json!(200));
     println!(
         "fleet page, {agents} agents: signed-in reload to the first 200 drawn {reloads:?} ms \

@@ -229,7 +229,11 @@ pub struct AgentPage {
 /// Parses a comma list of agent states (`connected,pending`); empty for any state.
 pub fn parse_states(text: &str) -> Result<Vec<AgentState>> {
     let mut states = Vec::new();
-    for name in text.split(',').map(str::trim).filter(|name| !name.is_empty()) {
+    for name in text
+        .split(',')
+        .map(str::trim)
+        .filter(|name| !name.is_empty())
+    {
         let state = AgentState::ALL
             .into_iter()
             .find(|state| state.as_str() == name)
@@ -258,7 +262,11 @@ fn decode_cursor(cursor: &str) -> Result<String> {
     if cursor.is_empty() {
         return Ok(String::new());
     }
-    let invalid = || Error::Invalid(format!("invalid cursor '{cursor}': pass the next_cursor of the page before, unchanged"));
+    let invalid = || {
+        Error::Invalid(format!(
+            "invalid cursor '{cursor}': pass the next_cursor of the page before, unchanged"
+        ))
+    };
     let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
         .decode(cursor)
         .map_err(|_| invalid())?;
@@ -315,7 +323,10 @@ pub async fn list(domain: &Domain, principal: &Principal, query: &ListQuery) -> 
                 continue;
             }
             if agents.len() == limit {
-                let last = agents.last().map(|agent| agent.id.as_str()).unwrap_or_default();
+                let last = agents
+                    .last()
+                    .map(|agent| agent.id.as_str())
+                    .unwrap_or_default();
                 return Ok(AgentPage {
                     next_cursor: Some(encode_cursor(last)),
                     agents,
