@@ -706,3 +706,42 @@ pub async fn targets(domain: &Domain, target: &str) -> Result<Targets> {
     }
     Ok(targets)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors_round_trip_and_foreign_ones_are_refused() {
+        for id in ["web-01", "sim-49999", "a.b_c", "ü"] {
+            assert_eq!(decode_cursor(&encode_cursor(id)).unwrap(), id);
+        }
+        assert_eq!(decode_cursor("").unwrap(), "");
+        // Not base64url, padded, control characters, not UTF-8, too long.
+        let long = encode_cursor(&"x".repeat(257));
+        for cursor in ["%%", "d2ViLTAx=", "AAAA", "_w", long.as_str()] {
+            let error = decode_cursor(cursor).unwrap_err();
+            assert!(
+                error.to_string().contains("invalid cursor"),
+                "{cursor}: {error}"
+            );
+        }
+    }
+
+    #[test]
+    fn states_parse_as_a_comma_list() {
+        use AgentState::*;
+        let cases: [(&str, &[AgentState]); 5] = [
+            ("", &[]),
+            ("connected", &[Connected]),
+            ("pending, quarantined", &[Pending, Quarantined]),
+            ("connected,,connected", &[Connected]),
+            ("disconnected,pending", &[Disconnected, Pending]),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(parse_states(text).unwrap(), expected, "{text}");
+        }
+        assert!(parse_states("asleep").is_err());
+        assert!(parse_states("Connected").is_err());
+    }
+}
