@@ -31,6 +31,86 @@ struct Histogram {
     count: u64,
 }
 
+/// Upper bounds (seconds) of the fan-out duration buckets: a job waits for its slowest agent,
+/// from well under a second to the 24 h timeout.
+const FAN_OUT_BUCKETS: &[f64] = &[
+    0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
+];
+
+/// How long fan-outs take (`fleet::jobs::run`), by job kind (exec, state, module,
+/// command_keys), from the first command sent to the last answer or deadline.
+#[derive(Default)]
+pub struct FanOuts {
+    durations: Mutex<BTreeMap<&'static str, Histogram>>,
+}
+
+impl FanOuts {
+    pub fn record(&self, kind: &'static str, elapsed: Duration) {
+        let seconds = elapsed.as_secs_f64();
+        let mut durations = self.durations.lock().expect("metrics lock poisoned");
+        let histogram = durations.entry(kind).or_insert_with(|| Histogram {
+            counts: vec![0; FAN_OUT_BUCKETS.len()],
+            ..Histogram::default()
+        });
+        if let Some(index) = FAN_OUT_BUCKETS.iter().position(|bound| seconds <= *bound) {
+            histogram.counts[index] += 1;
+        }
+        histogram.sum += seconds;
+        histogram.count += 1;
+    }
+
+    pub fn write(&self, out: &mut Exposition) {
+        let durations = self
+            .durations
+            .lock()
+            .expect("metrics lock poisoned")
+            .clone();
+        write_histogram(
+            out,
+            "svc_fan_out_duration_seconds",
+            "How long a job took from its first command sent to its last answer or deadline, by kind.",
+            "kind",
+            FAN_OUT_BUCKETS,
+            &durations,
+        );
+    }
+}
+
+/// Writes one histogram family with a series per value of `label`.
+fn write_histogram(
+    out: &mut Exposition,
+    name: &str,
+    help: &str,
+    label: &str,
+    bounds: &[f64],
+    series: &BTreeMap<&'static str, Histogram>,
+) {
+    out.family(name, "histogram", help);
+    for (value, histogram) in series {
+        let mut cumulative = 0;
+        for (bound, count) in bounds.iter().zip(&histogram.counts) {
+            cumulative += count;
+            let le = bound.to_string();
+            out.sample(
+                &format!("{name}_bucket"),
+                &[(label, value), ("le", &le)],
+                cumulative as f64,
+            );
+        }
+        out.sample(
+            &format!("{name}_bucket"),
+            &[(label, value), ("le", "+Inf")],
+            histogram.count as f64,
+        );
+        out.sample(&format!("{name}_sum"), &[(label, value)], histogram.sum);
+        out.sample(
+            &format!("{name}_count"),
+            &[(label, value)],
+            histogram.count as f64,
+        );
+    }
+}
+
 impl Metrics {
     /// Records one REST request by its route template (`/api/v1/apikeys/{id}`), not its path,
     /// so ids never become label values.
@@ -136,36 +216,19 @@ impl Metrics {
             self.grpc_streams_cut.load(Ordering::Relaxed) as f64,
         );
 
-        let name = "svc_http_request_duration_seconds";
-        out.family(name, "histogram", "REST request latency by route.");
         let durations = self
             .http_durations
             .lock()
             .expect("metrics lock poisoned")
             .clone();
-        for (route, histogram) in durations {
-            let mut cumulative = 0;
-            for (bound, count) in DURATION_BUCKETS.iter().zip(&histogram.counts) {
-                cumulative += count;
-                let le = bound.to_string();
-                out.sample(
-                    &format!("{name}_bucket"),
-                    &[("route", route), ("le", &le)],
-                    cumulative as f64,
-                );
-            }
-            out.sample(
-                &format!("{name}_bucket"),
-                &[("route", route), ("le", "+Inf")],
-                histogram.count as f64,
-            );
-            out.sample(&format!("{name}_sum"), &[("route", route)], histogram.sum);
-            out.sample(
-                &format!("{name}_count"),
-                &[("route", route)],
-                histogram.count as f64,
-            );
-        }
+        write_histogram(
+            out,
+            "svc_http_request_duration_seconds",
+            "REST request latency by route.",
+            "route",
+            DURATION_BUCKETS,
+            &durations,
+        );
     }
 }
 
@@ -228,5 +291,23 @@ mod tests {
             "svc_http_request_duration_seconds_bucket{route=\"/health/live\",le=\"+Inf\"} 1\n"
         ));
         assert!(text.contains("x{v=\"a\\\"b\\\\c\"} 1.5\n"));
+    }
+
+    #[test]
+    fn fan_out_histogram() {
+        let fan_outs = FanOuts::default();
+        fan_outs.record("exec", Duration::from_millis(300));
+        let mut out = Exposition::default();
+        fan_outs.write(&mut out);
+        let text = out.finish();
+        let cases = [
+            "svc_fan_out_duration_seconds_bucket{kind=\"exec\",le=\"0.25\"} 0\n",
+            "svc_fan_out_duration_seconds_bucket{kind=\"exec\",le=\"0.5\"} 1\n",
+            "svc_fan_out_duration_seconds_bucket{kind=\"exec\",le=\"+Inf\"} 1\n",
+            "svc_fan_out_duration_seconds_count{kind=\"exec\"} 1\n",
+        ];
+        for line in cases {
+            assert!(text.contains(line), "{line} in {text}");
+        }
     }
 }

@@ -713,3 +713,100 @@ fn bench_the_live_tail_keeps_up_and_the_page_loads_fast() {
     assert_eq!(stats[1], json!(0), "the tail dropped events");
     assert!(stats[0].as_u64().unwrap() >= emitted, "{stats}");
 }
+
+/// The fleet page with a few thousand agents (`SVC_CONSOLE_BENCH_AGENTS`, default 3000,
+/// enrolled on the wire as tests/common/login.rs does): how long a signed-in reload takes to
+/// draw its first page, a "Load more", and a refresh. Prints; asserts only what was drawn.
+#[test]
+fn bench_the_fleet_page_with_thousands_of_agents() {
+    if std::env::var_os("SVC_CONSOLE_BENCH").is_none() {
+        eprintln!("console_browser: benchmark not run (set SVC_CONSOLE_BENCH=1)");
+        return;
+    }
+    let (Some(chromium), Some(chromedriver)) = (
+        find(CHROMIUM, "chromium"),
+        find(CHROMEDRIVER, "chromedriver"),
+    ) else {
+        eprintln!("console_browser: SKIPPED: chromium or chromedriver is missing");
+        return;
+    };
+    let agents: usize = std::env::var("SVC_CONSOLE_BENCH_AGENTS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3000);
+    let server = TestServer::start();
+    let (_, operator) = server.create_key("fleet", "operator");
+    let psk = |agent_id: &str| {
+        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, b"test-hmac-secret");
+        hex::encode(ring::hmac::sign(&key, agent_id.as_bytes()).as_ref())
+    };
+    let started = Instant::now();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(common::login::enrol(&server.bus, 0..agents, "bench", psk));
+    println!(
+        "{agents} agents enrolled in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+
+    let driver = Driver::start(&chromedriver);
+    let browser = Browser::open(&driver, &chromium, server.http_url());
+    browser.goto("/ui/");
+    browser.wait("document.querySelector('#signin-key')", "the sign-in form");
+    browser.type_into("#signin-key", &operator);
+    browser.click("#signin-form button");
+    browser.wait(
+        "document.body.dataset.fleetLoaded === '200'",
+        "the first page",
+    );
+    let mut reloads = Vec::new();
+    for _ in 0..5 {
+        browser.script(
+            "sessionStorage.setItem('bench.start', String(Date.now()));",
+            json!([]),
+        );
+        browser.goto("/ui/?reload#fleet");
+        browser.wait(
+            "document.body.dataset.fleetLoaded === '200'",
+            "the first page after reload",
+        );
+        let ms = browser.script(
+            "return Date.now() - Number(sessionStorage.getItem('bench.start'));",
+            json!([]),
+        );
+        reloads.push(ms.as_u64().unwrap());
+    }
+    let rows = browser.script(
+        "return document.querySelectorAll('#fleet-table tbody tr').length;",
+        json!([]),
+    );
+    assert_eq!(rows, json!(200));
+    assert!(browser.text("#fleet-count").contains("more to load"));
+    // Load more, timed in the page: click to the rows appended.
+    let more = browser.script_async(
+        "const done = arguments[arguments.length - 1]; const t = performance.now(); \
+         document.querySelector('#fleet-more').click(); \
+         const poll = () => document.body.dataset.fleetLoaded === '400' \
+           ? done(performance.now() - t) : setTimeout(poll, 5); poll();",
+        json!([]),
+    );
+    // A refresh of what is shown (400 rows), as the 2 s timer runs it, timed in the page.
+    let refresh = browser.script_async(
+        "const done = arguments[arguments.length - 1]; const t = performance.now(); \
+         document.querySelector('#fleet-form button').click(); \
+         const poll = () => document.body.dataset.fleetLoaded === '200' \
+           ? done(performance.now() - t) : setTimeout(poll, 5); poll();",
+        json!([]),
+    );
+    let rows = browser.script(
+        "return document.querySelectorAll('#fleet-table tbody tr').length;",
+        json!([]),
+    );
+    assert_eq!(rows, json!(200));
+    println!(
+        "fleet page, {agents} agents: signed-in reload to the first 200 drawn {reloads:?} ms \
+         (includes WebDriver's wait for the load and polling); Load more (200 more) {:.0} ms; \
+         filter submit (back to the first 200) {:.0} ms",
+        more.as_f64().unwrap(),
+        refresh.as_f64().unwrap()
+    );
+}

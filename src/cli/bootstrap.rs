@@ -250,20 +250,32 @@ async fn blueprints(seed: &Seed) -> Result<Option<String>, String> {
             .into_inner()
             .applied;
         let mut fleet = FleetServiceClient::new(grpc_channel(&common).await.map_err(text)?);
-        let agents = fleet
-            .list_agents(
-                authorized(
-                    &common,
-                    proto::ListAgentsRequest {
-                        target: target.clone(),
-                    },
+        // Every page: the blueprint is current only when every targeted agent has it.
+        let mut agents = Vec::new();
+        let mut cursor = String::new();
+        loop {
+            let page = fleet
+                .list_agents(
+                    authorized(
+                        &common,
+                        proto::ListAgentsRequest {
+                            target: target.clone(),
+                            limit: crate::fleet::MAX_PAGE as u32,
+                            cursor,
+                            ..Default::default()
+                        },
+                    )
+                    .map_err(text)?,
                 )
-                .map_err(text)?,
-            )
-            .await
-            .map_err(|s| text(s.into()))?
-            .into_inner()
-            .agents;
+                .await
+                .map_err(|s| text(s.into()))?
+                .into_inner();
+            agents.extend(page.agents);
+            if page.next_cursor.is_empty() {
+                break;
+            }
+            cursor = page.next_cursor;
+        }
         let is_current = !agents.is_empty()
             && agents.iter().all(|agent| {
                 applied.iter().any(|a| {

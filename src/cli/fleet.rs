@@ -109,7 +109,17 @@ struct ListArgs {
     /// only agents matching: *, id globs (web-*), a comma list, or labels and facts (role=web,os_family=debian)
     #[argh(option, short = 't', from_str_fn(target))]
     target: Option<String>,
+    /// only agents in these states, comma-separated: connected, disconnected, pending, quarantined
+    #[argh(option)]
+    state: Option<String>,
+    /// stop after this many agents (default: all)
+    #[argh(option)]
+    limit: Option<usize>,
 }
+
+/// Agents asked for per page by `agent list`, which follows the server's cursors itself: the
+/// table is printed a page at a time (its columns aligned within each page).
+const LIST_PAGE: usize = 1000;
 
 #[derive(FromArgs)]
 /// Show one agent, with the facts it reported about its host (os, arch, addresses, ...).
@@ -199,6 +209,11 @@ fn print_facts(agent: &Agent) {
 }
 
 fn print_agents(agents: &[Agent]) {
+    print!("{}", format_agents(agents));
+}
+
+/// The table of `agents`, with its header line.
+fn format_agents(agents: &[Agent]) -> String {
     let rows: Vec<Vec<String>> = agents
         .iter()
         .map(|a| {
@@ -222,7 +237,7 @@ fn print_agents(agents: &[Agent]) {
             ]
         })
         .collect();
-    print_table(
+    crate::program::output::format_table(
         &[
             "ID",
             "STATE",
@@ -232,7 +247,55 @@ fn print_agents(agents: &[Agent]) {
             "QUARANTINE REASON",
         ],
         &rows,
-    );
+    )
+}
+
+/// `svcctl agent list`: every matching agent (up to `--limit`), page after page. The table
+/// is printed as each page comes (its header once); JSON is one array, as it always was.
+async fn list_agents(
+    common: &Common,
+    client: &mut FleetServiceClient<tonic::transport::Channel>,
+    args: ListArgs,
+) -> Result<(), CliError> {
+    let wanted = args.limit.unwrap_or(usize::MAX);
+    let mut cursor = String::new();
+    let mut shown = 0;
+    let mut all = Vec::new();
+    while shown < wanted {
+        let request = proto::ListAgentsRequest {
+            target: args.target.clone().unwrap_or_default(),
+            state: args.state.clone().unwrap_or_default(),
+            limit: (wanted - shown).min(LIST_PAGE) as u32,
+            cursor,
+        };
+        let page = client
+            .list_agents(authorized(common, request)?)
+            .await?
+            .into_inner();
+        shown += page.agents.len();
+        match common.output {
+            Output::Json => all.extend(page.agents),
+            Output::Table => {
+                let table = format_agents(&page.agents);
+                // The header once, above the first page (even when it is empty).
+                let body = if shown > page.agents.len() {
+                    table.split_once('\n').map_or("", |(_, rest)| rest)
+                } else {
+                    &table
+                };
+                print!("{body}");
+                let _ = std::io::stdout().flush();
+            }
+        }
+        if page.next_cursor.is_empty() {
+            break;
+        }
+        cursor = page.next_cursor;
+    }
+    if common.output == Output::Json {
+        print_json(&all.iter().map(agent_json).collect::<Vec<_>>())?;
+    }
+    Ok(())
 }
 
 async fn agent_command(common: Common, args: AgentArgs) -> Result<(), CliError> {
@@ -243,21 +306,7 @@ async fn agent_command(common: Common, args: AgentArgs) -> Result<(), CliError> 
     let mut client = client(&common).await?;
     let is_show = matches!(args.command, AgentCommand::Show(_));
     let one = match args.command {
-        AgentCommand::List(args) => {
-            let request = proto::ListAgentsRequest {
-                target: args.target.unwrap_or_default(),
-            };
-            let agents = client
-                .list_agents(authorized(&common, request)?)
-                .await?
-                .into_inner()
-                .agents;
-            match common.output {
-                Output::Json => print_json(&agents.iter().map(agent_json).collect::<Vec<_>>())?,
-                Output::Table => print_agents(&agents),
-            }
-            return Ok(());
-        }
+        AgentCommand::List(args) => return list_agents(&common, &mut client, args).await,
         AgentCommand::Show(args) => {
             let request = proto::AgentRequest { id: args.id };
             client.get_agent(authorized(&common, request)?).await?

@@ -101,6 +101,9 @@ pub async fn run(
     };
     let mut answers = fleet.jobs.register(job_id);
     let Outgoing { commands, signer } = outgoing;
+    let kind = commands.first().map(|(_, command)| command.work.kind());
+    let started = Instant::now();
+    let mut dispatched = false;
     let mut queue = commands.into_iter();
     let mut in_flight: HashMap<String, Instant> = HashMap::new();
     loop {
@@ -128,6 +131,7 @@ pub async fn run(
             };
             match published {
                 Ok(()) => {
+                    dispatched = true;
                     on_dispatch(&agent);
                     in_flight.insert(agent, Instant::now() + wait);
                 }
@@ -168,6 +172,10 @@ pub async fn run(
         }
     }
     fleet.jobs.finish(job_id);
+    // A fan-out that sent nothing (no agent reachable) took no time worth a sample.
+    if let (Some(kind), true) = (kind, dispatched) {
+        fleet.fan_outs.record(kind, started.elapsed());
+    }
     Ok(())
 }
 

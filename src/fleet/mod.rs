@@ -52,6 +52,8 @@ pub struct Fleet {
     pub command_key_grace: Duration,
     /// How much of the job history the store keeps (`jobs` in the configuration).
     pub retention: history::Retention,
+    /// How long fan-outs take, for `/metrics`.
+    pub fan_outs: crate::metrics::FanOuts,
     /// The client commands go out on; None in a domain without a bus (unit tests, offline
     /// tools), where sending a command is `Unavailable`.
     bus: Option<async_nats::Client>,
@@ -68,6 +70,7 @@ impl Fleet {
             jobs: jobs::Jobs::default(),
             command_key_grace,
             retention: history::Retention::default(),
+            fan_outs: crate::metrics::FanOuts::default(),
             bus,
         }
     }
@@ -195,19 +198,151 @@ pub async fn refresh(domain: &Domain, id: &str) -> Result<()> {
     Ok(())
 }
 
-/// Every enrolled agent matching `target` (all when empty), by id. Enrolment is read from
-/// the store, liveness from the registry.
-pub async fn list(domain: &Domain, principal: &Principal, target: &str) -> Result<Vec<AgentView>> {
-    principal.require(Role::Readonly)?;
-    let selector = Selector::parse(target)?;
-    Ok(matching(domain, &selector)
-        .await?
-        .into_iter()
-        .map(AgentView::from)
-        .collect())
+/// Agents a page holds when the caller names no `limit`.
+pub const DEFAULT_PAGE: usize = 500;
+/// The most agents one page may hold (`limit` above this is refused).
+pub const MAX_PAGE: usize = 5000;
+/// The fewest rows read from the store at a time while a page is filled: a selective filter
+/// then costs a few scans of a big fleet, not one per matching agent.
+const SCAN_BATCH: usize = 256;
+
+/// What `agent list` asks for: a selector, states, and where the page starts.
+#[derive(Clone, Debug, Default)]
+pub struct ListQuery {
+    /// A `--target` selector; empty for every agent.
+    pub target: String,
+    /// Only agents in one of these states; empty for any.
+    pub states: Vec<AgentState>,
+    /// `next_cursor` of the page before; empty for the first page.
+    pub cursor: String,
+    /// At most this many agents (0: [`DEFAULT_PAGE`]; at most [`MAX_PAGE`]).
+    pub limit: usize,
 }
 
-/// Registry entries of the enrolled agents `selector` matches.
+/// One page of agents by id, and the cursor of the next when more match.
+#[derive(Clone, Debug, Serialize)]
+pub struct AgentPage {
+    pub agents: Vec<AgentView>,
+    pub next_cursor: Option<String>,
+}
+
+/// Parses a comma list of agent states (`connected,pending`); empty for any state.
+pub fn parse_states(text: &str) -> Result<Vec<AgentState>> {
+    let mut states = Vec::new();
+    for name in text
+        .split(',')
+        .map(str::trim)
+        .filter(|name| !name.is_empty())
+    {
+        let state = AgentState::ALL
+            .into_iter()
+            .find(|state| state.as_str() == name)
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "unknown agent state '{name}' (connected, disconnected, pending, quarantined)"
+                ))
+            })?;
+        if !states.contains(&state) {
+            states.push(state);
+        }
+    }
+    Ok(states)
+}
+
+/// The cursor that resumes after agent `id`: opaque to callers (base64url of the id), so
+/// that what a cursor holds may change without breaking them.
+fn encode_cursor(id: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(id)
+}
+
+/// The agent id a cursor resumes after ("" for no cursor).
+fn decode_cursor(cursor: &str) -> Result<String> {
+    use base64::Engine;
+    if cursor.is_empty() {
+        return Ok(String::new());
+    }
+    let invalid = || {
+        Error::Invalid(format!(
+            "invalid cursor '{cursor}': pass the next_cursor of the page before, unchanged"
+        ))
+    };
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(cursor)
+        .map_err(|_| invalid())?;
+    let id = String::from_utf8(bytes).map_err(|_| invalid())?;
+    if id.is_empty() || id.len() > 256 || id.chars().any(char::is_control) {
+        return Err(invalid());
+    }
+    Ok(id)
+}
+
+/// One page of the enrolled agents matching `query`, by id. Reads the store a page at a time
+/// (keyset on the id), filtering by selector and state as it goes, and stops at one match past
+/// `limit`, which is how it knows that a next page exists: never the whole fleet at once.
+/// Enrolment is read from the store, liveness from the registry.
+pub async fn list(domain: &Domain, principal: &Principal, query: &ListQuery) -> Result<AgentPage> {
+    principal.require(Role::Readonly)?;
+    let selector = Selector::parse(&query.target)?;
+    let limit = match query.limit {
+        0 => DEFAULT_PAGE,
+        limit if limit > MAX_PAGE => {
+            return Err(Error::Invalid(format!(
+                "limit {limit} is above the most agents a page holds ({MAX_PAGE})"
+            )))
+        }
+        limit => limit,
+    };
+    let mut after = decode_cursor(&query.cursor)?;
+    // Quarantine is a column: a state filter that needs it set, or clear, is done in SQL.
+    let wants = |state| query.states.is_empty() || query.states.contains(&state);
+    let quarantined = match (wants(AgentState::Quarantined), query.states.len()) {
+        (_, 0) => None,
+        (true, 1) => Some(true),
+        (false, _) => Some(false),
+        (true, _) => None,
+    };
+    let batch = (limit + 1).clamp(SCAN_BATCH, MAX_PAGE + 1);
+    let uses_facts = selector.uses_facts();
+    let mut agents: Vec<AgentView> = Vec::new();
+    loop {
+        let rows = domain
+            .store
+            .fleet()
+            .list_agents_page(&after, batch, quarantined)
+            .await?;
+        let exhausted = rows.len() < batch;
+        if let Some(last) = rows.last() {
+            after = last.id.clone();
+        }
+        for row in rows {
+            let Some(entry) = entry_if_selected(domain, &selector, uses_facts, row) else {
+                continue;
+            };
+            if !wants(entry.state()) {
+                continue;
+            }
+            if agents.len() == limit {
+                let last = agents
+                    .last()
+                    .map(|agent| agent.id.as_str())
+                    .unwrap_or_default();
+                return Ok(AgentPage {
+                    next_cursor: Some(encode_cursor(last)),
+                    agents,
+                });
+            }
+            agents.push(entry.into());
+        }
+        if exhausted {
+            return Ok(AgentPage {
+                agents,
+                next_cursor: None,
+            });
+        }
+    }
+}
+
 /// The ids of the enrolled agents `target` selects (any state), for views that filter stored
 /// rows by a selector.
 pub async fn matching_ids(domain: &Domain, target: &str) -> Result<Vec<String>> {
@@ -219,37 +354,47 @@ pub async fn matching_ids(domain: &Domain, target: &str) -> Result<Vec<String>> 
         .collect())
 }
 
+/// Registry entries of the enrolled agents `selector` matches.
 async fn matching(domain: &Domain, selector: &Selector) -> Result<Vec<registry::Entry>> {
     let rows = domain.store.fleet().list_agents().await?;
-    let registry = &domain.fleet.registry;
     let uses_facts = selector.uses_facts();
-    let mut entries = Vec::with_capacity(rows.len());
-    for row in rows {
-        let labels: BTreeMap<String, String> =
-            serde_json::from_str(&row.labels).unwrap_or_default();
-        // Facts as this process has them (reported here, perhaps not stored yet), else the
-        // store's; parsed only for a selector that looks at them.
-        let facts = if uses_facts {
-            registry
-                .facts_text(&row.id)
-                .or_else(|| row.facts.clone())
-                .as_deref()
-                .map(facts::from_text)
-                .unwrap_or_default()
-        } else {
-            Facts::new()
-        };
-        if !selector.matches(&row.id, &labels, &facts) {
-            continue;
-        }
-        if !registry.contains(&row.id) {
-            registry.update(row.clone());
-        }
-        if let Some(entry) = registry.get(&row.id) {
-            entries.push(entry);
-        }
+    Ok(rows
+        .into_iter()
+        .filter_map(|row| entry_if_selected(domain, selector, uses_facts, row))
+        .collect())
+}
+
+/// The registry entry of the agent in `row` when `selector` matches it (the registry learns
+/// the row if it did not know it).
+fn entry_if_selected(
+    domain: &Domain,
+    selector: &Selector,
+    uses_facts: bool,
+    row: crate::store::AgentRow,
+) -> Option<registry::Entry> {
+    let registry = &domain.fleet.registry;
+    let labels: BTreeMap<String, String> = serde_json::from_str(&row.labels).unwrap_or_default();
+    // Facts as this process has them (reported here, perhaps not stored yet), else the
+    // store's; parsed only for a selector that looks at them.
+    let facts = if uses_facts {
+        registry
+            .facts_text(&row.id)
+            .or_else(|| row.facts.clone())
+            .as_deref()
+            .map(facts::from_text)
+            .unwrap_or_default()
+    } else {
+        Facts::new()
+    };
+    if !selector.matches(&row.id, &labels, &facts) {
+        return None;
     }
-    Ok(entries)
+    if !registry.contains(&row.id) {
+        let id = row.id.clone();
+        registry.update(row);
+        return registry.get(&id);
+    }
+    registry.get(&row.id)
 }
 
 pub async fn get(domain: &Domain, principal: &Principal, id: &str) -> Result<AgentView> {
@@ -560,4 +705,43 @@ pub async fn targets(domain: &Domain, target: &str) -> Result<Targets> {
         }
     }
     Ok(targets)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors_round_trip_and_foreign_ones_are_refused() {
+        for id in ["web-01", "sim-49999", "a.b_c", "ü"] {
+            assert_eq!(decode_cursor(&encode_cursor(id)).unwrap(), id);
+        }
+        assert_eq!(decode_cursor("").unwrap(), "");
+        // Not base64url, padded, control characters, not UTF-8, too long.
+        let long = encode_cursor(&"x".repeat(257));
+        for cursor in ["%%", "d2ViLTAx=", "AAAA", "_w", long.as_str()] {
+            let error = decode_cursor(cursor).unwrap_err();
+            assert!(
+                error.to_string().contains("invalid cursor"),
+                "{cursor}: {error}"
+            );
+        }
+    }
+
+    #[test]
+    fn states_parse_as_a_comma_list() {
+        use AgentState::*;
+        let cases: [(&str, &[AgentState]); 5] = [
+            ("", &[]),
+            ("connected", &[Connected]),
+            ("pending, quarantined", &[Pending, Quarantined]),
+            ("connected,,connected", &[Connected]),
+            ("disconnected,pending", &[Disconnected, Pending]),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(parse_states(text).unwrap(), expected, "{text}");
+        }
+        assert!(parse_states("asleep").is_err());
+        assert!(parse_states("Connected").is_err());
+    }
 }

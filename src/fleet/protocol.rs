@@ -110,6 +110,18 @@ pub enum Work {
     CommandKeys { certificates: String },
 }
 
+impl Work {
+    /// The wire name of the kind (`"kind"` in the command), e.g. for metrics labels.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Work::Exec { .. } => "exec",
+            Work::State { .. } => "state",
+            Work::Module { .. } => "module",
+            Work::CommandKeys { .. } => "command_keys",
+        }
+    }
+}
+
 /// A compiled plan (its JSON) that the server stored in the file service rather than send in
 /// the command: its size and SHA-256 and those of its chunks, in order. Under the command's
 /// signature, so the agent's executor checks what the daemon fetched against it.

@@ -13,6 +13,7 @@
 //! may not have them yet.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -147,6 +148,11 @@ pub enum Verdict {
 pub struct Registry {
     timeout: Duration,
     agents: Mutex<HashMap<String, Entry>>,
+    /// Heartbeats from enrolled agents (quarantined ones included), for
+    /// `svc_agent_heartbeats_total`.
+    heartbeats: AtomicU64,
+    /// Agents heard from before that connected again, for `svc_agent_reconnects_total`.
+    reconnects: AtomicU64,
 }
 
 impl Registry {
@@ -154,7 +160,17 @@ impl Registry {
         Registry {
             timeout,
             agents: Mutex::new(HashMap::new()),
+            heartbeats: AtomicU64::new(0),
+            reconnects: AtomicU64::new(0),
         }
+    }
+
+    /// Heartbeats accepted or rejected since start, and reconnections among them.
+    pub fn totals(&self) -> (u64, u64) {
+        (
+            self.heartbeats.load(Ordering::Relaxed),
+            self.reconnects.load(Ordering::Relaxed),
+        )
     }
 
     pub fn timeout(&self) -> Duration {
@@ -261,6 +277,8 @@ impl Registry {
         let Some(entry) = agents.get_mut(id) else {
             return Verdict::Unknown;
         };
+        self.heartbeats.fetch_add(1, Ordering::Relaxed);
+        let was_heard = entry.last_heartbeat_ms.is_some();
         entry.last_seen = Some(Instant::now());
         entry.last_heartbeat_ms = Some(clock::now_millis());
         entry.dirty = true;
@@ -279,6 +297,11 @@ impl Registry {
         }
         if entry.row.is_quarantined {
             return Verdict::Rejected;
+        }
+        if !entry.connected && was_heard {
+            // Heard from before, then silent past the timeout (or restarted past it): a
+            // reconnection. Lifting a quarantine (`announce`) is not one.
+            self.reconnects.fetch_add(1, Ordering::Relaxed);
         }
         let newly_connected = !entry.connected || std::mem::take(&mut entry.announce);
         entry.connected = true;
@@ -397,6 +420,9 @@ mod tests {
         assert_eq!(gone.len(), 1);
         assert_eq!(registry.get("a").unwrap().state(), AgentState::Disconnected);
         assert!(registry.sweep().is_empty(), "reported once");
+        assert_eq!(registry.totals(), (2, 0));
+        registry.heartbeat("a", "h", "v", None);
+        assert_eq!(registry.totals(), (3, 1), "back after a disconnection");
     }
 
     #[test]

@@ -47,6 +47,15 @@ pub struct JobResultRow {
 pub trait FleetStore: Send + Sync {
     /// Every enrolled agent, by id.
     async fn list_agents(&self) -> Result<Vec<AgentRow>>;
+    /// One page of enrolled agents by id: those after `after` (all when empty), at most
+    /// `limit`; with `quarantined`, only agents whose quarantine flag is that. Keyset paging
+    /// on the primary key, so a page costs the same wherever it starts.
+    async fn list_agents_page(
+        &self,
+        after: &str,
+        limit: usize,
+        quarantined: Option<bool>,
+    ) -> Result<Vec<AgentRow>>;
     /// Sets or clears quarantine (reason and time only when set); None for an unknown id.
     async fn set_quarantine(
         &self,

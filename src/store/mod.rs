@@ -78,6 +78,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "audit_attempts",
         include_str!("migrations/0013_audit_attempts.sql"),
     ),
+    (
+        14,
+        "agents_quarantined_index",
+        include_str!("migrations/0014_agents_quarantined_index.sql"),
+    ),
 ];
 
 /// A stored API key (never the key itself: only a hash, and its file-request signing key

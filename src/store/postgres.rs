@@ -102,6 +102,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "audit_attempts",
         include_str!("migrations/postgres/0013_audit_attempts.sql"),
     ),
+    (
+        14,
+        "agents_quarantined_index",
+        include_str!("migrations/postgres/0014_agents_quarantined_index.sql"),
+    ),
 ];
 
 /// Advisory lock keys (any two constants of ours; "svc" spelled in ASCII, then a number).

@@ -501,6 +501,12 @@ impl Session {
         };
         let verified = self.shared.auth.authenticate(&request).await;
         self.login = None;
+        let outcome = if verified.is_some() {
+            &self.shared.stats.logins_accepted
+        } else {
+            &self.shared.stats.logins_refused
+        };
+        outcome.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let Some(permissions) = verified else {
             tracing::info!(
                 user = options.user.as_deref().unwrap_or(""),

@@ -174,6 +174,10 @@ pub struct BrokerStats {
     /// Times a connection stopped reading to wait for its user's publish rate
     /// (`UserLimits::publish_rate`).
     pub publishes_throttled: AtomicU64,
+    /// CONNECTs the authenticator accepted (agents, keys and the server's own clients).
+    pub logins_accepted: AtomicU64,
+    /// CONNECTs the authenticator refused.
+    pub logins_refused: AtomicU64,
 }
 
 /// One of `max_concurrent_logins`, held from accept until CONNECT is verified (or the

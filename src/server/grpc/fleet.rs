@@ -188,9 +188,17 @@ impl proto::fleet_service_server::FleetService for Fleet {
         request: Request<proto::ListAgentsRequest>,
     ) -> Result<Response<proto::ListAgentsResponse>, Status> {
         let caller = principal(&request)?;
-        let agents = fleet::list(&self.context.domain, &caller, &request.get_ref().target).await?;
+        let request = request.into_inner();
+        let query = fleet::ListQuery {
+            target: request.target,
+            states: fleet::parse_states(&request.state)?,
+            cursor: request.cursor,
+            limit: request.limit as usize,
+        };
+        let page = fleet::list(&self.context.domain, &caller, &query).await?;
         Ok(Response::new(proto::ListAgentsResponse {
-            agents: agents.into_iter().map(Into::into).collect(),
+            agents: page.agents.into_iter().map(Into::into).collect(),
+            next_cursor: page.next_cursor.unwrap_or_default(),
         }))
     }
 

@@ -1,5 +1,5 @@
-//! /api/v1/agents: list (with a --target selector, e.g. labels `role=web`), show, quarantine
-//! and unquarantine. The role (operator to quarantine) is checked by `principal` before the
+//! /api/v1/agents: list (a page at a time, with a --target selector, e.g. labels `role=web`,
+//! and states), show, quarantine and unquarantine. The role (operator to quarantine) is checked by `principal` before the
 //! request is read and again by the fleet domain, which writes the same audit rows and events
 //! as `svcctl agent quarantine`.
 
@@ -12,16 +12,20 @@ use crate::fleet;
 use crate::server::Context;
 use crate::Result;
 
-/// GET /api/v1/agents?target=SEL: `{"agents": [...]}` by id.
+/// GET /api/v1/agents?target=SEL&state=S,...&limit=N&cursor=C: `{"agents": [...],
+/// "next_cursor": C | null}`, one page by id (docs/fleet.md, "Listing agents").
 pub async fn list(context: &Context, request: Request<Incoming>) -> Result<Response<Body>> {
     only(request.method(), &[Method::GET])?;
     let (caller, _admission) = principal(context, &request).await?;
-    let query = Query::of(&request, &["target"])?;
-    let agents = fleet::list(&context.domain, &caller, query.text("target")).await?;
-    Ok(json_response(
-        StatusCode::OK,
-        &serde_json::json!({ "agents": agents }),
-    ))
+    let query = Query::of(&request, &["target", "state", "limit", "cursor"])?;
+    let list = fleet::ListQuery {
+        target: query.text("target").to_string(),
+        states: fleet::parse_states(&query.list("state").join(","))?,
+        cursor: query.text("cursor").to_string(),
+        limit: usize::try_from(query.number("limit")?).unwrap_or(usize::MAX),
+    };
+    let page = fleet::list(&context.domain, &caller, &list).await?;
+    Ok(json_response(StatusCode::OK, &page))
 }
 
 /// GET /api/v1/agents/{id}.

@@ -20,6 +20,8 @@ fn write_bus(context: &Context, out: &mut Exposition) {
             s.logins_in_progress.load(Relaxed),
             s.logins_timed_out.load(Relaxed),
             s.publishes_throttled.load(Relaxed),
+            s.logins_accepted.load(Relaxed),
+            s.logins_refused.load(Relaxed),
         )
     }) else {
         return;
@@ -34,6 +36,8 @@ fn write_bus(context: &Context, out: &mut Exposition) {
         logins,
         timed_out,
         throttled,
+        accepted,
+        refused,
     ) = stats;
     let mut single = |name: &str, kind: &str, help: &str, value: u64| {
         out.family(name, kind, help);
@@ -57,6 +61,25 @@ fn write_bus(context: &Context, out: &mut Exposition) {
         "New bus connections closed after waiting the login deadline for a login slot.",
         timed_out,
     );
+    out.family(
+        "svc_bus_logins_total",
+        "counter",
+        "Bus logins (CONNECT) by outcome: accepted or refused by the authenticator.",
+    );
+    out.sample(
+        "svc_bus_logins_total",
+        &[("outcome", "accepted")],
+        accepted as f64,
+    );
+    out.sample(
+        "svc_bus_logins_total",
+        &[("outcome", "refused")],
+        refused as f64,
+    );
+    let mut single = |name: &str, kind: &str, help: &str, value: u64| {
+        out.family(name, kind, help);
+        out.sample(name, &[], value as f64);
+    };
     single(
         "svc_bus_publish_throttled_total",
         "counter",
@@ -151,6 +174,20 @@ pub async fn metrics(context: &Context) -> Response<Body> {
     for (state, count) in context.domain.fleet.registry.counts() {
         out.sample("svc_agents", &[("state", state)], count as f64);
     }
+    let (heartbeats, reconnects) = context.domain.fleet.registry.totals();
+    out.family(
+        "svc_agent_heartbeats_total",
+        "counter",
+        "Heartbeats received from enrolled agents (quarantined ones included).",
+    );
+    out.sample("svc_agent_heartbeats_total", &[], heartbeats as f64);
+    out.family(
+        "svc_agent_reconnects_total",
+        "counter",
+        "Agents heard from before that connected again after a disconnection.",
+    );
+    out.sample("svc_agent_reconnects_total", &[], reconnects as f64);
+    context.domain.fleet.fan_outs.write(&mut out);
     Response::builder()
         .status(StatusCode::OK)
         .header(

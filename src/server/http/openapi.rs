@@ -236,10 +236,13 @@ pub fn document() -> Response<Body> {
                 "parameters": with_params(&[], &[("format", "string", "csv, json or jsonl (default jsonl)"), ("since", "string", "RFC 3339 or a duration ago"), ("until", "string", "RFC 3339 or a duration ago")]),
                 "responses": with_errors(json!({"200": {"description": "the rows as an attachment", "content": {"text/csv": {"schema": {"type": "string"}},
                     "application/json": {"schema": {"type": "array", "items": {"$ref": "#/components/schemas/AuditEntry"}}}, "application/jsonl": {"schema": {"type": "string"}}}}}), &[("422", "bad format or time")])}});
-    doc["paths"]["/api/v1/agents"] = json!({"get": {"summary": "Enrolled agents with their state (svcctl agent list)", "security": [{"bearer": []}],
-                "parameters": with_params(&[], &[("target", "string", "a selector: *, a glob on ids (web-*), a comma list, or key=value pairs on labels and facts (role=web,os_family=debian; docs/fleet.md)")]),
-                "responses": with_errors(json!({"200": {"description": "agents by id", "content": {"application/json": {"schema": {"type": "object", "properties": {
-                    "agents": {"type": "array", "items": {"$ref": "#/components/schemas/Agent"}}}}}}}}), &[("422", "bad selector")])}});
+    doc["paths"]["/api/v1/agents"] = json!({"get": {"summary": "Enrolled agents with their state, a page at a time (svcctl agent list)", "security": [{"bearer": []}],
+                "parameters": with_params(&[], &[("target", "string", "a selector: *, a glob on ids (web-*), a comma list, or key=value pairs on labels and facts (role=web,os_family=debian; docs/fleet.md)"),
+                    ("state", "string", "only these states, comma-separated: connected, disconnected, pending, quarantined"),
+                    ("limit", "integer", "page size (0 or absent: 500, at most 5000)"), ("cursor", "string", "the previous page's next_cursor")]),
+                "responses": with_errors(json!({"200": {"description": "a page of agents by id; next_cursor is null on the last page", "content": {"application/json": {"schema": {"type": "object", "required": ["agents", "next_cursor"], "properties": {
+                    "agents": {"type": "array", "items": {"$ref": "#/components/schemas/Agent"}},
+                    "next_cursor": {"type": "string", "nullable": true}}}}}}}), &[("422", "bad selector, state, limit or cursor")])}});
     doc["paths"]["/api/v1/agents/{id}"] = json!({"parameters": id_parameter.clone(),
                 "get": {"summary": "One agent", "security": [{"bearer": []}],
                 "responses": with_errors(json!({"200": {"description": "the agent", "content": agent_ref.clone()}}), &[("404", "no such agent")])}});

@@ -48,6 +48,28 @@ impl FleetStore for PostgresStore {
         .await
     }
 
+    async fn list_agents_page(
+        &self,
+        after: &str,
+        limit: usize,
+        quarantined: Option<bool>,
+    ) -> Result<Vec<AgentRow>> {
+        // `quarantined = 1` alone is served by the partial index of migration 0014.
+        let filter = match quarantined {
+            None => "",
+            Some(true) => "AND quarantined = 1",
+            Some(false) => "AND quarantined = 0",
+        };
+        self.rows(
+            &format!(
+                "SELECT {AGENT_COLUMNS} FROM agents WHERE id > $1 {filter} ORDER BY id LIMIT $2"
+            ),
+            &[&after, &(limit as i64)],
+            agent,
+        )
+        .await
+    }
+
     async fn set_quarantine(
         &self,
         id: &str,

@@ -48,6 +48,27 @@ impl FleetStore for SqliteStore {
         })
     }
 
+    async fn list_agents_page(
+        &self,
+        after: &str,
+        limit: usize,
+        quarantined: Option<bool>,
+    ) -> Result<Vec<AgentRow>> {
+        self.with(|c| {
+            // `quarantined = 1` alone is served by the partial index of migration 0014.
+            let filter = match quarantined {
+                None => "",
+                Some(true) => "AND quarantined = 1",
+                Some(false) => "AND quarantined = 0",
+            };
+            let mut statement = c.prepare_cached(&format!(
+                "SELECT {AGENT_COLUMNS} FROM agents WHERE id > ?1 {filter} ORDER BY id LIMIT ?2"
+            ))?;
+            let rows = statement.query_map(params![after, limit as i64], agent_from_row)?;
+            Ok(rows.collect::<rusqlite::Result<_>>()?)
+        })
+    }
+
     async fn set_quarantine(
         &self,
         id: &str,

@@ -25,6 +25,7 @@
     historyCursors: [""],
     auditCursors: [""],
     job: null, // { id, after } of the job whose results are shown
+    fleet: { shown: 0, cursor: "" }, // how many agents the fleet page holds, and what comes next
   };
 
   const $ = (id) => document.getElementById(id);
@@ -220,38 +221,76 @@
     else td.textContent = content === undefined || content === null ? "" : String(content);
   }
 
+  // The fleet page holds a page of agents at first and more on "Load more"; the 2 s refresh
+  // reads as many as it holds (FLEET_PAGE at a time up to the server's 5000), never the
+  // whole fleet.
+  const FLEET_PAGE = 200;
+  const FLEET_MAX_LIMIT = 5000;
+
+  function fleetFilters() {
+    return { target: $("fleet-target").value.trim(), state: $("fleet-state").value };
+  }
+
+  function fleetRow(agent, existing) {
+    let tr = existing.get(agent.id);
+    if (!tr) {
+      tr = document.createElement("tr");
+      tr.dataset.agent = agent.id;
+      for (let index = 0; index < 7; index += 1) tr.appendChild(document.createElement("td"));
+    }
+    const cells = tr.cells;
+    setCell(cells[0], agent.id);
+    setCell(cells[1], el("span", agent.state, "state state-" + agent.state));
+    setCell(cells[2], labelChips(agent.labels));
+    setCell(cells[3], agent.last_heartbeat_at || "never");
+    setCell(cells[4], agent.version);
+    setCell(cells[5], agent.hostname);
+    const wanted = mayOperate() ? (agent.quarantined ? "unquarantine" : "quarantine") : "";
+    const current = cells[6].querySelector("button");
+    if (!wanted) cells[6].replaceChildren();
+    else if (!current || current.dataset.action !== wanted || current.disabled) {
+      cells[6].replaceChildren(quarantineButton(agent));
+    }
+    return tr;
+  }
+
+  function showFleetCount(shown) {
+    const more = state.fleet.cursor ? ", more to load" : "";
+    $("fleet-count").textContent = shown + " agent(s)" + more;
+    $("fleet-more").hidden = !state.fleet.cursor;
+    $("fleet-table").classList.toggle("no-actions", !mayOperate());
+  }
+
   // Rows are updated in place (every 2 s), so a button being clicked is never swapped for a
   // copy under the pointer; one is replaced only when its action changes.
   async function loadFleet() {
-    const target = $("fleet-target").value.trim();
-    const result = await api("/api/v1/agents" + query({ target }));
+    const wanted = Math.max(state.fleet.shown, FLEET_PAGE);
+    const agents = [];
+    let cursor = "";
+    do {
+      const limit = Math.min(wanted - agents.length, FLEET_MAX_LIMIT);
+      const page = await api("/api/v1/agents" + query({ ...fleetFilters(), limit, cursor }));
+      agents.push(...page.agents);
+      cursor = page.next_cursor || "";
+    } while (cursor && agents.length < wanted);
     const body = $("fleet-table").tBodies[0];
     const existing = new Map([...body.rows].map((tr) => [tr.dataset.agent, tr]));
-    const rows = result.agents.map((agent) => {
-      let tr = existing.get(agent.id);
-      if (!tr) {
-        tr = document.createElement("tr");
-        tr.dataset.agent = agent.id;
-        for (let index = 0; index < 7; index += 1) tr.appendChild(document.createElement("td"));
-      }
-      const cells = tr.cells;
-      setCell(cells[0], agent.id);
-      setCell(cells[1], el("span", agent.state, "state state-" + agent.state));
-      setCell(cells[2], labelChips(agent.labels));
-      setCell(cells[3], agent.last_heartbeat_at || "never");
-      setCell(cells[4], agent.version);
-      setCell(cells[5], agent.hostname);
-      const wanted = mayOperate() ? (agent.quarantined ? "unquarantine" : "quarantine") : "";
-      const current = cells[6].querySelector("button");
-      if (!wanted) cells[6].replaceChildren();
-      else if (!current || current.dataset.action !== wanted || current.disabled) {
-        cells[6].replaceChildren(quarantineButton(agent));
-      }
-      return tr;
-    });
-    body.replaceChildren(...rows);
-    $("fleet-count").textContent = result.agents.length + " agent(s)";
-    $("fleet-table").classList.toggle("no-actions", !mayOperate());
+    body.replaceChildren(...agents.map((agent) => fleetRow(agent, existing)));
+    state.fleet.shown = agents.length;
+    state.fleet.cursor = cursor;
+    showFleetCount(agents.length);
+    document.body.dataset.fleetLoaded = String(agents.length);
+  }
+
+  async function loadMoreFleet() {
+    if (!state.fleet.cursor) return;
+    const page = await api("/api/v1/agents" + query({ ...fleetFilters(), limit: FLEET_PAGE, cursor: state.fleet.cursor }));
+    const body = $("fleet-table").tBodies[0];
+    body.append(...page.agents.map((agent) => fleetRow(agent, new Map())));
+    state.fleet.shown = body.rows.length;
+    state.fleet.cursor = page.next_cursor || "";
+    showFleetCount(body.rows.length);
+    document.body.dataset.fleetLoaded = String(body.rows.length);
   }
 
   // ---- events ----
@@ -656,7 +695,11 @@
   document.addEventListener("DOMContentLoaded", () => {
     submit("signin-form", () => signIn($("signin-key").value.trim()));
     $("sign-out").addEventListener("click", () => signOut("Signed out."));
-    submit("fleet-form", () => loadFleet().catch((e) => showMessage(e.message)));
+    submit("fleet-form", () => {
+      state.fleet = { shown: 0, cursor: "" };
+      loadFleet().catch((e) => showMessage(e.message));
+    });
+    $("fleet-more").addEventListener("click", () => loadMoreFleet().catch((e) => showMessage(e.message)));
     submit("events-form", () => {
       stopTail();
       openEvents().catch((e) => showMessage(e.message));
