@@ -775,6 +775,11 @@ pub struct EnrolRequest {
     /// The public half of the nkey the agent made for an external cluster in JWT mode
     /// (`U...`); the seed stays on the host. Sent always; used only in that mode.
     pub bus_nkey: Option<String>,
+    /// The agent signs its results and heartbeats with its certificate's key: the server
+    /// records the key and drops what it has not signed (`fleet::agent_signature`). False
+    /// from an svc-agent older than that, whose messages then go unsigned.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub signs_messages: bool,
 }
 
 /// What the agent gets back: public material only.
@@ -890,6 +895,11 @@ async fn enrol_checked(
             )),
         };
     let fingerprint = ca::fingerprint(&ca::pem_to_der(&certificate)?);
+    let public_key = if request.signs_messages {
+        Some(crate::fleet::agent_signature::public_key_of(&certificate)?)
+    } else {
+        None
+    };
     let now = clock::now_rfc3339();
     if let Some(row) = token {
         if !store
@@ -906,6 +916,7 @@ async fn enrol_checked(
             labels,
             fingerprint: fingerprint.clone(),
             enrolled_at: now,
+            public_key,
             ..AgentRow::default()
         })
         .await?;

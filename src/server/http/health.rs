@@ -135,6 +135,19 @@ pub async fn metrics(context: &Context) -> Response<Body> {
     for (state, count) in context.domain.fleet.registry.counts() {
         out.sample("svc_agents", &[("state", state)], count as f64);
     }
+    out.family(
+        "svc_agent_messages_forged_total",
+        "counter",
+        "Agent results and heartbeats dropped because they did not verify against the agent's key.",
+    );
+    for (kind, count) in context.domain.fleet.forgeries.totals() {
+        let kind = kind.as_str();
+        out.sample(
+            "svc_agent_messages_forged_total",
+            &[("kind", kind)],
+            count as f64,
+        );
+    }
     Response::builder()
         .status(StatusCode::OK)
         .header(
