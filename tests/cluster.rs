@@ -1145,6 +1145,64 @@ fn with_jwt_auth_the_nats_cluster_keeps_each_agent_to_its_own_subjects() {
             "its own subject is allowed"
         );
 
+        // Its own subjects are where a stolen session could still answer for it: a result
+        // it did not sign, for a job that is running, is dropped by every member and audited
+        // once (by the agent's owner); the job gets the real one.
+        let started = svcctl(
+            &members,
+            1,
+            &[
+                "-o", "json", "exec", "--async", "--target", "web-1", "--", "sh", "-c",
+                "sleep 2; echo real",
+            ],
+        );
+        assert_eq!(started.code, 0, "{started:?}");
+        let started: serde_json::Value = serde_json::from_str(&started.stdout).unwrap();
+        let job_id = started["job_id"].as_str().unwrap().to_string();
+        let forged = format!(
+            r#"{{"job_id":"{job_id}","duration_ms":1,"kind":"exec","exit_code":0,"stdout":"forged\n"}}"#
+        );
+        client
+            .publish("svc.agent.web-1.result", forged.into())
+            .await
+            .unwrap();
+        client.flush().await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let results = loop {
+            let shown = svcctl(&members, 2, &["-o", "json", "job", "show", &job_id]);
+            let lines: Vec<serde_json::Value> = shown
+                .stdout
+                .lines()
+                .filter_map(|line| serde_json::from_str(line).ok())
+                .collect();
+            if lines.iter().any(|line| line["job"]["status"] == "finished") {
+                break lines;
+            }
+            assert!(Instant::now() < deadline, "{shown:?}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        let answer = results.iter().find(|line| line["agent_id"] == "web-1");
+        assert_eq!(
+            answer.map(|line| line["stdout"].clone()),
+            Some(serde_json::json!("real\n")),
+            "{results:?}"
+        );
+        let audit = run(members.servers[0].cli("svc-audit").args([
+            "--api-key",
+            &members.admin_key,
+            "-o",
+            "json",
+            "log",
+            "--action",
+            "agent.result_forged",
+        ]));
+        assert_eq!(audit.code, 0, "{audit:?}");
+        let audit: serde_json::Value = serde_json::from_str(&audit.stdout).unwrap();
+        let rows = audit["items"].as_array().unwrap();
+        assert_eq!(rows.len(), 1, "one row for the cluster: {rows:?}");
+        assert_eq!(rows[0]["outcome"], "denied");
+        assert_eq!(rows[0]["detail"]["job_id"], job_id.as_str());
+
         // The enrolment JWT may request enrolment and nothing else.
         let (enrolling, mut errors) = nats_client(&nats.url(0), Some(bearer(&enrol_jwt)))
             .await
