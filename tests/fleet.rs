@@ -1801,13 +1801,16 @@ fn deliver_signed(server: &TestServer, agent: &Agent, key_pem: &str) -> serde_js
         if line.starts_with("PING") {
             writer.write_all(b"PONG\r\n").unwrap();
         }
-        let Some(rest) = line.trim_end().strip_prefix("MSG ") else {
+        // Results come signed by the agent, with their headers (HMSG ... HEADERS TOTAL).
+        let Some(rest) = line.trim_end().strip_prefix("HMSG ") else {
             continue;
         };
-        let length: usize = rest.rsplit(' ').next().unwrap().parse().unwrap();
-        let mut body = vec![0u8; length + 2];
+        let mut sizes = rest.rsplit(' ');
+        let total: usize = sizes.next().unwrap().parse().unwrap();
+        let headers: usize = sizes.next().unwrap().parse().unwrap();
+        let mut body = vec![0u8; total + 2];
         std::io::Read::read_exact(&mut reader, &mut body).unwrap();
-        let reply: serde_json::Value = serde_json::from_slice(&body[..length]).unwrap();
+        let reply: serde_json::Value = serde_json::from_slice(&body[headers..total]).unwrap();
         if reply["job_id"] == command.job_id {
             return reply;
         }

@@ -503,7 +503,7 @@ mod tests {
         let old = first.signing.public_key();
         assert_eq!(
             listed(&server_config(&first).unwrap(), &account),
-            [old.clone()]
+            std::slice::from_ref(&old)
         );
         assert!(retire_previous_signing_key(store.as_ref())
             .await
@@ -533,7 +533,7 @@ mod tests {
         let after = ensure(store.as_ref(), &keys).await.unwrap();
         assert_eq!(
             listed(&server_config(&after).unwrap(), &account),
-            [next.clone()]
+            std::slice::from_ref(&next)
         );
         assert_eq!(issuer(&agent_jwt(&after, "a1", &user).unwrap()), next);
         assert_eq!(issuer(&member_login(&after, "m1").unwrap().0), next);
