@@ -506,6 +506,11 @@ pub struct AgentsConfig {
     /// with the previous key before the server retires it: agents offline for longer must
     /// bootstrap again.
     pub command_key_grace: ConfigDuration,
+    /// Whether results and heartbeats of agents with no public key on record (enrolled before
+    /// agents signed them, or by an svc-agent that does not) are accepted unsigned. An agent
+    /// with a key on record must sign whatever this says. false once every agent has been
+    /// bootstrapped again by a signing svc-agent.
+    pub accept_unsigned: bool,
 }
 
 impl Default for AgentsConfig {
@@ -514,6 +519,7 @@ impl Default for AgentsConfig {
             heartbeat_timeout: ConfigDuration(Duration::from_secs(30)),
             bus_jwt_ttl: ConfigDuration(Duration::from_secs(24 * 3600)),
             command_key_grace: ConfigDuration(Duration::from_secs(7 * 24 * 3600)),
+            accept_unsigned: true,
         }
     }
 }

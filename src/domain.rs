@@ -121,7 +121,8 @@ impl Domain {
                     config.agents.command_key_grace.0,
                     Some(bus),
                 )
-                .with_retention(&config.jobs),
+                .with_retention(&config.jobs)
+                .with_accept_unsigned(config.agents.accept_unsigned),
                 files: Arc::new(files),
                 webhooks: crate::webhooks::Webhooks::new(&config.webhooks)?,
                 runbooks: crate::runbooks::Runbooks::load(config.runbook_dir.clone()),

@@ -1145,6 +1145,64 @@ fn with_jwt_auth_the_nats_cluster_keeps_each_agent_to_its_own_subjects() {
             "its own subject is allowed"
         );
 
+        // Its own subjects are where a stolen session could still answer for it: a result
+        // it did not sign, for a job that is running, is dropped by every member and audited
+        // once (by the agent's owner); the job gets the real one.
+        let started = svcctl(
+            &members,
+            1,
+            &[
+                "-o", "json", "exec", "--async", "--target", "web-1", "--", "sh", "-c",
+                "sleep 2; echo real",
+            ],
+        );
+        assert_eq!(started.code, 0, "{started:?}");
+        let started: serde_json::Value = serde_json::from_str(&started.stdout).unwrap();
+        let job_id = started["job_id"].as_str().unwrap().to_string();
+        let forged = format!(
+            r#"{{"job_id":"{job_id}","duration_ms":1,"kind":"exec","exit_code":0,"stdout":"forged\n"}}"#
+        );
+        client
+            .publish("svc.agent.web-1.result", forged.into())
+            .await
+            .unwrap();
+        client.flush().await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let results = loop {
+            let shown = svcctl(&members, 2, &["-o", "json", "job", "show", &job_id]);
+            let lines: Vec<serde_json::Value> = shown
+                .stdout
+                .lines()
+                .filter_map(|line| serde_json::from_str(line).ok())
+                .collect();
+            if lines.iter().any(|line| line["job"]["status"] == "finished") {
+                break lines;
+            }
+            assert!(Instant::now() < deadline, "{shown:?}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        let answer = results.iter().find(|line| line["agent_id"] == "web-1");
+        assert_eq!(
+            answer.map(|line| line["stdout"].clone()),
+            Some(serde_json::json!("real\n")),
+            "{results:?}"
+        );
+        let audit = run(members.servers[0].cli("svc-audit").args([
+            "--api-key",
+            &members.admin_key,
+            "-o",
+            "json",
+            "log",
+            "--action",
+            "agent.result_forged",
+        ]));
+        assert_eq!(audit.code, 0, "{audit:?}");
+        let audit: serde_json::Value = serde_json::from_str(&audit.stdout).unwrap();
+        let rows = audit["items"].as_array().unwrap();
+        assert_eq!(rows.len(), 1, "one row for the cluster: {rows:?}");
+        assert_eq!(rows[0]["outcome"], "denied");
+        assert_eq!(rows[0]["detail"]["job_id"], job_id.as_str());
+
         // The enrolment JWT may request enrolment and nothing else.
         let (enrolling, mut errors) = nats_client(&nats.url(0), Some(bearer(&enrol_jwt)))
             .await
@@ -1278,5 +1336,128 @@ fn with_jwt_auth_the_nats_cluster_keeps_each_agent_to_its_own_subjects() {
         let reply: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap();
         assert_eq!(reply["error"]["code"], "unauthenticated", "{reply}");
         assert!(reply.get("bus_jwt").is_none(), "{reply}");
+    });
+
+    // The account signing key rotates with the CA: a rotation through a member adds the next
+    // key to the block; retiring the previous one (offline) leaves the next alone. (What
+    // nats-server makes of each block: the_account_signing_key_rotates_on_a_nats_server_...)
+    let signing_keys = |block: &str| {
+        let line = block
+            .lines()
+            .find(|line| line.trim_start().starts_with(account))
+            .unwrap();
+        let jwt = line.split_once(':').unwrap().1.trim();
+        let claims = svc::bus::natsjwt::claims(jwt).unwrap();
+        claims["nats"]["signing_keys"].as_array().unwrap().len()
+    };
+    assert_eq!(signing_keys(&block), 1);
+    let rotated = run(members.servers[0].cli("svc-identity").args([
+        "--api-key",
+        &members.admin_key,
+        "ca",
+        "rotate-signing",
+    ]));
+    assert_eq!(rotated.code, 0, "{rotated:?}");
+    let nats_config = |extra: &[&str]| {
+        let printed = run(names
+            .command("svc-cluster")
+            .args(["nats-config", "--config", config_arg])
+            .args(extra));
+        assert_eq!(printed.code, 0, "{printed:?}");
+        printed
+    };
+    assert_eq!(signing_keys(&nats_config(&[]).stdout), 2);
+    let retired = nats_config(&["--retire-previous-signing-key"]);
+    assert!(
+        retired.stderr.contains("restart every member"),
+        "{retired:?}"
+    );
+    assert_eq!(signing_keys(&retired.stdout), 1);
+    let nothing = run(names.command("svc-cluster").args([
+        "nats-config",
+        "--config",
+        config_arg,
+        "--retire-previous-signing-key",
+    ]));
+    assert_ne!(nothing.code, 0, "{nothing:?}");
+    let rows = run(members.servers[1].cli("svc-audit").args([
+        "--api-key",
+        &members.admin_key,
+        "-o",
+        "json",
+        "log",
+        "--action",
+        "ca.rotate_signing",
+    ]));
+    assert!(rows.stdout.contains("nats_next_signing_key"), "{rows:?}");
+}
+
+/// Replaces node `i`'s svc block (its configuration from `previous` on) with `block` and
+/// restarts it, as an operator does after `svc-cluster nats-config`.
+async fn reload_with(nats: &mut NatsCluster, i: usize, previous: &str, block: &str) {
+    let path = nats.dir().join(nats.name(i)).join("nats.conf");
+    let config = std::fs::read_to_string(&path).unwrap();
+    let start = config
+        .find(previous)
+        .expect("the svc block is in the configuration");
+    std::fs::write(&path, format!("{}{block}\n", &config[..start])).unwrap();
+    nats.restart(i).await;
+}
+
+#[test]
+fn the_account_signing_key_rotates_on_a_nats_server_with_a_memory_resolver() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        use svc::identity::nats;
+        let dir = tempfile::tempdir().unwrap();
+        let store = svc::store::SqliteStore::open(&dir.path().join("svc.db")).unwrap();
+        let keys = svc::identity::Keys::new([9; 32], b"secret".to_vec());
+        let user = nkeys::KeyPair::new_user();
+        let seed = user.seed().unwrap();
+        let login = |keys: &nats::NatsKeys| {
+            let jwt = nats::agent_jwt(keys, "a1", &user.public_key()).unwrap();
+            (jwt, seed.clone())
+        };
+        let connects = |url: String, login: (String, String)| async move {
+            nats_client(&url, Some(login)).await.is_ok()
+        };
+
+        let first = nats::ensure(&store, &keys).await.unwrap();
+        let block_1 = nats::server_config(&first).unwrap();
+        let Some(mut cluster) = NatsCluster::start_with_auth(1, &block_1).await else {
+            return;
+        };
+        let old_jwt = login(&first);
+        assert!(connects(cluster.url(0), old_jwt.clone()).await);
+
+        // 1. The CA rotation's next key: listed in the new block, not signing yet.
+        let next = nats::add_next_signing_key(&store, &keys).await.unwrap();
+        assert!(next.is_some());
+        let during = nats::ensure(&store, &keys).await.unwrap();
+        let block_2 = nats::server_config(&during).unwrap();
+        reload_with(&mut cluster, 0, "# svc: NATS JWT", &block_2).await;
+        assert!(connects(cluster.url(0), old_jwt.clone()).await);
+        assert!(connects(cluster.url(0), login(&during)).await);
+
+        // 2. Retired: the next signs, and the nodes (still on block 2) take both.
+        let retired = nats::retire_previous_signing_key(&store).await.unwrap();
+        assert_eq!(retired.len(), 1);
+        let after = nats::ensure(&store, &keys).await.unwrap();
+        let new_jwt = login(&after);
+        assert_ne!(
+            svc::bus::natsjwt::claims(&new_jwt.0).unwrap()["iss"],
+            svc::bus::natsjwt::claims(&old_jwt.0).unwrap()["iss"],
+        );
+        assert!(connects(cluster.url(0), new_jwt.clone()).await);
+        assert!(connects(cluster.url(0), old_jwt.clone()).await);
+
+        // 3. The block with the next key alone: what the old key signed no longer connects.
+        let block_3 = nats::server_config(&after).unwrap();
+        reload_with(&mut cluster, 0, "# svc: NATS JWT", &block_3).await;
+        assert!(connects(cluster.url(0), new_jwt).await);
+        assert!(!connects(cluster.url(0), old_jwt).await);
     });
 }

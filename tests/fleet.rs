@@ -889,6 +889,108 @@ fn agents_cannot_answer_for_each_other_or_take_commands_meant_for_others() {
         .all(|r| r["stdout"] == "fine\n"));
 }
 
+/// `svcctl exec --async` of `argv`: the job id.
+fn exec_async(server: &TestServer, key: &str, argv: &[&str]) -> String {
+    let started = svcctl(
+        server,
+        key,
+        &[&["-o", "json", "exec", "--async", "--"], argv].concat(),
+    );
+    assert_eq!(started.code, 0, "{started:?}");
+    json(&started)["job_id"].as_str().unwrap().to_string()
+}
+
+/// `svcctl job show ID` until the job is finished: its results.
+fn job_results(server: &TestServer, key: &str, id: &str) -> Vec<serde_json::Value> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let shown = svcctl(server, key, &["-o", "json", "job", "show", id]);
+        let lines = if shown.stdout.trim().is_empty() {
+            Vec::new()
+        } else {
+            json_lines(&shown)
+        };
+        if lines.iter().any(|line| line["job"]["status"] == "finished") {
+            return lines
+                .into_iter()
+                .filter(|line| line["agent_id"].is_string())
+                .collect();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "job {id} did not finish: {shown:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn results_and_heartbeats_that_the_agent_did_not_sign_are_dropped_and_audited() {
+    let server = TestServer::start();
+    let web1 = Agent::start(&server, "web-01", "role=web");
+    wait_for_state(&server, "web-01", "connected", Duration::from_secs(10));
+    let (_, operator) = server.create_key("ops", "operator");
+
+    // While a real job runs, whoever holds the agent's bus session but not its key (a
+    // taken-over daemon, a stolen session) answers for it: unsigned, then with a signature
+    // that is not the agent's, then a heartbeat.
+    let id = exec_async(&server, &operator, &["sh", "-c", "sleep 2; echo real"]);
+    let forged = format!(
+        r#"{{"job_id":"{id}","duration_ms":1,"kind":"exec","exit_code":0,"stdout":"forged\n"}}"#
+    );
+    let headers = "NATS/1.0\r\nSvc-Signature: AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA\r\n\r\n";
+    let beat = format!(
+        r#"{{"version":"0","hostname":"forged","running_jobs":0,"sent_at_ms":{}}}"#,
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis()
+    );
+    let ops = format!(
+        "PUB svc.agent.web-01.result {len}\r\n{forged}\r\n\
+         HPUB svc.agent.web-01.result {header_len} {total}\r\n{headers}{forged}\r\n\
+         PUB svc.agent.web-01.heartbeat {beat_len}\r\n{beat}\r\n",
+        len = forged.len(),
+        header_len = headers.len(),
+        total = headers.len() + forged.len(),
+        beat_len = beat.len(),
+    );
+    let published = agent_session(&server, &web1.home.path().join("state"), &ops);
+    assert_eq!(published, ["PONG"]);
+
+    // The job gets the agent's own, signed answer.
+    let results = job_results(&server, &operator, &id);
+    assert_eq!(results.len(), 1, "{results:?}");
+    assert_eq!(results[0]["status"], "ok", "{results:?}");
+    assert_eq!(results[0]["stdout"], "real\n", "{results:?}");
+
+    // One row per agent and kind: the second forged result is counted, not written again.
+    let rows = audit_rows(&server, &["--action", "agent.result_forged"]);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["outcome"], "denied");
+    assert_eq!(rows[0]["resource_id"], "web-01");
+    assert_eq!(rows[0]["detail"]["job_id"], id.as_str());
+    assert_eq!(rows[0]["detail"]["reason"], "not signed");
+    let rows = audit_rows(&server, &["--action", "agent.heartbeat_forged"]);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["outcome"], "denied");
+    let metrics = server.request("GET", "/metrics", None, None).body;
+    for line in [
+        "svc_agent_messages_forged_total{kind=\"result\"} 2",
+        "svc_agent_messages_forged_total{kind=\"heartbeat\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line} not in\n{metrics}");
+    }
+    // The forged heartbeat changed nothing the agent reported.
+    let shown = svcctl(
+        &server,
+        &operator,
+        &["-o", "json", "agent", "show", "web-01"],
+    );
+    assert_ne!(json(&shown)["hostname"], "forged", "{shown:?}");
+    wait_for_state(&server, "web-01", "connected", Duration::from_secs(5));
+}
+
 #[test]
 fn agent_command_line_and_service_unit() {
     let server = TestServer::start();
@@ -1699,13 +1801,16 @@ fn deliver_signed(server: &TestServer, agent: &Agent, key_pem: &str) -> serde_js
         if line.starts_with("PING") {
             writer.write_all(b"PONG\r\n").unwrap();
         }
-        let Some(rest) = line.trim_end().strip_prefix("MSG ") else {
+        // Results come signed by the agent, with their headers (HMSG ... HEADERS TOTAL).
+        let Some(rest) = line.trim_end().strip_prefix("HMSG ") else {
             continue;
         };
-        let length: usize = rest.rsplit(' ').next().unwrap().parse().unwrap();
-        let mut body = vec![0u8; length + 2];
+        let mut sizes = rest.rsplit(' ');
+        let total: usize = sizes.next().unwrap().parse().unwrap();
+        let headers: usize = sizes.next().unwrap().parse().unwrap();
+        let mut body = vec![0u8; total + 2];
         std::io::Read::read_exact(&mut reader, &mut body).unwrap();
-        let reply: serde_json::Value = serde_json::from_slice(&body[..length]).unwrap();
+        let reply: serde_json::Value = serde_json::from_slice(&body[headers..total]).unwrap();
         if reply["job_id"] == command.job_id {
             return reply;
         }

@@ -139,7 +139,7 @@ fn synthetic_store(dir: &Path, audit_rows: i64, secrets: i64) -> PathBuf {
         }
         tx.execute_batch(
             "INSERT INTO api_keys VALUES ('k1', 'admin', 'admin', 'hash1', '2026-01-01T00:00:00.000Z', NULL, NULL, 'sealed:k1');
-             INSERT INTO agents VALUES ('web-01', '{}', 'fp', '2026-01-01T00:00:00.000Z', 1, 'why', NULL, NULL, NULL);
+             INSERT INTO agents VALUES ('web-01', '{}', 'fp', '2026-01-01T00:00:00.000Z', 1, 'why', NULL, NULL, NULL, NULL);
              INSERT INTO transit_keys VALUES ('k', 'aes256-gcm', 1, 1, 't', 't');
              INSERT INTO transit_key_versions VALUES ('k', 1, 'material', '', 't');",
         )

@@ -333,6 +333,7 @@ async fn request_certificate(
         token,
         psk,
         bus_nkey: Some(bus_nkey),
+        signs_messages: true,
     };
     let payload = serde_json::to_vec(&request).expect("enrolment requests serialize");
     let reply = tokio::time::timeout(

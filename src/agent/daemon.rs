@@ -5,7 +5,8 @@
 //! commands the server sends on `svc.agent.<id>.cmd` (exec, state and modules; a large
 //! state plan fetched first by content.rs) to the executor (executor.rs: in this process
 //! with `executor: inline`, else the privileged `svc-agent executor` behind its socket),
-//! answering on `svc.agent.<id>.result`.
+//! answering on `svc.agent.<id>.result`. Results and heartbeats are signed with the
+//! certificate's key (`fleet::agent_signature`).
 //!
 //! One thread: a current-thread runtime keeps an idle agent at a few MB; command output is
 //! read asynchronously and state runs on the blocking pool.
@@ -20,6 +21,7 @@ use futures_util::StreamExt;
 use crate::bus::subjects;
 use crate::config::AgentConfig;
 use crate::facts::{self, Facts};
+use crate::fleet::agent_signature::{AgentSigner, HEADER_ROOM};
 use crate::fleet::protocol::{ExecOutcome, Heartbeat, Reply, ReplyOutcome};
 use crate::fleet::signature;
 use crate::program::{exit, CliError};
@@ -95,6 +97,9 @@ async fn run(config: AgentConfig) -> Result<(), CliError> {
         )))
         }
     }
+    // Every result and heartbeat is signed with the certificate's key: the server drops
+    // what does not verify (`fleet::agent_signature`).
+    let signer = Arc::new(AgentSigner::open(state_dir).map_err(failed)?);
     let runner = Arc::new(if config.agent.executor.trim() == "inline" {
         let seen = state_dir.join("seen-jobs");
         let inline = Executor::open(&config.agent, config.modules.clone(), Some(seen), false)
@@ -179,6 +184,7 @@ async fn run(config: AgentConfig) -> Result<(), CliError> {
         running.clone(),
         connected,
         config.agent.command_key_path(),
+        signer.clone(),
     ));
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_JOBS));
     let content_dir = Arc::new(state_dir.join("content"));
@@ -189,9 +195,10 @@ async fn run(config: AgentConfig) -> Result<(), CliError> {
                 let Ok(permit) = slots.clone().acquire_owned().await else { break };
                 let (client, id, running) = (client.clone(), id.clone(), running.clone());
                 let (runner, content_dir) = (runner.clone(), content_dir.clone());
+                let signer = signer.clone();
                 tokio::spawn(async move {
                     running.fetch_add(1, Ordering::Relaxed);
-                    handle(&client, &id, &runner, &content_dir, &message).await;
+                    handle(&client, &id, &runner, &signer, &content_dir, &message).await;
                     running.fetch_sub(1, Ordering::Relaxed);
                     drop(permit);
                 });
@@ -247,6 +254,7 @@ async fn heartbeats(
     running: Arc<AtomicU32>,
     connected: Arc<AtomicBool>,
     command_key: PathBuf,
+    signer: Arc<AgentSigner>,
 ) {
     let subject = subjects::agent_heartbeat(&id);
     let mut facts = collect_facts().await;
@@ -277,10 +285,11 @@ async fn heartbeats(
                 .then(|| std::fs::read_to_string(&command_key).ok())
                 .flatten()
                 .and_then(|pem| signature::key_set_id(&pem).ok()),
+            sent_at_ms: Some(crate::clock::now_millis() as u64),
         };
         let mut payload = serde_json::to_vec(&beat).expect("heartbeats serialize");
         let max_payload = client.server_info().max_payload;
-        if with_facts && max_payload > 0 && payload.len() > max_payload {
+        if with_facts && max_payload > 0 && payload.len() + HEADER_ROOM > max_payload {
             // A bus with a small max_payload: the heartbeat goes without the facts rather
             // than not at all (which would leave the agent disconnected), and they count as
             // sent, so this is said once per change rather than every beat.
@@ -292,7 +301,18 @@ async fn heartbeats(
             beat.facts = None;
             payload = serde_json::to_vec(&beat).expect("heartbeats serialize");
         }
-        match client.publish(subject.clone(), payload.into()).await {
+        let published = match signer.headers(&subject, &payload) {
+            Ok(headers) => {
+                client
+                    .publish_with_headers(subject.clone(), headers, payload.into())
+                    .await
+            }
+            Err(error) => {
+                tracing::error!(%error, "heartbeat not signed, not sent");
+                continue;
+            }
+        };
+        match published {
             Ok(()) if with_facts => sent = Some(facts.clone()),
             Ok(()) => {}
             Err(e) => {
@@ -320,6 +340,7 @@ async fn handle(
     client: &async_nats::Client,
     id: &str,
     runner: &Runner,
+    signer: &AgentSigner,
     content_dir: &Path,
     message: &async_nats::Message,
 ) {
@@ -366,13 +387,22 @@ async fn handle(
     reply.duration_ms = reply.duration_ms.max(started.elapsed().as_millis() as u64);
     // What the bus announced (before any INFO, 64 KiB): a result larger than max_payload
     // would not be sent at all, so its output is cut to fit whatever that is.
+    // The signature header takes some of it.
     let max = match client.server_info().max_payload {
         0 => 64 * 1024,
         max => max,
     };
-    let bytes = encode_within(&mut reply, max);
+    let bytes = encode_within(&mut reply, max.saturating_sub(HEADER_ROOM));
+    let subject = subjects::agent_result(id);
+    let headers = match signer.headers(&subject, &bytes) {
+        Ok(headers) => headers,
+        Err(error) => {
+            tracing::error!(job_id = %reply.job_id, %error, "result not signed, not sent");
+            return;
+        }
+    };
     if let Err(e) = client
-        .publish(subjects::agent_result(id), bytes.into())
+        .publish_with_headers(subject, headers, bytes.into())
         .await
     {
         tracing::warn!(job_id = %reply.job_id, error = %e, "result not sent");

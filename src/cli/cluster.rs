@@ -104,6 +104,11 @@ struct NatsConfigArgs {
     /// how long the .creds file is valid (with --creds; default 90d)
     #[argh(option, default = "String::from(\"90d\")")]
     ttl: String,
+    /// after a CA rotation, once every NATS node has the block listing both account signing
+    /// keys: retire the previous one (the next signs from each member's restart), then print
+    /// the block, which lists the next alone (docs/cluster.md)
+    #[argh(switch)]
+    retire_previous_signing_key: bool,
 }
 
 async fn nats_config(common: Common, args: NatsConfigArgs) -> Result<(), CliError> {
@@ -120,6 +125,19 @@ async fn nats_config(common: Common, args: NatsConfigArgs) -> Result<(), CliErro
             crate::identity::nats::offline_creds(&loaded.config, &args.name, role, ttl).await?;
         print!("{creds}");
         return Ok(());
+    }
+    if args.retire_previous_signing_key {
+        let retired = crate::identity::nats::offline_retire_previous(&loaded.config).await?;
+        if retired.is_empty() {
+            return Err(CliError::failed(
+                "there is no previous account signing key to retire (rotate the CA first)",
+            ));
+        }
+        eprintln!(
+            "retired the account signing key {}: restart every member; reload the NATS nodes \
+             with the block below after agents.bus_jwt_ttl",
+            retired.join(", ")
+        );
     }
     let printed = crate::identity::nats::offline_config(&loaded.config).await?;
     if common.output == Output::Json {

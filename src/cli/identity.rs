@@ -57,7 +57,8 @@ struct CaInfoArgs {}
 
 #[derive(FromArgs)]
 /// Make a new signing CA under the same root (admin). Agents enrolled under the old one
-/// can no longer authenticate and must bootstrap again.
+/// can no longer authenticate and must bootstrap again. On a cluster with
+/// bus.external_auth: jwt, also makes the next NATS account signing key (docs/cluster.md).
 #[argh(subcommand, name = "rotate-signing", help_triggers("-h", "--help"))]
 struct RotateArgs {}
 

@@ -6,6 +6,7 @@
 //! - `selector.rs`: `--target` selectors (ids, labels, facts);
 //! - `protocol.rs`: the JSON the server and agents exchange on the bus;
 //! - `signature.rs`: signing commands (server) and checking them (agent);
+//! - `agent_signature.rs`: signing results and heartbeats (agent) and checking them (server);
 //! - `command_keys.rs`: telling agents which command-signing keys to trust (after a rotation);
 //! - `jobs.rs`: sending one command to many agents and collecting their answers by deadline;
 //! - `exec.rs`, `state.rs`: `svcctl exec` and `svcctl state check|apply|drift` on top of jobs;
@@ -16,6 +17,7 @@
 //! Transports (gRPC FleetService, the server's bus subscriptions) call the functions here with
 //! a `Principal`; the bus client that carries commands is the fleet's from the start.
 
+pub mod agent_signature;
 pub mod command_keys;
 pub mod content;
 pub mod exec;
@@ -54,6 +56,10 @@ pub struct Fleet {
     pub retention: history::Retention,
     /// How long fan-outs take, for `/metrics`.
     pub fan_outs: crate::metrics::FanOuts,
+    /// Whether results and heartbeats of agents with no key on record are taken unsigned
+    /// (`agents.accept_unsigned`), and the count of those dropped as forged.
+    pub accept_unsigned: bool,
+    pub forgeries: agent_signature::Forgeries,
     /// The client commands go out on; None in a domain without a bus (unit tests, offline
     /// tools), where sending a command is `Unavailable`.
     bus: Option<async_nats::Client>,
@@ -71,8 +77,15 @@ impl Fleet {
             command_key_grace,
             retention: history::Retention::default(),
             fan_outs: crate::metrics::FanOuts::default(),
+            accept_unsigned: true,
+            forgeries: agent_signature::Forgeries::default(),
             bus,
         }
+    }
+
+    pub fn with_accept_unsigned(mut self, accept_unsigned: bool) -> Fleet {
+        self.accept_unsigned = accept_unsigned;
+        self
     }
 
     pub fn with_retention(mut self, config: &crate::config::JobsConfig) -> Fleet {

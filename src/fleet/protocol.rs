@@ -49,6 +49,11 @@ pub struct Heartbeat {
     /// it is not its own (a rotation or retirement the agent missed while offline).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub command_keys: Option<String>,
+    /// When the agent sent it (its clock, Unix ms), under the heartbeat's signature
+    /// (`agent_signature`): the server refuses one outside the freshness window or not newer
+    /// than the last it accepted, so an old heartbeat replayed cannot keep a dead host alive.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sent_at_ms: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -232,6 +237,7 @@ mod tests {
             running_jobs: 2,
             facts: None,
             command_keys: None,
+            sent_at_ms: None,
         };
         let text = serde_json::to_string(&plain).unwrap();
         assert_eq!(text, r#"{"version":"1","hostname":"h","running_jobs":2}"#);

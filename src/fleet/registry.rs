@@ -14,7 +14,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::clock;
@@ -80,6 +80,12 @@ pub struct Entry {
     facts_reported: bool,
     /// Connected again by an unquarantine: its next heartbeat reports it as newly connected.
     announce: bool,
+    /// `row.public_key` decoded, what every result and heartbeat is verified with; kept here
+    /// so the hot path neither decodes nor reads the store.
+    public_key: Option<Arc<[u8]>>,
+    /// The send time (agent's clock, Unix ms) of the last signed heartbeat accepted: a
+    /// heartbeat must be newer, so one replayed within the freshness window does not count.
+    heartbeat_sent_ms: u64,
 }
 
 impl Entry {
@@ -96,6 +102,7 @@ impl Entry {
         let recent = age.filter(|age| *age < timeout.as_millis() as u64);
         let last_seen =
             recent.and_then(|age| Instant::now().checked_sub(Duration::from_millis(age)));
+        let row_key = row.public_key.clone();
         Entry {
             connected: last_seen.is_some() && !row.is_quarantined,
             row,
@@ -108,6 +115,8 @@ impl Entry {
             facts_dirty: false,
             facts_reported: false,
             announce: false,
+            public_key: decode_public_key(&row_key),
+            heartbeat_sent_ms: 0,
         }
     }
 
@@ -211,6 +220,10 @@ impl Registry {
                         entry.announce = true;
                     }
                 }
+                if row.public_key != entry.row.public_key {
+                    entry.public_key = decode_public_key(&row.public_key);
+                    entry.heartbeat_sent_ms = 0;
+                }
                 let facts = if entry.facts_reported {
                     entry.row.facts.take()
                 } else {
@@ -225,6 +238,24 @@ impl Registry {
             None => {
                 agents.insert(row.id.clone(), Entry::new(row, timeout));
             }
+        }
+    }
+
+    /// The key an agent's messages are verified with: None when the agent is not cached,
+    /// Some(None) when it has no key on record (enrolled before signing).
+    pub fn public_key(&self, id: &str) -> Option<Option<Arc<[u8]>>> {
+        self.lock().get(id).map(|entry| entry.public_key.clone())
+    }
+
+    /// Records `sent_ms` as the send time of `id`'s latest signed heartbeat when it is newer
+    /// than the last one accepted; false when it is not (a replay).
+    pub fn advance_heartbeat(&self, id: &str, sent_ms: u64) -> bool {
+        match self.lock().get_mut(id) {
+            Some(entry) if sent_ms > entry.heartbeat_sent_ms => {
+                entry.heartbeat_sent_ms = sent_ms;
+                true
+            }
+            Some(_) | None => false,
         }
     }
 
@@ -382,6 +413,17 @@ impl Registry {
     }
 }
 
+/// A stored public key (base64url) as bytes; an unreadable one counts as none, and every
+/// message is then refused by `agent_signature` for want of a key that verifies.
+fn decode_public_key(text: &Option<String>) -> Option<Arc<[u8]>> {
+    use base64::Engine;
+    let text = text.as_deref()?;
+    match base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(text) {
+        Ok(bytes) => Some(bytes.into()),
+        Err(_) => Some(Arc::from(&[][..])),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -392,6 +434,39 @@ mod tests {
             labels: r#"{"role":"web"}"#.into(),
             ..AgentRow::default()
         }
+    }
+
+    #[test]
+    fn keys_are_cached_decoded_and_heartbeat_times_only_move_forward() {
+        let registry = Registry::new(Duration::from_secs(30));
+        registry.load(vec![row("old")]);
+        assert_eq!(registry.public_key("zz"), None);
+        assert_eq!(registry.public_key("old"), Some(None));
+        let signed = AgentRow {
+            public_key: Some("AQID".into()),
+            ..row("new")
+        };
+        registry.update(signed.clone());
+        assert_eq!(
+            registry.public_key("new").unwrap().as_deref(),
+            Some(&[1u8, 2, 3][..])
+        );
+        let cases = [(10, true), (10, false), (9, false), (11, true), (0, false)];
+        for (sent, accepted) in cases {
+            assert_eq!(registry.advance_heartbeat("new", sent), accepted, "{sent}");
+        }
+        // A new enrolment (a new key) starts the sequence again; an unreadable key verifies
+        // nothing.
+        registry.update(AgentRow {
+            public_key: Some("!".into()),
+            ..signed
+        });
+        assert_eq!(
+            registry.public_key("new").unwrap().as_deref(),
+            Some(&[][..])
+        );
+        assert!(registry.advance_heartbeat("new", 1));
+        assert!(!registry.advance_heartbeat("zz", 1));
     }
 
     #[test]

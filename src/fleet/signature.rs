@@ -40,14 +40,8 @@ pub struct Signer {
 
 impl Signer {
     pub fn from_pkcs8_pem(pem: &str) -> Result<Signer> {
-        let (_, parsed) = x509_parser::pem::parse_x509_pem(pem.as_bytes())
-            .map_err(|_| Error::Internal("command key: not PEM".into()))?;
-        let key = EcdsaKeyPair::from_pkcs8(
-            &ECDSA_P256_SHA256_FIXED_SIGNING,
-            &parsed.contents,
-            &ring::rand::SystemRandom::new(),
-        )
-        .map_err(|_| Error::Internal("command key: not a PKCS#8 P-256 key".into()))?;
+        let key = key_pair_from_pkcs8_pem(pem)
+            .map_err(|why| Error::Internal(format!("command key: {why}")))?;
         Ok(Signer { key })
     }
 
@@ -62,12 +56,42 @@ impl Signer {
     }
 
     fn sign_bytes(&self, bytes: &[u8]) -> Result<String> {
-        let signature = self
-            .key
-            .sign(&ring::rand::SystemRandom::new(), &[DOMAIN, bytes].concat())
-            .map_err(|_| Error::Internal("cannot sign the command".into()))?;
-        Ok(URL_SAFE_NO_PAD.encode(signature.as_ref()))
+        sign_parts(&self.key, &[DOMAIN, bytes])
+            .ok_or_else(|| Error::Internal("cannot sign the command".into()))
     }
+}
+
+/// A P-256 signing key from PKCS#8 PEM (the command key, an agent's `key.pem`), for fixed-size
+/// signatures. Says what is wrong without naming the file (the caller does).
+pub(crate) fn key_pair_from_pkcs8_pem(pem: &str) -> std::result::Result<EcdsaKeyPair, String> {
+    let (_, parsed) =
+        x509_parser::pem::parse_x509_pem(pem.as_bytes()).map_err(|_| "not PEM".to_string())?;
+    EcdsaKeyPair::from_pkcs8(
+        &ECDSA_P256_SHA256_FIXED_SIGNING,
+        &parsed.contents,
+        &ring::rand::SystemRandom::new(),
+    )
+    .map_err(|_| "not a PKCS#8 P-256 key".to_string())
+}
+
+/// The signature (base64url, no padding) of the concatenation of `parts`, whose first is the
+/// domain that keeps one kind of signed message from passing for another.
+pub(crate) fn sign_parts(key: &EcdsaKeyPair, parts: &[&[u8]]) -> Option<String> {
+    let signature = key
+        .sign(&ring::rand::SystemRandom::new(), &parts.concat())
+        .ok()?;
+    Some(URL_SAFE_NO_PAD.encode(signature.as_ref()))
+}
+
+/// Whether `signature` (base64url) is `public_key`'s (an uncompressed P-256 point) over the
+/// concatenation of `parts`.
+pub(crate) fn verify_parts(public_key: &[u8], parts: &[&[u8]], signature: &str) -> bool {
+    let Ok(raw) = URL_SAFE_NO_PAD.decode(signature.trim()) else {
+        return false;
+    };
+    UnparsedPublicKey::new(&ECDSA_P256_SHA256_FIXED, public_key)
+        .verify(&parts.concat(), &raw)
+        .is_ok()
 }
 
 /// A short name for a set of command-signing certificates (PEM, in order): the first 16 hex
@@ -127,15 +151,14 @@ impl Verifier {
         if signature.is_empty() {
             return Err(Refused("not signed by the server".into()));
         }
-        let raw = URL_SAFE_NO_PAD
+        URL_SAFE_NO_PAD
             .decode(signature.trim())
             .map_err(|_| Refused("malformed signature".into()))?;
-        let signed = [DOMAIN, bytes].concat();
-        if !self.public_keys.iter().any(|key| {
-            UnparsedPublicKey::new(&ECDSA_P256_SHA256_FIXED, key)
-                .verify(&signed, &raw)
-                .is_ok()
-        }) {
+        if !self
+            .public_keys
+            .iter()
+            .any(|key| verify_parts(key, &[DOMAIN, bytes], signature))
+        {
             return Err(Refused("the signature is not the server's".into()));
         }
         serde_json::from_slice(bytes).map_err(|e| Refused(format!("malformed command: {e}")))

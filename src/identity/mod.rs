@@ -523,6 +523,15 @@ fn rotation_detail(result: &Result<(String, String)>) -> serde_json::Value {
     }
 }
 
+/// `ca rotate-signing` on a JWT-mode cluster: the next NATS account signing key, the public
+/// half (None elsewhere, or when one is already waiting).
+async fn rotate_nats_signing(domain: &Domain, keys: &Keys) -> Result<Option<String>> {
+    if !keys.issues_bus_jwts() {
+        return Ok(None);
+    }
+    nats::add_next_signing_key(domain.store.as_ref(), keys).await
+}
+
 /// `ca rotate-signing`: a new signing CA under the same root. Agent certificates from the old
 /// one stop authenticating on the bus at once (the broker checks against the current one).
 pub async fn rotate_signing(domain: &Domain, principal: &Principal) -> Result<CaInfo> {
@@ -542,7 +551,18 @@ pub async fn rotate_signing(domain: &Domain, principal: &Principal) -> Result<Ca
             },
         )
         .await;
-    let detail = rotation_detail(&result);
+    let mut detail = rotation_detail(&result);
+    if result.is_ok() {
+        // The NATS account's signing key rotates with the CA, in two steps (docs/cluster.md).
+        match rotate_nats_signing(domain, keys).await {
+            Ok(Some(next)) => detail["nats_next_signing_key"] = serde_json::json!(next),
+            Ok(None) => {}
+            Err(error) => {
+                tracing::error!(%error, "the NATS account signing key was not rotated");
+                detail["nats_signing_key_error"] = serde_json::json!(error.to_string());
+            }
+        }
+    }
     domain
         .auditor
         .record(
@@ -775,6 +795,11 @@ pub struct EnrolRequest {
     /// The public half of the nkey the agent made for an external cluster in JWT mode
     /// (`U...`); the seed stays on the host. Sent always; used only in that mode.
     pub bus_nkey: Option<String>,
+    /// The agent signs its results and heartbeats with its certificate's key: the server
+    /// records the key and drops what it has not signed (`fleet::agent_signature`). False
+    /// from an svc-agent older than that, whose messages then go unsigned.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub signs_messages: bool,
 }
 
 /// What the agent gets back: public material only.
@@ -890,6 +915,11 @@ async fn enrol_checked(
             )),
         };
     let fingerprint = ca::fingerprint(&ca::pem_to_der(&certificate)?);
+    let public_key = if request.signs_messages {
+        Some(crate::fleet::agent_signature::public_key_of(&certificate)?)
+    } else {
+        None
+    };
     let now = clock::now_rfc3339();
     if let Some(row) = token {
         if !store
@@ -906,6 +936,7 @@ async fn enrol_checked(
             labels,
             fingerprint: fingerprint.clone(),
             enrolled_at: now,
+            public_key,
             ..AgentRow::default()
         })
         .await?;

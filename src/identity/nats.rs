@@ -5,6 +5,12 @@
 //! by `svc-cluster nats-config` (offline) or a member's start, whichever comes first; the
 //! race between members is settled by `insert_first_ca`, as for the CA.
 //!
+//! The account signing key rotates with the CA, in two steps because a memory resolver
+//! reads the account JWT (which lists the signing keys) from every node's configuration: a
+//! CA rotation adds the next key beside the current one, which keeps signing
+//! ([`add_next_signing_key`]); once the nodes have the block listing both, the previous one
+//! is retired and the next signs ([`retire_previous_signing_key`]).
+//!
 //! What is issued from them:
 //! - every NATS node's configuration block: operator JWT, system account, memory resolver
 //!   preloaded with both account JWTs ([`server_config`]);
@@ -44,7 +50,12 @@ pub struct NatsKeys {
     operator: nkeys::KeyPair,
     system: nkeys::KeyPair,
     account: nkeys::KeyPair,
+    /// The account signing key that issues user JWTs: the oldest active one.
     signing: nkeys::KeyPair,
+    /// Every active account signing key (public), oldest first: the account JWT lists them
+    /// all. A second one exists between a CA rotation and `--retire-previous-signing-key`
+    /// ([`add_next_signing_key`]): listed, so the NATS nodes learn it before it signs.
+    listed_signing: Vec<String>,
     agent_ttl: std::time::Duration,
 }
 
@@ -66,13 +77,61 @@ impl NatsKeys {
 /// Reads the keys, making those that do not exist yet.
 pub async fn ensure(store: &dyn Store, keys: &Keys) -> Result<NatsKeys> {
     let rows = store.active_ca().await?;
+    let signing = key(store, keys, &rows, SIGNING, nkeys::KeyPair::new_account).await?;
+    // Rows come oldest first; on first use the one just made is the only one.
+    let mut listed_signing: Vec<String> = rows
+        .iter()
+        .filter(|row| row.kind == SIGNING)
+        .map(|row| row.cert_pem.clone())
+        .collect();
+    if listed_signing.is_empty() {
+        listed_signing.push(signing.public_key());
+    }
     Ok(NatsKeys {
         operator: key(store, keys, &rows, OPERATOR, nkeys::KeyPair::new_operator).await?,
         system: key(store, keys, &rows, SYSTEM, nkeys::KeyPair::new_account).await?,
         account: key(store, keys, &rows, ACCOUNT, nkeys::KeyPair::new_account).await?,
-        signing: key(store, keys, &rows, SIGNING, nkeys::KeyPair::new_account).await?,
+        signing,
+        listed_signing,
         agent_ttl: DEFAULT_AGENT_JWT_TTL,
     })
+}
+
+/// With a CA rotation (`svc-identity ca rotate-signing`): makes the next account signing key
+/// and stores it sealed beside the current one, which keeps signing. The account JWT of
+/// `svc-cluster nats-config` lists both from now on; once every NATS node has that block,
+/// `--retire-previous-signing-key` retires the current one ([`retire_previous_signing_key`])
+/// and the next signs. Returns its public key; None when the keys were never made (not a
+/// JWT-mode cluster) or a next key is already waiting.
+pub async fn add_next_signing_key(store: &dyn Store, keys: &Keys) -> Result<Option<String>> {
+    let active = store.active_ca().await?;
+    if !active.iter().any(|row| row.kind == SIGNING) {
+        return Ok(None);
+    }
+    let next = nkeys::KeyPair::new_account();
+    let row = sealed_row(keys, SIGNING, &next)?;
+    Ok(store
+        .add_ca_generation(&row)
+        .await?
+        .then(|| next.public_key()))
+}
+
+/// Retires every account signing key but the newest: the one a CA rotation added signs from
+/// the members' next start, and the account JWT lists it alone. Returns the public keys
+/// retired (none when there was only one).
+pub async fn retire_previous_signing_key(store: &dyn Store) -> Result<Vec<String>> {
+    let active = store.active_ca().await?;
+    let signing: Vec<&CaRow> = active.iter().filter(|row| row.kind == SIGNING).collect();
+    if signing.len() < 2 {
+        return Ok(Vec::new());
+    }
+    store
+        .retire_older_ca(SIGNING, &clock::now_rfc3339())
+        .await?;
+    Ok(signing[..signing.len() - 1]
+        .iter()
+        .map(|row| row.cert_pem.clone())
+        .collect())
 }
 
 /// The active key of `kind`, made with `make` (and stored sealed) when there is none.
@@ -145,7 +204,7 @@ pub fn server_config(keys: &NatsKeys) -> Result<String> {
         &keys.operator,
         &account,
         "SVC",
-        &[keys.signing.public_key()],
+        &keys.listed_signing,
         true,
         &[],
     )?;
@@ -249,6 +308,13 @@ async fn open_offline(
     crate::secrets::verify_master_key(store.as_ref(), keys.master_key()).await?;
     let nats = ensure(store.as_ref(), &keys).await?;
     Ok((store, nats))
+}
+
+/// `svc-cluster nats-config --retire-previous-signing-key`: offline, as the rest of the
+/// command; the public keys retired.
+pub async fn offline_retire_previous(config: &crate::config::ServerConfig) -> Result<Vec<String>> {
+    let (store, _) = open_offline(config).await?;
+    retire_previous_signing_key(store.as_ref()).await
 }
 
 /// What `svc-cluster nats-config` prints.
@@ -402,6 +468,77 @@ pub async fn renew(domain: &crate::domain::Domain, request: RenewRequest) -> Res
 mod tests {
     use super::*;
 
+    /// The `iss` of a JWT: the key that signed it.
+    fn issuer(jwt: &str) -> String {
+        natsjwt::claims(jwt).unwrap()["iss"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+
+    /// The signing keys the account JWT in a configuration block lists.
+    fn listed(block: &str, account: &str) -> Vec<String> {
+        let line = block
+            .lines()
+            .find(|line| line.trim_start().starts_with(account))
+            .unwrap();
+        let jwt = line.split_once(':').unwrap().1.trim();
+        let claims = natsjwt::claims(jwt).unwrap();
+        let keys = claims["nats"]["signing_keys"].as_array().unwrap();
+        keys.iter()
+            .map(|key| key.as_str().unwrap().to_string())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn the_account_signing_key_rotates_in_two_steps() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: std::sync::Arc<dyn Store> = std::sync::Arc::new(
+            crate::store::SqliteStore::open(&dir.path().join("svc.db")).unwrap(),
+        );
+        let keys = Keys::new([7; 32], b"secret".to_vec());
+        let user = nkeys::KeyPair::new_user().public_key();
+        let first = ensure(store.as_ref(), &keys).await.unwrap();
+        let account = first.account();
+        let old = first.signing.public_key();
+        assert_eq!(
+            listed(&server_config(&first).unwrap(), &account),
+            std::slice::from_ref(&old)
+        );
+        assert!(retire_previous_signing_key(store.as_ref())
+            .await
+            .unwrap()
+            .is_empty());
+
+        // A rotation adds the next key: listed beside the current one, which still signs.
+        let next = add_next_signing_key(store.as_ref(), &keys)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            add_next_signing_key(store.as_ref(), &keys).await.unwrap(),
+            None
+        );
+        let during = ensure(store.as_ref(), &keys).await.unwrap();
+        assert_eq!(during.account(), account);
+        assert_eq!(
+            listed(&server_config(&during).unwrap(), &account),
+            [old.clone(), next.clone()]
+        );
+        assert_eq!(issuer(&agent_jwt(&during, "a1", &user).unwrap()), old);
+
+        // Retired: the next signs and is the only one listed.
+        let retired = retire_previous_signing_key(store.as_ref()).await.unwrap();
+        assert_eq!(retired, [old]);
+        let after = ensure(store.as_ref(), &keys).await.unwrap();
+        assert_eq!(
+            listed(&server_config(&after).unwrap(), &account),
+            std::slice::from_ref(&next)
+        );
+        assert_eq!(issuer(&agent_jwt(&after, "a1", &user).unwrap()), next);
+        assert_eq!(issuer(&member_login(&after, "m1").unwrap().0), next);
+    }
+
     #[test]
     fn agent_jwt_refuses_what_is_not_a_user_key() {
         let keys = NatsKeys {
@@ -409,6 +546,7 @@ mod tests {
             system: nkeys::KeyPair::new_account(),
             account: nkeys::KeyPair::new_account(),
             signing: nkeys::KeyPair::new_account(),
+            listed_signing: Vec::new(),
             agent_ttl: DEFAULT_AGENT_JWT_TTL,
         };
         assert!(agent_jwt(&keys, "a1", &keys.account.public_key()).is_err());

@@ -3,7 +3,8 @@
 //! state plans (`serve_content`, in the members' queue group).
 //!
 //! Thin: the agent id comes from the subject (the broker lets an agent publish only under its
-//! own `svc.agent.<id>.`), the JSON body is parsed here, and `fleet::` does the rest. No queue
+//! own `svc.agent.<id>.`), the JSON body is parsed here, the agent's signature is checked by
+//! `fleet::agent_signature` (what does not verify is dropped), and `fleet::` does the rest. No queue
 //! group: in a cluster every member receives every heartbeat (each answers for every agent;
 //! the agent's owner acts on it, `cluster`), and every result (only the member that sent the
 //! job has someone waiting for it).
@@ -15,6 +16,7 @@ use futures_util::StreamExt;
 
 use super::Context;
 use crate::bus::subjects;
+use crate::fleet::agent_signature::{self, Incoming, Kind};
 use crate::fleet::{self, protocol};
 
 /// Heartbeat times reach the store at most this often (batched).
@@ -44,8 +46,19 @@ pub async fn start(context: Arc<Context>) -> crate::Result<()> {
             };
             match serde_json::from_slice::<protocol::Heartbeat>(&message.payload) {
                 Ok(beat) => {
-                    fleet::heartbeat(&heartbeat_context.domain, &heartbeat_sink, agent_id, &beat)
-                        .await
+                    let incoming = Incoming {
+                        agent_id,
+                        subject: &message.subject,
+                        payload: &message.payload,
+                        signature: &signature_of(&message),
+                        kind: Kind::Heartbeat,
+                        job_id: None,
+                        sent_at_ms: beat.sent_at_ms,
+                    };
+                    if agent_signature::admit(&heartbeat_context.domain, incoming).await {
+                        let domain = &heartbeat_context.domain;
+                        fleet::heartbeat(domain, &heartbeat_sink, agent_id, &beat).await
+                    }
                 }
                 Err(e) => tracing::debug!(agent_id, error = %e, "malformed heartbeat ignored"),
             }
@@ -63,6 +76,18 @@ pub async fn start(context: Arc<Context>) -> crate::Result<()> {
             let _entered = span.enter();
             match serde_json::from_slice::<protocol::Reply>(&message.payload) {
                 Ok(reply) => {
+                    let incoming = Incoming {
+                        agent_id,
+                        subject: &message.subject,
+                        payload: &message.payload,
+                        signature: &signature_of(&message),
+                        kind: Kind::Result,
+                        job_id: Some(&reply.job_id),
+                        sent_at_ms: None,
+                    };
+                    if !agent_signature::admit(&result_context.domain, incoming).await {
+                        continue;
+                    }
                     let job_id = reply.job_id.clone();
                     if !result_context.domain.fleet.jobs.deliver(agent_id, reply) {
                         tracing::debug!(agent_id, job_id, "result for no waiting job dropped");
@@ -92,6 +117,16 @@ pub async fn start(context: Arc<Context>) -> crate::Result<()> {
         }
     });
     Ok(())
+}
+
+/// The `Svc-Signature` header of an agent's message; empty when it has none.
+fn signature_of(message: &async_nats::Message) -> String {
+    message
+        .headers
+        .as_ref()
+        .and_then(|headers| headers.get(agent_signature::HEADER))
+        .map(|value| value.as_str().to_string())
+        .unwrap_or_default()
 }
 
 /// Answers agents' requests for chunks of stored state plans (`fleet::content`), in the

@@ -16,7 +16,7 @@ pub(crate) const RETIRE_OLDER_CA: &str = "UPDATE ca SET retired_at = $1 \
 pub(crate) const JOIN_TOKEN_COLUMNS: &str =
     "id, token_hash, agent_id, created_by, created_at, expires_at, used_at, used_by, revoked_at";
 pub(crate) const AGENT_COLUMNS: &str = "id, labels, fingerprint, enrolled_at, quarantined, \
-     quarantine_reason, quarantined_at, last_heartbeat_at, facts";
+     quarantine_reason, quarantined_at, last_heartbeat_at, facts, public_key";
 pub(crate) const JWT_COLUMNS: &str =
     "id, subject, audience, kid, issued_by, issued_at, expires_at, revoked_at, revoked_by";
 pub(crate) const MASTER_CHECK_ID: &str = "master";

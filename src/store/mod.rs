@@ -83,6 +83,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "agents_quarantined_index",
         include_str!("migrations/0014_agents_quarantined_index.sql"),
     ),
+    (
+        15,
+        "agent_public_key",
+        include_str!("migrations/0015_agent_public_key.sql"),
+    ),
 ];
 
 /// A stored API key (never the key itself: only a hash, and its file-request signing key
@@ -407,6 +412,10 @@ pub struct AgentRow {
     /// What the agent last reported about its host: a JSON object, as text (`crate::facts`);
     /// None until it reports.
     pub facts: Option<String>,
+    /// The agent certificate's public key (base64url of the P-256 point) that its results
+    /// and heartbeats must be signed with (`fleet::agent_signature`); None for an agent
+    /// enrolled before signing, or by an svc-agent that does not sign.
+    pub public_key: Option<String>,
 }
 
 /// Opens the configured store and applies pending migrations.

@@ -107,6 +107,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "agents_quarantined_index",
         include_str!("migrations/postgres/0014_agents_quarantined_index.sql"),
     ),
+    (
+        15,
+        "agent_public_key",
+        include_str!("migrations/postgres/0015_agent_public_key.sql"),
+    ),
 ];
 
 /// Advisory lock keys (any two constants of ours; "svc" spelled in ASCII, then a number).
@@ -1223,16 +1228,18 @@ impl Store for PostgresStore {
 
     async fn upsert_agent(&self, row: &AgentRow) -> Result<()> {
         self.execute(
-            "INSERT INTO agents (id, labels, fingerprint, enrolled_at, quarantined) \
-             VALUES ($1, $2, $3, $4, $5) \
+            "INSERT INTO agents (id, labels, fingerprint, enrolled_at, quarantined, public_key) \
+             VALUES ($1, $2, $3, $4, $5, $6) \
              ON CONFLICT (id) DO UPDATE SET labels = EXCLUDED.labels, \
-             fingerprint = EXCLUDED.fingerprint, enrolled_at = EXCLUDED.enrolled_at",
+             fingerprint = EXCLUDED.fingerprint, enrolled_at = EXCLUDED.enrolled_at, \
+             public_key = EXCLUDED.public_key",
             &[
                 &row.id,
                 &row.labels,
                 &row.fingerprint,
                 &row.enrolled_at,
                 &(row.is_quarantined as i64),
+                &row.public_key,
             ],
         )
         .await?;

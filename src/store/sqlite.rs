@@ -863,17 +863,19 @@ impl Store for SqliteStore {
     async fn upsert_agent(&self, row: &AgentRow) -> Result<()> {
         self.with(|c| {
             c.prepare_cached(
-                "INSERT INTO agents (id, labels, fingerprint, enrolled_at, quarantined) \
-                 VALUES (?1, ?2, ?3, ?4, ?5) \
+                "INSERT INTO agents (id, labels, fingerprint, enrolled_at, quarantined, public_key) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
                  ON CONFLICT (id) DO UPDATE SET labels = excluded.labels, \
-                 fingerprint = excluded.fingerprint, enrolled_at = excluded.enrolled_at",
+                 fingerprint = excluded.fingerprint, enrolled_at = excluded.enrolled_at, \
+                 public_key = excluded.public_key",
             )?
             .execute(params![
                 row.id,
                 row.labels,
                 row.fingerprint,
                 row.enrolled_at,
-                row.is_quarantined
+                row.is_quarantined,
+                row.public_key
             ])?;
             Ok(())
         })

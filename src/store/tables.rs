@@ -231,6 +231,7 @@ pub const TABLES: &[Table] = &[
             text("quarantined_at"),
             text("last_heartbeat_at"),
             text("facts"),
+            text("public_key"),
         ],
         primary_key: &["id"],
     },

@@ -53,6 +53,7 @@ pub async fn enrol(
                     labels: [("sim".to_string(), group.to_string())].into(),
                     token: None,
                     bus_nkey: None,
+                    signs_messages: false,
                 };
                 let reply = client
                     .request("svc.enroll", serde_json::to_vec(&request).unwrap().into())
@@ -195,6 +196,7 @@ pub fn heartbeat(id: &str, facts: Option<svc::facts::Facts>) -> Vec<u8> {
         running_jobs: 0,
         facts,
         command_keys: None,
+        sent_at_ms: None,
     })
     .unwrap();
     let mut out = format!("PUB svc.agent.{id}.heartbeat {}\r\n", body.len()).into_bytes();

@@ -188,6 +188,19 @@ pub async fn metrics(context: &Context) -> Response<Body> {
     );
     out.sample("svc_agent_reconnects_total", &[], reconnects as f64);
     context.domain.fleet.fan_outs.write(&mut out);
+    out.family(
+        "svc_agent_messages_forged_total",
+        "counter",
+        "Agent results and heartbeats dropped because they did not verify against the agent's key.",
+    );
+    for (kind, count) in context.domain.fleet.forgeries.totals() {
+        let kind = kind.as_str();
+        out.sample(
+            "svc_agent_messages_forged_total",
+            &[("kind", kind)],
+            count as f64,
+        );
+    }
     Response::builder()
         .status(StatusCode::OK)
         .header(

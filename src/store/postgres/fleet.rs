@@ -19,6 +19,7 @@ pub(super) fn agent(row: &Row) -> Result<AgentRow, tokio_postgres::Error> {
         quarantined_at: row.try_get(6)?,
         last_heartbeat_at: row.try_get(7)?,
         facts: row.try_get(8)?,
+        public_key: row.try_get(9)?,
     })
 }
 

@@ -19,6 +19,7 @@ pub(super) fn agent_from_row(row: &Row<'_>) -> rusqlite::Result<AgentRow> {
         quarantined_at: row.get(6)?,
         last_heartbeat_at: row.get(7)?,
         facts: row.get(8)?,
+        public_key: row.get(9)?,
     })
 }
 
