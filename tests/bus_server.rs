@@ -633,34 +633,7 @@ async fn slow_consumers_share_one_pending_budget_and_memory_comes_back() {
     let admin_key = server.admin_key.clone();
     let slow = tokio::task::spawn_blocking(move || {
         (0..SLOW)
-            .map(|_| {
-                let stream = TcpStream::connect(address).unwrap();
-                let size: libc::c_int = 4096;
-                unsafe {
-                    use std::os::fd::AsRawFd;
-                    libc::setsockopt(
-                        stream.as_raw_fd(),
-                        libc::SOL_SOCKET,
-                        libc::SO_RCVBUF,
-                        &size as *const libc::c_int as *const libc::c_void,
-                        std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                    );
-                }
-                stream
-                    .set_read_timeout(Some(Duration::from_secs(5)))
-                    .unwrap();
-                let mut reader = BufReader::new(stream.try_clone().unwrap());
-                let mut info = String::new();
-                reader.read_line(&mut info).unwrap();
-                let mut writer = stream.try_clone().unwrap();
-                write!(
-                    writer,
-                    "CONNECT {{\"verbose\":false,\"auth_token\":\"{admin_key}\"}}\r\nSUB > 1\r\nPING\r\n"
-                )
-                .unwrap();
-                assert_eq!(common::lines_until_pong(&mut reader), ["PONG"]);
-                stream
-            })
+            .map(|_| stalled_subscriber(address, &admin_key, ">"))
             .collect::<Vec<_>>()
     })
     .await
@@ -787,8 +760,8 @@ fn metric(server: &TestServer, name: &str) -> f64 {
 
 /// A raw client with `key` that subscribes to `subject` and then never reads again (a 4 KiB
 /// receive buffer, so the kernel does not soak up what is sent to it).
-fn stalled_subscriber(server: &TestServer, key: &str, subject: &str) -> TcpStream {
-    let stream = TcpStream::connect(bus_socket(&server.bus)).unwrap();
+fn stalled_subscriber(address: std::net::SocketAddr, key: &str, subject: &str) -> TcpStream {
+    let stream = TcpStream::connect(address).unwrap();
     let size: libc::c_int = 4096;
     unsafe {
         use std::os::fd::AsRawFd;
@@ -921,9 +894,8 @@ async fn each_key_has_its_own_publish_rate_and_pending_budget() {
     // before the 64 MiB each connection may hold: the stalled reader is cut once its socket
     // has been full for 100 ms, the reading one gets every message.
     let stalled = {
-        let server = server.clone();
-        let key = slow_key.clone();
-        tokio::task::spawn_blocking(move || stalled_subscriber(&server, &key, "flood.x"))
+        let (address, key) = (bus_socket(&server.bus), slow_key.clone());
+        tokio::task::spawn_blocking(move || stalled_subscriber(address, &key, "flood.x"))
             .await
             .unwrap()
     };

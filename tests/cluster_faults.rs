@@ -36,7 +36,6 @@ use common::{run, with_key};
 use sha2::{Digest, Sha256};
 use svc::proto::event_service_client::EventServiceClient;
 use svc::proto::fleet_service_client::FleetServiceClient;
-use svc::proto::policy_service_client::PolicyServiceClient;
 use svc::proto::secrets_service_client::SecretsServiceClient;
 use tokio::net::{TcpListener, TcpStream};
 use tonic::transport::Channel;
@@ -648,9 +647,12 @@ impl World {
 
         // Audit rows of the round's keys and secret versions (one chain: read on one member).
         let channel = self.runtime.block_on(async { channel_to(endpoints[0].1) });
-        let creates =
-            self.runtime
-                .block_on(audit_rows(&channel, &admin, "apikey.create", audit_since));
+        let creates = self.runtime.block_on(common::audit_rows_grpc(
+            &channel,
+            &admin,
+            "apikey.create",
+            audit_since,
+        ));
         let audited_keys: HashSet<&str> = creates
             .iter()
             .filter(|row| row.outcome == "success")
@@ -662,9 +664,12 @@ impl World {
                 "key {name} ({id}) acknowledged without its audit row"
             );
         }
-        let writes =
-            self.runtime
-                .block_on(audit_rows(&channel, &admin, "secret.write", audit_since));
+        let writes = self.runtime.block_on(common::audit_rows_grpc(
+            &channel,
+            &admin,
+            "secret.write",
+            audit_since,
+        ));
         let audited_versions: HashSet<(String, u64)> = writes
             .iter()
             .filter(|row| row.outcome == "success")
@@ -841,40 +846,6 @@ async fn job_results(channel: &Channel, key: &str, job: &str) -> Vec<svc::proto:
         }
     }
     results
-}
-
-/// Every audit row with this action since `since` (PolicyService.AuditLog, paged).
-async fn audit_rows(
-    channel: &Channel,
-    key: &str,
-    action: &str,
-    since: &str,
-) -> Vec<svc::proto::AuditEntry> {
-    let mut client = PolicyServiceClient::new(channel.clone());
-    let mut rows = Vec::new();
-    let mut cursor = String::new();
-    loop {
-        let request = svc::proto::AuditLogRequest {
-            action: action.into(),
-            since: since.into(),
-            page: Some(svc::proto::PageRequest {
-                limit: 1000,
-                cursor: cursor.clone(),
-            }),
-            ..Default::default()
-        };
-        let page = client
-            .audit_log(with_key(request, key))
-            .await
-            .unwrap()
-            .into_inner();
-        rows.extend(page.items);
-        if page.next_cursor.is_empty() {
-            break;
-        }
-        cursor = page.next_cursor;
-    }
-    rows
 }
 
 fn rfc3339_before(back: Duration) -> String {

@@ -249,40 +249,6 @@ async fn all_events(channel: &Channel, key: &str) -> Vec<svc::proto::Event> {
     events
 }
 
-/// Every audit row with this action since `since` (PolicyService.AuditLog, paged).
-async fn audit_rows(
-    channel: &Channel,
-    key: &str,
-    action: &str,
-    since: &str,
-) -> Vec<svc::proto::AuditEntry> {
-    let mut client = PolicyServiceClient::new(channel.clone());
-    let mut rows = Vec::new();
-    let mut cursor = String::new();
-    loop {
-        let request = svc::proto::AuditLogRequest {
-            action: action.into(),
-            since: since.into(),
-            page: Some(svc::proto::PageRequest {
-                limit: 1000,
-                cursor: cursor.clone(),
-            }),
-            ..Default::default()
-        };
-        let page = client
-            .audit_log(with_key(request, key))
-            .await
-            .unwrap()
-            .into_inner();
-        rows.extend(page.items);
-        if page.next_cursor.is_empty() {
-            break;
-        }
-        cursor = page.next_cursor;
-    }
-    rows
-}
-
 /// Checks the restarted server against what was acknowledged: `all` for the events (the
 /// whole stream is listed anyway, to check it is dense), `new` (this iteration's) for the
 /// rest, read back one by one and looked up in the audit rows written since `since`.
@@ -305,7 +271,7 @@ async fn check(server: &TestServer, all: &Acknowledged, new: &Acknowledged, sinc
         }
     }
 
-    let writes = audit_rows(&channel, key, "secret.write", since).await;
+    let writes = common::audit_rows_grpc(&channel, key, "secret.write", since).await;
     let audited_versions: HashSet<(String, u64)> = writes
         .iter()
         .filter(|row| row.outcome == "success")
@@ -320,7 +286,7 @@ async fn check(server: &TestServer, all: &Acknowledged, new: &Acknowledged, sinc
             "secret {path} v{version} acknowledged without its audit row"
         );
     }
-    let creates = audit_rows(&channel, key, "apikey.create", since).await;
+    let creates = common::audit_rows_grpc(&channel, key, "apikey.create", since).await;
     let audited_keys: HashSet<&str> = creates.iter().map(|row| row.resource_id.as_str()).collect();
     for id in &new.api_keys {
         assert!(
@@ -424,8 +390,10 @@ async fn acknowledged_writes_survive_repeated_kill_9() {
     let last = Acknowledged::default();
     check(&server, &total, &last, &first_since).await;
     let channel = channel(&server).await;
-    let writes = audit_rows(&channel, &server.admin_key, "secret.write", &first_since).await;
-    let creates = audit_rows(&channel, &server.admin_key, "apikey.create", &first_since).await;
+    let writes =
+        common::audit_rows_grpc(&channel, &server.admin_key, "secret.write", &first_since).await;
+    let creates =
+        common::audit_rows_grpc(&channel, &server.admin_key, "apikey.create", &first_since).await;
     let audited_keys: HashSet<&str> = creates.iter().map(|row| row.resource_id.as_str()).collect();
     assert!(total
         .api_keys

@@ -642,6 +642,40 @@ pub fn lines_until_pong(reader: &mut impl std::io::BufRead) -> Vec<String> {
     lines
 }
 
+/// Every audit row with this action since `since` (PolicyService.AuditLog, paged).
+pub async fn audit_rows_grpc(
+    channel: &tonic::transport::Channel,
+    key: &str,
+    action: &str,
+    since: &str,
+) -> Vec<svc::proto::AuditEntry> {
+    let mut client = svc::proto::policy_service_client::PolicyServiceClient::new(channel.clone());
+    let mut rows = Vec::new();
+    let mut cursor = String::new();
+    loop {
+        let request = svc::proto::AuditLogRequest {
+            action: action.into(),
+            since: since.into(),
+            page: Some(svc::proto::PageRequest {
+                limit: 1000,
+                cursor: cursor.clone(),
+            }),
+            ..Default::default()
+        };
+        let page = client
+            .audit_log(with_key(request, key))
+            .await
+            .unwrap()
+            .into_inner();
+        rows.extend(page.items);
+        if page.next_cursor.is_empty() {
+            break;
+        }
+        cursor = page.next_cursor;
+    }
+    rows
+}
+
 /// A gRPC request carrying `authorization: Bearer KEY`.
 pub fn with_key<T>(message: T, key: &str) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
