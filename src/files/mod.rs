@@ -842,19 +842,45 @@ pub async fn key_principal(store: &dyn crate::store::Store, key_id: &str) -> Res
 pub async fn signed_principal(
     store: &dyn crate::store::Store,
     at_rest: &crate::secrets::crypto::AeadKey,
+    key_ids: &signature::KeyIds,
     signature: &signature::Signature,
     request: &signature::Request<'_>,
 ) -> Result<Principal> {
     let refused = || Error::Unauthenticated("the request's signing key is not an API key".into());
-    let (row, key) = store
-        .list_api_keys()
-        .await?
-        .into_iter()
-        .find_map(|row| {
-            let key = crate::auth::signing_key(at_rest, &row)?;
-            (signature::key_id(&key) == signature.key_id).then_some((row, key))
-        })
-        .ok_or_else(refused)?;
+    let opened = |row: crate::store::ApiKeyRow| {
+        let key = crate::auth::signing_key(at_rest, &row)?;
+        Some((signature::key_id(&key), row, key))
+    };
+    // The row this key id was last seen on, read again (so a deleted key fails at once).
+    let cached = match key_ids.row_of(&signature.key_id) {
+        Some(row_id) => store
+            .get_api_key(&row_id)
+            .await?
+            .and_then(opened)
+            .filter(|(key_id, _, _)| *key_id == signature.key_id),
+        None => None,
+    };
+    let (row, key) = match cached {
+        Some((_, row, key)) => (row, key),
+        None => {
+            // Unknown here: open the rows not opened before (keys made since), noting each.
+            key_ids.forget(&signature.key_id);
+            let mut found = None;
+            for row in store.list_api_keys().await? {
+                if key_ids.has_row(&row.id) {
+                    continue;
+                }
+                let Some((key_id, row, key)) = opened(row) else {
+                    continue;
+                };
+                key_ids.note(&key_id, &row.id);
+                if key_id == signature.key_id {
+                    found = Some((row, key));
+                }
+            }
+            found.ok_or_else(refused)?
+        }
+    };
     signature.verify(&key, request)?;
     row_principal(row)
 }

@@ -27,7 +27,7 @@ use serde::Deserialize;
 use super::Context;
 use crate::auth::Role;
 use crate::bus::{subjects, SENDER_HEADER};
-use crate::files::signature::{self, Nonces, Signature, AUTH_HEADER, SIGNED_HEADERS};
+use crate::files::signature::{self, KeyIds, Nonces, Signature, AUTH_HEADER, SIGNED_HEADERS};
 use crate::files::wire::{
     CHUNK_HEADER, ERROR_HEADER, MANIFEST_HEADER, MORE_HEADER, PRINCIPAL_ID_HEADER,
     PRINCIPAL_ROLE_HEADER,
@@ -71,6 +71,7 @@ pub async fn start(context: Arc<Context>) -> Result<()> {
         true => Nonces::shared(context.domain.store.clone()),
         false => Nonces::default(),
     });
+    let key_ids = Arc::new(KeyIds::default());
     let mut requests = context
         .bus
         .client
@@ -86,9 +87,17 @@ pub async fn start(context: Arc<Context>) -> Result<()> {
             let context = context.clone();
             let files = files.clone();
             let nonces = nonces.clone();
+            let key_ids = key_ids.clone();
             let span = super::request_span("bus", &message.subject, &super::request_id());
             let task = async move {
-                let answer = match answer(&context, &files, trusts_sender, &nonces, &message).await
+                let answer = match answer(
+                    &context,
+                    &files,
+                    trusts_sender,
+                    (&nonces, &key_ids),
+                    &message,
+                )
+                .await
                 {
                     Ok(answer) => answer,
                     Err(error) => {
@@ -156,7 +165,7 @@ async fn answer(
     context: &Context,
     files: &Files,
     trusts_sender: bool,
-    nonces: &Nonces,
+    (nonces, key_ids): (&Nonces, &KeyIds),
     message: &async_nats::Message,
 ) -> Result<(HeaderMap, Bytes)> {
     let mut tokens = message.subject.split('.').skip(2);
@@ -173,7 +182,7 @@ async fn answer(
             .unwrap_or_default();
         crate::files::key_principal(context.domain.store.as_ref(), &user).await?
     } else {
-        signer(context, nonces, message, &headers).await?
+        signer(context, (nonces, key_ids), message, &headers).await?
     };
     let caller = caller(key, &headers)?;
     tracing::Span::current().record("key_id", caller.key.id.as_str());
@@ -282,7 +291,7 @@ fn caller_admits_reads(caller: &Caller) -> Result<()> {
 /// unsigned junk cannot fill the memory).
 async fn signer(
     context: &Context,
-    nonces: &Nonces,
+    (nonces, key_ids): (&Nonces, &KeyIds),
     message: &async_nats::Message,
     headers: &HeaderMap,
 ) -> Result<crate::auth::Principal> {
@@ -306,6 +315,7 @@ async fn signer(
     let key = crate::files::signed_principal(
         context.domain.store.as_ref(),
         at_rest,
+        key_ids,
         &signature,
         &request,
     )
