@@ -7,9 +7,11 @@
 //! a task of the job's own in batches, one transaction each, so a fan-out to 10,000 agents is
 //! a few dozen commits, not 10,000. What is kept is bounded: each result is one row per
 //! targeted agent with its output cut at `jobs.max_output_bytes`, and whole jobs go past the
-//! newest `jobs.keep` or `jobs.max_age` (pruned when a job starts and every few minutes).
+//! newest `jobs.keep` or `jobs.max_age` (pruned beside each job start, off the way of its
+//! command, and every few minutes).
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,6 +37,14 @@ pub struct Retention {
     pub keep: usize,
     pub max_age: Duration,
     pub max_output: usize,
+    /// One prune at a time per server, and one more after it when jobs started meanwhile.
+    pruning: Arc<PruneGate>,
+}
+
+#[derive(Debug, Default)]
+struct PruneGate {
+    running: AtomicBool,
+    again: AtomicBool,
 }
 
 impl From<&JobsConfig> for Retention {
@@ -43,6 +53,7 @@ impl From<&JobsConfig> for Retention {
             keep: config.keep.max(1) as usize,
             max_age: config.max_age.0,
             max_output: config.max_output_bytes as usize,
+            pruning: Arc::default(),
         }
     }
 }
@@ -69,11 +80,9 @@ pub struct NewJob<'a> {
     pub concurrency: usize,
 }
 
-/// Stores a new job's row, after pruning the history so that it stays within `jobs.keep`
-/// with this one. Called before the job's id is handed out, so `job show` finds it at once.
+/// Stores a new job's row, then has the history pruned to `jobs.keep` beside it. Called
+/// before the job's id is handed out, so `job show` finds it at once.
 pub async fn create(domain: &Domain, job: NewJob<'_>) -> Result<()> {
-    let retention = &domain.fleet.retention;
-    prune(domain.store.as_ref(), retention, retention.keep - 1).await;
     let now = clock::now_millis();
     // The longest the job can take: its agents in waves of `concurrency`, each given its
     // timeout and the grace for its answer, and a minute for the rest.
@@ -94,7 +103,34 @@ pub async fn create(domain: &Domain, job: NewJob<'_>) -> Result<()> {
         agents: job.agents as i64,
         counts: "{}".into(),
     };
-    domain.store.fleet().insert_job(&row).await
+    domain.store.fleet().insert_job(&row).await?;
+    prune_beside(domain.store.clone(), &domain.fleet.retention);
+    Ok(())
+}
+
+/// Prunes the history to `jobs.keep` (this job included) in a task of its own, so the job's
+/// command does not wait for a second commit. Starts that come while a prune runs are
+/// served by one more prune after it.
+fn prune_beside(store: Arc<dyn Store>, retention: &Retention) {
+    let gate = retention.pruning.clone();
+    gate.again.store(true, Ordering::SeqCst);
+    if gate.running.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    let retention = retention.clone();
+    tokio::spawn(async move {
+        loop {
+            while gate.again.swap(false, Ordering::SeqCst) {
+                prune(store.as_ref(), &retention, retention.keep).await;
+            }
+            gate.running.store(false, Ordering::SeqCst);
+            // A start between the last swap and the store above found a prune running and
+            // left it to this one: take it unless another task already has.
+            if !gate.again.load(Ordering::SeqCst) || gate.running.swap(true, Ordering::SeqCst) {
+                break;
+            }
+        }
+    });
 }
 
 /// Deletes jobs past the newest `keep` or older than `jobs.max_age`; failures are logged (a
