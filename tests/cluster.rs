@@ -505,6 +505,47 @@ fn exec_through_any_member_reaches_agents_and_a_quarantine_is_seen_everywhere() 
         "role=web",
     );
     both_answer_hi(&members, 1, Duration::from_secs(10), "");
+    // A job started through m1 with --async is shown, results and all, by m2 and m3: the
+    // history is in the shared store.
+    let started = svcctl(
+        &members,
+        0,
+        &[
+            "-o", "json", "exec", "--async", "--target", "role=web", "--", "echo", "later",
+        ],
+    );
+    assert_eq!(started.code, 0, "{started:?}");
+    let job_id = serde_json::from_str::<serde_json::Value>(&started.stdout).unwrap()["job_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for i in [1, 2] {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let shown = svcctl(&members, i, &["-o", "json", "job", "show", &job_id]);
+            let lines: Vec<serde_json::Value> = shown
+                .stdout
+                .lines()
+                .filter_map(|l| serde_json::from_str(l).ok())
+                .collect();
+            let finished = lines
+                .first()
+                .is_some_and(|l| l["job"]["status"] == "finished");
+            if shown.code == 0 && finished {
+                let results: Vec<_> = lines
+                    .iter()
+                    .filter(|l| l.get("agent_id").is_some())
+                    .collect();
+                assert_eq!(results.len(), 2, "member {i}: {shown:?}");
+                for result in results {
+                    assert_eq!(result["stdout"], "later\n", "member {i}: {result}");
+                }
+                break;
+            }
+            assert!(Instant::now() < deadline, "member {i}: {shown:?}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
     // A plan past what a command carries: stored in the shared JetStream store by m2, its
     // chunks fetched by each agent from whichever member answers. Checked, not applied: both
     // agents run on this one host.

@@ -283,7 +283,10 @@ mod tests {
         assert!(key_ids.has_row("row-1") && key_ids.has_row("row-2"));
         key_ids.forget("k1");
         assert_eq!(key_ids.row_of("k1"), None);
-        assert!(!key_ids.has_row("row-1"), "a forgotten row is opened again on the next scan");
+        assert!(
+            !key_ids.has_row("row-1"),
+            "a forgotten row is opened again on the next scan"
+        );
         assert!(key_ids.has_row("row-2"));
     }
 
