@@ -99,7 +99,14 @@ async fn run(config: AgentConfig) -> Result<(), CliError> {
     }
     // Every result and heartbeat is signed with the certificate's key: the server drops
     // what does not verify (`fleet::agent_signature`).
-    let signer = Arc::new(AgentSigner::open(state_dir).map_err(failed)?);
+    let key_path = state_dir.join(super::KEY_FILE);
+    let key_pem = std::fs::read_to_string(&key_path).map_err(|e| {
+        CliError::failed(format!(
+            "cannot read {}: {e} (run svc-agent bootstrap)",
+            key_path.display()
+        ))
+    })?;
+    let signer = Arc::new(AgentSigner::from_pkcs8_pem(&key_pem).map_err(failed)?);
     let runner = Arc::new(if config.agent.executor.trim() == "inline" {
         let seen = state_dir.join("seen-jobs");
         let inline = Executor::open(&config.agent, config.modules.clone(), Some(seen), false)

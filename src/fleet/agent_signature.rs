@@ -21,7 +21,6 @@
 //! dropped since the last, so a flood of forgeries cannot flood the audit chain.
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -61,18 +60,6 @@ impl AgentSigner {
         let key = key_pair_from_pkcs8_pem(pem)
             .map_err(|why| Error::Invalid(format!("key.pem: {why}")))?;
         Ok(AgentSigner { key })
-    }
-
-    /// The signer of the agent whose files are under `state_dir`.
-    pub fn open(state_dir: &Path) -> Result<AgentSigner> {
-        let path = state_dir.join(crate::agent::KEY_FILE);
-        let pem = std::fs::read_to_string(&path).map_err(|e| {
-            Error::Invalid(format!(
-                "cannot read {}: {e} (run svc-agent bootstrap)",
-                path.display()
-            ))
-        })?;
-        AgentSigner::from_pkcs8_pem(&pem)
     }
 
     /// The `Svc-Signature` value for `payload` published on `subject`.
