@@ -863,13 +863,12 @@ pub async fn signed_principal(
     let (row, key) = match cached {
         Some((_, row, key)) => (row, key),
         None => {
-            // Unknown here: open the rows not opened before (keys made since), noting each.
+            // Unknown here (a key made since, or none): open every row, noting each. Every
+            // row, not only those not noted yet: a scan running beside this one may have
+            // noted the row this request needs after this one's lookup missed it.
             key_ids.forget(&signature.key_id);
             let mut found = None;
             for row in store.list_api_keys().await? {
-                if key_ids.has_row(&row.id) {
-                    continue;
-                }
                 let Some((key_id, row, key)) = opened(row) else {
                     continue;
                 };
