@@ -28,6 +28,8 @@ use crate::{clock, Error, Result};
 
 /// Results written in one transaction at most.
 const BATCH: usize = 512;
+/// How long a job's results wait for an unavailable store before they are given up.
+const STORE_PATIENCE: Duration = Duration::from_secs(60);
 /// How often every server prunes the history by age (the count is also kept at each start).
 const PRUNE_EVERY: Duration = Duration::from_secs(300);
 
@@ -224,12 +226,28 @@ async fn write(store: Arc<dyn Store>, job_id: String, mut rows: mpsc::Receiver<J
         }
         let counted = serde_json::to_string(&counts).unwrap_or_else(|_| "{}".into());
         let finished = done.then(clock::now_rfc3339);
-        if let Err(e) = store
-            .fleet()
-            .record_job_results(&job_id, &counted, finished.as_deref(), &batch)
-            .await
-        {
-            tracing::warn!(job_id, error = %e, results = batch.len(), "job results not stored");
+        // A store that is restarting (PostgreSQL's recovery takes seconds) is waited for:
+        // the write is idempotent (results are inserted once per agent, the counts set), so
+        // one that committed before its answer was lost does no harm when tried again.
+        let mut pause = Duration::from_millis(100);
+        let deadline = tokio::time::Instant::now() + STORE_PATIENCE;
+        loop {
+            match store
+                .fleet()
+                .record_job_results(&job_id, &counted, finished.as_deref(), &batch)
+                .await
+            {
+                Ok(()) => break,
+                Err(e) if tokio::time::Instant::now() + pause < deadline => {
+                    tracing::debug!(job_id, error = %e, "job results not stored yet; retrying");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(2));
+                }
+                Err(e) => {
+                    tracing::warn!(job_id, error = %e, results = batch.len(), "job results not stored");
+                    break;
+                }
+            }
         }
         batch.clear();
     }
