@@ -258,7 +258,8 @@ fn calls_past_the_in_flight_cap_get_resource_exhausted_and_other_keys_are_served
         .build()
         .unwrap();
     // One call holds the key's only slot: a unary call whose message never comes (the
-    // server waits for it; the slot is held until the answer).
+    // server waits for it; the slot is held until the answer). Refused while one of the
+    // probes below holds the slot, it tries again.
     let address = format!("http://{}", server.grpc);
     let held_key = greedy.clone();
     let held = runtime.spawn(async move {
@@ -267,14 +268,23 @@ fn calls_past_the_in_flight_cap_get_resource_exhausted_and_other_keys_are_served
             .connect()
             .await
             .unwrap();
-        let mut grpc = tonic::client::Grpc::new(channel);
-        grpc.ready().await.unwrap();
-        let never = futures_util::stream::pending::<Vec<u8>>();
-        let request = with_key(never, &held_key);
-        let path = http::uri::PathAndQuery::from_static("/svc.v1.FleetService/ListAgents");
-        grpc.client_streaming(request, path, common::raw_grpc::RawCodec)
-            .await
-            .map(drop)
+        loop {
+            let mut grpc = tonic::client::Grpc::new(channel.clone());
+            grpc.ready().await.unwrap();
+            let never = futures_util::stream::pending::<Vec<u8>>();
+            let request = with_key(never, &held_key);
+            let path = http::uri::PathAndQuery::from_static("/svc.v1.FleetService/ListAgents");
+            let ended = grpc
+                .client_streaming(request, path, common::raw_grpc::RawCodec)
+                .await
+                .map(drop);
+            match ended {
+                Err(status) if status.code() == tonic::Code::ResourceExhausted => {
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                ended => return ended,
+            }
+        }
     });
     let deadline = Instant::now() + Duration::from_secs(10);
     let refused = loop {
