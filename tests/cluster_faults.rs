@@ -561,7 +561,14 @@ impl World {
             }
             let channel = self.runtime.block_on(async { channel_to(*grpc) });
             // Events: every acknowledged one listed; no writer's event twice.
-            let events = self.runtime.block_on(all_events(&channel, &admin));
+            let events = self.runtime.block_on(common::events_grpc(
+                &channel,
+                &admin,
+                Some(svc::proto::EventFilter {
+                    types: vec![EVENT_TYPE.into()],
+                    ..Default::default()
+                }),
+            ));
             let mut sources: HashMap<&str, usize> = HashMap::new();
             let mut ids = HashSet::new();
             for event in &events {
@@ -787,36 +794,6 @@ impl World {
         );
         self.count("secret versions scanned for duplicates", read);
     }
-}
-
-/// Every stored event (EventService.List, paged).
-async fn all_events(channel: &Channel, key: &str) -> Vec<svc::proto::Event> {
-    let mut client = EventServiceClient::new(channel.clone());
-    let mut events = Vec::new();
-    let mut cursor = String::new();
-    loop {
-        let request = svc::proto::ListEventsRequest {
-            filter: Some(svc::proto::EventFilter {
-                types: vec![EVENT_TYPE.into()],
-                ..Default::default()
-            }),
-            page: Some(svc::proto::PageRequest {
-                limit: 1000,
-                cursor: cursor.clone(),
-            }),
-        };
-        let page = client
-            .list(with_key(request, key))
-            .await
-            .unwrap()
-            .into_inner();
-        events.extend(page.items);
-        if page.next_cursor.is_empty() {
-            break;
-        }
-        cursor = page.next_cursor;
-    }
-    events
 }
 
 /// The index of the NATS node that leads the `SVC_EVENTS` stream (`$JS.API.STREAM.INFO`).

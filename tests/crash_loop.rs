@@ -221,41 +221,13 @@ async fn load(
     failed
 }
 
-/// Every stored event, in sequence order (EventService.List, paged).
-async fn all_events(channel: &Channel, key: &str) -> Vec<svc::proto::Event> {
-    let mut client = EventServiceClient::new(channel.clone());
-    let mut events = Vec::new();
-    let mut cursor = String::new();
-    loop {
-        let request = svc::proto::ListEventsRequest {
-            filter: None,
-            page: Some(svc::proto::PageRequest {
-                limit: 1000,
-                cursor: cursor.clone(),
-            }),
-        };
-        let page = client
-            .list(with_key(request, key))
-            .await
-            .unwrap()
-            .into_inner();
-        events.extend(page.items);
-        if page.next_cursor.is_empty() {
-            break;
-        }
-        cursor = page.next_cursor;
-    }
-    events.sort_by_key(|event| event.seq);
-    events
-}
-
 /// Checks the restarted server against what was acknowledged: `all` for the events (the
 /// whole stream is listed anyway, to check it is dense), `new` (this iteration's) for the
 /// rest, read back one by one and looked up in the audit rows written since `since`.
 async fn check(server: &TestServer, all: &Acknowledged, new: &Acknowledged, since: &str) {
     let channel = channel(server).await;
     let key = &server.admin_key;
-    let events = all_events(&channel, key).await;
+    let events = common::events_grpc(&channel, key, None).await;
     let seqs: Vec<u64> = events.iter().map(|event| event.seq).collect();
     let dense: Vec<u64> = (1..=events.len() as u64).collect();
     assert_eq!(seqs, dense, "event sequences are not dense");

@@ -676,6 +676,37 @@ pub async fn audit_rows_grpc(
     rows
 }
 
+/// Every stored event matching `filter`, in sequence order (EventService.List, paged).
+pub async fn events_grpc(
+    channel: &tonic::transport::Channel,
+    key: &str,
+    filter: Option<svc::proto::EventFilter>,
+) -> Vec<svc::proto::Event> {
+    let mut client = svc::proto::event_service_client::EventServiceClient::new(channel.clone());
+    let mut events = Vec::new();
+    let mut cursor = String::new();
+    loop {
+        let request = svc::proto::ListEventsRequest {
+            filter: filter.clone(),
+            page: Some(svc::proto::PageRequest {
+                limit: 1000,
+                cursor: cursor.clone(),
+            }),
+        };
+        let page = client
+            .list(with_key(request, key))
+            .await
+            .unwrap()
+            .into_inner();
+        events.extend(page.items);
+        if page.next_cursor.is_empty() {
+            break;
+        }
+        cursor = page.next_cursor;
+    }
+    events
+}
+
 /// A gRPC request carrying `authorization: Bearer KEY`.
 pub fn with_key<T>(message: T, key: &str) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
