@@ -61,6 +61,18 @@ fn write_bus(context: &Context, out: &mut Exposition) {
         "New bus connections closed after waiting the login deadline for a login slot.",
         timed_out,
     );
+    single(
+        "svc_bus_publish_throttled_total",
+        "counter",
+        "Times a client connection waited for its credential's publish rate (bus.publish_rate_per_key).",
+        throttled,
+    );
+    single(
+        "svc_bus_slow_consumers_total",
+        "counter",
+        "Clients disconnected for not reading fast enough.",
+        slow,
+    );
     out.family(
         "svc_bus_logins_total",
         "counter",
@@ -75,22 +87,6 @@ fn write_bus(context: &Context, out: &mut Exposition) {
         "svc_bus_logins_total",
         &[("outcome", "refused")],
         refused as f64,
-    );
-    let mut single = |name: &str, kind: &str, help: &str, value: u64| {
-        out.family(name, kind, help);
-        out.sample(name, &[], value as f64);
-    };
-    single(
-        "svc_bus_publish_throttled_total",
-        "counter",
-        "Times a client connection waited for its credential's publish rate (bus.publish_rate_per_key).",
-        throttled,
-    );
-    single(
-        "svc_bus_slow_consumers_total",
-        "counter",
-        "Clients disconnected for not reading fast enough.",
-        slow,
     );
     out.family(
         "svc_bus_messages_total",
