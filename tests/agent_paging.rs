@@ -109,7 +109,7 @@ fn a_big_fleet_pages_through_rest_grpc_and_the_cli_and_metrics_move() {
         let (mut reader, mut write) = runtime.block_on(async {
             let (mut reader, mut write) = login(&identity, bus, source_address(n)).await.unwrap();
             let mut hello = format!("SUB svc.agent.{}.cmd 1\r\n", identity.id).into_bytes();
-            hello.extend(heartbeat(&identity.id, Some(Default::default())));
+            hello.extend(heartbeat(&identity, Some(Default::default())));
             hello.extend_from_slice(b"PING\r\n");
             write.write_all(&hello).await.unwrap();
             until_pong(&mut reader, &mut write).await.unwrap();
@@ -120,12 +120,13 @@ fn a_big_fleet_pages_through_rest_grpc_and_the_cli_and_metrics_move() {
         });
         let silence = silence.clone();
         runtime.spawn(async move {
+            let identity = identity;
             loop {
                 tokio::time::sleep(Duration::from_millis(250)).await;
                 if n == SILENT && silence.load(Ordering::Relaxed) {
                     continue;
                 }
-                if write.write_all(&heartbeat(&id(n), None)).await.is_err() {
+                if write.write_all(&heartbeat(&identity, None)).await.is_err() {
                     break;
                 }
             }

@@ -87,7 +87,7 @@ async fn come_back(
         match login(&identity, bus, source_address(n)).await {
             Ok((mut reader, mut write)) => {
                 let mut hello = format!("SUB svc.agent.{id}.cmd 1\r\n").into_bytes();
-                hello.extend(heartbeat(id, Some(Default::default())));
+                hello.extend(heartbeat(&identity, Some(Default::default())));
                 hello.extend_from_slice(b"PING\r\n");
                 let confirmed = match write.write_all(&hello).await {
                     Ok(()) => common::login::until_pong(&mut reader, &mut write).await,

@@ -76,44 +76,7 @@ impl Server {
         // The admin key is preset (`svc_` and 40 base62 characters) rather than read back
         // from the file the server would write.
         let key = key.to_string();
-        let log_path = root.path().join("server.log");
-        let log = std::fs::File::create(&log_path).unwrap();
-        // A clean environment: cargo sets SVC_* build variables that the server would read as
-        // configuration.
-        let mut child = Command::new(server_binary())
-            .env_clear()
-            .env("SVC_BOOTSTRAP_API_KEY", &key)
-            .args(["server", "--config"])
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        let addrs_file = data.join("listen-addrs.json");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let addrs: serde_json::Value = loop {
-            if let Some(addrs) = std::fs::read_to_string(&addrs_file)
-                .ok()
-                .and_then(|t| serde_json::from_str(&t).ok())
-            {
-                break addrs;
-            }
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!(
-                    "server exited ({status}): {}",
-                    std::fs::read_to_string(&log_path).unwrap_or_default()
-                );
-            }
-            if Instant::now() >= deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "server did not start: {}",
-                    std::fs::read_to_string(&log_path).unwrap_or_default()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
+        let (child, addrs) = spawn(root.path(), &key);
         let address = |name: &str| addrs[name].as_str().unwrap().to_string();
         Server {
             child,
@@ -126,6 +89,35 @@ impl Server {
         }
     }
 
+    /// Kills the server with SIGKILL (a crash: nothing is flushed or said goodbye) and starts
+    /// it again on the same data dir and the same ports, returning once it listens.
+    #[allow(dead_code)]
+    pub fn kill_and_restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let config = self.root.path().join("server.yaml");
+        let text = std::fs::read_to_string(&config).unwrap();
+        let fixed = format!(
+            "listen: {{ http: {}, grpc: {}, bus: {}, bus_monitor: 127.0.0.1:0 }}",
+            self.http,
+            self.grpc_addr,
+            self.bus.trim_start_matches("nats://")
+        );
+        let text: Vec<String> = text
+            .lines()
+            .map(|line| {
+                if line.starts_with("listen:") {
+                    fixed.clone()
+                } else {
+                    line.to_string()
+                }
+            })
+            .collect();
+        std::fs::write(&config, text.join("\n") + "\n").unwrap();
+        let _ = std::fs::remove_file(data_dir(self.root.path()).join("listen-addrs.json"));
+        self.child = spawn(self.root.path(), &self.key).0;
+    }
+
     /// Shuts the server down with SIGTERM, as an operator would, and waits for it.
     #[allow(dead_code)]
     pub fn stop(&mut self) {
@@ -133,6 +125,54 @@ impl Server {
             libc::kill(self.child.id() as i32, libc::SIGTERM);
         }
         let _ = self.child.wait();
+    }
+}
+
+/// Runs the server on `root`'s server.yaml (log to server.log, appended) and waits until it
+/// writes its addresses; panics with its log if it exits or does not get there in time.
+fn spawn(root: &Path, key: &str) -> (Child, serde_json::Value) {
+    let data = data_dir(root);
+    let log_path = root.join("server.log");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .unwrap();
+    // A clean environment: cargo sets SVC_* build variables that the server would read as
+    // configuration.
+    let mut child = Command::new(server_binary())
+        .env_clear()
+        .env("SVC_BOOTSTRAP_API_KEY", key)
+        .args(["server", "--config"])
+        .arg(root.join("server.yaml"))
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let addrs_file = data.join("listen-addrs.json");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(addrs) = std::fs::read_to_string(&addrs_file)
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+        {
+            return (child, addrs);
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!(
+                "server exited ({status}): {}",
+                std::fs::read_to_string(&log_path).unwrap_or_default()
+            );
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "server did not start: {}",
+                std::fs::read_to_string(&log_path).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
@@ -296,8 +336,9 @@ pub fn psk(agent_id: &str) -> String {
     hex::encode(ring::hmac::sign(&key, agent_id.as_bytes()).as_ref())
 }
 
-/// Enrols a real svc-agent of this build as `id` on `server` (its home under the server's
-/// root) and returns the path of its agent.yaml, for `svc agent --config PATH`.
+/// Enrols a real svc-agent as `id` on `server` (its home under the server's root) and returns
+/// the path of its agent.yaml, for `svc agent --config PATH`. The agent is the server's build
+/// ([`server_binary`]), so `SVC_BENCH_SERVER` measures both sides of one build.
 #[allow(dead_code)]
 pub fn enrol_real_agent(server: &Server, id: &str) -> PathBuf {
     let home = server.root.path().join(id);
@@ -308,7 +349,7 @@ pub fn enrol_real_agent(server: &Server, id: &str) -> PathBuf {
         format!("agent:\n  state_dir: {}\n", home.join("state").display()),
     )
     .unwrap();
-    let enrolled = Command::new(env!("CARGO_BIN_EXE_svc"))
+    let enrolled = Command::new(server_binary())
         .env_clear()
         .args(["agent", "--config"])
         .arg(&config)
@@ -325,7 +366,7 @@ pub fn enrol_real_agent(server: &Server, id: &str) -> PathBuf {
 #[allow(dead_code)]
 pub fn spawn_real_agent(server: &Server, id: &str) -> std::process::Child {
     let config = enrol_real_agent(server, id);
-    Command::new(env!("CARGO_BIN_EXE_svc"))
+    Command::new(server_binary())
         .env_clear()
         .args(["agent", "--config"])
         .arg(&config)

@@ -18,7 +18,52 @@ pub struct Identity {
     pub id: String,
     pub cert_pem: String,
     pub key: EcdsaKeyPair,
+    /// The same key as PKCS#8 PEM (svc-agent's key.pem), to save and load an enrolment.
+    pub key_pem: String,
+    /// Signs its heartbeats and results, as svc-agent does (it enrols as a signing agent).
+    pub signer: svc::fleet::agent_signature::AgentSigner,
     pub command_key: String,
+}
+
+impl Identity {
+    /// An enrolment saved before: what `svc-agent bootstrap` leaves in its state dir.
+    pub fn load(id: String, cert_pem: String, key_pem: String, command_key: String) -> Identity {
+        let der = rcgen::KeyPair::from_pem(&key_pem).unwrap().serialize_der();
+        let key = EcdsaKeyPair::from_pkcs8(
+            &ring::signature::ECDSA_P256_SHA256_ASN1_SIGNING,
+            &der,
+            &ring::rand::SystemRandom::new(),
+        )
+        .unwrap();
+        let signer = svc::fleet::agent_signature::AgentSigner::from_pkcs8_pem(&key_pem).unwrap();
+        Identity {
+            id,
+            cert_pem,
+            key,
+            key_pem,
+            signer,
+            command_key,
+        }
+    }
+
+    /// `HPUB svc.agent.<id>.<kind>` of `body`, signed as the agent signs what it publishes.
+    pub fn publish(&self, kind: &str, body: &[u8]) -> Vec<u8> {
+        let subject = format!("svc.agent.{}.{kind}", self.id);
+        let signature = self.signer.sign(&subject, body).unwrap();
+        let headers = format!(
+            "NATS/1.0\r\n{}: {signature}\r\n\r\n",
+            svc::fleet::signature::HEADER
+        );
+        let mut out = format!(
+            "HPUB {subject} {} {}\r\n{headers}",
+            headers.len(),
+            headers.len() + body.len()
+        )
+        .into_bytes();
+        out.extend_from_slice(body);
+        out.extend_from_slice(b"\r\n");
+        out
+    }
 }
 
 /// Enrols agents `range` (ids `sim-00000`...) over `svc.enroll` with the label `sim=GROUP`, 32
@@ -53,7 +98,7 @@ pub async fn enrol(
                     labels: [("sim".to_string(), group.to_string())].into(),
                     token: None,
                     bus_nkey: None,
-                    signs_messages: false,
+                    signs_messages: true,
                 };
                 let reply = client
                     .request("svc.enroll", serde_json::to_vec(&request).unwrap().into())
@@ -70,18 +115,12 @@ pub async fn enrol(
                     !answer.command_key.is_empty(),
                     "the server sent {id} no command key: it would refuse every command"
                 );
-                let key = EcdsaKeyPair::from_pkcs8(
-                    &ring::signature::ECDSA_P256_SHA256_ASN1_SIGNING,
-                    &key.serialize_der(),
-                    &ring::rand::SystemRandom::new(),
-                )
-                .unwrap();
-                Arc::new(Identity {
+                Arc::new(Identity::load(
                     id,
-                    cert_pem: answer.certificate,
-                    key,
-                    command_key: answer.command_key,
-                })
+                    answer.certificate,
+                    key.serialize_pem(),
+                    answer.command_key,
+                ))
             }
         })
         .buffer_unordered(32)
@@ -187,20 +226,17 @@ async fn login_unbounded(
     Ok((reader, write))
 }
 
-/// `PUB svc.agent.<id>.heartbeat`, as the agent sends it: its first heartbeat carries the
-/// host's facts, later ones do not.
-pub fn heartbeat(id: &str, facts: Option<svc::facts::Facts>) -> Vec<u8> {
+/// `HPUB svc.agent.<id>.heartbeat`, as the agent sends it: signed, stamped with its send
+/// time; its first heartbeat carries the host's facts, later ones do not.
+pub fn heartbeat(identity: &Identity, facts: Option<svc::facts::Facts>) -> Vec<u8> {
     let body = serde_json::to_vec(&svc::fleet::protocol::Heartbeat {
         version: "sim".into(),
-        hostname: id.to_string(),
+        hostname: identity.id.clone(),
         running_jobs: 0,
         facts,
         command_keys: None,
-        sent_at_ms: None,
+        sent_at_ms: Some(svc::clock::now_millis() as u64),
     })
     .unwrap();
-    let mut out = format!("PUB svc.agent.{id}.heartbeat {}\r\n", body.len()).into_bytes();
-    out.extend_from_slice(&body);
-    out.extend_from_slice(b"\r\n");
-    out
+    identity.publish("heartbeat", &body)
 }

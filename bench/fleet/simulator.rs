@@ -1,0 +1,377 @@
+//! A fleet simulator process: the bench runs itself again with [`ENV`] set to a [`Plan`], and
+//! the child becomes `count` simulated agents, each its own bus connection from its own
+//! loopback address, behaving on the wire as svc-agent does:
+//!
+//! - it enrols over `svc.enroll` with its PSK and a CSR of its own key, as a signing agent,
+//!   and saves the enrolment (a later process, or the bus floor's, loads it instead);
+//! - it logs in as svc-agent does (certificate in `jwt`, signature of the INFO nonce in
+//!   `pass`), subscribes to `svc.agent.<id>.cmd` and sends its first heartbeat (with the
+//!   host's facts), then one at the agent's default interval, each signed and stamped;
+//! - it checks every command (`HMSG`, the server's `Svc-Signature`) with the library's own
+//!   `Verifier` and `SeenJobs`, as the agent's executor does, and answers with a signed
+//!   result: an exec with exit 0 and "ok" (nothing is run), a state with no change, a refused
+//!   command with the reason;
+//! - when its connection is lost it logs in again after the agent's own jittered backoff
+//!   (`svc::agent::reconnect_delay`), forever: a simulated agent never gives up.
+//!
+//! Processes of their own keep each one under the machine's 20,000 open files and make the
+//! simulator's CPU visible apart from the server's. The child reports on stdout, one line
+//! every 200 ms (`status CONNECTED LOGINS ANSWERED REFUSED LOST`), after one line when its
+//! agents are enrolled or loaded (`enrolled COUNT SECONDS`). Its agents log in when the parent
+//! writes `connect` on its stdin; it exits when its stdin closes, so a bench that dies leaves
+//! no simulator behind.
+
+use std::io::{BufRead, Write};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use svc::fleet::protocol::{
+    Command as AgentCommand, ExecOutcome, Reply, ReplyOutcome, StateOutcome, Work,
+};
+use svc::fleet::signature::{SeenJobs, Verifier};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+
+use crate::login::{enrol, heartbeat, login, source_address, until_pong, Identity};
+
+/// The environment variable that makes the bench binary a simulator, holding its plan (JSON).
+pub const ENV: &str = "SVC_FLEET_SIMULATOR";
+
+/// What one simulator process does.
+#[derive(Serialize, Deserialize, Clone)]
+pub struct Plan {
+    pub bus: SocketAddr,
+    /// Agents `first..first + count` (ids `sim-NNNNN`, source addresses from 127.1.0.1).
+    pub first: usize,
+    pub count: usize,
+    /// The label `sim=GROUP` they enrol with.
+    pub group: String,
+    /// Their enrolments (JSON lines): read when present, else enrolled and written.
+    pub saved: PathBuf,
+    /// The certificate of the command key to trust instead of the one enrolment gave (the
+    /// bus floor signs with a key of its own).
+    pub command_key: Option<String>,
+    pub heartbeat_ms: u64,
+    /// The source addresses start this many agents later, so that two simulators of the same
+    /// agents (one on the server, one on the floor's broker) do not share addresses.
+    pub source_offset: usize,
+}
+
+/// One saved enrolment: what svc-agent bootstrap leaves in its state dir.
+#[derive(Serialize, Deserialize)]
+struct Saved {
+    id: String,
+    certificate: String,
+    key: String,
+    command_key: String,
+}
+
+#[derive(Default)]
+struct Counts {
+    connected: AtomicUsize,
+    logins: AtomicUsize,
+    answered: AtomicUsize,
+    refused: AtomicUsize,
+    lost: AtomicUsize,
+}
+
+/// The child's main: never returns.
+pub fn main(plan: &str) -> ! {
+    let plan: Plan = serde_json::from_str(plan).expect("a simulator plan");
+    // The parent says `connect` when the agents may log in, and closes stdin when it is done
+    // (or dies): then the simulator exits.
+    let go = Arc::new(tokio::sync::Notify::new());
+    let told = go.clone();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lock().lines() {
+            match line.as_deref() {
+                Ok("connect") => told.notify_one(),
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        std::process::exit(0);
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(run(plan, go));
+    unreachable!("the simulator runs until its stdin closes")
+}
+
+async fn run(plan: Plan, go: Arc<tokio::sync::Notify>) {
+    let started = Instant::now();
+    let identities = match std::fs::read_to_string(&plan.saved) {
+        Ok(text) => text
+            .lines()
+            .map(|line| {
+                let saved: Saved = serde_json::from_str(line).unwrap();
+                Arc::new(Identity::load(
+                    saved.id,
+                    saved.certificate,
+                    saved.key,
+                    saved.command_key,
+                ))
+            })
+            .collect::<Vec<_>>(),
+        Err(_) => {
+            let bus = plan.bus.to_string();
+            let range = plan.first..plan.first + plan.count;
+            let identities = enrol(&bus, range, &plan.group, crate::common::psk).await;
+            let mut file = std::fs::File::create(&plan.saved).unwrap();
+            for identity in &identities {
+                let saved = Saved {
+                    id: identity.id.clone(),
+                    certificate: identity.cert_pem.clone(),
+                    key: identity.key_pem.clone(),
+                    command_key: identity.command_key.clone(),
+                };
+                writeln!(file, "{}", serde_json::to_string(&saved).unwrap()).unwrap();
+            }
+            identities
+        }
+    };
+    say(&format!(
+        "enrolled {} {:.3}",
+        identities.len(),
+        started.elapsed().as_secs_f64()
+    ));
+    go.notified().await;
+    let counts = Arc::new(Counts::default());
+    let facts = Arc::new(svc::facts::collect());
+    let interval = Duration::from_millis(plan.heartbeat_ms);
+    // At most 200 first logins in flight per process, as a real fleet's hosts start at
+    // different moments; reconnections after a loss are paced by the agents' backoff alone.
+    let first_logins = Arc::new(tokio::sync::Semaphore::new(200));
+    for (n, identity) in identities.into_iter().enumerate() {
+        // Enrolment answers in any order: the agent's number is in its id.
+        let number: usize = identity.id.trim_start_matches("sim-").parse().unwrap_or(n);
+        let agent = Agent {
+            bus: plan.bus,
+            source: source_address(number + plan.source_offset),
+            command_key: plan
+                .command_key
+                .clone()
+                .unwrap_or_else(|| identity.command_key.clone()),
+            phase: interval.mul_f64((number % 1000) as f64 / 1000.0),
+            interval,
+            facts: facts.clone(),
+            identity,
+            counts: counts.clone(),
+        };
+        tokio::spawn(agent.live(first_logins.clone()));
+    }
+    loop {
+        say(&format!(
+            "status {} {} {} {} {}",
+            counts.connected.load(Ordering::Relaxed),
+            counts.logins.load(Ordering::Relaxed),
+            counts.answered.load(Ordering::Relaxed),
+            counts.refused.load(Ordering::Relaxed),
+            counts.lost.load(Ordering::Relaxed),
+        ));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+struct Agent {
+    identity: Arc<Identity>,
+    bus: SocketAddr,
+    source: Ipv4Addr,
+    command_key: String,
+    phase: Duration,
+    interval: Duration,
+    facts: Arc<svc::facts::Facts>,
+    counts: Arc<Counts>,
+}
+
+impl Agent {
+    async fn live(self, first_logins: Arc<tokio::sync::Semaphore>) {
+        let id = self.identity.id.clone();
+        let verifier = Verifier::from_certificate_pem(&self.command_key, &id).unwrap();
+        let mut seen = SeenJobs::open(None, svc::clock::now_millis() as u64).unwrap();
+        let mut permit = Some(first_logins.acquire_owned().await.unwrap());
+        let mut attempt = 0;
+        loop {
+            let session = self.session(&verifier, &mut seen, &mut permit).await;
+            permit = None;
+            match session {
+                // It was in and lost the connection: the backoff starts over, as async-nats'
+                // reconnection count does.
+                Ok(()) => attempt = 1,
+                Err(_) => attempt += 1,
+            }
+            tokio::time::sleep(svc::agent::reconnect_delay(attempt)).await;
+        }
+    }
+
+    /// One connection: log in, subscribe, heartbeat and answer until it is lost (Ok) or
+    /// until the login fails (Err).
+    async fn session(
+        &self,
+        verifier: &Verifier,
+        seen: &mut SeenJobs,
+        permit: &mut Option<tokio::sync::OwnedSemaphorePermit>,
+    ) -> std::io::Result<()> {
+        let identity = &self.identity;
+        let id = identity.id.as_str();
+        let (mut reader, mut write) = login(identity, self.bus, self.source).await?;
+        let mut facts = (*self.facts).clone();
+        facts.insert("hostname".into(), id.into());
+        let mut hello = format!("SUB svc.agent.{id}.cmd 1\r\n").into_bytes();
+        hello.extend(heartbeat(identity, Some(facts)));
+        hello.extend_from_slice(b"PING\r\n");
+        write.write_all(&hello).await?;
+        until_pong(&mut reader, &mut write).await?;
+        permit.take();
+        self.counts.connected.fetch_add(1, Ordering::Relaxed);
+        self.counts.logins.fetch_add(1, Ordering::Relaxed);
+        // However it ended (closed, reset, a -ERR), the agent starts over.
+        let _ = self.serve(&mut reader, &mut write, verifier, seen).await;
+        self.counts.connected.fetch_sub(1, Ordering::Relaxed);
+        self.counts.lost.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    async fn serve(
+        &self,
+        reader: &mut tokio::io::BufReader<tokio::net::tcp::OwnedReadHalf>,
+        write: &mut tokio::net::tcp::OwnedWriteHalf,
+        verifier: &Verifier,
+        seen: &mut SeenJobs,
+    ) -> std::io::Result<()> {
+        let identity = &self.identity;
+        let start = tokio::time::Instant::now() + self.phase.max(Duration::from_millis(1));
+        let mut tick = tokio::time::interval_at(start, self.interval);
+        let mut line = String::new();
+        let mut payload = Vec::new();
+        loop {
+            line.clear();
+            tokio::select! {
+                read = reader.read_line(&mut line) => {
+                    if read? == 0 {
+                        return Ok(());
+                    }
+                    let received = Instant::now();
+                    // MSG <subject> <sid> [reply] <size>,
+                    // HMSG <subject> <sid> [reply] <header size> <size>
+                    let words: Vec<&str> = line.split_whitespace().collect();
+                    let number = |i: usize| -> std::io::Result<usize> {
+                        words
+                            .get(i)
+                            .and_then(|w| w.parse().ok())
+                            .ok_or_else(|| std::io::Error::other(format!("bad frame: {line}")))
+                    };
+                    let (header_len, size) = match words.first().copied() {
+                        Some("MSG") => (0, number(words.len() - 1)?),
+                        Some("HMSG") => (number(words.len() - 2)?, number(words.len() - 1)?),
+                        Some("PING") => {
+                            write.write_all(b"PONG\r\n").await?;
+                            continue;
+                        }
+                        Some(other) if other.starts_with("-ERR") => {
+                            return Err(std::io::Error::other(line.trim_end().to_string()));
+                        }
+                        _ => continue,
+                    };
+                    payload.resize(size + 2, 0);
+                    reader.read_exact(&mut payload).await?;
+                    let signature = signature_header(&payload[..header_len]);
+                    let body = &payload[header_len..size];
+                    let Some((reply, refused)) = answer(verifier, seen, body, &signature, received) else {
+                        continue;
+                    };
+                    let counter = if refused { &self.counts.refused } else { &self.counts.answered };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    let body = serde_json::to_vec(&reply).unwrap();
+                    write.write_all(&identity.publish("result", &body)).await?;
+                }
+                _ = tick.tick() => write.write_all(&heartbeat(identity, None)).await?,
+            }
+        }
+    }
+}
+
+/// The `Svc-Signature` header's value in a NATS header block (empty when absent).
+fn signature_header(headers: &[u8]) -> String {
+    String::from_utf8_lossy(headers)
+        .lines()
+        .skip(1) // NATS/1.0
+        .filter_map(|line| line.split_once(':'))
+        .find(|(name, _)| {
+            name.trim()
+                .eq_ignore_ascii_case(svc::fleet::signature::HEADER)
+        })
+        .map(|(_, value)| value.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// The answer to one command, checked as the agent's executor checks it, and whether it was
+/// refused. None when the bytes are not a command at all (the agent ignores those).
+fn answer(
+    verifier: &Verifier,
+    seen: &mut SeenJobs,
+    body: &[u8],
+    signature: &str,
+    received: Instant,
+) -> Option<(Reply, bool)> {
+    let now = svc::clock::now_millis() as u64;
+    let checked = verifier
+        .check(body, signature, now)
+        .and_then(|command| seen.admit(&command, now).map(|()| command));
+    let (job_id, outcome, refused) = match checked {
+        Ok(command) => {
+            let outcome = match command.work {
+                Work::Exec { .. } => ReplyOutcome::Exec(ExecOutcome {
+                    stdout: "ok\n".into(),
+                    ..Default::default()
+                }),
+                Work::State { .. } => ReplyOutcome::State(StateOutcome::default()),
+                Work::Module { .. } => ReplyOutcome::State(StateOutcome {
+                    error: Some("the fleet simulator runs no modules".into()),
+                    ..Default::default()
+                }),
+                // Simulated agents report no command keys, so the server sends them no notice.
+                Work::CommandKeys { .. } => ReplyOutcome::Exec(ExecOutcome {
+                    exit_code: -1,
+                    error: Some("the fleet simulator keeps its command keys".into()),
+                    ..Default::default()
+                }),
+            };
+            (command.job_id, outcome, false)
+        }
+        Err(refused) => {
+            let command: AgentCommand = serde_json::from_slice(body).ok()?;
+            let why = Some(refused.to_string());
+            let outcome = match command.work {
+                Work::Exec { .. } => ReplyOutcome::Exec(ExecOutcome {
+                    exit_code: -1,
+                    error: why,
+                    ..Default::default()
+                }),
+                _ => ReplyOutcome::State(StateOutcome {
+                    error: why,
+                    ..Default::default()
+                }),
+            };
+            (command.job_id, outcome, true)
+        }
+    };
+    let reply = Reply {
+        job_id,
+        duration_ms: received.elapsed().as_millis() as u64,
+        outcome,
+    };
+    Some((reply, refused))
+}
