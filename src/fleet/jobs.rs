@@ -30,6 +30,10 @@ use crate::Result;
 /// work at the timeout and needs a moment to say so.
 pub const ANSWER_GRACE: Duration = Duration::from_secs(5);
 
+/// How many commands a fan-out publishes before it lets the rest of its task (the results'
+/// stream) run.
+const YIELD_EVERY: usize = 64;
+
 /// Jobs waiting for answers, by job id.
 #[derive(Default)]
 pub struct Jobs {
@@ -106,8 +110,24 @@ pub async fn run(
     let mut dispatched = false;
     let mut queue = commands.into_iter();
     let mut in_flight: HashMap<String, Instant> = HashMap::new();
-    loop {
+    let mut published_since_yield = 0;
+    'job: loop {
         while in_flight.len() < limit {
+            // Signing and publishing 10,000 commands takes a good part of a second; the first
+            // agents answer long before the last command is out. Their answers go on at once
+            // (and the caller's stream gets a turn) instead of after the whole dispatch.
+            while let Ok((agent, reply)) = answers.try_recv() {
+                if in_flight.remove(&agent).is_some()
+                    && out.send((agent, Delivery::Answered(reply))).await.is_err()
+                {
+                    break 'job;
+                }
+            }
+            published_since_yield += 1;
+            if published_since_yield >= YIELD_EVERY {
+                published_since_yield = 0;
+                tokio::task::yield_now().await;
+            }
             let Some((agent, command)) = queue.next() else {
                 break;
             };
