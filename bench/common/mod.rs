@@ -95,6 +95,19 @@ impl Server {
     pub fn kill_and_restart(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        self.start_again();
+    }
+
+    /// Stops the server with SIGTERM (a planned restart: it drains) and starts it again on the
+    /// same data dir and ports, returning once it listens.
+    #[allow(dead_code)]
+    pub fn stop_and_restart(&mut self) {
+        self.stop();
+        self.start_again();
+    }
+
+    /// Starts the server again, after it exited, on the same data dir and ports.
+    fn start_again(&mut self) {
         let config = self.root.path().join("server.yaml");
         let text = std::fs::read_to_string(&config).unwrap();
         let fixed = format!(
@@ -116,6 +129,14 @@ impl Server {
         std::fs::write(&config, text.join("\n") + "\n").unwrap();
         let _ = std::fs::remove_file(data_dir(self.root.path()).join("listen-addrs.json"));
         self.child = spawn(self.root.path(), &self.key).0;
+    }
+
+    /// Sends `signal` to the server (SIGUSR2: lame duck).
+    #[allow(dead_code)]
+    pub fn signal(&self, signal: i32) {
+        unsafe {
+            libc::kill(self.child.id() as i32, signal);
+        }
     }
 
     /// Shuts the server down with SIGTERM, as an operator would, and waits for it.
