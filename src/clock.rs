@@ -164,15 +164,32 @@ pub fn format_duration(duration: Duration) -> String {
     format!("{ms}ms")
 }
 
-/// A point in time given as RFC 3339 or as a duration before now (`24h` = a day ago).
+/// A point in time given as RFC 3339 or as a duration before now (`24h` = a day ago). A
+/// duration longer than the clock can count back reads as the earliest point it can.
 pub fn parse_time_or_ago(text: &str) -> Option<i64> {
-    parse_rfc3339(text)
-        .or_else(|| parse_duration(text).map(|ago| now_millis() - ago.as_millis() as i64))
+    parse_rfc3339(text).or_else(|| {
+        let ago = i64::try_from(parse_duration(text)?.as_millis()).unwrap_or(i64::MAX);
+        Some(now_millis().saturating_sub(ago))
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_duration_beyond_the_clock_reads_as_its_start() {
+        for text in [
+            "18446744073709551615ms",
+            "9223372036854775808ms",
+            "30500568904w",
+        ] {
+            let at = parse_time_or_ago(text).unwrap();
+            assert!(at < -9_000_000_000_000_000_000, "{text}: {at}");
+        }
+        let hour_ago = parse_time_or_ago("1h").unwrap();
+        assert!((now_millis() - hour_ago - 3_600_000).abs() < 60_000);
+    }
 
     #[test]
     fn rfc3339_round_trip() {

@@ -269,6 +269,9 @@ fn encode_cursor(id: &str) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(id)
 }
 
+/// The longest agent id a cursor holds, in bytes.
+const CURSOR_MAX_ID: usize = 256;
+
 /// The agent id a cursor resumes after ("" for no cursor).
 fn decode_cursor(cursor: &str) -> Result<String> {
     use base64::Engine;
@@ -284,10 +287,89 @@ fn decode_cursor(cursor: &str) -> Result<String> {
         .decode(cursor)
         .map_err(|_| invalid())?;
     let id = String::from_utf8(bytes).map_err(|_| invalid())?;
-    if id.is_empty() || id.len() > 256 || id.chars().any(char::is_control) {
+    if id.is_empty() || id.len() > CURSOR_MAX_ID || id.chars().any(char::is_control) {
         return Err(invalid());
     }
     Ok(id)
+}
+
+/// A regular expression for the cursors a page gives (for the OpenAPI document): base64url
+/// without padding of 1 to [`CURSOR_MAX_ID`] bytes of printable ASCII, which every agent id is
+/// (the CA takes only ASCII, enrolment only letters, digits, `-` and `_`), with the unused low
+/// bits of the last character zero as the decoder requires. [`decode_cursor`] takes each.
+pub fn cursor_pattern() -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let allowed: Vec<u8> = (0x20..0x7f).collect();
+    let class = |indices: &mut dyn Iterator<Item = u8>| -> String {
+        let mut chars: Vec<u8> = indices.map(|i| ALPHABET[usize::from(i)]).collect();
+        chars.sort_unstable();
+        chars.dedup();
+        let text: String = chars
+            .iter()
+            .map(|&c| {
+                if c == b'-' {
+                    "\\-".to_string()
+                } else {
+                    char::from(c).to_string()
+                }
+            })
+            .collect();
+        format!("[{text}]")
+    };
+    let alternatives = |parts: Vec<String>| format!("({})", parts.join("|"));
+    // After the first byte's six high bits: its two low bits r1. After the second byte's four
+    // high bits h: its four low bits r2. The third byte's two high bits t, then its six low.
+    let first = |r1: u8| class(&mut allowed.iter().filter(|b| *b & 3 == r1).map(|b| b >> 2));
+    let lows = |h: u8| allowed.iter().filter(move |b| *b >> 4 == h).map(|b| b & 15);
+    let highs: Vec<u8> = (0..16).filter(|h| lows(*h).next().is_some()).collect();
+    let last_two = |h: u8| {
+        let parts = (0..4)
+            .filter(|t| allowed.iter().any(|b| b >> 6 == *t))
+            .map(|t| {
+                let third = class(&mut lows(h).map(|r2| r2 << 2 | t));
+                let fourth = class(&mut allowed.iter().filter(|b| *b >> 6 == t).map(|b| b & 63));
+                format!("{third}{fourth}")
+            })
+            .collect();
+        alternatives(parts)
+    };
+    // Second characters grouped by what may follow them, so the expression stays short.
+    let seconds = |r1: u8, rest: &dyn Fn(u8) -> String| -> String {
+        let mut groups: Vec<(String, Vec<u8>)> = Vec::new();
+        for &h in &highs {
+            let follow = rest(h);
+            match groups.iter_mut().find(|(text, _)| *text == follow) {
+                Some((_, hs)) => hs.push(h),
+                None => groups.push((follow, vec![h])),
+            }
+        }
+        let parts = groups
+            .into_iter()
+            .map(|(follow, hs)| format!("{}{follow}", class(&mut hs.iter().map(|h| r1 << 4 | h))))
+            .collect();
+        alternatives(parts)
+    };
+    let unit = |rest: &dyn Fn(u8) -> String| -> String {
+        let parts = (0..4)
+            .filter(|r1| allowed.iter().any(|b| b & 3 == *r1))
+            .map(|r1| format!("{}{}", first(r1), seconds(r1, rest)))
+            .collect();
+        alternatives(parts)
+    };
+    let three = unit(&last_two);
+    let two = unit(&|h| class(&mut lows(h).map(|r2| r2 << 2)));
+    let one = alternatives(
+        (0..4)
+            .filter(|r1| allowed.iter().any(|b| b & 3 == *r1))
+            .map(|r1| format!("{}{}", first(r1), class(&mut std::iter::once(r1 << 4))))
+            .collect(),
+    );
+    let groups = CURSOR_MAX_ID / 3;
+    let (full, extra) = (groups, CURSOR_MAX_ID % 3);
+    // Whole groups, then one or two bytes more, never past the longest id.
+    let with_two = if extra == 2 { full } else { full - 1 };
+    let with_one = if extra >= 1 { full } else { full - 1 };
+    format!("^({three}{{1,{full}}}|{three}{{0,{with_one}}}{one}|{three}{{0,{with_two}}}{two})$")
 }
 
 /// One page of the enrolled agents matching `query`, by id. Reads the store a page at a time
@@ -738,6 +820,57 @@ mod tests {
                 error.to_string().contains("invalid cursor"),
                 "{cursor}: {error}"
             );
+        }
+    }
+
+    /// The document's pattern takes the cursors of printable ASCII ids, and each cursor it
+    /// takes is one `decode_cursor` takes: every string of up to three characters, and longer
+    /// ones at random.
+    #[test]
+    fn the_cursor_pattern_matches_the_decoder() {
+        let pattern = regex::Regex::new(&cursor_pattern()).unwrap();
+        for id in [
+            "web-01",
+            "sim-49999",
+            "a.b_c",
+            " ~",
+            &"x".repeat(256),
+            &"yz".repeat(128),
+        ] {
+            assert!(pattern.is_match(&encode_cursor(id)), "{id}");
+        }
+        for id in ["", &"x".repeat(257), &"x".repeat(258), "\u{7f}", "ü"] {
+            assert!(!pattern.is_match(&encode_cursor(id)), "{id:?}");
+        }
+        let alphabet: Vec<char> =
+            "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_=%"
+                .chars()
+                .collect();
+        let check = |cursor: &str| {
+            let printable =
+                decode_cursor(cursor).is_ok_and(|id| id.bytes().all(|b| (0x20..0x7f).contains(&b)));
+            assert_eq!(pattern.is_match(cursor), printable, "{cursor}");
+        };
+        for a in &alphabet {
+            check(&a.to_string());
+            for b in &alphabet {
+                check(&format!("{a}{b}"));
+                for c in &alphabet {
+                    check(&format!("{a}{b}{c}"));
+                }
+            }
+        }
+        for _ in 0..20_000 {
+            let length = rand::random::<usize>() % 12 + 4;
+            let cursor: String = (0..length)
+                .map(|_| alphabet[rand::random::<usize>() % 64])
+                .collect();
+            check(&cursor);
+            // Printable ids of every length up to the longest, and one past it.
+            let id: String = (0..rand::random::<usize>() % 258 + 1)
+                .map(|_| char::from(rand::random::<u8>() % 95 + 0x20))
+                .collect();
+            check(&encode_cursor(&id));
         }
     }
 

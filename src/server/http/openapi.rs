@@ -7,6 +7,7 @@ use http::{Response, StatusCode};
 use serde_json::{json, Value};
 
 use super::{json_response, Body};
+use crate::events;
 
 fn error_response(description: &str) -> Value {
     json!({"description": description, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}})
@@ -15,6 +16,41 @@ fn error_response(description: &str) -> Value {
 /// A key's name as `auth::keys` accepts it: 1–128 characters after surrounding whitespace is
 /// trimmed, none of them a control character (Unicode Cc).
 const NAME_PATTERN: &str = "^[^\\u0000-\\u001F\\u007F-\\u009F]*[^\\s\\u0000-\\u001F\\u007F-\\u009F][^\\u0000-\\u001F\\u007F-\\u009F]*$";
+
+/// What Rust's `str::trim` removes (Unicode White_Space), for patterns of trimmed values.
+macro_rules! space {
+    () => {
+        "[\\t\\n\\u000B\\u000C\\r \\u0085\\u00A0\\u1680\\u2000-\\u200A\\u2028\\u2029\\u202F\\u205F\\u3000]"
+    };
+}
+
+/// A duration before now as `clock::parse_duration` reads it: digits and an optional unit
+/// (`500ms`, `30s`, `5m`, `24h`, `7d`, `2w`; none: seconds), surrounding white space trimmed.
+/// The digits are as many as fit in 64 bits of milliseconds for every value (longer ones that
+/// still fit are read as well).
+const DURATION_PATTERN: &str = concat!(
+    "^",
+    space!(),
+    "*0*([0-9]{1,19}ms|[0-9]{1,16}s?|[0-9]{1,14}m|[0-9]{1,12}h|[0-9]{1,11}d|[0-9]{1,10}w)",
+    space!(),
+    "*$"
+);
+
+/// A target selector as `fleet::selector::Selector::parse` accepts it: nothing (every agent),
+/// ids and globs (letters, digits, `-`, `_`, `*`, `?`), or `key=value` pairs with a key that
+/// is not blank, comma-separated; white space around items is trimmed.
+const TARGET_PATTERN: &str = concat!(
+    "^",
+    space!(),
+    "*([A-Za-z0-9_*?-]+(",
+    space!(),
+    "*,",
+    space!(),
+    "*[A-Za-z0-9_*?-]+)*)?",
+    space!(),
+    "*$",
+    "|^[^,=]*[^,=\\s][^,=]*=[^,]*(,[^,=]*[^,=\\s][^,=]*=[^,]*)*$"
+);
 
 pub fn document() -> Response<Body> {
     let errors = json!({
@@ -58,35 +94,46 @@ pub fn document() -> Response<Body> {
     let key_ref = json!({"application/json": {"schema": {"$ref": "#/components/schemas/ApiKey"}}});
     let id_parameter =
         json!([{"name": "id", "in": "path", "required": true, "schema": {"type": "string"}}]);
-    let with_params = |shared: &[(&str, &str, &str)], own: &[(&str, &str, &str)]| -> Value {
+    // A query parameter: (name, schema, description). Every route reads an empty value
+    // (`?since=`) as the parameter's absence, except that `flag=` is true.
+    let with_params = |shared: &[(&str, Value, &str)], own: &[(&str, Value, &str)]| -> Value {
         shared
             .iter()
             .chain(own)
-            .map(|(name, kind, description)| {
-                json!({"name": name, "in": "query", "required": false,
-                    "description": description, "schema": {"type": kind}})
+            .map(|(name, schema, description)| {
+                json!({"name": name, "in": "query", "required": false, "allowEmptyValue": true,
+                    "description": description, "schema": schema})
             })
             .collect()
     };
+    let text = json!({"type": "string"});
+    let flag =
+        json!({"type": "boolean", "description": "true or 1, false or 0; an empty value is true"});
+    // A number as `query::Query::number` reads it: any unsigned 64-bit integer (absent: 0).
+    let count = json!({"type": "integer", "minimum": 0, "maximum": u64::MAX});
+    // A point in time as `clock::parse_time_or_ago` reads it.
+    let time = json!({"type": "string", "anyOf": [{"format": "date-time"}, {"pattern": DURATION_PATTERN}]});
+    let one_of = |values: &[&str]| json!({"type": "string", "enum": values});
+    let type_names: Vec<&str> = events::TYPES.iter().map(|t| t.name).collect();
     let event_filters = [
-        ("type", "string", "event types, comma-separated or repeated"),
+        (
+            "type",
+            json!({"type": "array", "items": one_of(&type_names)}),
+            "event types, comma-separated or repeated",
+        ),
         (
             "category",
-            "string",
-            "agent, job, bus, policy, security or system",
+            text.clone(),
+            "agent, job, bus, policy, security or system (another matches no event)",
         ),
-        (
-            "severity",
-            "string",
-            "minimum severity: debug, info, warning, error or critical",
-        ),
+        ("severity", one_of(events::SEVERITIES), "minimum severity"),
         (
             "source",
-            "string",
+            text.clone(),
             "exact source (the agent id for job events)",
         ),
-        ("since", "string", "RFC 3339 or a duration ago (1h)"),
-        ("until", "string", "RFC 3339 or a duration ago"),
+        ("since", time.clone(), "RFC 3339 or a duration ago (1h)"),
+        ("until", time.clone(), "RFC 3339 or a duration ago"),
     ];
     let page = |item: Value| {
         json!({"type": "object", "properties": {"items": {"type": "array", "items": item},
@@ -209,37 +256,62 @@ pub fn document() -> Response<Body> {
                 "responses": with_errors(json!({"200": {"description": "the caller", "content": {"application/json": {"schema": {
                     "type": "object", "properties": {"id": {"type": "string"}, "name": {"type": "string"}, "role": role}}}}}}), &[])}});
     doc["paths"]["/api/v1/events"] = json!({"get": {"summary": "A page of stored events, oldest first (svc-events list)", "security": [{"bearer": []}],
-                "parameters": with_params(&event_filters, &[("limit", "integer", "page size, 1–1000 (0 or absent: 100)"), ("cursor", "string", "the previous page's next_cursor")]),
+                "parameters": with_params(&event_filters, &[("limit", count.clone(), "page size (0 or absent: 100; above 1000: 1000)"), ("cursor", count.clone(), "the previous page's next_cursor")]),
                 "responses": with_errors(json!({"200": {"description": "a page", "content": {"application/json": {"schema": page(json!({"$ref": "#/components/schemas/Event"}))}}}}), &[("422", "bad filter or cursor")])}});
+    // Last-Event-ID (an integer, read only without `after`) is left to the summary: a schema
+    // cannot say that `after` makes the server ignore it.
+    let stream_parameters = with_params(
+        &event_filters,
+        &[
+            (
+                "after",
+                count.clone(),
+                "resume after this sequence (overrides Last-Event-ID); 0: the whole kept history",
+            ),
+            (
+                "follow",
+                flag.clone(),
+                "false: send the history and end (default true)",
+            ),
+        ],
+    );
+    // One server-sent event as a client parses it: an event with its sequence as the id, or
+    // the error that ends the stream. `data` is one line of JSON: an Event, or an Error.
+    let sse_event = json!({"type": "object", "required": ["event", "data"], "properties": {
+            "event": {"type": "string", "enum": ["event", "error"]},
+            "id": {"type": "string", "pattern": "^[0-9]+$", "description": "the event's seq (none on `event: error`)"},
+            "data": {"type": "string", "pattern": "^\\{.*\\}$", "description": "JSON: an Event (`event: event`) or an Error (`event: error`)"},
+            "retry": {"type": "integer"}}});
     doc["paths"]["/api/v1/events/stream"] = json!({"get": {"summary": "Live tail as server-sent events (text/event-stream): `id: SEQ`, `event: event`, `data: Event JSON` per event; history after the resume point, then live. Resumes after `Last-Event-ID` or `after`; without either, starts now. `event: error` ends it on a failure",
                 "security": [{"bearer": []}],
-                "parameters": with_params(&event_filters, &[("after", "integer", "resume after this sequence (overrides Last-Event-ID); 0: the whole kept history"), ("follow", "boolean", "false: send the history and end (default true)")]),
-                "responses": with_errors(json!({"200": {"description": "the event stream", "content": {"text/event-stream": {"schema": {"type": "string"}}}}}), &[("422", "bad filter or resume point")])}});
+                "parameters": stream_parameters,
+                "responses": with_errors(json!({"200": {"description": "the event stream; per OpenAPI 3.0 the schema is one event's (comments, such as the keep-alive every 15 s, and the opening `retry: 2000` carry none)",
+                    "content": {"text/event-stream": {"schema": sse_event}}}}), &[("422", "bad filter or resume point")])}});
     doc["paths"]["/api/v1/events/timeline"] = json!({"get": {"summary": "Events per minute over the last `minutes` minutes (default 60, at most 1440)", "security": [{"bearer": []}],
-                "parameters": with_params(&[], &[("minutes", "integer", "window length in minutes")]),
+                "parameters": with_params(&[], &[("minutes", count.clone(), "window length in minutes (0 or absent: 60; above 1440: 1440)")]),
                 "responses": with_errors(json!({"200": {"description": "counts, oldest first", "content": {"application/json": {"schema": {"type": "object", "properties": {
                     "since": {"type": "string", "format": "date-time"}, "bucket_seconds": {"type": "integer"}, "counts": {"type": "array", "items": {"type": "integer"}}}}}}}}), &[("422", "minutes is not a number")])}});
     doc["paths"]["/api/v1/events/{id}"] = json!({"parameters": id_parameter.clone(),
                 "get": {"summary": "One event by id (ULID) or sequence number", "security": [{"bearer": []}],
                 "responses": with_errors(json!({"200": {"description": "the event", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Event"}}}}}), &[("404", "no such event")])}});
     doc["paths"]["/api/v1/audit"] = json!({"get": {"summary": "The audit log, newest first (svc-audit log)", "security": [{"bearer": []}],
-                "parameters": with_params(&[], &[("since", "string", "RFC 3339 or a duration ago (24h)"), ("until", "string", "RFC 3339 or a duration ago"),
-                    ("user", "string", "key name"), ("action", "string", "e.g. agent.quarantine"), ("resource_type", "string", ""), ("policy_id", "string", ""),
-                    ("min_severity", "string", "low, medium, high or critical"), ("outcome", "string", "success, denied, error or attempt (an attempt whose outcome is not written)"),
-                    ("attempts", "boolean", "also the attempt rows of finished changes (written before each change; hidden by default)"),
-                    ("limit", "integer", "page size (default 50, at most 1000)"), ("cursor", "string", "the previous page's next_cursor")]),
+                "parameters": with_params(&[], &[("since", time.clone(), "RFC 3339 or a duration ago (24h)"), ("until", time.clone(), "RFC 3339 or a duration ago"),
+                    ("user", text.clone(), "key name"), ("action", text.clone(), "e.g. agent.quarantine"), ("resource_type", text.clone(), ""), ("policy_id", text.clone(), ""),
+                    ("min_severity", one_of(crate::audit::policy::SEVERITIES), "minimum severity"), ("outcome", one_of(&crate::audit::OUTCOMES), "attempt: an attempt whose outcome is not written"),
+                    ("attempts", flag.clone(), "also the attempt rows of finished changes (written before each change; hidden by default)"),
+                    ("limit", count.clone(), "page size (0 or absent: 50; above 1000: 1000)"), ("cursor", json!({"type": "integer", "format": "int64"}), "the previous page's next_cursor")]),
                 "responses": with_errors(json!({"200": {"description": "a page", "content": {"application/json": {"schema": page(json!({"$ref": "#/components/schemas/AuditEntry"}))}}}}), &[("422", "bad filter or cursor")])}});
     doc["paths"]["/api/v1/audit/verify"] = json!({"get": {"summary": "Walk the hash chain (svc-audit verify)", "security": [{"bearer": []}],
                 "responses": with_errors(json!({"200": {"description": "the result", "content": {"application/json": {"schema": {"type": "object", "properties": {
                     "ok": {"type": "boolean"}, "rows": {"type": "integer"}, "first_bad": {"type": "string", "nullable": true}, "detail": {"type": "string", "nullable": true}}}}}}}), &[])}});
     doc["paths"]["/api/v1/audit/export"] = json!({"get": {"summary": "Export the log, redacted, in chain order (svc-audit export; admin)", "security": [{"bearer": []}],
-                "parameters": with_params(&[], &[("format", "string", "csv, json or jsonl (default jsonl)"), ("since", "string", "RFC 3339 or a duration ago"), ("until", "string", "RFC 3339 or a duration ago")]),
+                "parameters": with_params(&[], &[("format", one_of(&["csv", "json", "jsonl"]), "default jsonl"), ("since", time.clone(), "RFC 3339 or a duration ago"), ("until", time.clone(), "RFC 3339 or a duration ago")]),
                 "responses": with_errors(json!({"200": {"description": "the rows as an attachment", "content": {"text/csv": {"schema": {"type": "string"}},
                     "application/json": {"schema": {"type": "array", "items": {"$ref": "#/components/schemas/AuditEntry"}}}, "application/jsonl": {"schema": {"type": "string"}}}}}), &[("422", "bad format or time")])}});
     doc["paths"]["/api/v1/agents"] = json!({"get": {"summary": "Enrolled agents with their state, a page at a time (svcctl agent list)", "security": [{"bearer": []}],
-                "parameters": with_params(&[], &[("target", "string", "a selector: *, a glob on ids (web-*), a comma list, or key=value pairs on labels and facts (role=web,os_family=debian; docs/fleet.md)"),
-                    ("state", "string", "only these states, comma-separated: connected, disconnected, pending, quarantined"),
-                    ("limit", "integer", "page size (0 or absent: 500, at most 5000)"), ("cursor", "string", "the previous page's next_cursor")]),
+                "parameters": with_params(&[], &[("target", json!({"type": "string", "pattern": TARGET_PATTERN}), "a selector: *, a glob on ids (web-*), a comma list, or key=value pairs on labels and facts (role=web,os_family=debian; docs/fleet.md)"),
+                    ("state", json!({"type": "array", "items": one_of(&["connected", "disconnected", "pending", "quarantined"])}), "only these states, comma-separated or repeated"),
+                    ("limit", json!({"type": "integer", "minimum": 0, "maximum": crate::fleet::MAX_PAGE}), "page size (0 or absent: 500)"), ("cursor", json!({"type": "string", "pattern": crate::fleet::cursor_pattern()}), "the previous page's next_cursor")]),
                 "responses": with_errors(json!({"200": {"description": "a page of agents by id; next_cursor is null on the last page", "content": {"application/json": {"schema": {"type": "object", "required": ["agents", "next_cursor"], "properties": {
                     "agents": {"type": "array", "items": {"$ref": "#/components/schemas/Agent"}},
                     "next_cursor": {"type": "string", "nullable": true}}}}}}}), &[("422", "bad selector, state, limit or cursor")])}});
@@ -255,17 +327,17 @@ pub fn document() -> Response<Body> {
                 "post": {"summary": "Lift an agent's quarantine (operator); audited as agent.unquarantine, emits agent_unquarantined", "security": [{"bearer": []}],
                 "responses": with_errors(json!({"200": {"description": "the agent", "content": agent_ref}}), &[("404", "no such agent")])}});
     doc["paths"]["/api/v1/jobs"] = json!({"get": {"summary": "Jobs newest first (svcctl job list)", "security": [{"bearer": []}],
-                "parameters": with_params(&[], &[("limit", "integer", "at most this many (default 50, at most 1000)"), ("before", "string", "only jobs older than this job id (the next page)")]),
+                "parameters": with_params(&[], &[("limit", count.clone(), "at most this many (0 or absent: 50; above 1000: 1000)"), ("before", text.clone(), "only jobs older than this job id (the next page)")]),
                 "responses": with_errors(json!({"200": {"description": "jobs", "content": {"application/json": {"schema": {"type": "object", "properties": {
                     "jobs": {"type": "array", "items": {"$ref": "#/components/schemas/Job"}}}}}}}}), &[("422", "bad limit")])}});
     doc["paths"]["/api/v1/jobs/{id}"] = json!({"parameters": id_parameter.clone(),
                 "get": {"summary": "One job with its agents' results by agent id (svcctl job show; operator: results carry output)", "security": [{"bearer": []}],
-                "parameters": with_params(&[], &[("limit", "integer", "results per page (default 100, at most 1000)"), ("after", "string", "the previous page's next_after")]),
+                "parameters": with_params(&[], &[("limit", count.clone(), "results per page (0 or absent: 100; above 1000: 1000)"), ("after", text.clone(), "the previous page's next_after")]),
                 "responses": with_errors(json!({"200": {"description": "the job and a page of results", "content": {"application/json": {"schema": {"type": "object", "properties": {
                     "job": {"$ref": "#/components/schemas/Job"}, "results": {"type": "array", "items": {"type": "object", "description": "as svcctl exec|state -o json prints one agent's result"}},
                     "next_after": {"type": "string", "nullable": true}}}}}}}), &[("404", "no such job (or pruned)"), ("422", "bad limit or job id")])}});
     doc["paths"]["/api/v1/secrets"] = json!({"get": {"summary": "Secret paths and metadata under a prefix, never values (svc-secrets list); audited as secret.list", "security": [{"bearer": []}],
-                "parameters": with_params(&[], &[("prefix", "string", "path prefix"), ("include_deleted", "boolean", "also paths whose current version is deleted")]),
+                "parameters": with_params(&[], &[("prefix", text.clone(), "path prefix"), ("include_deleted", flag.clone(), "also paths whose current version is deleted")]),
                 "responses": with_errors(json!({"200": {"description": "metadata", "content": {"application/json": {"schema": {"type": "object", "properties": {
                     "secrets": {"type": "array", "items": {"$ref": "#/components/schemas/SecretMetadata"}}}}}}}}), &[("422", "bad prefix")])}});
     json_response(StatusCode::OK, &doc)
