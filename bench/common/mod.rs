@@ -66,10 +66,12 @@ impl Server {
             &config,
             format!(
                 "data_dir: {}\nlisten: {{ http: 127.0.0.1:0, grpc: 127.0.0.1:0, bus: 127.0.0.1:0, bus_monitor: 127.0.0.1:0 }}\n\
-                 hmacsecret: {HMAC_SECRET}\nmaster_key: {}\nlog_level: warn\n\
+                 hmacsecret: {HMAC_SECRET}\nmaster_key: {}\nlog_level: \"{}\"\n\
                  rate_limit: {{ requests_per_second: 1000000000, burst: 1000000000, max_in_flight: 4096 }}\n{extra_config}",
                 data.display(),
-                base64::engine::general_purpose::STANDARD.encode(master)
+                base64::engine::general_purpose::STANDARD.encode(master),
+                // SVC_BENCH_LOG: the server's log filter (server.log), e.g. svc::fleet=debug.
+                std::env::var("SVC_BENCH_LOG").unwrap_or_else(|_| "warn".into())
             ),
         )
         .unwrap();
@@ -201,6 +203,14 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // With SVC_BENCH_LOG the log was asked for: it outlives the temporary root.
+        if std::env::var_os("SVC_BENCH_LOG").is_some() {
+            let kept =
+                std::env::temp_dir().join(format!("svc-bench-server-{}.log", self.child.id()));
+            if std::fs::copy(self.root.path().join("server.log"), &kept).is_ok() {
+                eprintln!("server log kept in {}", kept.display());
+            }
+        }
         // A bench that fails mid-run may fail because the server did: say what it logged.
         if std::thread::panicking() {
             let log = std::fs::read_to_string(self.root.path().join("server.log"));

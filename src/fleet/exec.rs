@@ -66,6 +66,7 @@ pub struct Job {
 /// Checks and records an exec request.
 pub async fn prepare(domain: &Domain, principal: &Principal, request: ExecRequest) -> Result<Job> {
     let job_id = ids::ulid();
+    let started = std::time::Instant::now();
     let result = domain
         .auditor
         .gate(
@@ -81,6 +82,7 @@ pub async fn prepare(domain: &Domain, principal: &Principal, request: ExecReques
         detail["agents"] = serde_json::json!(job.targets.reachable.len());
         detail["skipped"] = serde_json::json!(job.targets.skipped.len());
     }
+    let gated = started.elapsed();
     domain
         .auditor
         .record(
@@ -89,6 +91,8 @@ pub async fn prepare(domain: &Domain, principal: &Principal, request: ExecReques
             &result,
         )
         .await;
+    // Where a large fan-out's start goes, for `log_level: svc::fleet=debug`.
+    tracing::debug!(%job_id, gated_ms = gated.as_millis() as u64, recorded_ms = started.elapsed().as_millis() as u64, "exec prepared");
     result
 }
 
@@ -114,7 +118,9 @@ async fn prepare_checked(
         )));
     }
     let timeout = check_timeout(request.timeout)?;
+    let started = std::time::Instant::now();
     let targets = super::targets(domain, &request.target).await?;
+    let resolved = started.elapsed();
     history::create(
         domain,
         history::NewJob {
@@ -130,6 +136,13 @@ async fn prepare_checked(
         },
     )
     .await?;
+    tracing::debug!(
+        job_id,
+        agents = targets.reachable.len(),
+        targets_ms = resolved.as_millis() as u64,
+        history_ms = (started.elapsed() - resolved).as_millis() as u64,
+        "exec targets resolved"
+    );
     Ok(Job {
         job_id: job_id.to_string(),
         command: Command {
@@ -209,9 +222,11 @@ impl Job {
             .iter()
             .map(|id| (id.clone(), self.command.clone()))
             .collect();
+        let started = std::time::Instant::now();
         let signer = crate::identity::command_signer(domain)
             .await
             .map_err(|e| e.to_string());
+        tracing::debug!(job_id = %self.job_id, signer_ms = started.elapsed().as_millis() as u64, "exec dispatching");
         let (sender, mut deliveries) = mpsc::channel(256);
         let dispatch = jobs::run(
             &domain.fleet,

@@ -286,6 +286,36 @@ impl Registry {
             .and_then(|entry| entry.row.facts.clone())
     }
 
+    /// The state of each agent of `rows` (id, labels as stored) that `selector` (not one on
+    /// facts) matches, under one lock and without copying entries; the stored labels are
+    /// parsed only when they differ from the ones cached. Ids the registry does not know come
+    /// back apart: the caller reads those whole.
+    pub fn select(
+        &self,
+        rows: &[(String, String)],
+        selector: &super::selector::Selector,
+    ) -> (Vec<(String, AgentState)>, Vec<String>) {
+        let no_facts = Facts::new();
+        let (mut selected, mut unknown) = (Vec::new(), Vec::new());
+        let agents = self.lock();
+        for (id, labels) in rows {
+            let Some(entry) = agents.get(id) else {
+                unknown.push(id.clone());
+                continue;
+            };
+            let matched = if entry.row.labels == *labels {
+                selector.matches(id, &entry.labels, &no_facts)
+            } else {
+                let stored = serde_json::from_str(labels).unwrap_or_default();
+                selector.matches(id, &stored, &no_facts)
+            };
+            if matched {
+                selected.push((id.clone(), entry.state()));
+            }
+        }
+        (selected, unknown)
+    }
+
     /// Every cached agent, by id.
     pub fn all(&self) -> Vec<Entry> {
         let mut entries: Vec<Entry> = self.lock().values().cloned().collect();

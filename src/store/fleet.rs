@@ -47,6 +47,9 @@ pub struct JobResultRow {
 pub trait FleetStore: Send + Sync {
     /// Every enrolled agent, by id.
     async fn list_agents(&self) -> Result<Vec<AgentRow>>;
+    /// Every enrolled agent's id and labels (JSON object text), by id: what resolving a target
+    /// by id and labels reads.
+    async fn list_agent_labels(&self) -> Result<Vec<(String, String)>>;
     /// One page of enrolled agents by id: those after `after` (all when empty), at most
     /// `limit`; with `quarantined`, only agents whose quarantine flag is that. Keyset paging
     /// on the primary key, so a page costs the same wherever it starts.

@@ -49,6 +49,13 @@ impl FleetStore for PostgresStore {
         .await
     }
 
+    async fn list_agent_labels(&self) -> Result<Vec<(String, String)>> {
+        self.rows("SELECT id, labels FROM agents ORDER BY id", &[], |row| {
+            Ok((row.try_get(0)?, row.try_get(1)?))
+        })
+        .await
+    }
+
     async fn list_agents_page(
         &self,
         after: &str,

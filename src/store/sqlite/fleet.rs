@@ -49,6 +49,14 @@ impl FleetStore for SqliteStore {
         })
     }
 
+    async fn list_agent_labels(&self) -> Result<Vec<(String, String)>> {
+        self.with(|c| {
+            let mut statement = c.prepare_cached("SELECT id, labels FROM agents ORDER BY id")?;
+            let rows = statement.query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?;
+            Ok(rows.collect::<rusqlite::Result<_>>()?)
+        })
+    }
+
     async fn list_agents_page(
         &self,
         after: &str,
