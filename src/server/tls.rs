@@ -96,7 +96,7 @@ pub const HTTP_BUSY: Refusal = Refusal {
 connection: close\r\ncontent-length: 90\r\n\r\n\
 {\"error\":{\"code\":\"unavailable\",\"message\":\"too many connections (limits.max_connections)\"}}",
     over_share: b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
-connection: close\r\ncontent-length: 115\r\n\r\n\
+connection: close\r\ncontent-length: 119\r\n\r\n\
 {\"error\":{\"code\":\"unavailable\",\"message\":\"too many connections from one address (limits.max_connections_per_address)\"}}",
 };
 
