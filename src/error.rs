@@ -3,11 +3,9 @@
 //!
 //! Domain modules return `Error`; svc-server's REST, gRPC and bus replies translate it here,
 //! with exhaustive matches, so a new variant is handled on each or the build fails.
-//! svc-registry answers with the same status and body. Exit codes are not mapped here: the CLIs map the gRPC status
-//! (`program::CliError::from`), the HTTP status (`cli::client::http_json`), `Error` itself
-//! (`From<Error> for CliError` in `cli/cluster.rs`) and, in a few local or bus commands,
-//! errors of their own (docs/ARCHITECTURE.md, "Errors map to HTTP and gRPC in `error.rs`, for
-//! svc-server").
+//! svc-registry answers with the same status and body. Exit codes are mapped once, from `Error::code`, in
+//! `program::exit::of_code` (the CLIs' layer-1 core), which the gRPC and HTTP statuses reach
+//! through the same codes.
 
 use std::time::Duration;
 

@@ -353,10 +353,7 @@ async fn request_certificate(
         .map_err(|e| CliError::failed(format!("malformed enrolment reply: {e}")))?;
     if let Some(error) = value.get("error") {
         let message = error["message"].as_str().unwrap_or("enrolment refused");
-        let code = match error["code"].as_str() {
-            Some("unauthenticated" | "permission_denied") => exit::DENIED,
-            _ => exit::FAILED,
-        };
+        let code = exit::of_code(error["code"].as_str().unwrap_or_default());
         return Err(CliError::new(code, format!("enrolment refused: {message}")));
     }
     serde_json::from_value(value)

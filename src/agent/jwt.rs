@@ -152,9 +152,8 @@ async fn run(config: config::AgentConfig, args: Args) -> std::result::Result<(),
     let issued = request(&client, &agent_id, args.audience, args.ttl)
         .await
         .map_err(|e| match e {
-            Error::Unauthenticated(m) | Error::Forbidden(m) => CliError::new(exit::DENIED, m),
             Error::Unavailable(m) => unreachable(m),
-            other => CliError::failed(other.to_string()),
+            other => CliError::from(other),
         })?;
     if args.output == "json" {
         println!(

@@ -250,19 +250,6 @@ pub fn passphrase(file: &Option<PathBuf>) -> Result<Option<String>, CliError> {
         .filter(|p| !p.is_empty()))
 }
 
-impl From<crate::Error> for CliError {
-    fn from(error: crate::Error) -> Self {
-        use crate::Error;
-        let code = match &error {
-            Error::NotFound(_) => super::exit::NOT_FOUND,
-            Error::Unauthenticated(_) | Error::Forbidden(_) => super::exit::DENIED,
-            Error::Unavailable(_) => super::exit::UNREACHABLE,
-            _ => super::exit::FAILED,
-        };
-        CliError::new(code, error.to_string())
-    }
-}
-
 /// Streams a snapshot from the server into `output` (via `output.partial`, mode 0600,
 /// renamed once complete and synced), encrypting it with `passphrase` if given. Returns the
 /// bytes written.
@@ -555,10 +542,7 @@ async fn verify(common: Common, args: VerifyArgs) -> Result<(), CliError> {
     let verified = local::verify(&args.input, passphrase.as_deref())
         .await
         .map_err(|error| {
-            let code = match error {
-                crate::Error::NotFound(_) => super::exit::NOT_FOUND,
-                _ => super::exit::FAILED,
-            };
+            let code = super::exit::of_error(&error);
             CliError::new(code, format!("{}: invalid: {error}", args.input.display()))
         })?;
     print_verified(&common, &args.input, &verified)

@@ -506,13 +506,7 @@ impl Session {
                 .ok()
                 .and_then(|v| v["error"]["message"].as_str().map(String::from))
                 .unwrap_or_else(|| code.as_str().to_string());
-            let exit_code = match code.as_str() {
-                "not_found" => exit::NOT_FOUND,
-                "unauthenticated" | "permission_denied" => exit::DENIED,
-                "unavailable" => exit::UNREACHABLE,
-                _ => exit::FAILED,
-            };
-            return Err(CliError::new(exit_code, text));
+            return Err(CliError::new(exit::of_code(code.as_str()), text));
         }
         Ok(message)
     }

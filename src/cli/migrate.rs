@@ -247,12 +247,7 @@ fn with_password(url: &str, password: &str) -> String {
 
 /// Exit codes for the engine's errors (contract §1).
 fn engine_error(error: crate::Error) -> CliError {
-    let code = match &error {
-        crate::Error::NotFound(_) => exit::NOT_FOUND,
-        crate::Error::Unavailable(_) => exit::UNREACHABLE,
-        _ => exit::FAILED,
-    };
-    CliError::new(code, message_of(&error))
+    CliError::new(exit::of_error(&error), message_of(&error))
 }
 
 async fn run(output: Output, args: RunArgs) -> Result<(), CliError> {
