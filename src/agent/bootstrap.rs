@@ -30,7 +30,7 @@ use crate::program::{exit, parse_args, run_async, CliError};
 const DEFAULT_STATE_DIR: &str = "/var/lib/svc-agent";
 const ENROL_TIMEOUT: Duration = Duration::from_secs(15);
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Enrol this host with the server: on a terminal a short wizard asks for what is missing;
 /// with --non-interactive every value comes from the flags.
 #[argh(help_triggers("-h", "--help"))]

@@ -69,7 +69,7 @@ pub async fn request(
     serde_json::from_value(answer).map_err(|e| Error::Internal(format!("malformed answer: {e}")))
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Print a JWT-SVID for this agent (spiffe://svc/agent/<id>), asked for over the bus with the
 /// agent's own certificate (reads the agent config: nats.urls, nats.ca_file, state_dir).
 #[argh(help_triggers("-h", "--help"))]

@@ -80,7 +80,7 @@ macro_rules! s3_args {
 }
 
 s3_args! {
-    #[derive(FromArgs)]
+    #[derive(FromArgs, argh::ArgsInfo)]
     /// Take a snapshot through the server (admin key) and upload it as PREFIX + its name;
     /// then delete the oldest snapshots under PREFIX beyond --keep. Scheduled backups are
     /// deferred (not built): run create from cron or a systemd timer.
@@ -99,14 +99,14 @@ s3_args! {
 }
 
 s3_args! {
-    #[derive(FromArgs)]
+    #[derive(FromArgs, argh::ArgsInfo)]
     /// List the snapshots under the prefix: key, size, last modified.
     #[argh(help_triggers("-h", "--help"))]
     struct ListArgs {}
 }
 
 s3_args! {
-    #[derive(FromArgs)]
+    #[derive(FromArgs, argh::ArgsInfo)]
     /// Download a snapshot and restore it offline (as svc-cluster-backup restore).
     #[argh(help_triggers("-h", "--help"))]
     struct RestoreArgs {
@@ -126,7 +126,7 @@ s3_args! {
 }
 
 s3_args! {
-    #[derive(FromArgs)]
+    #[derive(FromArgs, argh::ArgsInfo)]
     /// Download a snapshot and check it completely (as svc-cluster-backup verify).
     #[argh(help_triggers("-h", "--help"))]
     struct VerifyArgs {

@@ -77,7 +77,7 @@ fn run_cluster_backup(program: &str, command: &str, common: Common, args: &[Stri
     }
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Print the block every NATS node of the cluster includes when bus.external_auth is jwt:
 /// the operator JWT, the system account and a memory resolver preloaded with the system and
 /// svc accounts. Runs offline on the store of --config (PostgreSQL in cluster mode), making
@@ -151,7 +151,7 @@ async fn nats_config(common: Common, args: NatsConfigArgs) -> Result<(), CliErro
     Ok(())
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Take a snapshot of the server (admin): the store, the event and audit streams, the policy
 /// files and a manifest, streamed into FILE (written as FILE.partial, renamed when complete).
 /// Scheduled snapshots are deferred (not built). Here --output FILE names the file (as
@@ -171,7 +171,7 @@ struct BackupArgs {
     passphrase_file: Option<PathBuf>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Restore runs offline: use svc-cluster-backup restore.
 #[argh(help_triggers("-h", "--help"))]
 struct OnlineRestoreArgs {
@@ -183,7 +183,7 @@ struct OnlineRestoreArgs {
     force: bool,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Restore a snapshot into the data dir (and store) of --config, offline. A populated target
 /// is refused without --force. A server holding the data dir is stopped through systemd when
 /// it runs as the svc-server unit (and started again afterwards); otherwise the restore is
@@ -205,7 +205,7 @@ struct RestoreArgs {
     passphrase_file: Option<PathBuf>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// List the snapshot files (*.tar.gz, *.svcsnap) in DIR (default: the current directory), with
 /// whether each is valid (hashes and manifest; verify also walks the audit chain). No server.
 #[argh(help_triggers("-h", "--help"))]
@@ -219,7 +219,7 @@ struct ListArgs {
     passphrase_file: Option<PathBuf>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Check a snapshot file completely, no server: the tar structure, every entry's size and
 /// SHA-256 against the manifest, and the audit chain inside the store (its head must be the
 /// manifest's). Exit 1 naming the first problem.

@@ -149,7 +149,7 @@ struct Flags {
 
 macro_rules! files_command {
     ($(#[$meta:meta])* struct $name:ident { $($body:tt)* }) => {
-        #[derive(FromArgs)]
+        #[derive(FromArgs, argh::ArgsInfo)]
         $(#[$meta])*
         #[argh(help_triggers("-h", "--help"))]
         struct $name {

@@ -112,7 +112,7 @@ fn take_output(args: &mut Vec<String>) -> Result<Output, CliError> {
     Ok(output)
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Copy every row of a SQLite store into a PostgreSQL database, table by table (parents
 /// first), in primary-key order, in batches of one transaction each. Ids, timestamps and the
 /// audit hash chain are copied byte for byte. The target's migrations are applied first.
@@ -150,7 +150,7 @@ struct RunArgs {
     batch_rows: u64,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Compare a SQLite store and a PostgreSQL copy: row counts table by table, the audit chain's
 /// head (last seq and hash) and the schema versions. Changes nothing on either side.
 #[argh(
@@ -169,7 +169,7 @@ struct ValidateArgs {
     to: String,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Print this binary's schema version (the last migration it carries) and, with --store, the
 /// version of that store, with a note when they differ. Reads only; migrates nothing.
 #[argh(

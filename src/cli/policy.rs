@@ -63,7 +63,7 @@ fn report(program: &str, result: Result<(), CliError>) -> i32 {
     }
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// List the loaded policies (or policy sets).
 #[argh(help_triggers("-h", "--help"))]
 struct ListArgs {
@@ -72,7 +72,7 @@ struct ListArgs {
     policy_sets: bool,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Show one policy (its YAML), or a policy set's members with --policy-set.
 #[argh(help_triggers("-h", "--help"))]
 struct ShowArgs {
@@ -84,7 +84,7 @@ struct ShowArgs {
     policy_set: bool,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Policies are files in the server's policy_dir in v0.1: the server answers Unimplemented.
 #[argh(help_triggers("-h", "--help"))]
 struct ChangeArgs {
@@ -93,7 +93,7 @@ struct ChangeArgs {
     target: String,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Evaluate a policy file for one action, offline. Prints the decision; exits 1 on deny.
 #[argh(help_triggers("-h", "--help"))]
 struct EvalArgs {
@@ -111,7 +111,7 @@ struct EvalArgs {
     resource: String,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Validate a policy file offline; errors point at the line.
 #[argh(help_triggers("-h", "--help"))]
 struct ValidateArgs {
