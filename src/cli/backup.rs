@@ -29,6 +29,18 @@ fn run(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
     }
 }
 
+/// Each command's argh definition, by the word `run` dispatches on (`cli::args_info`).
+pub fn command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
+    use argh::ArgsInfo;
+    Some(match command {
+        "create" => CreateArgs::get_args_info(),
+        "list" => ListArgs::get_args_info(),
+        "restore" => RestoreArgs::get_args_info(),
+        "verify" => VerifyArgs::get_args_info(),
+        _ => return None,
+    })
+}
+
 /// The object store flags every command takes, and the client they make.
 macro_rules! s3_args {
     ($(#[$meta:meta])* struct $name:ident { $($field:tt)* }) => {

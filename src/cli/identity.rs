@@ -33,6 +33,20 @@ fn run(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
     }
 }
 
+/// Each command's argh definition, by the word `run` dispatches on (`cli::args_info`).
+pub fn command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
+    use argh::ArgsInfo;
+    Some(match command {
+        "ca" => CaArgs::get_args_info(),
+        "command-key" => CommandKeyArgs::get_args_info(),
+        "status" => StatusArgs::get_args_info(),
+        "psk" => PskArgs::get_args_info(),
+        "jwt" => JwtArgs::get_args_info(),
+        "token" => TokenArgs::get_args_info(),
+        _ => return None,
+    })
+}
+
 #[derive(FromArgs, argh::ArgsInfo)]
 /// The embedded CA: show, rotate the signing CA, export the public chain, back up the keys.
 #[argh(help_triggers("-h", "--help"))]

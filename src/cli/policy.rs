@@ -53,6 +53,21 @@ fn run(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
     }
 }
 
+/// Each command's argh definition, by the word `run` dispatches on (`cli::args_info`).
+pub fn command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
+    use argh::ArgsInfo;
+    Some(match command {
+        "list" => ListArgs::get_args_info(),
+        "show" => ShowArgs::get_args_info(),
+        "compliance" => WindowArgs::get_args_info(),
+        "violations" => LogArgs::get_args_info(),
+        "create" | "update" | "delete" => ChangeArgs::get_args_info(),
+        "eval" => EvalArgs::get_args_info(),
+        "validate" => ValidateArgs::get_args_info(),
+        _ => return None,
+    })
+}
+
 fn report(program: &str, result: Result<(), CliError>) -> i32 {
     match result {
         Ok(()) => exit::OK,

@@ -40,6 +40,21 @@ fn run(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
     }
 }
 
+/// Each command's argh definition, by the word `run` dispatches on (`cli::args_info`).
+pub fn command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
+    use argh::ArgsInfo;
+    Some(match command {
+        "list" => ListArgs::get_args_info(),
+        "test" => TestArgs::get_args_info(),
+        "execute" => ExecuteArgs::get_args_info(),
+        "list-executions" => ListExecutionsArgs::get_args_info(),
+        "status" => StatusArgs::get_args_info(),
+        "audit" | "cancel" => IdArgs::get_args_info(),
+        "approve" => ApproveArgs::get_args_info(),
+        _ => return None,
+    })
+}
+
 #[derive(FromArgs, argh::ArgsInfo)]
 /// The runbooks the server loaded from runbook_dir.
 #[argh(help_triggers("-h", "--help"))]

@@ -40,6 +40,22 @@ fn run(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
     }
 }
 
+/// Each command's argh definition, by the word `run` dispatches on (`cli::args_info`).
+pub fn command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
+    use argh::ArgsInfo;
+    Some(match command {
+        "get" => GetArgs::get_args_info(),
+        "put" => PutArgs::get_args_info(),
+        "delete" => DeleteArgs::get_args_info(),
+        "list" => ListArgs::get_args_info(),
+        "rotate-master" => RotateMasterArgs::get_args_info(),
+        "transit" => TransitArgs::get_args_info(),
+        "leases" => LeasesArgs::get_args_info(),
+        "creds" => CredsArgs::get_args_info(),
+        _ => return None,
+    })
+}
+
 fn parse_and_run<T: FromArgs, F: std::future::Future<Output = Result<(), CliError>>>(
     program: &str,
     name: &str,
