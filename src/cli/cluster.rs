@@ -77,6 +77,33 @@ fn run_cluster_backup(program: &str, command: &str, common: Common, args: &[Stri
     }
 }
 
+/// svc-cluster's commands' argh definitions, by the word `run_cluster` dispatches on
+/// (`cli::args_info`).
+pub fn command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
+    use argh::ArgsInfo;
+    if let Some(info) = super::membership::command_info(command) {
+        return Some(info);
+    }
+    Some(match command {
+        "backup" => BackupArgs::get_args_info(),
+        "nats-config" => NatsConfigArgs::get_args_info(),
+        "restore" => OnlineRestoreArgs::get_args_info(),
+        _ => return None,
+    })
+}
+
+/// svc-cluster-backup's, by the word `run_cluster_backup` dispatches on.
+pub fn backup_command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
+    use argh::ArgsInfo;
+    Some(match command {
+        "backup" => BackupArgs::get_args_info(),
+        "restore" => RestoreArgs::get_args_info(),
+        "list" => ListArgs::get_args_info(),
+        "verify" => VerifyArgs::get_args_info(),
+        _ => return None,
+    })
+}
+
 #[derive(FromArgs, argh::ArgsInfo)]
 /// Print the block every NATS node of the cluster includes when bus.external_auth is jwt:
 /// the operator JWT, the system account and a memory resolver preloaded with the system and

@@ -136,6 +136,19 @@ fn run(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
     }
 }
 
+/// Each command's argh definition, by the word `run` dispatches on (`cli::args_info`).
+pub fn command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
+    use argh::ArgsInfo;
+    Some(match command {
+        "put" => PutArgs::get_args_info(),
+        "get" => GetArgs::get_args_info(),
+        "list" => ListArgs::get_args_info(),
+        "stat" => StatArgs::get_args_info(),
+        "delete" => DeleteArgs::get_args_info(),
+        _ => return None,
+    })
+}
+
 /// The flags every command shares (argh has no flattening, so each struct repeats them).
 struct Flags {
     nats_url: Option<String>,

@@ -26,6 +26,22 @@ pub fn run(program: &str, command: &str, common: Common, args: &[String]) -> Opt
     })
 }
 
+/// Each membership command's argh definition, by the word `run` dispatches on
+/// (`cli::args_info`).
+pub fn command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
+    use argh::ArgsInfo;
+    Some(match command {
+        "status" => StatusArgs::get_args_info(),
+        "members" => MembersArgs::get_args_info(),
+        "leader" => LeaderArgs::get_args_info(),
+        "add" => AddArgs::get_args_info(),
+        "remove" => RemoveArgs::get_args_info(),
+        "rebalance" => RebalanceArgs::get_args_info(),
+        "transfer-leader" => TransferArgs::get_args_info(),
+        _ => return None,
+    })
+}
+
 #[derive(FromArgs, argh::ArgsInfo)]
 /// Show the members, the leader and its term, each member's health and agents, and quorum:
 /// whether PostgreSQL and the NATS cluster (JetStream) answer. Exit 1 when the cluster is

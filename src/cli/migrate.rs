@@ -85,6 +85,17 @@ pub fn main(program: &str, args: Vec<String>) -> i32 {
     }
 }
 
+/// Each command's argh definition, by the word `main` dispatches on (`cli::args_info`).
+pub fn command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
+    use argh::ArgsInfo;
+    Some(match command {
+        "run" => RunArgs::get_args_info(),
+        "validate" => ValidateArgs::get_args_info(),
+        "version" => VersionArgs::get_args_info(),
+        _ => return None,
+    })
+}
+
 /// Takes `-o/--output FORMAT` out of the arguments wherever it is (before `--`), so it works
 /// before or after the command as on every other CLI.
 fn take_output(args: &mut Vec<String>) -> Result<Output, CliError> {
