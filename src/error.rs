@@ -1,13 +1,11 @@
-//! The domain error enum, and its mappings to HTTP (status and the REST error code) and to gRPC.
+//! The domain error enum, and its mappings to HTTP (status and the REST error code), to gRPC,
+//! and to the JSON error body every JSON surface answers with (`error_body`).
 //!
 //! Domain modules return `Error`; svc-server's REST, gRPC and bus replies translate it here,
 //! with exhaustive matches, so a new variant is handled on each or the build fails.
-//! svc-registry is the exception: it maps `Error` to an HTTP status with a match of its own
-//! (`modules::registry`). Exit codes are not mapped here: the CLIs map the gRPC status
-//! (`program::CliError::from`), the HTTP status (`cli::client::http_json`), `Error` itself
-//! (`From<Error> for CliError` in `cli/cluster.rs`) and, in a few local or bus commands,
-//! errors of their own (docs/ARCHITECTURE.md, "Errors map to HTTP and gRPC in `error.rs`, for
-//! svc-server").
+//! svc-registry answers with the same status and body. Exit codes are mapped once, from `Error::code`, in
+//! `program::exit::of_code` (the CLIs' layer-1 core), which the gRPC and HTTP statuses reach
+//! through the same codes.
 
 use std::time::Duration;
 
@@ -128,6 +126,12 @@ impl Error {
         }
     }
 
+    /// The JSON body that carries this error (`error_body`). `Internal` shows only
+    /// "internal error": its cause is for the log.
+    pub fn body(&self) -> serde_json::Value {
+        error_body(self.code(), &self.to_string())
+    }
+
     pub fn http_status(&self) -> u16 {
         match self {
             Error::NotFound(_) => 404,
@@ -147,6 +151,14 @@ impl Error {
             Error::Internal(_) => 500,
         }
     }
+}
+
+/// `{"error":{"code":CODE,"message":MESSAGE}}`: the error body of REST (contract §4), the
+/// console's event stream, the bus replies (enrolment, files) and svc-registry. Built here
+/// only, so that a client reads every one of them the same way; `server/tls.rs` writes one
+/// as fixed bytes, and its test holds them to this.
+pub fn error_body(code: &str, message: &str) -> serde_json::Value {
+    serde_json::json!({"error": {"code": code, "message": message}})
 }
 
 impl From<Error> for tonic::Status {

@@ -133,3 +133,56 @@ fn man_pages_for_every_name_render_without_warnings() {
     assert!(secrets.contains(".SS \"svc\\-secrets transit encrypt\""));
     assert!(secrets.contains(".B SVC_API_KEY"));
 }
+
+/// The commands that help, completions and man pages read from their argh definitions
+/// (`svc::cli::args_info`) say what their printed `--help` says: the same flags, the same of
+/// them taking a value, the same positionals and subcommands, at every level below them.
+#[test]
+fn argh_definitions_agree_with_the_printed_help() {
+    use svc::cli::helptext;
+    let exe = Path::new(SVC);
+    let mut checked = 0;
+    for name in svc::dispatch::names() {
+        let top = helptext::parse(&helptext::help_text(exe, &[name.to_string()]).unwrap());
+        for command in top.commands() {
+            let Some(info) = svc::cli::args_info(&[name, command.term.as_str()]) else {
+                continue;
+            };
+            checked += compare(&[name.to_string(), command.term.clone()], &info);
+        }
+    }
+    // svcctl's own commands, svc-audit, svc-events, svc-blueprint, svc-gitops, svc-module,
+    // svc-registry and svc-webhook, with their subcommands.
+    assert!(checked >= 50, "{checked}");
+}
+
+/// Compares one command and everything under it; returns how many commands it compared.
+fn compare(path: &[String], info: &argh::CommandInfoWithArgs) -> usize {
+    use svc::cli::helptext::{self, Help};
+    let printed = helptext::parse(&helptext::help_text(Path::new(SVC), path).unwrap());
+    let data = helptext::from_args_info(&path.join(" "), info);
+    let words = |help: &Help| {
+        let mut flags: Vec<(Vec<String>, bool)> = help
+            .options()
+            .iter()
+            .map(|entry| (entry.flags.clone(), entry.takes_value))
+            .collect();
+        flags.sort();
+        let commands: Vec<String> = help.commands().iter().map(|e| e.term.clone()).collect();
+        let positionals: Vec<String> = help
+            .sections
+            .iter()
+            .filter(|s| s.title == "Positional Arguments")
+            .flat_map(|s| s.entries.iter().map(|e| e.term.clone()))
+            .collect();
+        (flags, commands, positionals)
+    };
+    assert_eq!(words(&data), words(&printed), "{path:?}");
+    let mut count = 1;
+    for sub in &info.commands {
+        let mut child = path.to_vec();
+        child.push(sub.name.to_string());
+        count += compare(&child, &sub.command);
+    }
+    count
+}

@@ -30,7 +30,7 @@ use crate::program::{exit, parse_args, run_async, CliError};
 const DEFAULT_STATE_DIR: &str = "/var/lib/svc-agent";
 const ENROL_TIMEOUT: Duration = Duration::from_secs(15);
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Enrol this host with the server: on a terminal a short wizard asks for what is missing;
 /// with --non-interactive every value comes from the flags.
 #[argh(help_triggers("-h", "--help"))]
@@ -353,10 +353,7 @@ async fn request_certificate(
         .map_err(|e| CliError::failed(format!("malformed enrolment reply: {e}")))?;
     if let Some(error) = value.get("error") {
         let message = error["message"].as_str().unwrap_or("enrolment refused");
-        let code = match error["code"].as_str() {
-            Some("unauthenticated" | "permission_denied") => exit::DENIED,
-            _ => exit::FAILED,
-        };
+        let code = exit::of_code(error["code"].as_str().unwrap_or_default());
         return Err(CliError::new(code, format!("enrolment refused: {message}")));
     }
     serde_json::from_value(value)

@@ -41,7 +41,7 @@ const MAX_JOBS: usize = 16;
 /// hot-plugged). Reading them is cheap, but not worth doing every heartbeat.
 const FACTS_EVERY: Duration = Duration::from_secs(60);
 
-#[derive(argh::FromArgs)]
+#[derive(argh::FromArgs, argh::ArgsInfo)]
 /// Run the agent daemon (the default command): connect to the bus with this agent's
 /// certificate, heartbeat, and run the commands and states the server sends.
 #[argh(help_triggers("-h", "--help"))]

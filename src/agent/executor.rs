@@ -440,7 +440,7 @@ pub async fn forward(
         .map_err(|_| "the executor did not answer in time".to_string())?
 }
 
-#[derive(argh::FromArgs)]
+#[derive(argh::FromArgs, argh::ArgsInfo)]
 /// Run the privileged executor: run the server-signed commands an unprivileged `svc-agent`
 /// daemon hands over on a unix socket (docs/fleet.md).
 #[argh(help_triggers("-h", "--help"))]

@@ -69,7 +69,7 @@ pub async fn request(
     serde_json::from_value(answer).map_err(|e| Error::Internal(format!("malformed answer: {e}")))
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Print a JWT-SVID for this agent (spiffe://svc/agent/<id>), asked for over the bus with the
 /// agent's own certificate (reads the agent config: nats.urls, nats.ca_file, state_dir).
 #[argh(help_triggers("-h", "--help"))]
@@ -152,9 +152,8 @@ async fn run(config: config::AgentConfig, args: Args) -> std::result::Result<(),
     let issued = request(&client, &agent_id, args.audience, args.ttl)
         .await
         .map_err(|e| match e {
-            Error::Unauthenticated(m) | Error::Forbidden(m) => CliError::new(exit::DENIED, m),
             Error::Unavailable(m) => unreachable(m),
-            other => CliError::failed(other.to_string()),
+            other => CliError::from(other),
         })?;
     if args.output == "json" {
         println!(

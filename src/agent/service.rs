@@ -25,7 +25,7 @@ const AGENT_USER: &str = "svc-agent";
 const TEMPLATE_COMMAND: &str = "/usr/bin/svc-agent --config /etc/svc/agent.yaml";
 const DEFAULT_UNIT_DIR: &str = "/etc/systemd/system";
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Manage the svc-agent systemd unit.
 #[argh(help_triggers("-h", "--help"))]
 struct Args {
@@ -33,7 +33,7 @@ struct Args {
     command: ServiceCommand,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 #[argh(subcommand)]
 enum ServiceCommand {
     Install(InstallArgs),
@@ -41,7 +41,7 @@ enum ServiceCommand {
     Status(StatusArgs),
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Write both units, reload systemd, enable and start the executor and the agent.
 #[argh(subcommand, name = "install", help_triggers("-h", "--help"))]
 struct InstallArgs {
@@ -56,7 +56,7 @@ struct InstallArgs {
     no_start: bool,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Stop and disable the agent and its executor and remove their units.
 #[argh(subcommand, name = "uninstall", help_triggers("-h", "--help"))]
 struct UninstallArgs {
@@ -68,7 +68,7 @@ struct UninstallArgs {
     no_stop: bool,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Show whether the unit is installed, enabled and running (exit 0 only when running).
 #[argh(subcommand, name = "status", help_triggers("-h", "--help"))]
 struct StatusArgs {

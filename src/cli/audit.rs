@@ -40,7 +40,19 @@ fn run(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
     }
 }
 
-#[derive(FromArgs)]
+/// Each command's argh definition, by the word `run` dispatches on (`cli::args_info`).
+pub fn command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
+    use argh::ArgsInfo;
+    Some(match command {
+        "log" => LogArgs::get_args_info(),
+        "stats" | "report" => WindowArgs::get_args_info(),
+        "export" => ExportArgs::get_args_info(),
+        "verify" => VerifyArgs::get_args_info(),
+        _ => return None,
+    })
+}
+
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Counts over a time window (stats: default the last 24h; report: the last 30d).
 #[argh(help_triggers("-h", "--help"))]
 pub struct WindowArgs {
@@ -61,7 +73,7 @@ impl WindowArgs {
     }
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Export the audit log, redacted, in chain order (admin).
 #[argh(help_triggers("-h", "--help"))]
 struct ExportArgs {
@@ -242,7 +254,7 @@ async fn export(common: Common, args: ExportArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Query the audit log, newest first. Times are RFC 3339 or durations ago (24h, 7d).
 #[argh(help_triggers("-h", "--help"))]
 pub struct LogArgs {
@@ -303,7 +315,7 @@ impl LogArgs {
     }
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Verify the audit hash chain; exits 1 and names the first bad row if any was altered,
 /// removed or reordered.
 #[argh(help_triggers("-h", "--help"))]

@@ -29,6 +29,18 @@ fn run(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
     }
 }
 
+/// Each command's argh definition, by the word `run` dispatches on (`cli::args_info`).
+pub fn command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
+    use argh::ArgsInfo;
+    Some(match command {
+        "create" => CreateArgs::get_args_info(),
+        "list" => ListArgs::get_args_info(),
+        "restore" => RestoreArgs::get_args_info(),
+        "verify" => VerifyArgs::get_args_info(),
+        _ => return None,
+    })
+}
+
 /// The object store flags every command takes, and the client they make.
 macro_rules! s3_args {
     ($(#[$meta:meta])* struct $name:ident { $($field:tt)* }) => {
@@ -80,7 +92,7 @@ macro_rules! s3_args {
 }
 
 s3_args! {
-    #[derive(FromArgs)]
+    #[derive(FromArgs, argh::ArgsInfo)]
     /// Take a snapshot through the server (admin key) and upload it as PREFIX + its name;
     /// then delete the oldest snapshots under PREFIX beyond --keep. Scheduled backups are
     /// deferred (not built): run create from cron or a systemd timer.
@@ -99,14 +111,14 @@ s3_args! {
 }
 
 s3_args! {
-    #[derive(FromArgs)]
+    #[derive(FromArgs, argh::ArgsInfo)]
     /// List the snapshots under the prefix: key, size, last modified.
     #[argh(help_triggers("-h", "--help"))]
     struct ListArgs {}
 }
 
 s3_args! {
-    #[derive(FromArgs)]
+    #[derive(FromArgs, argh::ArgsInfo)]
     /// Download a snapshot and restore it offline (as svc-cluster-backup restore).
     #[argh(help_triggers("-h", "--help"))]
     struct RestoreArgs {
@@ -126,7 +138,7 @@ s3_args! {
 }
 
 s3_args! {
-    #[derive(FromArgs)]
+    #[derive(FromArgs, argh::ArgsInfo)]
     /// Download a snapshot and check it completely (as svc-cluster-backup verify).
     #[argh(help_triggers("-h", "--help"))]
     struct VerifyArgs {

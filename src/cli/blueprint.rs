@@ -21,7 +21,13 @@ pub fn main(program: &str, args: Vec<String>) -> i32 {
     super::run_subcommands::<Args, _>(program, args, body)
 }
 
-#[derive(FromArgs)]
+/// Each command's argh definition: the subcommands of `Args`, which `main` runs
+/// (`cli::args_info`).
+pub fn command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
+    super::subcommand_info::<Args>(command)
+}
+
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Blueprints.
 #[argh(help_triggers("-h", "--help"))]
 struct Args {
@@ -29,7 +35,7 @@ struct Args {
     command: Command,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 #[argh(subcommand)]
 enum Command {
     Init(InitArgs),
@@ -46,7 +52,7 @@ enum Command {
     Rollback(RollbackArgs),
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Scaffold a blueprint in a new directory NAME (or --dir): blueprint.yaml, states/main.yaml,
 /// templates/motd.
 #[argh(subcommand, name = "init", help_triggers("-h", "--help"))]
@@ -59,7 +65,7 @@ struct InitArgs {
     dir: Option<PathBuf>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Check blueprint.yaml, the parameters, and that every state renders and compiles (required
 /// parameters not given with --set get a stand-in value).
 #[argh(subcommand, name = "validate", help_triggers("-h", "--help"))]
@@ -72,7 +78,7 @@ struct ValidateArgs {
     set: Vec<String>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Warn about risky patterns: world-writable modes, commands without unless/creates,
 /// unpinned packages, unused parameters, secrets with defaults. Exits 1 when it finds any.
 #[argh(subcommand, name = "lint", help_triggers("-h", "--help"))]
@@ -85,7 +91,7 @@ struct LintArgs {
     set: Vec<String>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Show a blueprint's metadata and parameters: a directory or bundle here, else NAME[@VERSION]
 /// from the server's catalogue.
 #[argh(subcommand, name = "info", help_triggers("-h", "--help"))]
@@ -95,7 +101,7 @@ struct InfoArgs {
     blueprint: String,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Build a reproducible bundle (.tar.gz with MANIFEST.json): the same files always give the
 /// same bytes and SHA-256. Prints the file and its SHA-256.
 #[argh(subcommand, name = "bundle", help_triggers("-h", "--help"))]
@@ -108,7 +114,7 @@ struct BundleArgs {
     output_file: Option<PathBuf>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Add a blueprint to the server's catalogue (operator; a directory is bundled first).
 #[argh(subcommand, name = "install", help_triggers("-h", "--help"))]
 struct InstallArgs {
@@ -117,7 +123,7 @@ struct InstallArgs {
     path: PathBuf,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Install a newer version of an installed blueprint (operator); older versions stay for
 /// rollback.
 #[argh(subcommand, name = "update", help_triggers("-h", "--help"))]
@@ -127,7 +133,7 @@ struct UpdateArgs {
     path: PathBuf,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Delete every version of a blueprint from the catalogue (operator). Refused while it is
 /// applied somewhere, unless --force.
 #[argh(subcommand, name = "remove", help_triggers("-h", "--help"))]
@@ -140,12 +146,12 @@ struct RemoveArgs {
     force: bool,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// List the installed blueprints (latest version, every version kept).
 #[argh(subcommand, name = "list", help_triggers("-h", "--help"))]
 struct ListArgs {}
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Render a blueprint with its parameters and apply it on the targeted agents through the
 /// state engine; results stream per agent. Exits 1 if any agent failed, 2 when a required
 /// parameter is missing.
@@ -168,7 +174,7 @@ struct ApplyArgs {
     timeout: Option<String>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// What is applied where: blueprint, agent, version, last outcome.
 #[argh(subcommand, name = "applied", help_triggers("-h", "--help"))]
 struct AppliedArgs {
@@ -177,7 +183,7 @@ struct AppliedArgs {
     target: Option<String>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Re-apply the version recorded before the current one (or --to VERSION) on the targets,
 /// removing files, symlinks and directories the newer version added.
 #[argh(subcommand, name = "rollback", help_triggers("-h", "--help"))]

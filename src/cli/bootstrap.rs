@@ -18,7 +18,7 @@ use crate::proto;
 use crate::proto::blueprint_service_client::BlueprintServiceClient;
 use crate::proto::fleet_service_client::FleetServiceClient;
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Set this host up from a seed file: detect, configure (server.yaml, agent.yaml; secrets
 /// generated where absent, never overwritten without --force), validate (the --check-config
 /// checks), install (binary, links, systemd units), blueprints (install and apply the seed's),

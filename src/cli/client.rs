@@ -164,11 +164,5 @@ pub async fn http_json(
         .as_str()
         .map(str::to_string)
         .unwrap_or_else(|| format!("server answered {status}"));
-    let code = match status {
-        StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => exit::DENIED,
-        StatusCode::NOT_FOUND => exit::NOT_FOUND,
-        StatusCode::SERVICE_UNAVAILABLE => exit::UNREACHABLE,
-        _ => exit::FAILED,
-    };
-    Err(CliError::new(code, message))
+    Err(CliError::new(exit::of_http(status.as_u16()), message))
 }

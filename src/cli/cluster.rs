@@ -77,7 +77,34 @@ fn run_cluster_backup(program: &str, command: &str, common: Common, args: &[Stri
     }
 }
 
-#[derive(FromArgs)]
+/// svc-cluster's commands' argh definitions, by the word `run_cluster` dispatches on
+/// (`cli::args_info`).
+pub fn command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
+    use argh::ArgsInfo;
+    if let Some(info) = super::membership::command_info(command) {
+        return Some(info);
+    }
+    Some(match command {
+        "backup" => BackupArgs::get_args_info(),
+        "nats-config" => NatsConfigArgs::get_args_info(),
+        "restore" => OnlineRestoreArgs::get_args_info(),
+        _ => return None,
+    })
+}
+
+/// svc-cluster-backup's, by the word `run_cluster_backup` dispatches on.
+pub fn backup_command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
+    use argh::ArgsInfo;
+    Some(match command {
+        "backup" => BackupArgs::get_args_info(),
+        "restore" => RestoreArgs::get_args_info(),
+        "list" => ListArgs::get_args_info(),
+        "verify" => VerifyArgs::get_args_info(),
+        _ => return None,
+    })
+}
+
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Print the block every NATS node of the cluster includes when bus.external_auth is jwt:
 /// the operator JWT, the system account and a memory resolver preloaded with the system and
 /// svc accounts. Runs offline on the store of --config (PostgreSQL in cluster mode), making
@@ -151,7 +178,7 @@ async fn nats_config(common: Common, args: NatsConfigArgs) -> Result<(), CliErro
     Ok(())
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Take a snapshot of the server (admin): the store, the event and audit streams, the policy
 /// files and a manifest, streamed into FILE (written as FILE.partial, renamed when complete).
 /// Scheduled snapshots are deferred (not built). Here --output FILE names the file (as
@@ -171,7 +198,7 @@ struct BackupArgs {
     passphrase_file: Option<PathBuf>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Restore runs offline: use svc-cluster-backup restore.
 #[argh(help_triggers("-h", "--help"))]
 struct OnlineRestoreArgs {
@@ -183,7 +210,7 @@ struct OnlineRestoreArgs {
     force: bool,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Restore a snapshot into the data dir (and store) of --config, offline. A populated target
 /// is refused without --force. A server holding the data dir is stopped through systemd when
 /// it runs as the svc-server unit (and started again afterwards); otherwise the restore is
@@ -205,7 +232,7 @@ struct RestoreArgs {
     passphrase_file: Option<PathBuf>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// List the snapshot files (*.tar.gz, *.svcsnap) in DIR (default: the current directory), with
 /// whether each is valid (hashes and manifest; verify also walks the audit chain). No server.
 #[argh(help_triggers("-h", "--help"))]
@@ -219,7 +246,7 @@ struct ListArgs {
     passphrase_file: Option<PathBuf>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Check a snapshot file completely, no server: the tar structure, every entry's size and
 /// SHA-256 against the manifest, and the audit chain inside the store (its head must be the
 /// manifest's). Exit 1 naming the first problem.
@@ -248,19 +275,6 @@ pub fn passphrase(file: &Option<PathBuf>) -> Result<Option<String>, CliError> {
     Ok(std::env::var("SVC_BACKUP_PASSPHRASE")
         .ok()
         .filter(|p| !p.is_empty()))
-}
-
-impl From<crate::Error> for CliError {
-    fn from(error: crate::Error) -> Self {
-        use crate::Error;
-        let code = match &error {
-            Error::NotFound(_) => super::exit::NOT_FOUND,
-            Error::Unauthenticated(_) | Error::Forbidden(_) => super::exit::DENIED,
-            Error::Unavailable(_) => super::exit::UNREACHABLE,
-            _ => super::exit::FAILED,
-        };
-        CliError::new(code, error.to_string())
-    }
 }
 
 /// Streams a snapshot from the server into `output` (via `output.partial`, mode 0600,
@@ -555,10 +569,7 @@ async fn verify(common: Common, args: VerifyArgs) -> Result<(), CliError> {
     let verified = local::verify(&args.input, passphrase.as_deref())
         .await
         .map_err(|error| {
-            let code = match error {
-                crate::Error::NotFound(_) => super::exit::NOT_FOUND,
-                _ => super::exit::FAILED,
-            };
+            let code = super::exit::of_error(&error);
             CliError::new(code, format!("{}: invalid: {error}", args.input.display()))
         })?;
     print_verified(&common, &args.input, &verified)

@@ -1,8 +1,9 @@
 //! `svc completion bash|zsh|fish` (also `svcctl completion ...`): prints a completion script
 //! for every name, subcommand and flag.
 //!
-//! The words come from the help each name prints (`helptext.rs`), read when the script is
-//! generated, so a new command or flag is in the completions as soon as it is in `--help`.
+//! The words come from each name's help as data (`helptext.rs`: argh definitions where a CLI
+//! hands them out, printed `--help` elsewhere), read when the script is generated, so a new
+//! command or flag is in the completions as soon as it is defined.
 //! The scripts hold the tree as data (one `case` arm per command path) and share one small
 //! walker per shell: it follows the words typed so far down the tree, skipping flags and the
 //! values of flags that take one, and `svc NAME` / `svcctl NAME` continue in `svc-NAME`'s tree.

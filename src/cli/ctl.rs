@@ -127,7 +127,17 @@ fn unknown(program: &str, name: &str) -> i32 {
     exit::UNKNOWN_COMMAND
 }
 
-#[derive(FromArgs)]
+/// The argh definition of svcctl's own commands, by the word `main` dispatches on
+/// (`cli::args_info`).
+pub fn command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
+    use argh::ArgsInfo;
+    match command {
+        "apikey" => Some(ApikeyArgs::get_args_info()),
+        other => super::fleet::command_info(other),
+    }
+}
+
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Manage API keys over the REST API (admin). The key is shown once, at creation.
 #[argh(help_triggers("-h", "--help"))]
 struct ApikeyArgs {
@@ -135,7 +145,7 @@ struct ApikeyArgs {
     command: ApikeyCommand,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 #[argh(subcommand)]
 enum ApikeyCommand {
     Create(CreateArgs),
@@ -145,7 +155,7 @@ enum ApikeyCommand {
     Delete(DeleteArgs),
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Create an API key and print it (the only time it is shown).
 #[argh(subcommand, name = "create", help_triggers("-h", "--help"))]
 struct CreateArgs {
@@ -163,12 +173,12 @@ struct CreateArgs {
     ttl: Option<String>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// List API keys.
 #[argh(subcommand, name = "list", help_triggers("-h", "--help"))]
 struct ListArgs {}
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Show one API key.
 #[argh(subcommand, name = "show", help_triggers("-h", "--help"))]
 struct ShowArgs {
@@ -177,7 +187,7 @@ struct ShowArgs {
     id: String,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Rename a key, change its role or give it an expiry (the last active admin key may not be
 /// demoted or given an expiry).
 #[argh(subcommand, name = "update", help_triggers("-h", "--help"))]
@@ -199,7 +209,7 @@ struct UpdateArgs {
     ttl: Option<String>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Delete a key; its next request fails with 401.
 #[argh(subcommand, name = "delete", help_triggers("-h", "--help"))]
 struct DeleteArgs {

@@ -34,7 +34,22 @@ fn run(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
     }
 }
 
-#[derive(FromArgs)]
+/// Each command's argh definition, by the word `run` dispatches on: what help, completions
+/// and man pages read (`cli::args_info`).
+pub fn command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
+    use argh::ArgsInfo;
+    Some(match command {
+        "list" => ListArgs::get_args_info(),
+        "get" => GetArgs::get_args_info(),
+        "emit" => EmitArgs::get_args_info(),
+        "subscribe" | "watch" | "replay" => FilterArgs::get_args_info(),
+        "stats" => StatsArgs::get_args_info(),
+        "types" => TypesArgs::get_args_info(),
+        _ => return None,
+    })
+}
+
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Filters shared by subscribe, watch and replay. Times are RFC 3339 or durations ago (1h).
 #[argh(help_triggers("-h", "--help"))]
 struct FilterArgs {
@@ -71,7 +86,7 @@ impl FilterArgs {
     }
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// List stored events in stream order, a page at a time.
 #[argh(help_triggers("-h", "--help"))]
 struct ListArgs {
@@ -101,7 +116,7 @@ struct ListArgs {
     cursor: Option<String>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Fetch one event by id (or stream sequence number).
 #[argh(help_triggers("-h", "--help"))]
 struct GetArgs {
@@ -110,7 +125,7 @@ struct GetArgs {
     id: String,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Emit an event; prints it once it is durably stored.
 #[argh(help_triggers("-h", "--help"))]
 struct EmitArgs {
@@ -128,7 +143,7 @@ struct EmitArgs {
     payload: Option<String>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Counts by type and severity over a window (default the last 24h).
 #[argh(help_triggers("-h", "--help"))]
 struct StatsArgs {
@@ -140,7 +155,7 @@ struct StatsArgs {
     until: Option<String>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// The canonical event types with category and default severity.
 #[argh(help_triggers("-h", "--help"))]
 struct TypesArgs {}

@@ -136,6 +136,19 @@ fn run(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
     }
 }
 
+/// Each command's argh definition, by the word `run` dispatches on (`cli::args_info`).
+pub fn command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
+    use argh::ArgsInfo;
+    Some(match command {
+        "put" => PutArgs::get_args_info(),
+        "get" => GetArgs::get_args_info(),
+        "list" => ListArgs::get_args_info(),
+        "stat" => StatArgs::get_args_info(),
+        "delete" => DeleteArgs::get_args_info(),
+        _ => return None,
+    })
+}
+
 /// The flags every command shares (argh has no flattening, so each struct repeats them).
 struct Flags {
     nats_url: Option<String>,
@@ -149,7 +162,7 @@ struct Flags {
 
 macro_rules! files_command {
     ($(#[$meta:meta])* struct $name:ident { $($body:tt)* }) => {
-        #[derive(FromArgs)]
+        #[derive(FromArgs, argh::ArgsInfo)]
         $(#[$meta])*
         #[argh(help_triggers("-h", "--help"))]
         struct $name {
@@ -506,13 +519,7 @@ impl Session {
                 .ok()
                 .and_then(|v| v["error"]["message"].as_str().map(String::from))
                 .unwrap_or_else(|| code.as_str().to_string());
-            let exit_code = match code.as_str() {
-                "not_found" => exit::NOT_FOUND,
-                "unauthenticated" | "permission_denied" => exit::DENIED,
-                "unavailable" => exit::UNREACHABLE,
-                _ => exit::FAILED,
-            };
-            return Err(CliError::new(exit_code, text));
+            return Err(CliError::new(exit::of_code(code.as_str()), text));
         }
         Ok(message)
     }

@@ -38,7 +38,7 @@ pub(super) fn duration(text: &Option<String>, flag: &str) -> Result<u64, CliErro
 // ---------------------------------------------------------------------------------------
 // svcctl agent
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Inspect registered agents; label, quarantine and unquarantine them.
 #[argh(help_triggers("-h", "--help"))]
 struct AgentArgs {
@@ -46,7 +46,7 @@ struct AgentArgs {
     command: AgentCommand,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 #[argh(subcommand)]
 enum AgentCommand {
     List(ListArgs),
@@ -56,7 +56,7 @@ enum AgentCommand {
     Unquarantine(UnquarantineArgs),
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Change an agent's labels (operator): k=v sets or replaces a label, k- (or --remove k)
 /// removes it; others stay. Audited; --target selects on the new labels at once.
 #[argh(subcommand, name = "label", help_triggers("-h", "--help"))]
@@ -102,7 +102,7 @@ impl LabelArgs {
     }
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// List enrolled agents with their state (connected, disconnected, pending, quarantined).
 #[argh(subcommand, name = "list", help_triggers("-h", "--help"))]
 struct ListArgs {
@@ -121,7 +121,7 @@ struct ListArgs {
 /// table is printed a page at a time (its columns aligned within each page).
 const LIST_PAGE: usize = 1000;
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Show one agent, with the facts it reported about its host (os, arch, addresses, ...).
 #[argh(subcommand, name = "show", help_triggers("-h", "--help"))]
 struct ShowArgs {
@@ -130,7 +130,7 @@ struct ShowArgs {
     id: String,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Quarantine an agent: its heartbeats are rejected and it gets no commands (operator).
 #[argh(subcommand, name = "quarantine", help_triggers("-h", "--help"))]
 struct QuarantineArgs {
@@ -142,13 +142,25 @@ struct QuarantineArgs {
     reason: Option<String>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Lift an agent's quarantine (operator).
 #[argh(subcommand, name = "unquarantine", help_triggers("-h", "--help"))]
 struct UnquarantineArgs {
     /// agent id
     #[argh(positional)]
     id: String,
+}
+
+/// The argh definition of svcctl's fleet commands, by their word (`cli::args_info`).
+pub fn command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
+    use argh::ArgsInfo;
+    Some(match command {
+        "agent" => AgentArgs::get_args_info(),
+        "exec" => ExecArgs::get_args_info(),
+        "state" => StateArgs::get_args_info(),
+        "job" => JobArgs::get_args_info(),
+        _ => return None,
+    })
 }
 
 pub fn agent(program: &str, common: Common, args: &[String]) -> i32 {
@@ -343,7 +355,7 @@ async fn agent_command(common: Common, args: AgentArgs) -> Result<(), CliError> 
 // ---------------------------------------------------------------------------------------
 // svcctl exec
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Run a program on agents (no shell: use `-- sh -c '...'` for one) and stream each agent's
 /// exit code, output and duration as it arrives; past 20 targeted agents, print a summary
 /// instead (counts, and each agent that did not succeed with its first line of output).
@@ -697,7 +709,7 @@ fn print_started(output: Output, started: &proto::JobStarted) -> Result<(), CliE
 // ---------------------------------------------------------------------------------------
 // svcctl job
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Jobs kept on the server (exec, state and module runs, synchronous or --async): list them,
 /// or show one job's results from any terminal and any cluster member.
 #[argh(help_triggers("-h", "--help"))]
@@ -706,14 +718,14 @@ struct JobArgs {
     command: JobCommand,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 #[argh(subcommand)]
 enum JobCommand {
     List(JobListArgs),
     Show(JobShowArgs),
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// List jobs, newest first, with their results so far by status.
 #[argh(subcommand, name = "list", help_triggers("-h", "--help"))]
 struct JobListArgs {
@@ -725,7 +737,7 @@ struct JobListArgs {
     before: Option<String>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Show a job and each agent's result (status, exit code, output; past 20 agents a summary
 /// unless --verbose or -o json). Exits 1 when an agent failed, as the exec or state run
 /// would have; a job still running shows the results so far.
@@ -866,7 +878,7 @@ async fn job_command(common: Common, args: JobArgs) -> Result<(), CliError> {
 // ---------------------------------------------------------------------------------------
 // svcctl state
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Declarative state: compile (here, no server), check (dry run), apply, drift.
 #[argh(help_triggers("-h", "--help"))]
 struct StateArgs {
@@ -874,7 +886,7 @@ struct StateArgs {
     command: StateCommand,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 #[argh(subcommand)]
 enum StateCommand {
     Compile(CompileArgs),
@@ -883,7 +895,7 @@ enum StateCommand {
     Drift(DriftArgs),
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Validate a state file and print its resources (no server needed); `-o json` prints the
 /// compiled plan. Errors name the line.
 #[argh(subcommand, name = "compile", help_triggers("-h", "--help"))]
@@ -901,7 +913,7 @@ struct CompileArgs {
 
 // Flags shared by check and apply (argh has no flatten, so apply repeats them). A plain
 // comment: a doc comment here would be glued onto the command's help.
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Report what applying the state file would change on the targeted agents (dry run).
 #[argh(subcommand, name = "check", help_triggers("-h", "--help"))]
 struct RunArgs {
@@ -931,7 +943,7 @@ struct RunArgs {
     verbose: bool,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Apply the state file on the targeted agents and report what changed. Applying the same
 /// state again changes nothing. Exits 1 if any resource or agent failed.
 #[argh(subcommand, name = "apply", help_triggers("-h", "--help"))]
@@ -962,7 +974,7 @@ struct ApplyArgs {
     verbose: bool,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Check each agent's last applied state against the host now; exits 1 when anything
 /// drifted (or an agent failed).
 #[argh(subcommand, name = "drift", help_triggers("-h", "--help"))]

@@ -30,7 +30,13 @@ pub fn main(program: &str, args: Vec<String>) -> i32 {
     super::run_subcommands::<Args, _>(program, args, body)
 }
 
-#[derive(FromArgs)]
+/// Each command's argh definition: the subcommands of `Args`, which `main` runs
+/// (`cli::args_info`).
+pub fn command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
+    super::subcommand_info::<Args>(command)
+}
+
+#[derive(FromArgs, argh::ArgsInfo)]
 /// GitOps.
 #[argh(help_triggers("-h", "--help"))]
 struct Args {
@@ -38,14 +44,14 @@ struct Args {
     command: Command,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 #[argh(subcommand)]
 enum Command {
     Verify(VerifyArgs),
     Rollback(RollbackArgs),
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Compare what the repository says (gitops.yaml: state files and blueprints per target) with
 /// the hosts, as a state check that changes nothing, and with the blueprint versions applied.
 /// Exits 1 with a table of differences.
@@ -65,7 +71,7 @@ struct VerifyArgs {
     timeout: Option<String>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Apply the tree at COMMIT: every entry of its gitops.yaml on its targets (state apply).
 /// Exits 1 if any agent failed.
 #[argh(subcommand, name = "rollback", help_triggers("-h", "--help"))]

@@ -1,11 +1,14 @@
-//! The help text every name prints, read back as data: the one source of the shell completions
-//! (`completion.rs`) and the man pages (`manpage.rs`), so neither can drift from `--help`.
+//! Every name's help as data: the one source of the shell completions (`completion.rs`) and
+//! the man pages (`manpage.rs`), so neither can drift from `--help`.
 //!
-//! The CLIs parse with argh structs, hand-written tables (`planned.rs`) and a few hand-written
-//! usage strings; argh cannot describe itself, but every one of them prints its help in the same
-//! shape (a `Usage:` line, paragraphs, `Title:` sections of two-space-indented entries). So the
-//! tree is read by running this same executable under each name with `--help`, one level of
-//! subcommands at a time: what a user sees is exactly what the completions and man pages say.
+//! A command defined with argh is read from its definition (`ArgsInfo`, through
+//! `cli::args_info`): its flags, their values, positionals and subcommands, with nothing run.
+//! The rest — each CLI's top-level help (`planned.rs`, svcctl's and svc's usage text) and the
+//! commands of the CLIs that do not hand out their definitions yet — is read by running this
+//! same executable under each name with `--help`, one level of subcommands at a time: every
+//! one of them prints its help in the same shape (a `Usage:` line, paragraphs, `Title:`
+//! sections of two-space-indented entries), which `parse` reads back. tests/completion.rs
+//! holds the two sources to each other for every command read from its definition.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -244,6 +247,131 @@ pub fn parse(text: &str) -> Help {
     help
 }
 
+/// A command's help from its argh definition (`ArgsInfo`), in the shape `parse` gives its
+/// printed `--help`: the same usage, description, positionals, flags (with whether each takes a
+/// value) and subcommands, read from the definition itself rather than from text.
+pub fn from_args_info(path: &str, info: &argh::CommandInfoWithArgs) -> Help {
+    use argh::{FlagInfoKind, Optionality};
+    let mut usage = path.to_string();
+    // As argh's usage line: the flags, then the positionals (`<id>`, `[<id>]`, `[<ids...>]`;
+    // a greedy one bare: `[command...]`).
+    let mut positional_usage = String::new();
+    for positional in info.positionals.iter().filter(|p| !p.hidden) {
+        let (open, close) = match positional.optionality {
+            Optionality::Required => ("<", ">"),
+            Optionality::Optional => ("[<", ">]"),
+            Optionality::Repeating => ("[<", "...>]"),
+            Optionality::Greedy => ("[", "...]"),
+        };
+        positional_usage.push_str(&format!(" {open}{}{close}", positional.name));
+    }
+    let mut options = Vec::new();
+    for flag in info.flags.iter().filter(|f| !f.hidden) {
+        // argh describes its help flag as --help alone; every svc command also takes -h.
+        let short = match (flag.short, flag.long) {
+            (Some(short), _) => Some(short),
+            (None, "--help") => Some('h'),
+            (None, _) => None,
+        };
+        let mut flags: Vec<String> = short.map(|c| format!("-{c}")).into_iter().collect();
+        flags.push(flag.long.to_string());
+        let takes_value = matches!(flag.kind, FlagInfoKind::Option { .. });
+        if flag.long != "--help" {
+            let shown = match flag.kind {
+                FlagInfoKind::Option { arg_name } => format!("{} <{arg_name}>", flag.long),
+                FlagInfoKind::Switch => flag.long.to_string(),
+            };
+            let word = match flag.optionality {
+                Optionality::Required => format!(" {shown}"),
+                Optionality::Repeating | Optionality::Greedy => format!(" [{shown}...]"),
+                Optionality::Optional => format!(" [{shown}]"),
+            };
+            usage.push_str(&word);
+        }
+        options.push(Entry {
+            term: flags.join(", "),
+            about: flag.description.to_string(),
+            flags,
+            takes_value,
+        });
+    }
+    usage.push_str(&positional_usage);
+    if !info.commands.is_empty() {
+        usage.push_str(" <command> [<args>]");
+    }
+    let mut help = Help {
+        usage,
+        paragraphs: std::iter::once(info.description)
+            .chain(info.notes.iter().copied())
+            .map(|text| text.split_whitespace().collect::<Vec<_>>().join(" "))
+            .filter(|text| !text.is_empty())
+            .collect(),
+        sections: Vec::new(),
+    };
+    // As argh's help: a positional without a description, or a greedy one (the rest of the
+    // line), is in the usage line only.
+    let positionals: Vec<Entry> = info
+        .positionals
+        .iter()
+        .filter(|p| !p.hidden && !p.description.is_empty())
+        .filter(|p| p.optionality != Optionality::Greedy)
+        .map(|p| Entry {
+            term: p.name.to_string(),
+            about: p.description.to_string(),
+            ..Entry::default()
+        })
+        .collect();
+    if !positionals.is_empty() {
+        help.sections.push(Section {
+            title: "Positional Arguments".into(),
+            entries: positionals,
+        });
+    }
+    help.sections.push(Section {
+        title: "Options".into(),
+        entries: options,
+    });
+    if !info.commands.is_empty() {
+        help.sections.push(Section {
+            title: "Commands".into(),
+            entries: info
+                .commands
+                .iter()
+                .map(|sub| Entry {
+                    term: sub.name.to_string(),
+                    about: sub.command.description.to_string(),
+                    ..Entry::default()
+                })
+                .collect(),
+        });
+    }
+    help
+}
+
+/// The node at `path` and everything under it, from its argh definition.
+fn node_from_args_info(path: Vec<String>, about: String, info: &argh::CommandInfoWithArgs) -> Node {
+    let help = from_args_info(&path.join(" "), info);
+    let children = info
+        .commands
+        .iter()
+        .map(|sub| {
+            let mut child_path = path.clone();
+            child_path.push(sub.name.to_string());
+            node_from_args_info(
+                child_path,
+                sub.command.description.to_string(),
+                &sub.command,
+            )
+        })
+        .collect();
+    Node {
+        path,
+        about,
+        help: Some(help),
+        children,
+    }
+}
+
 /// A name or subcommand with its help and its subcommands.
 #[derive(Clone, Debug)]
 pub struct Node {
@@ -319,6 +447,13 @@ fn fill(exe: &Path, node: &mut Node, text: &str, depth: usize) -> Result<(), Str
             help: None,
             children: Vec::new(),
         };
+        // A command whose CLI hands out its argh definition is read from that, not run.
+        let words: Vec<&str> = child.path.iter().map(String::as_str).collect();
+        if let Some(info) = crate::cli::args_info(&words) {
+            node.children
+                .push(node_from_args_info(child.path, child.about, &info));
+            continue;
+        }
         if depth < MAX_DEPTH {
             // A command that is only planned prints its CLI's help again: no help of its own.
             let child_text = help_text(exe, &child.path)?;

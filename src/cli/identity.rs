@@ -33,7 +33,21 @@ fn run(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
     }
 }
 
-#[derive(FromArgs)]
+/// Each command's argh definition, by the word `run` dispatches on (`cli::args_info`).
+pub fn command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
+    use argh::ArgsInfo;
+    Some(match command {
+        "ca" => CaArgs::get_args_info(),
+        "command-key" => CommandKeyArgs::get_args_info(),
+        "status" => StatusArgs::get_args_info(),
+        "psk" => PskArgs::get_args_info(),
+        "jwt" => JwtArgs::get_args_info(),
+        "token" => TokenArgs::get_args_info(),
+        _ => return None,
+    })
+}
+
+#[derive(FromArgs, argh::ArgsInfo)]
 /// The embedded CA: show, rotate the signing CA, export the public chain, back up the keys.
 #[argh(help_triggers("-h", "--help"))]
 struct CaArgs {
@@ -41,7 +55,7 @@ struct CaArgs {
     command: CaCommand,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 #[argh(subcommand)]
 enum CaCommand {
     Info(CaInfoArgs),
@@ -50,19 +64,19 @@ enum CaCommand {
     Encrypt(EncryptArgs),
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Root and signing CA: subject, SHA-256 fingerprint, validity.
 #[argh(subcommand, name = "info", help_triggers("-h", "--help"))]
 struct CaInfoArgs {}
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Make a new signing CA under the same root (admin). Agents enrolled under the old one
 /// can no longer authenticate and must bootstrap again. On a cluster with
 /// bus.external_auth: jwt, also makes the next NATS account signing key (docs/cluster.md).
 #[argh(subcommand, name = "rotate-signing", help_triggers("-h", "--help"))]
 struct RotateArgs {}
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// The key the server signs agents' commands with. `rotate` makes a new one (issued by the
 /// root CA) and tells the connected agents, in a notice signed with the old key; the old key
 /// stays accepted for agents.command_key_grace (default 7d), then the server retires it, or
@@ -74,7 +88,7 @@ struct CommandKeyArgs {
     command: CommandKeyCommand,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 #[argh(subcommand)]
 enum CommandKeyCommand {
     Info(CommandKeyInfoArgs),
@@ -82,25 +96,25 @@ enum CommandKeyCommand {
     Retire(CommandKeyRetireArgs),
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// The command-signing keys in force: the current one and, during a rotation's grace, the
 /// previous one and when it is retired.
 #[argh(subcommand, name = "info", help_triggers("-h", "--help"))]
 struct CommandKeyInfoArgs {}
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Make a new command-signing key and send the connected agents its certificate (admin).
 /// Refused while a previous key is still in its grace: retire it first.
 #[argh(subcommand, name = "rotate", help_triggers("-h", "--help"))]
 struct CommandKeyRotateArgs {}
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Retire the previous command-signing key now, before its grace ends (admin): agents
 /// told so refuse commands signed with it. After a key leak, rotate then retire at once.
 #[argh(subcommand, name = "retire", help_triggers("-h", "--help"))]
 struct CommandKeyRetireArgs {}
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Print the public certificates as PEM (admin): signing CA, root, then the command-signing
 /// certificates in force (current first).
 #[argh(subcommand, name = "export", help_triggers("-h", "--help"))]
@@ -110,7 +124,7 @@ struct ExportArgs {
     output_file: Option<PathBuf>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Write the CA keys encrypted with a passphrase (PBKDF2-HMAC-SHA256 + AES-256-GCM), for
 /// offline keeping (admin).
 #[argh(subcommand, name = "encrypt", help_triggers("-h", "--help"))]
@@ -124,12 +138,12 @@ struct EncryptArgs {
     output_file: Option<PathBuf>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Provider health, join token counts by state, and the earliest CA expiry.
 #[argh(help_triggers("-h", "--help"))]
 struct StatusArgs {}
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Print the bootstrap PSK of an agent: hex HMAC-SHA256(hmacsecret, AGENT_ID) (admin).
 #[argh(help_triggers("-h", "--help"))]
 struct PskArgs {
@@ -138,7 +152,7 @@ struct PskArgs {
     agent_id: String,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// One-shot join tokens for agent enrolment.
 #[argh(help_triggers("-h", "--help"))]
 struct TokenArgs {
@@ -146,7 +160,7 @@ struct TokenArgs {
     command: TokenCommand,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 #[argh(subcommand)]
 enum TokenCommand {
     Create(CreateArgs),
@@ -155,7 +169,7 @@ enum TokenCommand {
     Cleanup(CleanupArgs),
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Create a join token (operator); it is shown this once.
 #[argh(subcommand, name = "create", help_triggers("-h", "--help"))]
 struct CreateArgs {
@@ -167,7 +181,7 @@ struct CreateArgs {
     agent_id: Option<String>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// List join tokens (never their values).
 #[argh(subcommand, name = "list", help_triggers("-h", "--help"))]
 struct ListArgs {
@@ -179,7 +193,7 @@ struct ListArgs {
     unexpired: bool,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Revoke a join token (admin).
 #[argh(subcommand, name = "revoke", help_triggers("-h", "--help"))]
 struct RevokeArgs {
@@ -188,7 +202,7 @@ struct RevokeArgs {
     id: String,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Delete revoked and expired join tokens (admin).
 #[argh(subcommand, name = "cleanup", help_triggers("-h", "--help"))]
 struct CleanupArgs {}
@@ -502,7 +516,7 @@ async fn token(common: Common, args: TokenArgs) -> Result<(), CliError> {
     }
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Identity tokens: SPIFFE JWT-SVIDs (ES256) signed by the signing CA's key. Their public
 /// keys are at /.well-known/jwks.json, revoked ids at /.well-known/jwt-revocations.json
 /// (REST, no API key needed); see docs/identity.md.
@@ -512,7 +526,7 @@ struct JwtArgs {
     command: JwtCommand,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 #[argh(subcommand)]
 enum JwtCommand {
     Issue(JwtIssueArgs),
@@ -521,7 +535,7 @@ enum JwtCommand {
     Verify(JwtVerifyArgs),
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Issue a JWT-SVID (admin) and print it (-o json: id, subject, audience, expires_at, token).
 /// The token is shown this once; only its claims are stored.
 #[argh(subcommand, name = "issue", help_triggers("-h", "--help"))]
@@ -537,13 +551,13 @@ struct JwtIssueArgs {
     subject: Option<String>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// List JWT-SVIDs not expired yet (admin); STATE is active, revoked, or rotated (signed by a
 /// signing CA since rotated out, so no longer verifiable).
 #[argh(subcommand, name = "list", help_triggers("-h", "--help"))]
 struct JwtListArgs {}
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Revoke a JWT-SVID by its id (its jti, from issue or list) (admin). The server's own check
 /// refuses it at once; offline verifiers see it in /.well-known/jwt-revocations.json.
 #[argh(subcommand, name = "revoke", help_triggers("-h", "--help"))]
@@ -553,7 +567,7 @@ struct JwtRevokeArgs {
     id: String,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Verify a JWT-SVID: exit 0 and print its claims when valid, exit 1 with the reason
 /// (expired, wrong audience, bad signature, unknown kid, revoked) when not. Offline with
 /// --jwks FILE (saved /.well-known/jwks.json) or --ca-file FILE (`ca export` PEM); add

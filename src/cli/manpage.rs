@@ -1,6 +1,6 @@
 //! `svc man DIR`: writes a roff man page for svc and every name it answers to.
 //!
-//! Each page is the help its name prints (`helptext.rs`): the usage, description, commands
+//! Each page is its name's help as data (`helptext.rs`): the usage, description, commands
 //! and options, then every subcommand's own help. What `--help` does not say is added from
 //! the same constants the code uses: the exit codes (`cli::exit`), the files the daemons read
 //! (their config defaults) and the environment (every `SVC_*` variable the help texts name,

@@ -26,14 +26,30 @@ pub fn run(program: &str, command: &str, common: Common, args: &[String]) -> Opt
     })
 }
 
-#[derive(FromArgs)]
+/// Each membership command's argh definition, by the word `run` dispatches on
+/// (`cli::args_info`).
+pub fn command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
+    use argh::ArgsInfo;
+    Some(match command {
+        "status" => StatusArgs::get_args_info(),
+        "members" => MembersArgs::get_args_info(),
+        "leader" => LeaderArgs::get_args_info(),
+        "add" => AddArgs::get_args_info(),
+        "remove" => RemoveArgs::get_args_info(),
+        "rebalance" => RebalanceArgs::get_args_info(),
+        "transfer-leader" => TransferArgs::get_args_info(),
+        _ => return None,
+    })
+}
+
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Show the members, the leader and its term, each member's health and agents, and quorum:
 /// whether PostgreSQL and the NATS cluster (JetStream) answer. Exit 1 when the cluster is
 /// unavailable (no quorum or no leader).
 #[argh(help_triggers("-h", "--help"))]
 struct StatusArgs {}
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// List the members, or show the one named ID (exit 5 when unknown).
 #[argh(help_triggers("-h", "--help"))]
 struct MembersArgs {
@@ -42,12 +58,12 @@ struct MembersArgs {
     id: Option<String>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Show the member holding the leader lease (exit 3 while none does).
 #[argh(help_triggers("-h", "--help"))]
 struct LeaderArgs {}
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Passthrough kept from the seed: members join by themselves (start svc-server with
 /// cluster.enabled), so the server answers Unimplemented.
 #[argh(help_triggers("-h", "--help"))]
@@ -60,7 +76,7 @@ struct AddArgs {
     address: Option<String>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Evict the member ID (admin, audited): its row goes and, if it is running, it stops serving
 /// within a heartbeat interval; its agents go to the other members at once.
 #[argh(help_triggers("-h", "--help"))]
@@ -70,13 +86,13 @@ struct RemoveArgs {
     id: String,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Make every member read the member list now and recompute which agents it owns (admin,
 /// audited); it also happens by itself when a member joins or dies. Prints agents per member.
 #[argh(help_triggers("-h", "--help"))]
 struct RebalanceArgs {}
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Move the leader lease to TARGET, or to another live member when omitted (admin, audited),
 /// and wait until it holds it.
 #[argh(help_triggers("-h", "--help"))]

@@ -85,6 +85,17 @@ pub fn main(program: &str, args: Vec<String>) -> i32 {
     }
 }
 
+/// Each command's argh definition, by the word `main` dispatches on (`cli::args_info`).
+pub fn command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
+    use argh::ArgsInfo;
+    Some(match command {
+        "run" => RunArgs::get_args_info(),
+        "validate" => ValidateArgs::get_args_info(),
+        "version" => VersionArgs::get_args_info(),
+        _ => return None,
+    })
+}
+
 /// Takes `-o/--output FORMAT` out of the arguments wherever it is (before `--`), so it works
 /// before or after the command as on every other CLI.
 fn take_output(args: &mut Vec<String>) -> Result<Output, CliError> {
@@ -112,7 +123,7 @@ fn take_output(args: &mut Vec<String>) -> Result<Output, CliError> {
     Ok(output)
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Copy every row of a SQLite store into a PostgreSQL database, table by table (parents
 /// first), in primary-key order, in batches of one transaction each. Ids, timestamps and the
 /// audit hash chain are copied byte for byte. The target's migrations are applied first.
@@ -150,7 +161,7 @@ struct RunArgs {
     batch_rows: u64,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Compare a SQLite store and a PostgreSQL copy: row counts table by table, the audit chain's
 /// head (last seq and hash) and the schema versions. Changes nothing on either side.
 #[argh(
@@ -169,7 +180,7 @@ struct ValidateArgs {
     to: String,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Print this binary's schema version (the last migration it carries) and, with --store, the
 /// version of that store, with a note when they differ. Reads only; migrates nothing.
 #[argh(
@@ -247,12 +258,7 @@ fn with_password(url: &str, password: &str) -> String {
 
 /// Exit codes for the engine's errors (contract §1).
 fn engine_error(error: crate::Error) -> CliError {
-    let code = match &error {
-        crate::Error::NotFound(_) => exit::NOT_FOUND,
-        crate::Error::Unavailable(_) => exit::UNREACHABLE,
-        _ => exit::FAILED,
-    };
-    CliError::new(code, message_of(&error))
+    CliError::new(exit::of_error(&error), message_of(&error))
 }
 
 async fn run(output: Output, args: RunArgs) -> Result<(), CliError> {

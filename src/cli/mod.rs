@@ -37,6 +37,44 @@ pub use crate::program::{
     Common, Output, COMMON_HELP,
 };
 
+/// The argh definition of the command at `path` (`["svc-events", "list"]`), for the CLIs that
+/// hand theirs out: help, completions and man pages read it (`helptext.rs`) instead of running
+/// the command with `--help`. A CLI not listed here is still read from its printed help.
+pub fn args_info(path: &[&str]) -> Option<argh::CommandInfoWithArgs> {
+    let [name, command] = path else {
+        return None;
+    };
+    match *name {
+        "svcctl" => ctl::command_info(command),
+        "svc-audit" => audit::command_info(command),
+        "svc-events" => events::command_info(command),
+        "svc-identity" => identity::command_info(command),
+        "svc-secrets" => secrets::command_info(command),
+        "svc-policy" => policy::command_info(command),
+        "svc-backup" => backup::command_info(command),
+        "svc-cluster" => cluster::command_info(command),
+        "svc-cluster-backup" => cluster::backup_command_info(command),
+        "svc-files" => files::command_info(command),
+        "svc-migrate" => migrate::command_info(command),
+        "svc-runbook" => runbook::command_info(command),
+        "svc-blueprint" => blueprint::command_info(command),
+        "svc-gitops" => gitops::command_info(command),
+        "svc-module" => module::command_info(command),
+        "svc-registry" => registry::command_info(command),
+        "svc-webhook" => webhook::command_info(command),
+        _ => None,
+    }
+}
+
+/// The subcommand `word` of the argh command `A`, with everything under it.
+fn subcommand_info<A: argh::ArgsInfo>(word: &str) -> Option<argh::CommandInfoWithArgs> {
+    A::get_args_info()
+        .commands
+        .into_iter()
+        .find(|sub| sub.name == word)
+        .map(|sub| sub.command)
+}
+
 /// Runs a CLI of which some commands are built: a built command goes to `run` with the
 /// common flags and its own arguments; everything else (help, version, planned commands)
 /// to the planned table.

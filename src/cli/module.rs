@@ -25,7 +25,13 @@ pub fn main(program: &str, args: Vec<String>) -> i32 {
     super::run_subcommands::<Args, _>(program, args, body)
 }
 
-#[derive(FromArgs)]
+/// Each command's argh definition: the subcommands of `Args`, which `main` runs
+/// (`cli::args_info`).
+pub fn command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
+    super::subcommand_info::<Args>(command)
+}
+
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Modules.
 #[argh(help_triggers("-h", "--help"))]
 struct Args {
@@ -33,7 +39,7 @@ struct Args {
     command: Command,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 #[argh(subcommand)]
 enum Command {
     Init(InitArgs),
@@ -53,7 +59,7 @@ enum Command {
     Clean(CleanArgs),
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Start a module in a new directory NAME (or --dir): module.yaml, main.star with one
 /// exported function, main_test.star.
 #[argh(subcommand, name = "init", help_triggers("-h", "--help"))]
@@ -66,7 +72,7 @@ struct InitArgs {
     dir: Option<PathBuf>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Check a module: module.yaml's schema, every .star parses, main.star evaluates (sandboxed)
 /// and defines every exported function; dependencies come from module.lock or the installed
 /// modules.
@@ -80,7 +86,7 @@ struct DirArgs {
     modules_dir: Option<PathBuf>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Build a reproducible ZIP (entries sorted, fixed timestamps, stored): the same files always
 /// give the same bytes and SHA-256. Writes DIR/build/NAME-VERSION.zip (or -O FILE) and prints
 /// it with its SHA-256.
@@ -94,7 +100,7 @@ struct BuildArgs {
     output_file: Option<PathBuf>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Run the module's tests: every test_* function of every *_test.star, TAP output. Exits 1
 /// if any fails.
 #[argh(subcommand, name = "test", help_triggers("-h", "--help"))]
@@ -110,7 +116,7 @@ struct TestArgs {
     max_steps: Option<u64>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Call an exported function and print the resources it returns. MODULE is a directory, a
 /// ZIP, or NAME[@RANGE] of an installed module. Without --target the call runs here and
 /// nothing is applied. With --target the server sends the module, its dependencies and
@@ -157,7 +163,7 @@ struct RunArgs {
     modules_dir: Option<PathBuf>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Write a detached ed25519 signature of a ZIP: MODULE.zip.sig (or -O FILE).
 #[argh(subcommand, name = "sign", help_triggers("-h", "--help"))]
 struct SignArgs {
@@ -172,7 +178,7 @@ struct SignArgs {
     output_file: Option<PathBuf>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Check a ZIP's detached signature (ZIP.sig, or --signature) against a public key. Exits 4
 /// when it does not match.
 #[argh(subcommand, name = "verify", help_triggers("-h", "--help"))]
@@ -188,7 +194,7 @@ struct VerifyArgs {
     signature: Option<PathBuf>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Make an ed25519 key pair: NAME.key (private, mode 0600) and NAME.pub.
 #[argh(subcommand, name = "keygen", help_triggers("-h", "--help"))]
 struct KeygenArgs {
@@ -197,7 +203,7 @@ struct KeygenArgs {
     name: String,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Resolve dependencies against the installed modules and registries (the newest version
 /// each range accepts), install what comes from a registry, and write module.lock with exact
 /// versions and SHA-256.
@@ -225,7 +231,7 @@ struct ResolveArgs {
     config: Option<PathBuf>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Print the dependency tree (versions from module.lock, else the installed ones).
 #[argh(subcommand, name = "tree", help_triggers("-h", "--help"))]
 struct TreeArgs {
@@ -237,7 +243,7 @@ struct TreeArgs {
     modules_dir: Option<PathBuf>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Install a module from a ZIP (its signature from ZIP.sig when present), a directory (built
 /// first), or NAME[@RANGE] from a registry. The dependencies module.lock pins are installed
 /// too, each checked against its SHA-256; with modules.require_signature every module needs a
@@ -269,7 +275,7 @@ struct InstallArgs {
     config: Option<PathBuf>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Update an installed module to a newer version: the same sources and checks as install.
 #[argh(subcommand, name = "update", help_triggers("-h", "--help"))]
 struct UpdateArgs {
@@ -313,7 +319,7 @@ impl From<UpdateArgs> for InstallArgs {
     }
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// List the installed modules.
 #[argh(subcommand, name = "list", help_triggers("-h", "--help"))]
 struct ListArgs {
@@ -322,7 +328,7 @@ struct ListArgs {
     modules_dir: Option<PathBuf>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Upload a ZIP (and ZIP.sig when present) to a registry. Needs a registry token or an
 /// operator/admin API key (--token, env SVC_REGISTRY_TOKEN, else SVC_API_KEY).
 #[argh(subcommand, name = "publish", help_triggers("-h", "--help"))]
@@ -349,7 +355,7 @@ struct PublishArgs {
     signature: Option<PathBuf>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Remove the build output (DIR/build).
 #[argh(subcommand, name = "clean", help_triggers("-h", "--help"))]
 struct CleanArgs {

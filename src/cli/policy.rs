@@ -53,6 +53,21 @@ fn run(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
     }
 }
 
+/// Each command's argh definition, by the word `run` dispatches on (`cli::args_info`).
+pub fn command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
+    use argh::ArgsInfo;
+    Some(match command {
+        "list" => ListArgs::get_args_info(),
+        "show" => ShowArgs::get_args_info(),
+        "compliance" => WindowArgs::get_args_info(),
+        "violations" => LogArgs::get_args_info(),
+        "create" | "update" | "delete" => ChangeArgs::get_args_info(),
+        "eval" => EvalArgs::get_args_info(),
+        "validate" => ValidateArgs::get_args_info(),
+        _ => return None,
+    })
+}
+
 fn report(program: &str, result: Result<(), CliError>) -> i32 {
     match result {
         Ok(()) => exit::OK,
@@ -63,7 +78,7 @@ fn report(program: &str, result: Result<(), CliError>) -> i32 {
     }
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// List the loaded policies (or policy sets).
 #[argh(help_triggers("-h", "--help"))]
 struct ListArgs {
@@ -72,7 +87,7 @@ struct ListArgs {
     policy_sets: bool,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Show one policy (its YAML), or a policy set's members with --policy-set.
 #[argh(help_triggers("-h", "--help"))]
 struct ShowArgs {
@@ -84,7 +99,7 @@ struct ShowArgs {
     policy_set: bool,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Policies are files in the server's policy_dir in v0.1: the server answers Unimplemented.
 #[argh(help_triggers("-h", "--help"))]
 struct ChangeArgs {
@@ -93,7 +108,7 @@ struct ChangeArgs {
     target: String,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Evaluate a policy file for one action, offline. Prints the decision; exits 1 on deny.
 #[argh(help_triggers("-h", "--help"))]
 struct EvalArgs {
@@ -111,7 +126,7 @@ struct EvalArgs {
     resource: String,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Validate a policy file offline; errors point at the line.
 #[argh(help_triggers("-h", "--help"))]
 struct ValidateArgs {

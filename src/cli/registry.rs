@@ -14,7 +14,13 @@ pub fn main(program: &str, args: Vec<String>) -> i32 {
     super::run_subcommands::<Args, _>(program, args, body)
 }
 
-#[derive(FromArgs)]
+/// Each command's argh definition: the subcommands of `Args`, which `main` runs
+/// (`cli::args_info`).
+pub fn command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
+    super::subcommand_info::<Args>(command)
+}
+
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Module registry.
 #[argh(help_triggers("-h", "--help"))]
 struct Args {
@@ -22,14 +28,14 @@ struct Args {
     command: Command,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 #[argh(subcommand)]
 enum Command {
     Serve(ServeArgs),
     Version(VersionArgs),
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Serve the registry over HTTPS (--tls-cert and --tls-key) or plain HTTP: list modules and
 /// versions (with SHA-256), download ZIPs and signatures, publish with a token; versions are
 /// immutable. GET /openapi.json describes it. Clients send plain http:// only to this machine
@@ -61,7 +67,7 @@ struct ServeArgs {
     allow_plain_http: bool,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Print the registry's version.
 #[argh(subcommand, name = "version", help_triggers("-h", "--help"))]
 struct VersionArgs {}

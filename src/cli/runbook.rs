@@ -40,12 +40,27 @@ fn run(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
     }
 }
 
-#[derive(FromArgs)]
+/// Each command's argh definition, by the word `run` dispatches on (`cli::args_info`).
+pub fn command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
+    use argh::ArgsInfo;
+    Some(match command {
+        "list" => ListArgs::get_args_info(),
+        "test" => TestArgs::get_args_info(),
+        "execute" => ExecuteArgs::get_args_info(),
+        "list-executions" => ListExecutionsArgs::get_args_info(),
+        "status" => StatusArgs::get_args_info(),
+        "audit" | "cancel" => IdArgs::get_args_info(),
+        "approve" => ApproveArgs::get_args_info(),
+        _ => return None,
+    })
+}
+
+#[derive(FromArgs, argh::ArgsInfo)]
 /// The runbooks the server loaded from runbook_dir.
 #[argh(help_triggers("-h", "--help"))]
 struct ListArgs {}
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Load and validate a runbook (schema, needs, cycles) and print its plan: a FILE here with
 /// no server, or a NAME the server loaded.
 #[argh(help_triggers("-h", "--help"))]
@@ -58,7 +73,7 @@ struct TestArgs {
     set: Vec<String>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Start an execution on the server (operator); it survives this command and a restart.
 #[argh(help_triggers("-h", "--help"))]
 struct ExecuteArgs {
@@ -73,7 +88,7 @@ struct ExecuteArgs {
     dry_run: bool,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Executions, newest first.
 #[argh(help_triggers("-h", "--help"))]
 struct ListExecutionsArgs {
@@ -88,7 +103,7 @@ struct ListExecutionsArgs {
     limit: u32,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// An execution and the state of each step.
 #[argh(help_triggers("-h", "--help"))]
 struct StatusArgs {
@@ -100,7 +115,7 @@ struct StatusArgs {
     follow: bool,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// An execution by id.
 #[argh(help_triggers("-h", "--help"))]
 struct IdArgs {
@@ -109,7 +124,7 @@ struct IdArgs {
     id: String,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Approve a step waiting for approval (operator; not the key that started the execution).
 #[argh(help_triggers("-h", "--help"))]
 struct ApproveArgs {

@@ -40,6 +40,22 @@ fn run(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
     }
 }
 
+/// Each command's argh definition, by the word `run` dispatches on (`cli::args_info`).
+pub fn command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
+    use argh::ArgsInfo;
+    Some(match command {
+        "get" => GetArgs::get_args_info(),
+        "put" => PutArgs::get_args_info(),
+        "delete" => DeleteArgs::get_args_info(),
+        "list" => ListArgs::get_args_info(),
+        "rotate-master" => RotateMasterArgs::get_args_info(),
+        "transit" => TransitArgs::get_args_info(),
+        "leases" => LeasesArgs::get_args_info(),
+        "creds" => CredsArgs::get_args_info(),
+        _ => return None,
+    })
+}
+
 fn parse_and_run<T: FromArgs, F: std::future::Future<Output = Result<(), CliError>>>(
     program: &str,
     name: &str,
@@ -75,7 +91,7 @@ fn write_stdout(bytes: &[u8]) -> Result<(), CliError> {
 
 // ---- KV ----
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Read a secret: every field, or one with --field.
 #[argh(help_triggers("-h", "--help"))]
 struct GetArgs {
@@ -129,7 +145,7 @@ async fn get(common: Common, args: GetArgs) -> Result<(), CliError> {
     }
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Write a new version of a secret from KEY=VALUE pairs and/or a JSON or YAML file of fields.
 /// KEY=@FILE reads that value from a file (keeps it out of shell history). A put replaces
 /// every field: the new version holds exactly what is given.
@@ -224,7 +240,7 @@ fn print_metadata(common: &Common, secrets: &[proto::SecretMetadata]) -> Result<
     }
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Delete a secret's latest version (soft: older versions stay readable). --versions picks
 /// versions; --destroy erases them for good, and with no --versions erases the whole secret.
 #[argh(help_triggers("-h", "--help"))]
@@ -270,7 +286,7 @@ async fn delete(common: Common, args: DeleteArgs) -> Result<(), CliError> {
     }
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// List secrets under a prefix: path, current version, times (never values). Paths whose
 /// latest version was deleted are left out unless --include-deleted.
 #[argh(help_triggers("-h", "--help"))]
@@ -331,7 +347,7 @@ async fn list(common: Common, args: ListArgs) -> Result<(), CliError> {
     }
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Re-wrap every data key and transit key under a new master key, with no downtime (admin).
 ///
 /// Procedure: 1. make a key: openssl rand -base64 32 > new.key (mode 0600);
@@ -393,7 +409,7 @@ async fn rotate_master(common: Common, args: RotateMasterArgs) -> Result<(), Cli
 
 // ---- transit ----
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Transit: encrypt, decrypt, sign and verify with named keys that never leave the server.
 #[argh(help_triggers("-h", "--help"))]
 struct TransitArgs {
@@ -401,7 +417,7 @@ struct TransitArgs {
     command: TransitCommand,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 #[argh(subcommand)]
 enum TransitCommand {
     CreateKey(CreateKeyArgs),
@@ -415,7 +431,7 @@ enum TransitCommand {
     Rewrap(RewrapArgs),
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Create a transit key.
 #[argh(subcommand, name = "create-key", help_triggers("-h", "--help"))]
 struct CreateKeyArgs {
@@ -432,12 +448,12 @@ struct CreateKeyArgs {
     key_type: String,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// List transit keys (metadata only).
 #[argh(subcommand, name = "list-keys", help_triggers("-h", "--help"))]
 struct ListKeysArgs {}
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Encrypt PLAINTEXT (or --file) with the key's latest version; prints svc:v<N>:<base64>.
 #[argh(subcommand, name = "encrypt", help_triggers("-h", "--help"))]
 struct EncryptArgs {
@@ -452,7 +468,7 @@ struct EncryptArgs {
     file: Option<PathBuf>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Decrypt a ciphertext; writes the plaintext bytes to stdout (-o json: base64).
 #[argh(subcommand, name = "decrypt", help_triggers("-h", "--help"))]
 struct DecryptArgs {
@@ -467,7 +483,7 @@ struct DecryptArgs {
     file: Option<PathBuf>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Sign DATA (or --file) with an ed25519 key; prints svc:v<N>:<base64>.
 #[argh(subcommand, name = "sign", help_triggers("-h", "--help"))]
 struct SignArgs {
@@ -482,7 +498,7 @@ struct SignArgs {
     file: Option<PathBuf>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Verify a signature: NAME DATA SIGNATURE, or NAME SIGNATURE --file F. Exits 1 if invalid.
 #[argh(subcommand, name = "verify", help_triggers("-h", "--help"))]
 struct VerifyArgs {
@@ -497,7 +513,7 @@ struct VerifyArgs {
     file: Option<PathBuf>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Add a key version that encrypts and signs from now on; old versions still decrypt/verify.
 #[argh(subcommand, name = "rotate", help_triggers("-h", "--help"))]
 struct RotateArgs {
@@ -506,7 +522,7 @@ struct RotateArgs {
     name: String,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Configure a key: versions below --min-decryption-version no longer decrypt or verify.
 #[argh(subcommand, name = "config", help_triggers("-h", "--help"))]
 struct ConfigArgs {
@@ -518,7 +534,7 @@ struct ConfigArgs {
     min_decryption_version: u32,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Re-encrypt a ciphertext with the key's latest version (the plaintext stays on the server).
 #[argh(subcommand, name = "rewrap", help_triggers("-h", "--help"))]
 struct RewrapArgs {
@@ -745,7 +761,7 @@ async fn transit(common: Common, args: TransitArgs) -> Result<(), CliError> {
 
 // ---- leases and dynamic credentials ----
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Leases of dynamic secrets: list, show, renew, revoke. Expired leases are revoked by the
 /// server on its own.
 #[argh(help_triggers("-h", "--help"))]
@@ -754,7 +770,7 @@ struct LeasesArgs {
     command: LeasesCommand,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 #[argh(subcommand)]
 enum LeasesCommand {
     List(LeaseListArgs),
@@ -763,7 +779,7 @@ enum LeasesCommand {
     Revoke(LeaseRevokeArgs),
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// List unrevoked leases, optionally under an id prefix.
 #[argh(subcommand, name = "list", help_triggers("-h", "--help"))]
 struct LeaseListArgs {
@@ -772,7 +788,7 @@ struct LeaseListArgs {
     prefix: Option<String>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Show one lease.
 #[argh(subcommand, name = "show", help_triggers("-h", "--help"))]
 struct LeaseShowArgs {
@@ -781,7 +797,7 @@ struct LeaseShowArgs {
     id: String,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Extend a lease to now + increment, capped by its max TTL.
 #[argh(subcommand, name = "renew", help_triggers("-h", "--help"))]
 struct LeaseRenewArgs {
@@ -793,7 +809,7 @@ struct LeaseRenewArgs {
     increment: Option<String>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Revoke a lease now (its credentials stop working), or every lease under --prefix.
 #[argh(subcommand, name = "revoke", help_triggers("-h", "--help"))]
 struct LeaseRevokeArgs {
@@ -916,7 +932,7 @@ async fn leases(common: Common, args: LeasesArgs) -> Result<(), CliError> {
     }
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Create dynamic credentials with a lease. `creds postgres [--ttl D]` makes a PostgreSQL
 /// LOGIN role with a random password, valid until the lease expires (server config
 /// secrets.postgres: url, default_ttl, max_ttl); revoking or expiry drops the role. The

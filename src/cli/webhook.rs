@@ -22,7 +22,13 @@ fn run(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
     super::run_command::<OutboundArgs, _>(program, &name, args, common, outbound)
 }
 
-#[derive(FromArgs)]
+/// The argh definition of `outbound`, its one command (`cli::args_info`).
+pub fn command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
+    use argh::ArgsInfo;
+    (command == "outbound").then(OutboundArgs::get_args_info)
+}
+
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Outbound webhook subscriptions: matching events are POSTed to a URL, signed the Standard
 /// Webhooks way (webhook-id, webhook-timestamp, webhook-signature: v1,<base64 HMAC-SHA256>).
 #[argh(help_triggers("-h", "--help"))]
@@ -31,7 +37,7 @@ struct OutboundArgs {
     command: OutboundCommand,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 #[argh(subcommand)]
 enum OutboundCommand {
     Create(CreateArgs),
@@ -44,7 +50,7 @@ enum OutboundCommand {
     Redeliver(RedeliverArgs),
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Subscribe a URL to events (operator); the signing secret is printed this once.
 #[argh(subcommand, name = "create", help_triggers("-h", "--help"))]
 struct CreateArgs {
@@ -68,12 +74,12 @@ struct CreateArgs {
     description: Option<String>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// List subscriptions (never secrets; readonly keys see URL origins only).
 #[argh(subcommand, name = "list", help_triggers("-h", "--help"))]
 struct ListArgs {}
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Show one subscription.
 #[argh(subcommand, name = "show", help_triggers("-h", "--help"))]
 struct ShowArgs {
@@ -82,7 +88,7 @@ struct ShowArgs {
     id: String,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Change a subscription (operator); flags not given keep their value.
 #[argh(subcommand, name = "update", help_triggers("-h", "--help"))]
 struct UpdateArgs {
@@ -109,7 +115,7 @@ struct UpdateArgs {
     description: Option<String>,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Delete a subscription and its deliveries (operator).
 #[argh(subcommand, name = "delete", help_triggers("-h", "--help"))]
 struct DeleteArgs {
@@ -118,7 +124,7 @@ struct DeleteArgs {
     id: String,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Send a webhook.ping message now, once (operator); exit 1 unless the receiver took it.
 #[argh(subcommand, name = "test", help_triggers("-h", "--help"))]
 struct TestArgs {
@@ -127,7 +133,7 @@ struct TestArgs {
     id: String,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// A subscription's deliveries, newest first.
 #[argh(subcommand, name = "deliveries", help_triggers("-h", "--help"))]
 struct DeliveriesArgs {
@@ -142,7 +148,7 @@ struct DeliveriesArgs {
     limit: u32,
 }
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// Send a delivery again, with the same webhook-id (operator).
 #[argh(subcommand, name = "redeliver", help_triggers("-h", "--help"))]
 struct RedeliverArgs {

@@ -289,25 +289,13 @@ fn json(status: StatusCode, value: &serde_json::Value) -> Response<Body> {
 }
 
 fn error_response(error: &Error) -> Response<Body> {
-    let status = match error {
-        Error::NotFound(_) => StatusCode::NOT_FOUND,
-        Error::Malformed(_) => StatusCode::BAD_REQUEST,
-        Error::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
-        Error::Conflict(_) => StatusCode::CONFLICT,
-        Error::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
-        Error::Forbidden(_) => StatusCode::FORBIDDEN,
-        Error::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-        Error::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
-        Error::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-        _ => StatusCode::INTERNAL_SERVER_ERROR,
-    };
+    // The status and body svc-server's REST answers with (`error.rs`), so one client reads both.
+    let status =
+        StatusCode::from_u16(error.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     if let Error::Internal(cause) = error {
         tracing::error!(%cause, "registry request failed");
     }
-    json(
-        status,
-        &serde_json::json!({"error": {"code": error.code(), "message": error.to_string()}}),
-    )
+    json(status, &error.body())
 }
 
 /// The OpenAPI document of the routes below.

@@ -1,5 +1,6 @@
 //! What every program under svc's names shares, the daemons and the CLIs alike: exit codes
-//! (contract §1) and the error that carries one, argument parsing with `--help` and
+//! (contract §1), the one map from errors to them (`exit::of_code`), and the error that
+//! carries one, argument parsing with `--help` and
 //! `--version`, the common client flags, the runtime a command's body runs on, output formats
 //! (`output.rs`), the log-filter flag, a table of commands and its help (`planned.rs`), and the
 //! list of names the binary answers to. A leaf: it knows no domain, daemon or CLI, so the
@@ -55,6 +56,49 @@ pub mod exit {
     pub const DENIED: i32 = 4;
     pub const NOT_FOUND: i32 = 5;
     pub const UNKNOWN_COMMAND: i32 = 127;
+
+    /// The exit code of a failure, by its REST error code (`Error::code`: what REST bodies
+    /// and the bus replies carry too). The one map from errors to exit codes: a domain
+    /// `Error`, a gRPC status and an HTTP status are each named by that code first
+    /// (`of_error`, `of_grpc`, `of_http`), so every CLI exits alike for the same failure.
+    pub fn of_code(code: &str) -> i32 {
+        match code {
+            "not_found" => NOT_FOUND,
+            "unauthenticated" | "permission_denied" => DENIED,
+            "unavailable" => UNREACHABLE,
+            _ => FAILED,
+        }
+    }
+
+    /// The exit code of a domain error run in the CLI's own process.
+    pub fn of_error(error: &crate::error::Error) -> i32 {
+        of_code(error.code())
+    }
+
+    /// The exit code of a gRPC status: the codes `From<Error> for Status` gives the errors
+    /// `of_code` singles out.
+    pub fn of_grpc(code: tonic::Code) -> i32 {
+        use tonic::Code;
+        of_code(match code {
+            Code::NotFound => "not_found",
+            Code::Unauthenticated => "unauthenticated",
+            Code::PermissionDenied => "permission_denied",
+            Code::Unavailable => "unavailable",
+            _ => "",
+        })
+    }
+
+    /// The exit code of an HTTP error status: the statuses `Error::http_status` gives the
+    /// errors `of_code` singles out.
+    pub fn of_http(status: u16) -> i32 {
+        of_code(match status {
+            404 => "not_found",
+            401 => "unauthenticated",
+            403 => "permission_denied",
+            503 => "unavailable",
+            _ => "",
+        })
+    }
 }
 
 /// A CLI failure: the exit code and the one-line message for stderr.
@@ -89,14 +133,13 @@ impl From<tonic::Status> for CliError {
     fn from(status: tonic::Status) -> Self {
         use tonic::Code;
         let message = status.message().to_string();
+        let code = exit::of_grpc(status.code());
         match status.code() {
-            Code::Unauthenticated | Code::PermissionDenied => CliError::new(exit::DENIED, message),
-            Code::NotFound => CliError::new(exit::NOT_FOUND, message),
-            Code::Unavailable => CliError::new(
-                exit::UNREACHABLE,
-                format!("cannot reach the server: {message}"),
-            ),
-            Code::Unimplemented => CliError::failed(format!("Unimplemented: {message}")),
+            Code::Unavailable => CliError::new(code, format!("cannot reach the server: {message}")),
+            Code::Unimplemented => CliError::new(code, format!("Unimplemented: {message}")),
+            Code::Unauthenticated | Code::PermissionDenied | Code::NotFound => {
+                CliError::new(code, message)
+            }
             // Made here, not by the server (only a local transport failure carries a source):
             // the connection itself broke, typically a plain client talking to a TLS port,
             // whose server hangs up on the first bytes.
@@ -107,8 +150,16 @@ impl From<tonic::Status> for CliError {
                      give --server as https://HOST:PORT"
                 ),
             ),
-            _ => CliError::failed(message),
+            _ => CliError::new(code, message),
         }
+    }
+}
+
+/// A domain error from code a CLI runs in its own process (svc-migrate's engine, the offline
+/// backup commands, svc-agent's requests over the bus).
+impl From<crate::error::Error> for CliError {
+    fn from(error: crate::error::Error) -> Self {
+        CliError::new(exit::of_error(&error), error.to_string())
     }
 }
 
@@ -301,6 +352,73 @@ mod tests {
         assert_eq!(common.api_key.as_deref(), Some("k"));
         assert_eq!(common.server, "h:1");
         assert_eq!(common.ca_file, Some(PathBuf::from("/etc/ca.pem")));
+    }
+
+    #[test]
+    fn every_kind_of_error_maps_to_the_same_exit_code() {
+        use crate::error::Error;
+        use tonic::Code;
+        // (domain error, the gRPC code and HTTP status the server gives it, exit code)
+        let cases = [
+            (
+                Error::NotFound("x".into()),
+                Code::NotFound,
+                404,
+                exit::NOT_FOUND,
+            ),
+            (
+                Error::Unauthenticated("x".into()),
+                Code::Unauthenticated,
+                401,
+                exit::DENIED,
+            ),
+            (
+                Error::Forbidden("x".into()),
+                Code::PermissionDenied,
+                403,
+                exit::DENIED,
+            ),
+            (
+                Error::Unavailable("x".into()),
+                Code::Unavailable,
+                503,
+                exit::UNREACHABLE,
+            ),
+            (
+                Error::Invalid("x".into()),
+                Code::InvalidArgument,
+                422,
+                exit::FAILED,
+            ),
+            (
+                Error::Conflict("x".into()),
+                Code::AlreadyExists,
+                409,
+                exit::FAILED,
+            ),
+            (
+                Error::Unimplemented("x".into()),
+                Code::Unimplemented,
+                501,
+                exit::FAILED,
+            ),
+            (
+                Error::Internal("x".into()),
+                Code::Internal,
+                500,
+                exit::FAILED,
+            ),
+        ];
+        for (error, grpc, http, expected) in cases {
+            assert_eq!(error.http_status(), http, "{error:?}");
+            assert_eq!(exit::of_error(&error), expected, "{error:?}");
+            assert_eq!(exit::of_code(error.code()), expected, "{error:?}");
+            assert_eq!(exit::of_http(http), expected, "{error:?}");
+            assert_eq!(exit::of_grpc(grpc), expected, "{error:?}");
+            let status = tonic::Status::from(error);
+            assert_eq!(status.code(), grpc);
+            assert_eq!(CliError::from(status).code, expected);
+        }
     }
 
     #[test]

@@ -15,7 +15,7 @@ use crate::domain::Domain;
 use crate::stream::{Stream, StreamConfig, StreamLog};
 use crate::Result;
 
-#[derive(FromArgs)]
+#[derive(FromArgs, argh::ArgsInfo)]
 /// The svc control-plane daemon: REST (8080), gRPC (5397) and the message bus (4222).
 #[argh(help_triggers("-h", "--help"))]
 struct Args {

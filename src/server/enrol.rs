@@ -117,8 +117,7 @@ async fn serve_renew(context: Arc<Context>) {
 }
 
 fn error_reply(code: &str, message: &str) -> Vec<u8> {
-    serde_json::to_vec(&serde_json::json!({"error": {"code": code, "message": message}}))
-        .expect("JSON values serialize")
+    serde_json::to_vec(&crate::error::error_body(code, message)).expect("JSON values serialize")
 }
 
 /// Answers `svc.agent.<id>.jwt`: the broker lets only agent `<id>` (and the server) publish

@@ -407,14 +407,10 @@ fn json_reply<T: serde::Serialize>(value: &T) -> Result<(HeaderMap, Bytes)> {
 pub(super) fn error_reply(error: &Error) -> (HeaderMap, Bytes) {
     let mut headers = HeaderMap::new();
     headers.insert(ERROR_HEADER, error.code());
-    let message = match error {
-        Error::Internal(_) => "internal error".to_string(),
-        other => other.to_string(),
-    };
-    let body = serde_json::json!({"error": {"code": error.code(), "message": message}});
+    // `Internal` displays as "internal error" only: its cause never leaves the server.
     (
         headers,
-        serde_json::to_vec(&body)
+        serde_json::to_vec(&error.body())
             .expect("JSON values serialize")
             .into(),
     )

@@ -96,7 +96,7 @@ pub const HTTP_BUSY: Refusal = Refusal {
 connection: close\r\ncontent-length: 90\r\n\r\n\
 {\"error\":{\"code\":\"unavailable\",\"message\":\"too many connections (limits.max_connections)\"}}",
     over_share: b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
-connection: close\r\ncontent-length: 115\r\n\r\n\
+connection: close\r\ncontent-length: 119\r\n\r\n\
 {\"error\":{\"code\":\"unavailable\",\"message\":\"too many connections from one address (limits.max_connections_per_address)\"}}",
 };
 
@@ -392,6 +392,40 @@ async fn handshake(
         Err(_) => {
             tracing::debug!(listener = listener_name, %peer, timeout = ?deadline, "TLS handshake timed out");
             None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The refusals are fixed bytes (written before any request is read), so they are held
+    /// here to the one error body (`error::error_body`) and to their own content-length.
+    #[test]
+    fn busy_answers_carry_the_one_error_body() {
+        let cases = [
+            (
+                HTTP_BUSY.over_cap,
+                "too many connections (limits.max_connections)",
+            ),
+            (
+                HTTP_BUSY.over_share,
+                "too many connections from one address (limits.max_connections_per_address)",
+            ),
+        ];
+        for (answer, message) in cases {
+            let text = std::str::from_utf8(answer).unwrap();
+            let (head, body) = text.split_once("\r\n\r\n").unwrap();
+            let expected = crate::error::Error::Unavailable(message.into()).body();
+            assert_eq!(
+                serde_json::from_str::<serde_json::Value>(body).unwrap(),
+                expected
+            );
+            assert!(
+                head.ends_with(&format!("content-length: {}", body.len())),
+                "{head}"
+            );
         }
     }
 }

@@ -150,7 +150,7 @@ async fn forward(mut events: mpsc::Receiver<Result<Event>>, out: mpsc::Sender<By
             item = events.recv() => match item {
                 Some(Ok(event)) => frame(&event),
                 Some(Err(error)) => {
-                    let body = serde_json::json!({"error": {"code": error.code(), "message": error.to_string()}});
+                    let body = error.body();
                     let _ = out.send(Bytes::from(format!("event: error\ndata: {body}\n\n"))).await;
                     return;
                 }

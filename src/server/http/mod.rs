@@ -446,8 +446,7 @@ fn error_response(error: Error) -> Response<Body> {
     }
     let status =
         StatusCode::from_u16(error.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let body = serde_json::json!({"error": {"code": error.code(), "message": error.to_string()}});
-    let mut response = json_response(status, &body);
+    let mut response = json_response(status, &error.body());
     let headers = response.headers_mut();
     match error {
         Error::RateLimited { retry_after } => {
