@@ -14,8 +14,9 @@
 //! 1. enrolment: every agent enrols over `svc.enroll` (CSR, PSK, certificate, store row,
 //!    audit row, event), the processes at once; then they log in (at most 200 first logins in
 //!    flight per process).
-//! 2. memory: server RSS idle, after the enrolments (registry entries, no connections) and
-//!    with every agent connected (connection + subscription): per agent.
+//! 2. memory: server RSS idle, after the enrolments (registry entries, no connections), with
+//!    every agent logged in and heartbeating, and with every agent's command subscription
+//!    too (the agents subscribe only when told, for this measurement): per agent.
 //! 3. heartbeats at the default interval (phases spread over it): server CPU and the
 //!    simulators' CPU over --seconds, after one interval to settle (or --seconds if shorter).
 //! 4. exec fan-out: `FleetService.Exec` (what `svcctl exec` calls) of `true` to every agent,
@@ -100,6 +101,7 @@ struct Status {
     answered: usize,
     refused: usize,
     lost: usize,
+    subscribed: usize,
 }
 
 /// Simulator processes (bench/fleet/simulator.rs), killed on drop.
@@ -166,6 +168,7 @@ impl Fleet {
                             status.answered = number(3);
                             status.refused = number(4);
                             status.lost = number(5);
+                            status.subscribed = number(6);
                         }
                         _ => {}
                     }
@@ -188,6 +191,7 @@ impl Fleet {
             total.answered += s.answered;
             total.refused += s.refused;
             total.lost += s.lost;
+            total.subscribed += s.subscribed;
         }
         total
     }
@@ -196,6 +200,14 @@ impl Fleet {
     fn go(&mut self) {
         for (_, stdin) in &mut self.children {
             writeln!(stdin, "connect").unwrap();
+        }
+    }
+
+    /// Tells every process its agents may subscribe to their commands (at login, if they are
+    /// not in yet).
+    fn subscribe(&mut self) {
+        for (_, stdin) in &mut self.children {
+            writeln!(stdin, "subscribe").unwrap();
         }
     }
 
@@ -405,11 +417,12 @@ impl Floor {
             ..plan.clone()
         };
         let mut fleet = Fleet::start("floor", &plan, dir, options.agents, options.processes);
+        fleet.subscribe();
         fleet.go();
         let agents = options.agents;
         fleet
             .wait("every agent connected", Duration::from_secs(600), |s| {
-                s.connected == agents
+                s.connected == agents && s.subscribed == agents
             })
             .await;
         let client = async_nats::connect(nats.url(0)).await.unwrap();
@@ -731,9 +744,15 @@ fn main() {
             agents as f64 / started.elapsed().as_secs_f64()
         );
 
-        // 2 and 3. memory, heartbeats.
+        // 2 and 3. memory (connected, then subscribed too), heartbeats.
         let settle = interval.min(Duration::from_secs(options.seconds));
         tokio::time::sleep(settle).await;
+        let rss_logged_in = rss_kib(pid);
+        fleet.subscribe();
+        fleet
+            .wait("every subscription", Duration::from_secs(300), |s| s.subscribed == agents)
+            .await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
         let beats0 = metric(&server.http, "svc_agent_heartbeats_total");
         let (cpu0, fleet_cpu0, t0) = (common::cpu_time(pid), fleet.cpu(), Instant::now());
         tokio::time::sleep(Duration::from_secs(options.seconds)).await;
@@ -762,11 +781,12 @@ fn main() {
             rss as f64 / 1024.0
         );
         println!(
-            "  per agent: {:.1} KB in all   goal <= 20 KB: {}; of which {:.1} KB enrolled (registry entry, store cache) and {:.1} KB connected (connection, its subscription, session state); simulators {:.1} KB per agent",
+            "  per agent: {:.1} KB in all   goal <= 20 KB: {}; of which {:.1} KB enrolled (registry entry, store cache), {:.1} KB logged in and heartbeating (connection, session) and {:.1} KB its command subscription; simulators {:.1} KB per agent",
             per(rss.saturating_sub(rss_idle)),
             met(per(rss.saturating_sub(rss_idle)) <= 20.0),
             per(rss_enrolled.saturating_sub(rss_idle)),
-            per(rss.saturating_sub(rss_enrolled)),
+            per(rss_logged_in.saturating_sub(rss_enrolled)),
+            per(rss.saturating_sub(rss_logged_in)),
             per(fleet.rss_kib())
         );
 

@@ -16,9 +16,10 @@
 //!
 //! Processes of their own keep each one under the machine's 20,000 open files and make the
 //! simulator's CPU visible apart from the server's. The child reports on stdout, one line
-//! every 200 ms (`status CONNECTED LOGINS ANSWERED REFUSED LOST`), after one line when its
-//! agents are enrolled or loaded (`enrolled COUNT SECONDS`). Its agents log in when the parent
-//! writes `connect` on its stdin; it exits when its stdin closes, so a bench that dies leaves
+//! every 200 ms (`status CONNECTED LOGINS ANSWERED REFUSED LOST SUBSCRIBED`), after one line
+//! when its agents are enrolled or loaded (`enrolled COUNT SECONDS`). Its agents log in when
+//! the parent writes `connect` on its stdin, and subscribe to their commands when it writes
+//! `subscribe` (at once if it came first; the bench reads the server's memory in between); it exits when its stdin closes, so a bench that dies leaves
 //! no simulator behind.
 
 use std::io::{BufRead, Write};
@@ -76,6 +77,8 @@ struct Counts {
     answered: AtomicUsize,
     refused: AtomicUsize,
     lost: AtomicUsize,
+    /// Connected agents whose command subscription the server has confirmed.
+    subscribed: AtomicUsize,
 }
 
 /// The child's main: never returns.
@@ -85,10 +88,14 @@ pub fn main(plan: &str) -> ! {
     // (or dies): then the simulator exits.
     let go = Arc::new(tokio::sync::Notify::new());
     let told = go.clone();
+    let (subscribe, subscribing) = tokio::sync::watch::channel(false);
     std::thread::spawn(move || {
         for line in std::io::stdin().lock().lines() {
             match line.as_deref() {
                 Ok("connect") => told.notify_one(),
+                Ok("subscribe") => {
+                    let _ = subscribe.send(true);
+                }
                 Ok(_) => {}
                 Err(_) => break,
             }
@@ -100,11 +107,15 @@ pub fn main(plan: &str) -> ! {
         .enable_all()
         .build()
         .unwrap();
-    runtime.block_on(run(plan, go));
+    runtime.block_on(run(plan, go, subscribing));
     unreachable!("the simulator runs until its stdin closes")
 }
 
-async fn run(plan: Plan, go: Arc<tokio::sync::Notify>) {
+async fn run(
+    plan: Plan,
+    go: Arc<tokio::sync::Notify>,
+    subscribing: tokio::sync::watch::Receiver<bool>,
+) {
     let started = Instant::now();
     let identities = match std::fs::read_to_string(&plan.saved) {
         Ok(text) => text
@@ -163,17 +174,19 @@ async fn run(plan: Plan, go: Arc<tokio::sync::Notify>) {
             facts: facts.clone(),
             identity,
             counts: counts.clone(),
+            subscribing: subscribing.clone(),
         };
         tokio::spawn(agent.live(first_logins.clone()));
     }
     loop {
         say(&format!(
-            "status {} {} {} {} {}",
+            "status {} {} {} {} {} {}",
             counts.connected.load(Ordering::Relaxed),
             counts.logins.load(Ordering::Relaxed),
             counts.answered.load(Ordering::Relaxed),
             counts.refused.load(Ordering::Relaxed),
             counts.lost.load(Ordering::Relaxed),
+            counts.subscribed.load(Ordering::Relaxed),
         ));
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -194,6 +207,9 @@ struct Agent {
     interval: Duration,
     facts: Arc<svc::facts::Facts>,
     counts: Arc<Counts>,
+    /// Whether agents subscribe to their commands: from the start as svc-agent does, or once
+    /// the parent says `subscribe` (it reads the server's memory in between).
+    subscribing: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Agent {
@@ -229,7 +245,12 @@ impl Agent {
         let (mut reader, mut write) = login(identity, self.bus, self.source).await?;
         let mut facts = (*self.facts).clone();
         facts.insert("hostname".into(), id.into());
-        let mut hello = format!("SUB svc.agent.{id}.cmd 1\r\n").into_bytes();
+        let mut subscribing = self.subscribing.clone();
+        let subscribed = *subscribing.borrow_and_update();
+        let mut hello = Vec::new();
+        if subscribed {
+            hello.extend(format!("SUB svc.agent.{id}.cmd 1\r\n").into_bytes());
+        }
         hello.extend(heartbeat(identity, Some(facts)));
         hello.extend_from_slice(b"PING\r\n");
         write.write_all(&hello).await?;
@@ -237,10 +258,26 @@ impl Agent {
         permit.take();
         self.counts.connected.fetch_add(1, Ordering::Relaxed);
         self.counts.logins.fetch_add(1, Ordering::Relaxed);
+        let mut subscribed = subscribed;
+        if subscribed {
+            self.counts.subscribed.fetch_add(1, Ordering::Relaxed);
+        }
         // However it ended (closed, reset, a -ERR), the agent starts over.
-        let _ = self.serve(&mut reader, &mut write, verifier, seen).await;
+        let _ = self
+            .serve(
+                &mut reader,
+                &mut write,
+                verifier,
+                seen,
+                &mut subscribing,
+                &mut subscribed,
+            )
+            .await;
         self.counts.connected.fetch_sub(1, Ordering::Relaxed);
         self.counts.lost.fetch_add(1, Ordering::Relaxed);
+        if subscribed {
+            self.counts.subscribed.fetch_sub(1, Ordering::Relaxed);
+        }
         Ok(())
     }
 
@@ -250,8 +287,12 @@ impl Agent {
         write: &mut tokio::net::tcp::OwnedWriteHalf,
         verifier: &Verifier,
         seen: &mut SeenJobs,
+        subscribing: &mut tokio::sync::watch::Receiver<bool>,
+        subscribed: &mut bool,
     ) -> std::io::Result<()> {
         let identity = &self.identity;
+        // A SUB sent late is confirmed by the PONG to the PING after it.
+        let mut confirming = false;
         let start = tokio::time::Instant::now() + self.phase.max(Duration::from_millis(1));
         let mut tick = tokio::time::interval_at(start, self.interval);
         let mut line = String::new();
@@ -283,6 +324,12 @@ impl Agent {
                         Some(other) if other.starts_with("-ERR") => {
                             return Err(std::io::Error::other(line.trim_end().to_string()));
                         }
+                        Some("PONG") if confirming => {
+                            confirming = false;
+                            *subscribed = true;
+                            self.counts.subscribed.fetch_add(1, Ordering::Relaxed);
+                            continue;
+                        }
                         _ => continue,
                     };
                     payload.resize(size + 2, 0);
@@ -298,6 +345,13 @@ impl Agent {
                     write.write_all(&identity.publish("result", &body)).await?;
                 }
                 _ = tick.tick() => write.write_all(&heartbeat(identity, None)).await?,
+                changed = subscribing.changed(), if !*subscribed && !confirming => {
+                    if changed.is_ok() && *subscribing.borrow_and_update() {
+                        let sub = format!("SUB svc.agent.{}.cmd 1\r\nPING\r\n", identity.id);
+                        write.write_all(sub.as_bytes()).await?;
+                        confirming = true;
+                    }
+                }
             }
         }
     }
