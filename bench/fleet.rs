@@ -262,25 +262,13 @@ impl Drop for Fleet {
     }
 }
 
-/// A metric's value in the server's /metrics (0 when absent or unreachable).
+/// A metric's value in the server's /metrics, its labelled samples summed when `name` leaves
+/// the labels out (0 when absent or unreachable).
 fn metric(server_http: &str, name: &str) -> f64 {
     http_get(server_http, "/metrics", Duration::from_secs(5))
         .map(|(_, text)| {
             text.lines()
-                .find(|l| l.starts_with(name))
-                .and_then(|l| l.split_whitespace().last())
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0.0)
-        })
-        .unwrap_or(0.0)
-}
-
-/// Messages the server dropped as not signed by their agent (every kind summed).
-fn forged(server_http: &str) -> f64 {
-    http_get(server_http, "/metrics", Duration::from_secs(5))
-        .map(|(_, text)| {
-            text.lines()
-                .filter(|l| l.starts_with("svc_agent_messages_forged_total"))
+                .filter(|l| l.starts_with(name))
                 .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
                 .sum()
         })
@@ -338,20 +326,12 @@ async fn exec_round(server: &Server, agents: usize) -> (Duration, Duration) {
         concurrency: 0,
     };
     let started = Instant::now();
-    let mut stream = client
+    let stream = client
         .exec(authorized(&server.key, request))
         .await
         .unwrap()
         .into_inner();
-    let mut first = None;
-    let mut count = 0;
-    while let Some(result) = stream.message().await.unwrap() {
-        assert_eq!(result.status, "ok", "{result:?}");
-        first.get_or_insert_with(|| started.elapsed());
-        count += 1;
-    }
-    assert_eq!(count, agents);
-    (first.unwrap(), started.elapsed())
+    every_result(started, stream, |r| &r.status, agents).await
 }
 
 /// One `StateCheck` of a one-file plan to every agent: (first result, last result).
@@ -365,15 +345,26 @@ async fn state_check(server: &Server, agents: usize) -> (Duration, Duration) {
         ..Default::default()
     };
     let started = Instant::now();
-    let mut stream = client
+    let stream = client
         .state_check(authorized(&server.key, request))
         .await
         .unwrap()
         .into_inner();
+    every_result(started, stream, |r| &r.status, agents).await
+}
+
+/// Reads a fan-out's results as they stream in, each `ok` and one per agent: the time from
+/// `started` to the first and to the last.
+async fn every_result<T: std::fmt::Debug>(
+    started: Instant,
+    mut stream: tonic::Streaming<T>,
+    status: fn(&T) -> &String,
+    agents: usize,
+) -> (Duration, Duration) {
     let mut first = None;
     let mut count = 0;
     while let Some(result) = stream.message().await.unwrap() {
-        assert_eq!(result.status, "ok", "{result:?}");
+        assert_eq!(status(&result), "ok", "{result:?}");
         first.get_or_insert_with(|| started.elapsed());
         count += 1;
     }
@@ -758,7 +749,7 @@ fn main() {
         tokio::time::sleep(Duration::from_secs(options.seconds)).await;
         let window = t0.elapsed().as_secs_f64();
         let beats = metric(&server.http, "svc_agent_heartbeats_total") - beats0;
-        let forged = forged(&server.http);
+        let forged = metric(&server.http, "svc_agent_messages_forged_total");
         assert_eq!(forged, 0.0, "the server dropped {forged} signed messages as forged");
         let used = (common::cpu_time(pid) - cpu0).as_secs_f64() / window * 100.0;
         let fleet_used = (fleet.cpu() - fleet_cpu0).as_secs_f64() / window * 100.0;

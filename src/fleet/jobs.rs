@@ -117,9 +117,7 @@ pub async fn run(
             // agents answer long before the last command is out. Their answers go on at once
             // (and the caller's stream gets a turn) instead of after the whole dispatch.
             while let Ok((agent, reply)) = answers.try_recv() {
-                if in_flight.remove(&agent).is_some()
-                    && out.send((agent, Delivery::Answered(reply))).await.is_err()
-                {
+                if !hand_on(&mut in_flight, &out, agent, reply).await {
                     break 'job;
                 }
             }
@@ -168,9 +166,7 @@ pub async fn run(
         tokio::select! {
             answer = answers.recv() => {
                 let Some((agent, reply)) = answer else { break };
-                if in_flight.remove(&agent).is_some()
-                    && out.send((agent, Delivery::Answered(reply))).await.is_err()
-                {
+                if !hand_on(&mut in_flight, &out, agent, reply).await {
                     break;
                 }
             }
@@ -197,6 +193,17 @@ pub async fn run(
         fleet.fan_outs.record(kind, started.elapsed());
     }
     Ok(())
+}
+
+/// Hands an awaited agent's answer to `out` (one not awaited, late or repeated, is dropped);
+/// false when `out` is closed.
+async fn hand_on(
+    in_flight: &mut HashMap<String, Instant>,
+    out: &mpsc::Sender<(String, Delivery)>,
+    agent: String,
+    reply: Reply,
+) -> bool {
+    in_flight.remove(&agent).is_none() || out.send((agent, Delivery::Answered(reply))).await.is_ok()
 }
 
 /// Emits a job's events in batches from a task of its own, so that collecting 1,000 answers
