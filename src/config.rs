@@ -148,6 +148,11 @@ pub struct JobsConfig {
     /// Each stored stdout and stderr (and each state diff) is cut at this many bytes; the
     /// live stream of a job that is watched is not.
     pub max_output_bytes: u64,
+    /// A fan-out to at most this many agents emits each agent's routine events
+    /// (command_dispatched, command_completed, state_apply_started, state_apply_succeeded);
+    /// a larger one only job_started, job_finished and each agent's failures and drift
+    /// (its stored results still hold every agent's outcome).
+    pub per_agent_events: u64,
 }
 
 impl Default for JobsConfig {
@@ -156,6 +161,7 @@ impl Default for JobsConfig {
             keep: 1000,
             max_age: ConfigDuration(Duration::from_secs(30 * 86_400)),
             max_output_bytes: 64 * 1024,
+            per_agent_events: 1000,
         }
     }
 }

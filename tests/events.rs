@@ -29,7 +29,7 @@ fn types_emit_get_list_stats() {
         "-o",
         "json",
     ])));
-    assert_eq!(types.as_array().unwrap().len(), 24);
+    assert_eq!(types.as_array().unwrap().len(), 26);
     assert!(types
         .as_array()
         .unwrap()

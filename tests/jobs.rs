@@ -429,3 +429,146 @@ fn jobs_older_than_max_age_are_pruned() {
     assert_eq!(show(&server, &server.admin_key, &old).0, 5);
     assert_eq!(finished(&server, &server.admin_key, &new).0, 0);
 }
+
+/// Job `id`'s events once its `job_finished` is stored, oldest first: (type, source,
+/// payload).
+fn job_events(server: &TestServer, id: &str) -> Vec<(String, String, serde_json::Value)> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let listed = run(server.cli("svc-events").args([
+            "--api-key",
+            &server.admin_key,
+            "-o",
+            "json",
+            "list",
+            "--category",
+            "job",
+            "--limit",
+            "1000",
+        ]));
+        assert_eq!(listed.code, 0, "{listed:?}");
+        let listed: serde_json::Value = serde_json::from_str(&listed.stdout).unwrap();
+        let mut items: Vec<serde_json::Value> = listed["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["payload"]["job_id"] == id)
+            .cloned()
+            .collect();
+        items.sort_by_key(|e| e["seq"].as_u64());
+        if items.iter().any(|e| e["type"] == "job_finished") {
+            return items
+                .into_iter()
+                .map(|e| {
+                    (
+                        e["type"].as_str().unwrap().to_string(),
+                        e["source"].as_str().unwrap().to_string(),
+                        e["payload"].clone(),
+                    )
+                })
+                .collect();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no job_finished for {id}: {items:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn past_per_agent_events_a_fan_out_emits_its_job_and_the_failures_only() {
+    let server = TestServer::start_with(Options {
+        env: vec![("SVC_JOBS__PER_AGENT_EVENTS".into(), "2".into())],
+        ..Options::default()
+    });
+    let web1 = Agent::start(&server, "web-01", "role=web");
+    let web2 = Agent::start(&server, "web-02", "role=web");
+    let web3 = Agent::start(&server, "web-03", "role=web");
+    connected(&server, &[&web1, &web2, &web3]);
+    let (_, operator) = server.create_key("ops", "operator");
+
+    // Two targets: within the bound, each agent's events as before, between the job's two.
+    let small = svcctl(
+        &server,
+        &operator,
+        &["-o", "json", "exec", "-t", "web-01,web-02", "--", "true"],
+    );
+    assert_eq!(small.code, 0, "{small:?}");
+    let small_id = json_lines(&small)[0]["job_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let events = job_events(&server, &small_id);
+    let of_small: Vec<(&str, &str)> = events
+        .iter()
+        .map(|(t, s, _)| (t.as_str(), s.as_str()))
+        .collect();
+    assert_eq!(of_small.len(), 6, "{events:?}");
+    assert_eq!(
+        of_small[0],
+        ("job_started", small_id.as_str()),
+        "{events:?}"
+    );
+    assert_eq!(
+        of_small[5],
+        ("job_finished", small_id.as_str()),
+        "{events:?}"
+    );
+    for agent in ["web-01", "web-02"] {
+        for kind in ["command_dispatched", "command_completed"] {
+            assert!(
+                of_small.contains(&(kind, agent)),
+                "{kind} {agent}: {events:?}"
+            );
+        }
+    }
+
+    // Three targets, one of them failing: past the bound, the job's two events and the one
+    // failure; every agent's result is still in the job's history.
+    let large = svcctl(
+        &server,
+        &operator,
+        &[
+            "-o",
+            "json",
+            "exec",
+            "--",
+            "sh",
+            "-c",
+            "test \"$SVC_AGENT_ID\" != web-03",
+        ],
+    );
+    assert_eq!(large.code, 1, "web-03 fails: {large:?}");
+    let large_id = json_lines(&large)[0]["job_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let of_large = job_events(&server, &large_id);
+    let kinds: Vec<(&str, &str)> = of_large
+        .iter()
+        .map(|(t, s, _)| (t.as_str(), s.as_str()))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("job_started", large_id.as_str()),
+            ("command_failed", "web-03"),
+            ("job_finished", large_id.as_str()),
+        ],
+        "{of_large:?}"
+    );
+    let started = &of_large[0].2;
+    assert_eq!(started["kind"], "exec", "{started}");
+    assert_eq!(started["agents"], 3, "{started}");
+    assert_eq!(started["per_agent_events"], false, "{started}");
+    assert_eq!(started["by"], "ops", "{started}");
+    let finished_event = &of_large[2].2;
+    assert_eq!(
+        finished_event["counts"],
+        serde_json::json!({"ok": 2, "failed": 1}),
+        "{finished_event}"
+    );
+    let (_, _, results, shown) = finished(&server, &operator, &large_id);
+    assert_eq!(results.len(), 3, "{shown:?}");
+}

@@ -1,4 +1,4 @@
-//! The canonical event types (contract §8, plus the identity tokens' two): name, category and
+//! The canonical event types (contract §8, plus the identity tokens' two and the fan-out's two): name, category and
 //! default severity, in one table. `svc-events types` prints it; emit refuses any other type.
 //! Types and severities are enums, so a misspelt one is a compile error, with the wire names
 //! (snake_case types, lowercase severities) from serde.
@@ -66,6 +66,8 @@ pub enum EventKind {
     StateApplySucceeded,
     StateApplyFailed,
     StateDriftDetected,
+    JobStarted,
+    JobFinished,
     BusHealthy,
     BusDegraded,
     PolicyAllow,
@@ -96,6 +98,8 @@ impl EventKind {
             StateApplySucceeded => "state_apply_succeeded",
             StateApplyFailed => "state_apply_failed",
             StateDriftDetected => "state_drift_detected",
+            JobStarted => "job_started",
+            JobFinished => "job_finished",
             BusHealthy => "bus_healthy",
             BusDegraded => "bus_degraded",
             PolicyAllow => "policy_allow",
@@ -159,6 +163,8 @@ pub const TYPES: &[EventType] = &[
     t(StateApplySucceeded, "job", S::Info),
     t(StateApplyFailed, "job", S::Error),
     t(StateDriftDetected, "job", S::Warning),
+    t(JobStarted, "job", S::Info),
+    t(JobFinished, "job", S::Info),
     t(BusHealthy, "bus", S::Info),
     t(BusDegraded, "bus", S::Error),
     t(PolicyAllow, "policy", S::Debug),
@@ -182,8 +188,9 @@ mod tests {
 
     #[test]
     fn the_table_is_the_contract() {
-        // Contract §8's 22, plus jwt_issued and jwt_revoked (issue 11: identity tokens).
-        assert_eq!(TYPES.len(), 24);
+        // Contract §8's 22, plus jwt_issued and jwt_revoked (issue 11: identity tokens) and
+        // job_started and job_finished (issue 36: one event per fan-out, docs/fleet.md).
+        assert_eq!(TYPES.len(), 26);
         let categories = ["agent", "job", "bus", "policy", "security", "system"];
         for event_type in TYPES {
             assert!(

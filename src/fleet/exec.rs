@@ -4,9 +4,10 @@
 //! `prepare` does everything that can refuse the request (role, arguments, targets) and
 //! writes the one audit row; the transport then spawns `Job::run`, which streams results.
 //! Every result is also stored (`history`), whether or not a client still reads them.
-//! Events: command_dispatched when an agent's command goes out, then command_completed (exit
-//! 0) or command_failed (non-zero, timeout, no answer, not connected), each with the agent id
-//! as source.
+//! Events: job_started and job_finished (source: the job id); per agent, with its id as
+//! source, command_dispatched when its command goes out, then command_completed (exit 0) or
+//! command_failed (non-zero, timeout, no answer, not connected). Past `jobs.per_agent_events`
+//! targets only the failures are emitted per agent ([`JobEvents`]).
 
 use std::time::Duration;
 
@@ -14,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use super::history::{self, Recorder};
-use super::jobs::{self, Delivery, EventSink};
+use super::jobs::{self, Delivery, JobEvents};
 use super::protocol::{Command, ExecOutcome, ReplyOutcome, Work};
 use super::{JobStatus, Skip, Targets};
 use crate::audit::Action;
@@ -193,7 +194,7 @@ impl Job {
             return;
         };
         let line = command_line(argv);
-        let sink = EventSink::start(domain.events.clone());
+        let events = JobEvents::start(domain, &self.job_id, "exec", self.agents(), &self.by);
         let recorder = Recorder::start(domain, &self.job_id);
         for (agent_id, skip) in &self.targets.skipped {
             let result = AgentResult {
@@ -207,7 +208,7 @@ impl Job {
                 ..AgentResult::default()
             };
             if result.status == JobStatus::Unreachable {
-                sink.emit(
+                events.notable(
                     EventKind::CommandFailed,
                     agent_id,
                     self.event_payload(&line, &result),
@@ -228,35 +229,32 @@ impl Job {
             .map_err(|e| e.to_string());
         tracing::debug!(job_id = %self.job_id, signer_ms = started.elapsed().as_millis() as u64, "exec dispatching");
         let (sender, mut deliveries) = mpsc::channel(256);
-        let dispatch = jobs::run(
-            &domain.fleet,
-            &self.job_id,
-            Duration::from_millis(self.command.timeout_ms),
-            jobs::Outgoing {
-                commands: agents,
-                signer,
-            },
-            self.concurrency,
-            |agent| {
-                let payload =
-                    serde_json::json!({"job_id": self.job_id, "command": line, "by": self.by});
-                sink.emit(EventKind::CommandDispatched, agent, payload);
-            },
-            sender,
-        );
+        let dispatch =
+            jobs::run(
+                &domain.fleet,
+                &self.job_id,
+                Duration::from_millis(self.command.timeout_ms),
+                jobs::Outgoing {
+                    commands: agents,
+                    signer,
+                },
+                self.concurrency,
+                |agent| {
+                    events.routine(EventKind::CommandDispatched, agent, || {
+                    serde_json::json!({"job_id": self.job_id, "command": line, "by": self.by})
+                });
+                },
+                sender,
+            );
         let collect = async {
             while let Some((agent_id, delivery)) = deliveries.recv().await {
                 let result = agent_result(agent_id, delivery);
-                let event_type = if result.status == JobStatus::Ok {
-                    EventKind::CommandCompleted
+                let payload = || self.event_payload(&line, &result);
+                if result.status == JobStatus::Ok {
+                    events.routine(EventKind::CommandCompleted, &result.agent_id, payload);
                 } else {
-                    EventKind::CommandFailed
-                };
-                sink.emit(
-                    event_type,
-                    &result.agent_id,
-                    self.event_payload(&line, &result),
-                );
+                    events.notable(EventKind::CommandFailed, &result.agent_id, payload());
+                }
                 recorder.add(&result.agent_id, result.status, &result).await;
                 // A client that went away stops reading, not the job.
                 let _ = out.send(result).await;
@@ -266,8 +264,7 @@ impl Job {
         if let Err(e) = dispatched {
             tracing::warn!(job_id = %self.job_id, error = %e, "exec dispatch failed");
         }
-        recorder.finish().await;
-        sink.close().await;
+        events.finish(recorder.finish().await).await;
     }
 
     fn event_payload(&self, line: &str, result: &AgentResult) -> serde_json::Value {

@@ -167,9 +167,12 @@ pub fn spawn_pruner(domain: Arc<Domain>) {
 /// Writes one job's results to the store from a task of its own, in batches.
 pub struct Recorder {
     sender: mpsc::Sender<JobResultRow>,
-    task: tokio::task::JoinHandle<()>,
+    task: tokio::task::JoinHandle<Counts>,
     max_output: usize,
 }
+
+/// A job's results counted by status (`ok`, `failed`, ...), as its row stores them.
+pub type Counts = BTreeMap<String, u64>;
 
 impl Recorder {
     pub fn start(domain: &Domain, job_id: &str) -> Recorder {
@@ -198,15 +201,20 @@ impl Recorder {
         let _ = self.sender.send(row).await;
     }
 
-    /// Waits until every result is stored and the job is marked finished.
-    pub async fn finish(self) {
+    /// Waits until every result is stored and the job is marked finished; the results
+    /// counted by status.
+    pub async fn finish(self) -> Counts {
         drop(self.sender);
-        let _ = self.task.await;
+        self.task.await.unwrap_or_default()
     }
 }
 
-async fn write(store: Arc<dyn Store>, job_id: String, mut rows: mpsc::Receiver<JobResultRow>) {
-    let mut counts: BTreeMap<String, u64> = BTreeMap::new();
+async fn write(
+    store: Arc<dyn Store>,
+    job_id: String,
+    mut rows: mpsc::Receiver<JobResultRow>,
+) -> Counts {
+    let mut counts = Counts::new();
     let mut batch = Vec::with_capacity(BATCH);
     let mut done = false;
     while !done {
@@ -251,6 +259,7 @@ async fn write(store: Arc<dyn Store>, job_id: String, mut rows: mpsc::Receiver<J
         }
         batch.clear();
     }
+    counts
 }
 
 /// Cuts every string in `value` longer than `max` bytes (at a character boundary); true when

@@ -54,6 +54,9 @@ pub struct Fleet {
     pub command_key_grace: Duration,
     /// How much of the job history the store keeps (`jobs` in the configuration).
     pub retention: history::Retention,
+    /// The most targets a fan-out emits each agent's routine events for
+    /// (`jobs.per_agent_events`; [`jobs::JobEvents`]).
+    pub per_agent_events: usize,
     /// How long fan-outs take, for `/metrics`.
     pub fan_outs: crate::metrics::FanOuts,
     /// Whether results and heartbeats of agents with no key on record are taken unsigned
@@ -76,6 +79,7 @@ impl Fleet {
             jobs: jobs::Jobs::default(),
             command_key_grace,
             retention: history::Retention::default(),
+            per_agent_events: crate::config::JobsConfig::default().per_agent_events as usize,
             fan_outs: crate::metrics::FanOuts::default(),
             accept_unsigned: true,
             forgeries: agent_signature::Forgeries::default(),
@@ -90,6 +94,7 @@ impl Fleet {
 
     pub fn with_retention(mut self, config: &crate::config::JobsConfig) -> Fleet {
         self.retention = history::Retention::from(config);
+        self.per_agent_events = config.per_agent_events as usize;
         self
     }
 

@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 
 use super::content::{self, Applied};
 use super::history::{self, Recorder};
-use super::jobs::{self, Delivery, EventSink};
+use super::jobs::{self, Delivery, JobEvents};
 use super::protocol::{Command, PlanRef, Reply, ReplyOutcome, Work};
 use super::{JobStatus, Skip, Targets};
 use crate::audit::Action;
@@ -85,6 +85,8 @@ pub struct Job {
     skipped: Vec<AgentStateResult>,
     concurrency: usize,
     by: String,
+    /// As the history names it (state.apply, module.check, ...): set by `record`.
+    kind: String,
 }
 
 /// Parses a compiled plan received over the wire and checks it as the agent would.
@@ -291,6 +293,7 @@ impl Job {
                 .collect(),
             concurrency: concurrency as usize,
             by: principal.name.clone(),
+            kind: String::new(),
         };
         (job, reachable)
     }
@@ -313,12 +316,13 @@ impl Job {
     /// Stores the job's row in the history (`kind` and `description` as `job list` shows
     /// them), once its agents and their work are known.
     pub(super) async fn record(
-        &self,
+        &mut self,
         domain: &Domain,
         kind: &str,
         target: &str,
         description: String,
     ) -> Result<()> {
+        self.kind = kind.to_string();
         history::create(
             domain,
             history::NewJob {
@@ -339,11 +343,11 @@ impl Job {
     /// Skipped agents first, then results as they arrive, to `out` while it is open and to
     /// the store in any case. Ends when all are in.
     pub async fn run(self, domain: &Domain, out: mpsc::Sender<AgentStateResult>) {
-        let sink = EventSink::start(domain.events.clone());
+        let events = JobEvents::start(domain, &self.job_id, &self.kind, self.targeted(), &self.by);
         let recorder = Recorder::start(domain, &self.job_id);
         for result in &self.skipped {
             if self.operation == Operation::Apply && result.status == JobStatus::Unreachable {
-                sink.emit(
+                events.notable(
                     EventKind::StateApplyFailed,
                     &result.agent_id,
                     serde_json::json!({"job_id": self.job_id, "error": result.error}),
@@ -381,8 +385,11 @@ impl Job {
             self.concurrency,
             |agent| {
                 if self.operation == Operation::Apply {
-                    let payload = serde_json::json!({"job_id": self.job_id, "by": self.by});
-                    sink.emit(EventKind::StateApplyStarted, agent, payload);
+                    events.routine(
+                        EventKind::StateApplyStarted,
+                        agent,
+                        || serde_json::json!({"job_id": self.job_id, "by": self.by}),
+                    );
                 }
             },
             sender,
@@ -399,7 +406,7 @@ impl Job {
                 if let Some(applied) = applied {
                     self.remember(domain, &result.agent_id, applied).await;
                 }
-                self.emit_events(&sink, &result);
+                self.emit_events(&events, &result);
                 recorder.add(&result.agent_id, result.status, &result).await;
                 // A client that went away stops reading, not the job.
                 let _ = out.send(result).await;
@@ -409,8 +416,7 @@ impl Job {
         if let Err(e) = dispatched {
             tracing::warn!(job_id = %self.job_id, error = %e, "state dispatch failed");
         }
-        recorder.finish().await;
-        sink.close().await;
+        events.finish(recorder.finish().await).await;
     }
 
     fn result(
@@ -509,7 +515,7 @@ impl Job {
         }
     }
 
-    fn emit_events(&self, sink: &EventSink, result: &AgentStateResult) {
+    fn emit_events(&self, events: &JobEvents, result: &AgentStateResult) {
         let changed: Vec<&str> = result
             .outcomes
             .iter()
@@ -524,19 +530,22 @@ impl Job {
             .collect();
         match self.operation {
             Operation::Apply => {
-                let event_type = match result.status {
-                    JobStatus::Ok | JobStatus::Changed => EventKind::StateApplySucceeded,
-                    _ => EventKind::StateApplyFailed,
+                let payload = || {
+                    serde_json::json!({
+                        "job_id": self.job_id, "changed": changed, "failed": failed,
+                        "duration_ms": result.duration_ms, "error": result.error,
+                    })
                 };
-                let payload = serde_json::json!({
-                    "job_id": self.job_id, "changed": changed, "failed": failed,
-                    "duration_ms": result.duration_ms, "error": result.error,
-                });
-                sink.emit(event_type, &result.agent_id, payload);
+                match result.status {
+                    JobStatus::Ok | JobStatus::Changed => {
+                        events.routine(EventKind::StateApplySucceeded, &result.agent_id, payload)
+                    }
+                    _ => events.notable(EventKind::StateApplyFailed, &result.agent_id, payload()),
+                }
             }
             Operation::Drift if !result.drift.is_empty() => {
                 let payload = serde_json::json!({"job_id": self.job_id, "resources": result.drift});
-                sink.emit(EventKind::StateDriftDetected, &result.agent_id, payload);
+                events.notable(EventKind::StateDriftDetected, &result.agent_id, payload);
             }
             _ => {}
         }
