@@ -32,8 +32,14 @@ use crate::bus::subjects::{is_valid_literal, is_valid_pattern, subject_matches};
 
 /// The NATS server version we match; clients gate features on it.
 pub(crate) const NATS_VERSION: &str = "2.9.10";
-/// Bytes read per syscall when no large payload is pending.
+/// Most bytes read per syscall when no large payload is pending: what a busy publisher's
+/// reads grow to.
 const READ_SIZE: usize = 64 * 1024;
+/// What a connection's reads start at and shrink back to. Like nats-server (512 bytes to
+/// 64 KiB, doubled on a full read, halved on short ones): an idle agent's connection, which
+/// reads a heartbeat every 10 s, must not keep a 64 KiB buffer, which its reads would walk
+/// through page by page until all of it was resident.
+const READ_MIN: usize = 512;
 /// Longest a publisher pauses at a time while the outbound buffers are under pressure.
 const MAX_PAUSE: Duration = Duration::from_millis(500);
 /// A written batch's buffer larger than this is replaced by a READ_SIZE one.
@@ -44,6 +50,28 @@ const LOCAL_CACHE_LIMIT: usize = 256;
 const FIRST_PING: Duration = Duration::from_secs(2);
 /// The no-responders status block: `NATS/1.0 503` and the blank line, 16 bytes.
 const NO_RESPONDERS: &[u8] = b"NATS/1.0 503\r\n\r\n";
+
+/// How many bytes the next read asks for: doubled after a read that filled the room it had
+/// (more is waiting), halved after one that used less than a quarter of it.
+struct ReadSize {
+    now: usize,
+}
+
+impl Default for ReadSize {
+    fn default() -> Self {
+        ReadSize { now: READ_MIN }
+    }
+}
+
+impl ReadSize {
+    fn after(&mut self, read: usize, room: usize) {
+        if read >= room {
+            self.now = (self.now * 2).min(READ_SIZE);
+        } else if read < self.now / 4 {
+            self.now = (self.now / 2).max(READ_MIN);
+        }
+    }
+}
 
 /// The INFO a client reads first (and, with `ldm`, the lame-duck notice). Field names, order
 /// and omissions are nats-server 2.9's for a server without clustering or JetStream;
@@ -355,11 +383,13 @@ impl Session {
             tokio::time::interval_at(Instant::now() + first_ping + jitter, ping_interval);
         ping_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let cancel = self.cancel.clone();
-        let mut buffer = BytesMut::with_capacity(READ_SIZE);
+        let mut buffer = BytesMut::new();
+        let mut read_size = ReadSize::default();
         loop {
-            if buffer.capacity() - buffer.len() < READ_SIZE / 4 {
-                buffer.reserve(READ_SIZE);
+            if buffer.capacity() - buffer.len() < read_size.now / 4 {
+                buffer.reserve(read_size.now);
             }
+            let room = buffer.capacity() - buffer.len();
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 _ = &mut auth_deadline, if auth_required && !self.is_connected => {
@@ -377,7 +407,7 @@ impl Session {
                 read = reader.read_buf(&mut buffer) => {
                     match read {
                         Ok(0) | Err(_) => return,
-                        Ok(_) => {}
+                        Ok(read) => read_size.after(read, room),
                     }
                     self.last_activity = Instant::now();
                     let since_start = self.last_activity.duration_since(self.shared.started_at);
@@ -390,6 +420,11 @@ impl Session {
                     self.wake_all();
                     if !keep {
                         return;
+                    }
+                    // All read was handled: a buffer grown past what reads now take (a
+                    // burst, a large payload) goes; the next read starts a small one.
+                    if buffer.is_empty() && buffer.capacity() > read_size.now * 2 {
+                        buffer = BytesMut::new();
                     }
                 }
             }
@@ -1037,7 +1072,26 @@ async fn write_loop<W: AsyncWrite + Unpin>(
 
 #[cfg(test)]
 mod tests {
-    use super::stamp_sender;
+    use super::{stamp_sender, ReadSize, READ_MIN, READ_SIZE};
+
+    #[test]
+    fn reads_grow_while_they_fill_and_shrink_back_when_short() {
+        let mut size = ReadSize::default();
+        assert_eq!(size.now, READ_MIN);
+        // A busy publisher: every read fills what it was given.
+        for _ in 0..20 {
+            let room = size.now;
+            size.after(room, room);
+        }
+        assert_eq!(size.now, READ_SIZE);
+        // A read of half its room changes nothing; an idle agent's small reads shrink it.
+        size.after(READ_SIZE / 2, READ_SIZE);
+        assert_eq!(size.now, READ_SIZE);
+        for _ in 0..20 {
+            size.after(100, size.now);
+        }
+        assert_eq!(size.now, READ_MIN);
+    }
 
     #[test]
     fn the_broker_stamps_the_sender_and_drops_forgeries() {
