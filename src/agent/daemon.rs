@@ -195,6 +195,10 @@ async fn run(config: AgentConfig) -> Result<(), CliError> {
     ));
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_JOBS));
     let content_dir = Arc::new(state_dir.join("content"));
+    // Settled at the start, and whenever the last running job ends: see program/trim.rs.
+    let settled = Arc::new(tokio::sync::Notify::new());
+    let trimmer = tokio::spawn(trim_when_settled(running.clone(), settled.clone()));
+    settled.notify_one();
     loop {
         tokio::select! {
             message = commands.next() => {
@@ -202,11 +206,13 @@ async fn run(config: AgentConfig) -> Result<(), CliError> {
                 let Ok(permit) = slots.clone().acquire_owned().await else { break };
                 let (client, id, running) = (client.clone(), id.clone(), running.clone());
                 let (runner, content_dir) = (runner.clone(), content_dir.clone());
-                let signer = signer.clone();
+                let (signer, settled) = (signer.clone(), settled.clone());
                 tokio::spawn(async move {
                     running.fetch_add(1, Ordering::Relaxed);
                     handle(&client, &id, &runner, &signer, &content_dir, &message).await;
-                    running.fetch_sub(1, Ordering::Relaxed);
+                    if running.fetch_sub(1, Ordering::Relaxed) == 1 {
+                        settled.notify_one();
+                    }
                     drop(permit);
                 });
             }
@@ -215,10 +221,29 @@ async fn run(config: AgentConfig) -> Result<(), CliError> {
     }
     tracing::info!(agent_id = %id, "stopping");
     heartbeat.abort();
+    trimmer.abort();
     // Running jobs get a moment to send their answers; then the connection is drained.
     let _ = tokio::time::timeout(Duration::from_secs(5), slots.acquire_many(MAX_JOBS as u32)).await;
     let _ = tokio::time::timeout(Duration::from_secs(2), client.drain()).await;
     Ok(())
+}
+
+/// Each time the agent settles (`settled`), once nothing has run for [`crate::program::trim::SETTLE`],
+/// unmaps the code pages it is not using (program/trim.rs).
+async fn trim_when_settled(running: Arc<AtomicU32>, settled: Arc<tokio::sync::Notify>) {
+    loop {
+        settled.notified().await;
+        loop {
+            tokio::time::sleep(crate::program::trim::SETTLE).await;
+            if running.load(Ordering::Relaxed) == 0 {
+                break;
+            }
+        }
+        let released = tokio::task::spawn_blocking(crate::program::trim::release_code_pages)
+            .await
+            .unwrap_or_default();
+        tracing::debug!(released, "unused code pages released");
+    }
 }
 
 /// Connects in the background: returns at once and keeps trying (async-nats' backoff).

@@ -2,8 +2,9 @@
 //! (contract §1), the one map from errors to them (`exit::of_code`), and the error that
 //! carries one, argument parsing with `--help` and
 //! `--version`, the common client flags, the runtime a command's body runs on, output formats
-//! (`output.rs`), the log-filter flag, a table of commands and its help (`planned.rs`), and the
-//! list of names the binary answers to. A leaf: it knows no domain, daemon or CLI, so the
+//! (`output.rs`), the log-filter flag, a table of commands and its help (`planned.rs`), the
+//! list of names the binary answers to, and the daemons' release of code pages they no longer
+//! run (`trim.rs`). A leaf: it knows no domain, daemon or CLI, so the
 //! daemons use it without depending on the CLIs.
 //!
 //! Common flags (`--server`, `--http-url`, `--api-key`, `--ca-file`, `-o`) are taken out of the
@@ -18,6 +19,7 @@ use argh::FromArgs;
 
 pub mod output;
 pub mod planned;
+pub mod trim;
 
 pub use output::Output;
 

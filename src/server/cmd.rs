@@ -39,6 +39,8 @@ struct Args {
 }
 
 const DEV_DATA_DIR: &str = ".svc-dev";
+/// How long after its start the server releases the start's code pages.
+const START_SETTLE: std::time::Duration = std::time::Duration::from_secs(5);
 const DEV_SECRETS_FILE: &str = "dev-secrets.yaml";
 const BOOTSTRAP_KEY_FILE: &str = "bootstrap-admin.key";
 /// Admin keys minted by `--recover-admin` and not yet audited: one JSON object per line,
@@ -538,6 +540,15 @@ async fn run(program: &str, mut config: ServerConfig, dev: bool) -> Result<()> {
         .events
         .emit_system(crate::events::EventKind::ServerStarted, "server", started)
         .await;
+    // The start's code (configuration, migrations, the CA, TLS set-up) is not run again:
+    // once the first tasks have run, its pages are released (program/trim.rs).
+    tokio::spawn(async {
+        tokio::time::sleep(START_SETTLE).await;
+        let released = tokio::task::spawn_blocking(crate::program::trim::release_code_pages)
+            .await
+            .unwrap_or_default();
+        tracing::debug!(released, "start-up code pages released");
+    });
 
     signals.wait(&context).await;
     tracing::info!(grace = ?SHUTDOWN_GRACE, "stop requested: no new connections; draining in-flight requests");
