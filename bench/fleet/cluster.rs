@@ -50,8 +50,9 @@ use crate::{
 const NODES: usize = 3;
 const MEMBERS: usize = 3;
 
-/// Each nats-server's client cap: under the 20,000 open files a process may hold here, with
-/// room for routes, JetStream's files and the members.
+/// Each nats-server's client cap (`--node-max-connections`): under the 20,000 open files a
+/// process may hold here, with room for routes, JetStream's files and the members. A full
+/// node refuses a login (`-ERR 'maximum connections exceeded'`) and the agent tries the next.
 const NODE_MAX_CONNECTIONS: usize = 19_000;
 
 pub fn main(options: &Options) {
@@ -76,9 +77,10 @@ pub fn main(options: &Options) {
     cluster.bus_extra = ", external_auth: jwt";
     cluster.extra = "agents: { bus_jwt_ttl: 24h }\n";
     let (block, enrol_jwt) = nats_config(&cluster);
+    let node_max_connections = run::flag("--node-max-connections", NODE_MAX_CONNECTIONS);
     let Some(mut nats) = runtime.block_on(NatsCluster::start_with_auth_and(
         NODES,
-        &format!("max_connections: {NODE_MAX_CONNECTIONS}\n"),
+        &format!("max_connections: {node_max_connections}\n"),
         &block,
     )) else {
         return;
@@ -87,7 +89,7 @@ pub fn main(options: &Options) {
     let mut members = cluster.start(&runtime, MEMBERS);
     let saved = tempfile::tempdir().unwrap();
     println!(
-        "fleet bench, cluster mode: {agents} agents in {} simulator processes on {NODES} NATS nodes (JWT auth) and {MEMBERS} members on PostgreSQL, {} s CPU window, {} rounds (load: {})",
+        "fleet bench, cluster mode: {agents} agents in {} simulator processes on {NODES} NATS nodes (JWT auth, at most {node_max_connections} clients each) and {MEMBERS} members on PostgreSQL, {} s CPU window, {} rounds (load: {})",
         options.processes,
         options.seconds,
         options.rounds,
