@@ -510,7 +510,7 @@ struct Storm {
 /// and the most bus logins in progress (`/metrics`, every 250 ms).
 struct Watch {
     stop: Arc<AtomicBool>,
-    prober: std::thread::JoinHandle<(Vec<Duration>, usize, f64)>,
+    prober: std::thread::JoinHandle<(Vec<Duration>, usize, f64, Duration)>,
     caller: tokio::task::JoinHandle<(Vec<Duration>, usize)>,
 }
 
@@ -521,6 +521,8 @@ struct Seen {
     grpc: Vec<Duration>,
     grpc_failed: usize,
     logins_in_progress_max: f64,
+    /// The slowest `/metrics` read.
+    metrics_max: Duration,
 }
 
 impl Watch {
@@ -530,7 +532,7 @@ impl Watch {
             let (http, stop) = (server.http.clone(), stop.clone());
             std::thread::spawn(move || {
                 let (mut latencies, mut failed, mut in_progress) = (Vec::new(), 0, 0f64);
-                let mut last_metrics = Instant::now();
+                let (mut last_metrics, mut metrics_max) = (Instant::now(), Duration::ZERO);
                 while !stop.load(Ordering::Relaxed) {
                     let started = Instant::now();
                     match http_get(&http, "/health/live", Duration::from_secs(5)) {
@@ -540,10 +542,11 @@ impl Watch {
                     if last_metrics.elapsed() >= Duration::from_millis(250) {
                         last_metrics = Instant::now();
                         in_progress = in_progress.max(metric(&http, "svc_bus_logins_in_progress"));
+                        metrics_max = metrics_max.max(last_metrics.elapsed());
                     }
                     std::thread::sleep(Duration::from_millis(20));
                 }
-                (latencies, failed, in_progress)
+                (latencies, failed, in_progress, metrics_max)
             })
         };
         let caller = {
@@ -585,7 +588,7 @@ impl Watch {
 
     async fn finish(self) -> Seen {
         self.stop.store(true, Ordering::Relaxed);
-        let (live, live_failed, logins_in_progress_max) = self.prober.join().unwrap();
+        let (live, live_failed, logins_in_progress_max, metrics_max) = self.prober.join().unwrap();
         let (grpc, grpc_failed) = self.caller.await.unwrap();
         Seen {
             live,
@@ -593,6 +596,7 @@ impl Watch {
             grpc,
             grpc_failed,
             logins_in_progress_max,
+            metrics_max,
         }
     }
 }
@@ -610,7 +614,7 @@ impl Seen {
     /// One line: what the operator saw.
     fn line(&self) -> String {
         format!(
-            "/health/live: {} probes, p99 {}, max {}, {} failed   goal p99 <= 100 ms: {}; gRPC ListAgents: {} calls, p99 {}, {} failed; at most {} logins in progress",
+            "/health/live: {} probes, p99 {}, max {}, {} failed   goal p99 <= 100 ms: {}; gRPC ListAgents: {} calls, p99 {}, {} failed; at most {} logins in progress; /metrics at worst {}",
             self.live.len(),
             ms(self.live_p99()),
             ms(percentile(self.live.clone(), 1.0)),
@@ -619,7 +623,8 @@ impl Seen {
             self.grpc.len(),
             ms(percentile(self.grpc.clone(), 0.99)),
             self.grpc_failed,
-            self.logins_in_progress_max
+            self.logins_in_progress_max,
+            ms(self.metrics_max)
         )
     }
 }
