@@ -17,7 +17,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use svc::proto::cluster_service_client::ClusterServiceClient;
 use svc::proto::event_service_client::EventServiceClient;
 
 mod common;
@@ -30,6 +29,10 @@ mod postgres;
 #[path = "../tests/common/nats_cluster.rs"]
 #[allow(dead_code)]
 mod nats_cluster;
+
+#[path = "common/members.rs"]
+mod members;
+use members::leader;
 
 const EMITTERS: usize = 16;
 
@@ -98,8 +101,7 @@ fn main() {
     );
 }
 
-/// `count` members named m1.. on a fresh database of `pg` and every node of `nats`. Streams
-/// are capped at 256 MiB each so both fit the test nodes' 1 GB `max_file_store`.
+/// `count` members named m1.. on a fresh database of `pg` and every node of `nats`.
 fn start_members(
     runtime: &tokio::runtime::Runtime,
     pg: &postgres::Postgres,
@@ -107,53 +109,20 @@ fn start_members(
     count: usize,
     cluster_extra: &str,
 ) -> Vec<Server> {
-    let url = pg.fresh_database();
-    let master: [u8; 32] = rand::random();
-    let key = format!("svc_{}", svc::ids::random_base62(40));
-    let urls: Vec<String> = nats.urls().iter().map(|u| format!("\"{u}\"")).collect();
-    let members: Vec<Server> = (0..count)
-        .map(|i| {
-            let root = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-            let config = format!(
-                "store: {{ driver: postgres, url: \"{url}\" }}\nbus: {{ external_urls: [{}] }}\nstreams: {{ max_bytes: 268435456 }}\ncluster:\n  enabled: true\n  member_id: m{}\n{cluster_extra}",
-                urls.join(", "),
-                i + 1
-            );
-            Server::start_member(root, &config, master, &key)
-        })
-        .collect();
-    // Ready: every member sees a leader.
-    runtime.block_on(async {
-        for member in &members {
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while leader(&member.grpc, &member.key).await.is_empty() {
-                assert!(Instant::now() < deadline, "no leader");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    });
-    members
-}
-
-async fn leader(grpc: &str, key: &str) -> String {
-    let Ok(mut client) = ClusterServiceClient::connect(grpc.to_string()).await else {
-        return String::new();
-    };
-    match client.status(authorized(key, svc::proto::Empty {})).await {
-        Ok(status) => status.into_inner().leader,
-        Err(_) => String::new(),
-    }
+    let mut cluster = members::Cluster::new(pg.fresh_database(), nats.urls());
+    cluster.extra = cluster_extra;
+    cluster.start(runtime, count)
 }
 
 /// Kills the leader and returns how long until a survivor reports another one.
 async fn failover(members: &[Server]) -> Duration {
-    let old = leader(&members[0].grpc, &members[0].key).await;
+    let old = leader(&members[0]).await;
     let index: usize = old.trim_start_matches('m').parse::<usize>().unwrap() - 1;
     let witness = &members[(index + 1) % members.len()];
     unsafe { libc::kill(members[index].child.id() as i32, libc::SIGKILL) };
     let killed = Instant::now();
     loop {
-        let now = leader(&witness.grpc, &witness.key).await;
+        let now = leader(witness).await;
         if !now.is_empty() && now != old {
             return killed.elapsed();
         }

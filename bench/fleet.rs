@@ -34,6 +34,11 @@
 //!    until every agent is back, and meanwhile `/health/live` latency (probed every 20 ms)
 //!    and gRPC `ListAgents` (every 100 ms) as an operator would see them.
 //! 6. the real svc-agent's RSS after 5 s idle, enrolled and connected, and after one exec.
+//!
+//! `--cluster` measures the same fleet on a cluster instead (bench/fleet/cluster.rs: three
+//! members on PostgreSQL, a three-node nats-server cluster with JWT auth, the agents spread
+//! over its nodes): `cargo bench --bench fleet -- --cluster --agents 50000 --processes 6`;
+//! CI runs it tiny (`--cluster --agents 30 --processes 2 --seconds 1 --rounds 1`).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
@@ -58,6 +63,16 @@ mod login;
 #[path = "../tests/common/nats_cluster.rs"]
 #[allow(dead_code)]
 mod nats_cluster;
+
+#[path = "../tests/common/postgres.rs"]
+#[allow(dead_code)]
+mod postgres;
+
+#[path = "common/members.rs"]
+mod members;
+
+#[path = "fleet/cluster.rs"]
+mod cluster;
 
 #[path = "fleet/simulator.rs"]
 mod simulator;
@@ -402,7 +417,7 @@ impl Floor {
             .unwrap();
         let signer = Signer::from_pkcs8_pem(&key.serialize_pem()).unwrap();
         let plan = Plan {
-            bus: bus_address(&nats.url(0)),
+            buses: vec![bus_address(&nats.url(0))],
             command_key: Some(certificate.pem()),
             source_offset: options.agents,
             ..plan.clone()
@@ -487,11 +502,131 @@ struct Storm {
     restart: Duration,
     /// From the kill until every agent was logged in again.
     back: Duration,
+    seen: Seen,
+}
+
+/// An operator's view of one server while something happens: `/health/live` probed every
+/// 20 ms, gRPC `ListAgents` called every 100 ms (a new connection each time, as a CLI makes),
+/// and the most bus logins in progress (`/metrics`, every 250 ms).
+struct Watch {
+    stop: Arc<AtomicBool>,
+    prober: std::thread::JoinHandle<(Vec<Duration>, usize, f64, Duration)>,
+    caller: tokio::task::JoinHandle<(Vec<Duration>, usize)>,
+}
+
+/// What a [`Watch`] saw.
+struct Seen {
     live: Vec<Duration>,
     live_failed: usize,
     grpc: Vec<Duration>,
     grpc_failed: usize,
     logins_in_progress_max: f64,
+    /// The slowest `/metrics` read.
+    metrics_max: Duration,
+}
+
+impl Watch {
+    fn start(server: &Server) -> Watch {
+        let stop = Arc::new(AtomicBool::new(false));
+        let prober = {
+            let (http, stop) = (server.http.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let (mut latencies, mut failed, mut in_progress) = (Vec::new(), 0, 0f64);
+                let (mut last_metrics, mut metrics_max) = (Instant::now(), Duration::ZERO);
+                while !stop.load(Ordering::Relaxed) {
+                    let started = Instant::now();
+                    match http_get(&http, "/health/live", Duration::from_secs(5)) {
+                        Some((200, _)) => latencies.push(started.elapsed()),
+                        _ => failed += 1,
+                    }
+                    if last_metrics.elapsed() >= Duration::from_millis(250) {
+                        last_metrics = Instant::now();
+                        in_progress = in_progress.max(metric(&http, "svc_bus_logins_in_progress"));
+                        metrics_max = metrics_max.max(last_metrics.elapsed());
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                (latencies, failed, in_progress, metrics_max)
+            })
+        };
+        let caller = {
+            let (address, key, stop) = (server.grpc.clone(), server.key.clone(), stop.clone());
+            tokio::spawn(async move {
+                let (mut latencies, mut failed) = (Vec::new(), 0);
+                while !stop.load(Ordering::Relaxed) {
+                    let started = Instant::now();
+                    let listed = async {
+                        let channel = tonic::transport::Channel::from_shared(address.clone())
+                            .ok()?
+                            .connect()
+                            .await
+                            .ok()?;
+                        let request = svc::proto::ListAgentsRequest {
+                            limit: 10,
+                            ..Default::default()
+                        };
+                        FleetServiceClient::new(channel)
+                            .list_agents(authorized(&key, request))
+                            .await
+                            .ok()
+                    };
+                    match tokio::time::timeout(Duration::from_secs(5), listed).await {
+                        Ok(Some(_)) => latencies.push(started.elapsed()),
+                        _ => failed += 1,
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                (latencies, failed)
+            })
+        };
+        Watch {
+            stop,
+            prober,
+            caller,
+        }
+    }
+
+    async fn finish(self) -> Seen {
+        self.stop.store(true, Ordering::Relaxed);
+        let (live, live_failed, logins_in_progress_max, metrics_max) = self.prober.join().unwrap();
+        let (grpc, grpc_failed) = self.caller.await.unwrap();
+        Seen {
+            live,
+            live_failed,
+            grpc,
+            grpc_failed,
+            logins_in_progress_max,
+            metrics_max,
+        }
+    }
+}
+
+impl Seen {
+    fn live_p99(&self) -> Duration {
+        percentile(self.live.clone(), 0.99)
+    }
+
+    /// Whether /health/live always answered, its p99 within 100 ms.
+    fn live_met(&self) -> bool {
+        self.live_failed == 0 && self.live_p99() <= Duration::from_millis(100)
+    }
+
+    /// One line: what the operator saw.
+    fn line(&self) -> String {
+        format!(
+            "/health/live: {} probes, p99 {}, max {}, {} failed   goal p99 <= 100 ms: {}; gRPC ListAgents: {} calls, p99 {}, {} failed; at most {} logins in progress; /metrics at worst {}",
+            self.live.len(),
+            ms(self.live_p99()),
+            ms(percentile(self.live.clone(), 1.0)),
+            self.live_failed,
+            met(self.live_met()),
+            self.grpc.len(),
+            ms(percentile(self.grpc.clone(), 0.99)),
+            self.grpc_failed,
+            self.logins_in_progress_max,
+            ms(self.metrics_max)
+        )
+    }
 }
 
 /// How the server goes away under its fleet.
@@ -529,57 +664,7 @@ async fn storm(server: &mut Server, fleet: &mut Fleet, agents: usize, how: Resta
         }
     }
     let restart = killed.elapsed();
-    let stop = Arc::new(AtomicBool::new(false));
-    let prober = {
-        let (http, stop) = (server.http.clone(), stop.clone());
-        std::thread::spawn(move || {
-            let (mut latencies, mut failed, mut in_progress) = (Vec::new(), 0, 0f64);
-            let mut last_metrics = Instant::now();
-            while !stop.load(Ordering::Relaxed) {
-                let started = Instant::now();
-                match http_get(&http, "/health/live", Duration::from_secs(5)) {
-                    Some((200, _)) => latencies.push(started.elapsed()),
-                    _ => failed += 1,
-                }
-                if last_metrics.elapsed() >= Duration::from_millis(250) {
-                    last_metrics = Instant::now();
-                    in_progress = in_progress.max(metric(&http, "svc_bus_logins_in_progress"));
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            (latencies, failed, in_progress)
-        })
-    };
-    let caller = {
-        let (address, key, stop) = (server.grpc.clone(), server.key.clone(), stop.clone());
-        tokio::spawn(async move {
-            let (mut latencies, mut failed) = (Vec::new(), 0);
-            while !stop.load(Ordering::Relaxed) {
-                let started = Instant::now();
-                let listed = async {
-                    let channel = tonic::transport::Channel::from_shared(address.clone())
-                        .ok()?
-                        .connect()
-                        .await
-                        .ok()?;
-                    let request = svc::proto::ListAgentsRequest {
-                        limit: 10,
-                        ..Default::default()
-                    };
-                    FleetServiceClient::new(channel)
-                        .list_agents(authorized(&key, request))
-                        .await
-                        .ok()
-                };
-                match tokio::time::timeout(Duration::from_secs(5), listed).await {
-                    Ok(Some(_)) => latencies.push(started.elapsed()),
-                    _ => failed += 1,
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            (latencies, failed)
-        })
-    };
+    let watch = Watch::start(server);
     fleet
         .wait(
             "every agent back after the crash",
@@ -589,17 +674,10 @@ async fn storm(server: &mut Server, fleet: &mut Fleet, agents: usize, how: Resta
         .await;
     let back = killed.elapsed();
     wait_connected(server, agents).await;
-    stop.store(true, Ordering::Relaxed);
-    let (live, live_failed, logins_in_progress_max) = prober.join().unwrap();
-    let (grpc, grpc_failed) = caller.await.unwrap();
     Storm {
         restart,
         back,
-        live,
-        live_failed,
-        grpc,
-        grpc_failed,
-        logins_in_progress_max,
+        seen: watch.finish().await,
     }
 }
 
@@ -671,6 +749,11 @@ fn main() {
         simulator::main(&plan);
     }
     let options = options();
+    if std::env::args().any(|arg| arg == "--cluster") {
+        cluster::main(&options);
+        let _ = std::io::stdout().flush();
+        return;
+    }
     let agents = options.agents;
     let interval = heartbeat_interval();
     // The server fits its connection caps into the open-file limit (20,000 here), REST and
@@ -704,7 +787,8 @@ fn main() {
 
         // 1. enrolment, then logins.
         let plan = Plan {
-            bus: bus_address(&server.bus),
+            buses: vec![bus_address(&server.bus)],
+            enrol_jwt: None,
             first: 0,
             count: 0,
             group: "fleet".into(),
@@ -844,18 +928,7 @@ fn main() {
                 storm.back.as_secs_f64(),
                 met(storm.back <= Duration::from_secs(60))
             );
-            println!(
-                "  meanwhile /health/live: {} probes, p99 {}, max {}, {} failed   goal p99 <= 100 ms: {}; gRPC ListAgents: {} calls, p99 {}, {} failed; at most {} logins in progress",
-                storm.live.len(),
-                ms(percentile(storm.live.clone(), 0.99)),
-                ms(percentile(storm.live.clone(), 1.0)),
-                storm.live_failed,
-                met(storm.live_failed == 0 && percentile(storm.live.clone(), 0.99) <= Duration::from_millis(100)),
-                storm.grpc.len(),
-                ms(percentile(storm.grpc.clone(), 0.99)),
-                storm.grpc_failed,
-                storm.logins_in_progress_max
-            );
+            println!("  meanwhile {}", storm.seen.line());
             println!(
                 "  the simulators so far: {} logins in all, {} connections lost, {} commands answered",
                 total.logins, total.lost, total.answered

@@ -112,11 +112,16 @@ impl Server {
     fn start_again(&mut self) {
         let config = self.root.path().join("server.yaml");
         let text = std::fs::read_to_string(&config).unwrap();
-        let fixed = format!(
-            "listen: {{ http: {}, grpc: {}, bus: {}, bus_monitor: 127.0.0.1:0 }}",
-            self.http,
-            self.grpc_addr,
+        // A cluster member's bus is the external NATS cluster (its `bus` address lists those
+        // nodes): its own listener stays unused, on any port.
+        let bus = if text.contains("external_urls") {
+            "127.0.0.1:0"
+        } else {
             self.bus.trim_start_matches("nats://")
+        };
+        let fixed = format!(
+            "listen: {{ http: {}, grpc: {}, bus: {bus}, bus_monitor: 127.0.0.1:0 }}",
+            self.http, self.grpc_addr,
         );
         let text: Vec<String> = text
             .lines()

@@ -12,7 +12,14 @@
 //!   result: an exec with exit 0 and "ok" (nothing is run), a state with no change, a refused
 //!   command with the reason;
 //! - when its connection is lost it logs in again after the agent's own jittered backoff
-//!   (`svc::agent::reconnect_delay`), forever: a simulated agent never gives up.
+//!   (`svc::agent::reconnect_delay`), forever: a simulated agent never gives up. Given
+//!   several bus addresses (a NATS cluster's nodes, cluster mode), each agent starts on one
+//!   of them (spread evenly by its number) and, whenever its connection is lost or a login
+//!   fails, tries the next one of the list, as svc-agent with several `nats.urls` goes on
+//!   to another node;
+//! - on a cluster whose NATS checks JWTs (`bus.external_auth: jwt`) it enrols with the
+//!   cluster's enrolment JWT and a user nkey of its own, and logs in with the user JWT it was
+//!   given (renewal is not simulated: the bench's members issue JWTs valid for a day).
 //!
 //! Processes of their own keep each one under the machine's 20,000 open files and make the
 //! simulator's CPU visible apart from the server's. The child reports on stdout, one line
@@ -36,7 +43,7 @@ use svc::fleet::protocol::{
 use svc::fleet::signature::{SeenJobs, Verifier};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 
-use crate::login::{enrol, heartbeat, login, source_address, until_pong, Identity};
+use crate::login::{enrol_with, heartbeat, login, source_address, until_pong, Identity};
 
 /// The environment variable that makes the bench binary a simulator, holding its plan (JSON).
 pub const ENV: &str = "SVC_FLEET_SIMULATOR";
@@ -44,7 +51,11 @@ pub const ENV: &str = "SVC_FLEET_SIMULATOR";
 /// What one simulator process does.
 #[derive(Serialize, Deserialize, Clone)]
 pub struct Plan {
-    pub bus: SocketAddr,
+    /// The bus, or a NATS cluster's nodes: the process enrols through the first; its agents
+    /// spread over all of them.
+    pub buses: Vec<SocketAddr>,
+    /// The cluster's enrolment JWT (`svc-cluster nats-config`), on a JWT-mode cluster.
+    pub enrol_jwt: Option<String>,
     /// Agents `first..first + count` (ids `sim-NNNNN`, source addresses from 127.1.0.1).
     pub first: usize,
     pub count: usize,
@@ -68,6 +79,9 @@ struct Saved {
     certificate: String,
     key: String,
     command_key: String,
+    /// bus.jwt and bus.nk, on a JWT-mode cluster.
+    #[serde(default)]
+    bus_jwt: Option<(String, String)>,
 }
 
 #[derive(Default)]
@@ -122,18 +136,21 @@ async fn run(
             .lines()
             .map(|line| {
                 let saved: Saved = serde_json::from_str(line).unwrap();
-                Arc::new(Identity::load(
-                    saved.id,
-                    saved.certificate,
-                    saved.key,
-                    saved.command_key,
-                ))
+                let bus_jwt = saved
+                    .bus_jwt
+                    .map(|(jwt, seed)| crate::login::BusJwt::new(jwt, seed));
+                Arc::new(
+                    Identity::load(saved.id, saved.certificate, saved.key, saved.command_key)
+                        .with_bus_jwt(bus_jwt),
+                )
             })
             .collect::<Vec<_>>(),
         Err(_) => {
-            let bus = plan.bus.to_string();
+            let bus = format!("nats://{}", plan.buses[0]);
             let range = plan.first..plan.first + plan.count;
-            let identities = enrol(&bus, range, &plan.group, crate::common::psk).await;
+            let enrol_jwt = plan.enrol_jwt.as_deref();
+            let identities =
+                enrol_with(&bus, enrol_jwt, range, &plan.group, crate::common::psk).await;
             let mut file = std::fs::File::create(&plan.saved).unwrap();
             for identity in &identities {
                 let saved = Saved {
@@ -141,6 +158,10 @@ async fn run(
                     certificate: identity.cert_pem.clone(),
                     key: identity.key_pem.clone(),
                     command_key: identity.command_key.clone(),
+                    bus_jwt: identity
+                        .bus_jwt
+                        .as_ref()
+                        .map(|b| (b.jwt.clone(), b.seed.clone())),
                 };
                 writeln!(file, "{}", serde_json::to_string(&saved).unwrap()).unwrap();
             }
@@ -159,11 +180,13 @@ async fn run(
     // At most 200 first logins in flight per process, as a real fleet's hosts start at
     // different moments; reconnections after a loss are paced by the agents' backoff alone.
     let first_logins = Arc::new(tokio::sync::Semaphore::new(200));
+    let buses = Arc::new(plan.buses.clone());
     for (n, identity) in identities.into_iter().enumerate() {
         // Enrolment answers in any order: the agent's number is in its id.
         let number: usize = identity.id.trim_start_matches("sim-").parse().unwrap_or(n);
         let agent = Agent {
-            bus: plan.bus,
+            buses: buses.clone(),
+            home: number % buses.len(),
             source: source_address(number + plan.source_offset),
             command_key: plan
                 .command_key
@@ -200,7 +223,9 @@ fn say(line: &str) {
 
 struct Agent {
     identity: Arc<Identity>,
-    bus: SocketAddr,
+    /// The bus addresses, and the one the agent starts on.
+    buses: Arc<Vec<SocketAddr>>,
+    home: usize,
     source: Ipv4Addr,
     command_key: String,
     phase: Duration,
@@ -219,9 +244,14 @@ impl Agent {
         let mut seen = SeenJobs::open(None, svc::clock::now_millis() as u64).unwrap();
         let mut permit = Some(first_logins.acquire_owned().await.unwrap());
         let mut attempt = 0;
+        let mut bus = self.home;
         loop {
-            let session = self.session(&verifier, &mut seen, &mut permit).await;
+            let session = self
+                .session(self.buses[bus], &verifier, &mut seen, &mut permit)
+                .await;
             permit = None;
+            // Lost or refused: the next address (the same one when there is only one).
+            bus = (bus + 1) % self.buses.len();
             match session {
                 // It was in and lost the connection: the backoff starts over, as async-nats'
                 // reconnection count does.
@@ -236,13 +266,14 @@ impl Agent {
     /// until the login fails (Err).
     async fn session(
         &self,
+        bus: SocketAddr,
         verifier: &Verifier,
         seen: &mut SeenJobs,
         permit: &mut Option<tokio::sync::OwnedSemaphorePermit>,
     ) -> std::io::Result<()> {
         let identity = &self.identity;
         let id = identity.id.as_str();
-        let (mut reader, mut write) = login(identity, self.bus, self.source).await?;
+        let (mut reader, mut write) = login(identity, bus, self.source).await?;
         let mut facts = (*self.facts).clone();
         facts.insert("hostname".into(), id.into());
         let mut subscribing = self.subscribing.clone();

@@ -23,6 +23,24 @@ pub struct Identity {
     /// Signs its heartbeats and results, as svc-agent does (it enrols as a signing agent).
     pub signer: svc::fleet::agent_signature::AgentSigner,
     pub command_key: String,
+    /// On a cluster whose NATS checks JWTs (`bus.external_auth: jwt`): the user JWT
+    /// enrolment gave and the nkey it was issued to (svc-agent's bus.jwt and bus.nk). None:
+    /// the agent logs in with its certificate and a signed nonce, as on the embedded broker.
+    pub bus_jwt: Option<BusJwt>,
+}
+
+/// An agent's NATS user JWT and its nkey (the seed, as bus.nk holds it).
+pub struct BusJwt {
+    pub jwt: String,
+    pub seed: String,
+    key: nkeys::KeyPair,
+}
+
+impl BusJwt {
+    pub fn new(jwt: String, seed: String) -> BusJwt {
+        let key = nkeys::KeyPair::from_seed(&seed).unwrap();
+        BusJwt { jwt, seed, key }
+    }
 }
 
 impl Identity {
@@ -43,7 +61,14 @@ impl Identity {
             key_pem,
             signer,
             command_key,
+            bus_jwt: None,
         }
+    }
+
+    /// The same identity logging in with a NATS user JWT and its nkey.
+    pub fn with_bus_jwt(mut self, bus_jwt: Option<BusJwt>) -> Identity {
+        self.bus_jwt = bus_jwt;
+        self
     }
 
     /// `HPUB svc.agent.<id>.<kind>` of `body`, signed as the agent signs what it publishes.
@@ -75,11 +100,25 @@ pub async fn enrol(
     group: &str,
     psk: fn(&str) -> String,
 ) -> Vec<Arc<Identity>> {
-    let client = async_nats::ConnectOptions::new()
-        .custom_inbox_prefix(svc::agent::private_inbox_prefix())
+    enrol_with(bus, None, range, group, psk).await
+}
+
+/// [`enrol`], on a cluster whose NATS checks JWTs when `enrol_jwt` is given: as svc-agent
+/// bootstrap `--enrol-jwt` does, the connection presents the cluster's enrolment JWT and
+/// each request carries a new user nkey, whose JWT (`Enrolled.bus_jwt`) the agent then logs in
+/// with.
+pub async fn enrol_with(
+    bus: &str,
+    enrol_jwt: Option<&str>,
+    range: std::ops::Range<usize>,
+    group: &str,
+    psk: fn(&str) -> String,
+) -> Vec<Arc<Identity>> {
+    let client = svc::agent::enrolment_options(enrol_jwt.map(str::to_string))
         .connect(bus)
         .await
         .unwrap();
+    let jwt_mode = enrol_jwt.is_some();
     futures_util::stream::iter(range)
         .map(|n| {
             let client = client.clone();
@@ -91,13 +130,14 @@ pub async fn enrol(
                     .distinguished_name
                     .push(rcgen::DnType::CommonName, id.as_str());
                 let csr = params.serialize_request(&key).unwrap().pem().unwrap();
+                let nkey = jwt_mode.then(nkeys::KeyPair::new_user);
                 let request = svc::identity::EnrolRequest {
                     agent_id: id.clone(),
                     csr,
                     psk: Some(psk(&id)),
                     labels: [("sim".to_string(), group.to_string())].into(),
                     token: None,
-                    bus_nkey: None,
+                    bus_nkey: nkey.as_ref().map(|k| k.public_key()),
                     signs_messages: true,
                 };
                 let reply = client
@@ -115,12 +155,22 @@ pub async fn enrol(
                     !answer.command_key.is_empty(),
                     "the server sent {id} no command key: it would refuse every command"
                 );
-                Arc::new(Identity::load(
-                    id,
-                    answer.certificate,
-                    key.serialize_pem(),
-                    answer.command_key,
-                ))
+                let bus_jwt = nkey.map(|nkey| {
+                    assert!(
+                        !answer.bus_jwt.is_empty(),
+                        "the server sent {id} no bus JWT for its nkey"
+                    );
+                    BusJwt::new(answer.bus_jwt.clone(), nkey.seed().unwrap())
+                });
+                Arc::new(
+                    Identity::load(
+                        id,
+                        answer.certificate,
+                        key.serialize_pem(),
+                        answer.command_key,
+                    )
+                    .with_bus_jwt(bus_jwt),
+                )
             }
         })
         .buffer_unordered(32)
@@ -138,18 +188,35 @@ pub fn source_address(n: usize) -> Ipv4Addr {
 
 /// CONNECT as svc-agent sends it: async-nats' own ConnectInfo, filled as its connector fills it
 /// for the agent's auth callback (`svc::agent::connect_options`): the certificate in `jwt`, the
-/// nonce's ECDSA signature (base64url) in `pass`.
+/// nonce's ECDSA signature (base64url) in `pass`; or, with a bus JWT
+/// (`svc::bus::natsjwt::connect_options_with`), the user JWT in `jwt` and the nonce's nkey
+/// (ed25519) signature, base64url without padding, in `sig`.
 pub fn connect_line(identity: &Identity, nonce: &str) -> String {
-    let signature = identity
-        .key
-        .sign(&ring::rand::SystemRandom::new(), nonce.as_bytes())
-        .unwrap();
+    let base64 = |bytes: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
+    let (user_jwt, signature, pass) = match &identity.bus_jwt {
+        Some(bus) => (
+            bus.jwt.clone(),
+            Some(base64(&bus.key.sign(nonce.as_bytes()).unwrap())),
+            None,
+        ),
+        None => {
+            let signature = identity
+                .key
+                .sign(&ring::rand::SystemRandom::new(), nonce.as_bytes())
+                .unwrap();
+            (
+                identity.cert_pem.clone(),
+                None,
+                Some(base64(signature.as_ref())),
+            )
+        }
+    };
     let info = async_nats::ConnectInfo {
         verbose: false,
         pedantic: false,
-        user_jwt: Some(identity.cert_pem.clone()),
+        user_jwt: Some(user_jwt),
         nkey: None,
-        signature: None,
+        signature,
         name: Some(format!("svc-agent {}", identity.id)),
         echo: true,
         lang: "rust".into(),
@@ -157,7 +224,7 @@ pub fn connect_line(identity: &Identity, nonce: &str) -> String {
         protocol: async_nats::Protocol::Dynamic,
         tls_required: false,
         user: None,
-        pass: Some(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(signature.as_ref())),
+        pass,
         auth_token: None,
         headers: true,
         no_responders: true,

@@ -98,6 +98,12 @@ impl NatsCluster {
         Self::start_configured(nodes, "", Some(auth), false).await
     }
 
+    /// [`start_with_auth`](Self::start_with_auth) with `extra` configuration lines too (e.g.
+    /// `max_connections: 19000`).
+    pub async fn start_with_auth_and(nodes: usize, extra: &str, auth: &str) -> Option<NatsCluster> {
+        Self::start_configured(nodes, extra, Some(auth), false).await
+    }
+
     async fn start_configured(
         nodes: usize,
         extra: &str,
@@ -255,6 +261,19 @@ impl NatsCluster {
         self.wait_ready(i).await;
     }
 
+    /// Node `i`'s process id, while it runs.
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        self.nodes[i].child.as_ref().map(Child::id)
+    }
+
+    /// Node `i`'s client connections (`/varz` `connections`), in JWT mode (the only one with
+    /// a monitoring port); None when it does not answer.
+    pub fn connections(&self, i: usize) -> Option<u64> {
+        let body = monitor_get(self.nodes[i].http_port?, "/varz").ok()?;
+        let json = &body[body.find('{')?..];
+        serde_json::from_str::<serde_json::Value>(json).ok()?["connections"].as_u64()
+    }
+
     /// Whether node `i` is running (started and not killed).
     pub fn is_running(&self, i: usize) -> bool {
         self.nodes[i].child.is_some()
@@ -272,6 +291,15 @@ impl Drop for NatsCluster {
 /// nats-server's `/healthz` on the monitoring port: 200 once JetStream is current. (A bare
 /// HTTP/1.0 GET: benches include this file without the tests' HTTP client.)
 fn healthz(port: u16) -> Result<(), String> {
+    let response = monitor_get(port, "/healthz")?;
+    match response.lines().next() {
+        Some(status) if status.contains(" 200") => Ok(()),
+        _ => Err(format!("/healthz: {response}")),
+    }
+}
+
+/// The whole HTTP response to a bare HTTP/1.0 GET of `path` on the monitoring port.
+fn monitor_get(port: u16, path: &str) -> Result<String, String> {
     use std::io::{Read, Write};
     let mut socket =
         std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
@@ -279,16 +307,13 @@ fn healthz(port: u16) -> Result<(), String> {
         .set_read_timeout(Some(Duration::from_secs(2)))
         .map_err(|e| e.to_string())?;
     socket
-        .write_all(b"GET /healthz HTTP/1.0\r\n\r\n")
+        .write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
         .map_err(|e| e.to_string())?;
     let mut response = String::new();
     socket
         .read_to_string(&mut response)
         .map_err(|e| e.to_string())?;
-    match response.lines().next() {
-        Some(status) if status.contains(" 200") => Ok(()),
-        _ => Err(format!("/healthz: {response}")),
-    }
+    Ok(response)
 }
 
 /// One `$JS.API.INFO` round trip through `url`.
