@@ -946,14 +946,19 @@ fn results_and_heartbeats_that_the_agent_did_not_sign_are_dropped_and_audited() 
             .unwrap()
             .as_millis()
     );
+    // And an answer for a job that no one waits for: dropped unread, like every result of
+    // another member's job in a cluster (its signature is not even checked).
+    let stray = r#"{"job_id":"01NOSUCHJOB","duration_ms":1,"kind":"exec","exit_code":0}"#;
     let ops = format!(
         "PUB svc.agent.web-01.result {len}\r\n{forged}\r\n\
          HPUB svc.agent.web-01.result {header_len} {total}\r\n{headers}{forged}\r\n\
-         PUB svc.agent.web-01.heartbeat {beat_len}\r\n{beat}\r\n",
+         PUB svc.agent.web-01.heartbeat {beat_len}\r\n{beat}\r\n\
+         PUB svc.agent.web-01.result {stray_len}\r\n{stray}\r\n",
         len = forged.len(),
         header_len = headers.len(),
         total = headers.len() + forged.len(),
         beat_len = beat.len(),
+        stray_len = stray.len(),
     );
     let published = agent_session(&server, &web1.home.path().join("state"), &ops);
     assert_eq!(published, ["PONG"]);

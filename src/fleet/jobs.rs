@@ -57,6 +57,12 @@ impl Jobs {
         self.waiting.lock().expect("jobs lock poisoned")
     }
 
+    /// Whether a job `job_id` waits for answers here (in cluster mode every member receives
+    /// every result, and only the member that started the job waits for its answers).
+    pub fn is_waiting(&self, job_id: &str) -> bool {
+        self.lock().contains_key(job_id)
+    }
+
     /// Hands an agent's answer to the job waiting for it; false when none is.
     pub fn deliver(&self, agent_id: &str, reply: Reply) -> bool {
         match self.lock().get(&reply.job_id) {

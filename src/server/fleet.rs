@@ -76,6 +76,13 @@ pub async fn start(context: Arc<Context>) -> crate::Result<()> {
             let _entered = span.enter();
             match serde_json::from_slice::<protocol::Reply>(&message.payload) {
                 Ok(reply) => {
+                    // Every member receives every result; one for a job that does not wait
+                    // here (another member's, or one that has ended) is dropped before its
+                    // signature is checked, which it would be dropped after anyway.
+                    if !result_context.domain.fleet.jobs.is_waiting(&reply.job_id) {
+                        tracing::debug!(agent_id, job_id = %reply.job_id, "result for no waiting job dropped");
+                        continue;
+                    }
                     let incoming = Incoming {
                         agent_id,
                         subject: &message.subject,
