@@ -36,7 +36,9 @@ pub struct Readiness {
     pub components: std::collections::BTreeMap<&'static str, Component>,
 }
 
-/// How long readiness waits for the store's round trip.
+/// How long readiness waits for the store's round trip, and for each stream's health (a
+/// JetStream stream whose leader was on a node that just died answers only once another
+/// node leads it: /metrics and /health/ready must not wait that long).
 const STORE_PING_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Checks every component now (no caching: readiness is polled rarely and must be true).
@@ -88,12 +90,18 @@ pub async fn readiness(context: &Context) -> Readiness {
             )
         },
     );
-    let mut stream_problems: Vec<String> = Vec::new();
-    for (name, log) in &context.streams {
-        if let Err(e) = log.health().await {
-            stream_problems.push(format!("{name}: {e}"));
+    let checks = context.streams.iter().map(|(name, log)| async move {
+        match tokio::time::timeout(STORE_PING_LIMIT, log.health()).await {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(format!("{name}: {e}")),
+            Err(_) => Some(format!("{name}: no answer within {STORE_PING_LIMIT:?}")),
         }
-    }
+    });
+    let stream_problems: Vec<String> = futures_util::future::join_all(checks)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
     components.insert(
         "stream_store",
         if stream_problems.is_empty() {
