@@ -102,6 +102,10 @@ pub struct JetStreamLog {
     durable: watch::Receiver<u64>,
     follower: Arc<Follower>,
     task: tokio::task::JoinHandle<()>,
+    /// When a failed publish was last logged at warn (ms since the Unix epoch): a node that
+    /// went away fails every record in flight, thousands at once in a large fleet, and one
+    /// warning a second says as much as all of them.
+    warned_at_ms: std::sync::atomic::AtomicI64,
 }
 
 /// What the task following the stream shares with the handle.
@@ -198,6 +202,7 @@ impl JetStreamLog {
             durable,
             follower,
             task,
+            warned_at_ms: std::sync::atomic::AtomicI64::new(0),
         }))
     }
 
@@ -271,7 +276,23 @@ impl JetStreamLog {
                     if tokio::time::Instant::now() >= deadline {
                         return Err(self.failed("publish", error));
                     }
-                    tracing::warn!(stream = %self.name, attempt, %error, "JetStream publish failed; retrying");
+                    let now = crate::clock::now_millis();
+                    let last = self.warned_at_ms.load(std::sync::atomic::Ordering::Relaxed);
+                    if now - last >= 1000
+                        && self
+                            .warned_at_ms
+                            .compare_exchange(
+                                last,
+                                now,
+                                std::sync::atomic::Ordering::Relaxed,
+                                std::sync::atomic::Ordering::Relaxed,
+                            )
+                            .is_ok()
+                    {
+                        tracing::warn!(stream = %self.name, attempt, %error, "JetStream publish failed; retrying (more such failures within a second are logged at debug)");
+                    } else {
+                        tracing::debug!(stream = %self.name, attempt, %error, "JetStream publish failed; retrying");
+                    }
                     let pause = Duration::from_millis(100 * u64::from(attempt.min(10)));
                     tokio::time::sleep(pause).await;
                 }
