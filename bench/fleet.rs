@@ -387,10 +387,12 @@ async fn every_result<T: std::fmt::Debug>(
     (first.unwrap(), started.elapsed())
 }
 
-/// The bus floor: the same agents on Debian's nats-server, commanded by a bare client.
+/// The bus floor: the same agents commanded by a bare client that signs with a key of its
+/// own (the agents are told to trust it): on Debian's nats-server for the single server, on
+/// the same three nodes for the cluster.
 struct Floor {
-    /// Holds the nats-server process (killed on drop).
-    _nats: nats_cluster::NatsCluster,
+    /// The floor's own nats-server, when it has one (killed on drop).
+    _nats: Option<nats_cluster::NatsCluster>,
     fleet: Fleet,
     client: async_nats::Client,
     results: async_nats::Subscriber,
@@ -410,6 +412,24 @@ impl Floor {
             return None;
         }
         let nats = nats_cluster::NatsCluster::start(1).await?;
+        let plan = Plan {
+            buses: vec![bus_address(&nats.url(0))],
+            source_offset: options.agents,
+            ..plan.clone()
+        };
+        let client = async_nats::connect(nats.url(0)).await.unwrap();
+        Some(Floor::on(Some(nats), &plan, dir, options, client).await)
+    }
+
+    /// The floor on the buses of `plan`: the agents of its saved enrolments started in
+    /// processes of their own, trusting a command key made here; `client` commands them.
+    async fn on(
+        nats: Option<nats_cluster::NatsCluster>,
+        plan: &Plan,
+        dir: &Path,
+        options: &Options,
+        client: async_nats::Client,
+    ) -> Floor {
         // The floor's own command key: the bare client signs every command as the server does.
         let key = rcgen::KeyPair::generate().unwrap();
         let certificate = rcgen::CertificateParams::default()
@@ -417,9 +437,7 @@ impl Floor {
             .unwrap();
         let signer = Signer::from_pkcs8_pem(&key.serialize_pem()).unwrap();
         let plan = Plan {
-            buses: vec![bus_address(&nats.url(0))],
             command_key: Some(certificate.pem()),
-            source_offset: options.agents,
             ..plan.clone()
         };
         let mut fleet = Fleet::start("floor", &plan, dir, options.agents, options.processes);
@@ -431,18 +449,17 @@ impl Floor {
                 s.connected == agents && s.subscribed == agents
             })
             .await;
-        let client = async_nats::connect(nats.url(0)).await.unwrap();
         let results = client.subscribe("svc.agent.*.result").await.unwrap();
         client.flush().await.unwrap();
         let ids = (0..agents).map(|n| format!("sim-{n:05}")).collect();
-        Some(Floor {
+        Floor {
             _nats: nats,
             fleet,
             client,
             results,
             signer: Arc::new(signer),
             ids: Arc::new(ids),
-        })
+        }
     }
 
     /// One signed command to every agent, published one by one: (first answer, last answer).

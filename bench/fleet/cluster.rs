@@ -246,6 +246,7 @@ pub fn main(options: &Options) {
         let total: f64 = spent.iter().map(|(_, s)| s).sum();
         let best = *alls.iter().min().unwrap();
         let (first, all) = (median(firsts), median(alls));
+        let exec_all = all;
         summary.push(format!(
             "exec `true` to {agents} agents through m1 (gRPC Exec, median of {}): first result {}, all results {} (best {}) = {:.2} of the goal   goal all <= 3 s: {}",
             options.rounds,
@@ -366,6 +367,31 @@ pub fn main(options: &Options) {
             "simulators: {} logins, {} connections lost, {} commands answered, none refused",
             total.logins, total.lost, total.answered
         ));
+
+        // 6. the floor: the same agents on the same three nodes (the fleet above gone, the
+        // same saved enrolments logged in again), with the members' heartbeat load as before,
+        // commanded by a bare client with a member's NATS rights that signs with a key of its
+        // own: what the cluster's transport and the agents cost, without the member's work.
+        drop(fleet);
+        let client = floor_client(&cluster, &nats.url(0)).await;
+        let mut floor = crate::Floor::on(None, &plan, saved.path(), options, client).await;
+        let _ = floor.round().await; // warm-up
+        let (mut floor_firsts, mut floor_alls) = (Vec::new(), Vec::new());
+        for _ in 0..options.rounds {
+            let (first, all) = floor.round().await;
+            floor_firsts.push(first);
+            floor_alls.push(all);
+        }
+        let (floor_first, floor_all) = (median(floor_firsts), median(floor_alls));
+        let ratio = exec_all.as_secs_f64() / floor_all.as_secs_f64();
+        summary.push(format!(
+            "floor: the same {agents} agents on the same nodes commanded by a bare client (a member's NATS rights, its own command key; median of {}): first result {}, all results {}; exec through m1 / floor = {ratio:.2}x",
+            options.rounds,
+            ms(floor_first),
+            ms(floor_all)
+        ));
+        println!("\n{}", summary.last().unwrap());
+        assert_eq!(floor.fleet.total().refused, 0, "floor commands refused");
     });
     println!(
         "\n=== cluster fleet summary ({agents} agents, {NODES} NATS nodes, {MEMBERS} members) ==="
@@ -375,9 +401,8 @@ pub fn main(options: &Options) {
     }
 }
 
-/// The auth block for the NATS nodes and the enrolment JWT: `svc-cluster -o json nats-config`
-/// on a configuration of the members' store and master key, before any member starts.
-fn nats_config(cluster: &Cluster) -> (String, String) {
+/// A configuration of the members' store and master key, for what runs offline on it.
+fn offline_config(cluster: &Cluster) -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("server.yaml");
     std::fs::write(
@@ -391,6 +416,33 @@ fn nats_config(cluster: &Cluster) -> (String, String) {
         ),
     )
     .unwrap();
+    (dir, config)
+}
+
+/// A bare NATS client with a member's rights (a user JWT of the svc account, as each member
+/// makes its own at start), for the floor: read from the members' store.
+async fn floor_client(cluster: &Cluster<'_>, url: &str) -> async_nats::Client {
+    let (_dir, config) = offline_config(cluster);
+    let loaded = svc::config::load_server(Some(&config), &[]).unwrap();
+    let config = loaded.config;
+    let store = svc::store::open(&config.store, &config.data_dir)
+        .await
+        .unwrap();
+    let keys = svc::identity::Keys::from_config(&config).unwrap();
+    let nats_keys = svc::identity::nats::ensure(store.as_ref(), &keys)
+        .await
+        .unwrap();
+    let (jwt, user) = svc::identity::nats::member_login(&nats_keys, "bench-floor").unwrap();
+    svc::bus::natsjwt::connect_options_with(move || Ok(jwt.clone()), user)
+        .connect(url)
+        .await
+        .unwrap()
+}
+
+/// The auth block for the NATS nodes and the enrolment JWT: `svc-cluster -o json nats-config`
+/// on a configuration of the members' store and master key, before any member starts.
+fn nats_config(cluster: &Cluster) -> (String, String) {
+    let (_dir, config) = offline_config(cluster);
     let printed = Command::new(common::server_binary())
         .env_clear()
         .args(["cluster", "-o", "json", "nats-config", "--config"])
