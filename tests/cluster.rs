@@ -1188,7 +1188,8 @@ fn with_jwt_auth_the_nats_cluster_keeps_each_agent_to_its_own_subjects() {
 
         // Its own subjects are where a stolen session could still answer for it: a result
         // it did not sign, for a job that is running, is dropped by every member and audited
-        // once (by the agent's owner); the job gets the real one.
+        // once (by the member whose job it is, the only one that checks it); the job gets
+        // the real one.
         let started = svcctl(
             &members,
             1,

@@ -298,11 +298,13 @@ pub async fn admit(domain: &Arc<Domain>, message: Incoming<'_>) -> bool {
         "forged {} dropped",
         message.kind.as_str()
     );
-    // Every member drops it; the agent's owner writes the row (one per cluster).
+    // One row per cluster: a heartbeat is checked by every member and its row written by the
+    // agent's owner; a result only by the member whose job waits for it (server/fleet.rs drops
+    // the others' unread), which writes the row.
     let Some(count) = forgeries.count(agent_id, message.kind, Instant::now()) else {
         return false;
     };
-    if !domain.cluster.owns(agent_id) {
+    if message.kind == Kind::Heartbeat && !domain.cluster.owns(agent_id) {
         return false;
     }
     let principal = Principal {
