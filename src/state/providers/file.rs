@@ -207,14 +207,18 @@ fn remove(path: &Path, mode: Mode) -> Result<Report, String> {
             "would remove ({} bytes)",
             metadata.size()
         ))),
-        Ok(metadata) => {
-            fs::remove_file(path)
-                .map_err(|error| format!("removing {}: {error}", path.display()))?;
-            Ok(Report::changed(format!(
+        Ok(metadata) => match fs::remove_file(path) {
+            Ok(()) => Ok(Report::changed(format!(
                 "removed ({} bytes)",
                 metadata.size()
-            )))
-        }
+            ))),
+            // Gone between the look and the removal (another process removed it): absent is
+            // what was asked for.
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {
+                Ok(Report::unchanged("already absent"))
+            }
+            Err(error) => Err(format!("removing {}: {error}", path.display())),
+        },
     }
 }
 
