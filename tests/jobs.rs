@@ -476,6 +476,19 @@ fn job_events(server: &TestServer, id: &str) -> Vec<(String, String, serde_json:
     }
 }
 
+/// The job id of an exec run with `-o json` (its first result line).
+fn job_id_of(ran: &Run) -> String {
+    json_lines(ran)[0]["job_id"].as_str().unwrap().to_string()
+}
+
+/// (type, source) of each event, in order.
+fn kinds(events: &[(String, String, serde_json::Value)]) -> Vec<(&str, &str)> {
+    events
+        .iter()
+        .map(|(t, s, _)| (t.as_str(), s.as_str()))
+        .collect()
+}
+
 #[test]
 fn past_per_agent_events_a_fan_out_emits_its_job_and_the_failures_only() {
     let server = TestServer::start_with(Options {
@@ -495,15 +508,9 @@ fn past_per_agent_events_a_fan_out_emits_its_job_and_the_failures_only() {
         &["-o", "json", "exec", "-t", "web-01,web-02", "--", "true"],
     );
     assert_eq!(small.code, 0, "{small:?}");
-    let small_id = json_lines(&small)[0]["job_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let small_id = job_id_of(&small);
     let events = job_events(&server, &small_id);
-    let of_small: Vec<(&str, &str)> = events
-        .iter()
-        .map(|(t, s, _)| (t.as_str(), s.as_str()))
-        .collect();
+    let of_small = kinds(&events);
     assert_eq!(of_small.len(), 6, "{events:?}");
     assert_eq!(
         of_small[0],
@@ -540,17 +547,10 @@ fn past_per_agent_events_a_fan_out_emits_its_job_and_the_failures_only() {
         ],
     );
     assert_eq!(large.code, 1, "web-03 fails: {large:?}");
-    let large_id = json_lines(&large)[0]["job_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let large_id = job_id_of(&large);
     let of_large = job_events(&server, &large_id);
-    let kinds: Vec<(&str, &str)> = of_large
-        .iter()
-        .map(|(t, s, _)| (t.as_str(), s.as_str()))
-        .collect();
     assert_eq!(
-        kinds,
+        kinds(&of_large),
         [
             ("job_started", large_id.as_str()),
             ("command_failed", "web-03"),
