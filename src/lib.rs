@@ -33,6 +33,7 @@ pub mod program;
 pub mod runbooks;
 pub mod secrets;
 pub mod server;
+pub mod sort;
 pub mod state;
 pub mod store;
 pub mod stream;

@@ -27,7 +27,7 @@ const LAYERS: &[Layer] = &[
         ring: false,
         modules: &[
             "clock", "codec", "error", "facts", "ids", "metrics", "percent", "program", "proto",
-            "template", "version", "zip",
+            "sort", "template", "version", "zip",
         ],
     },
     Layer {

@@ -62,7 +62,7 @@ async fn versions_of(domain: &Domain, name: &str) -> Result<Vec<BlueprintRow>> {
         .blueprints()
         .list_blueprints(Some(name))
         .await?;
-    rows.sort_by(|a, b| version::compare(&a.version, &b.version));
+    crate::sort::sort_by(&mut rows, |a, b| version::compare(&a.version, &b.version));
     Ok(rows)
 }
 
@@ -224,7 +224,7 @@ pub async fn list(domain: &Domain, principal: &Principal) -> Result<Vec<Installe
     }
     let mut out = Vec::with_capacity(by_name.len());
     for (_, mut rows) in by_name {
-        rows.sort_by(|a, b| version::compare(&a.version, &b.version));
+        crate::sort::sort_by(&mut rows, |a, b| version::compare(&a.version, &b.version));
         let versions = rows.iter().map(|r| r.version.clone()).collect();
         if let Some(latest) = rows.last() {
             out.push(installed(latest, versions)?);
@@ -550,7 +550,9 @@ fn rollback_plan(previous: &Plan, current: &Plan) -> Plan {
             _ => {}
         }
     }
-    directories.sort_by_key(|p| std::cmp::Reverse(p.matches('/').count()));
+    crate::sort::sort_by_key(&mut directories, |p| {
+        std::cmp::Reverse(p.matches('/').count())
+    });
     for path in directories {
         plan.push(Resource::Directory(DirectoryResource {
             path,

@@ -322,7 +322,9 @@ impl Monitor {
                     crate::bus::subjects::subject_matches(&subscription.subject, test)
                 });
             }
-            subscriptions.sort_by(|a, b| (a.cid, &a.sid).cmp(&(b.cid, &b.sid)));
+            crate::sort::sort_by(&mut subscriptions, |a, b| {
+                (a.cid, &a.sid).cmp(&(b.cid, &b.sid))
+            });
             let page: Vec<Value> = subscriptions
                 .iter()
                 .skip(offset)
@@ -426,7 +428,7 @@ fn connection_json(
     }
     if !connection.subscriptions.is_empty() {
         let mut subscriptions: Vec<&SubscriptionView> = connection.subscriptions.iter().collect();
-        subscriptions.sort_by(|a, b| a.sid.cmp(&b.sid));
+        crate::sort::sort_by(&mut subscriptions, |a, b| a.sid.cmp(&b.sid));
         if subs_list {
             let subjects: Vec<&str> = subscriptions
                 .iter()
@@ -470,7 +472,7 @@ fn sort_connections(
     now: SystemTime,
 ) -> Result<(), String> {
     // One key function per option, all of one type, so that the sort below is compiled once
-    // (each `sort_by_key` closure was its own copy of the sort: about 4 KB of code each).
+    // (each `sort_by_key` closure was its own copy of the key code).
     type Key = fn(&ConnectionView, SystemTime) -> u128;
     let (key, descending): (Key, bool) = match sort {
         "cid" | "" => (|c, _| c.cid.into(), false),
@@ -492,7 +494,7 @@ fn sort_connections(
             ))
         }
     };
-    connections.sort_by(|a, b| {
+    crate::sort::sort_by(connections, |a, b| {
         let (a_key, b_key) = (key(a, now), key(b, now));
         let order = if descending {
             b_key.cmp(&a_key)

@@ -186,7 +186,7 @@ async fn create(common: Common, args: CreateArgs) -> Result<(), CliError> {
     if let Some(keep) = args.keep {
         let mut snapshots = snapshot_objects(&client, &bucket, &args.prefix).await?;
         // Names carry their time (svc-snapshot-YYYYMMDDTHHMMSSZ), so key order is age order.
-        snapshots.sort_by(|a, b| a.key.cmp(&b.key));
+        crate::sort::sort_by(&mut snapshots, |a, b| a.key.cmp(&b.key));
         let excess = snapshots.len().saturating_sub(keep.max(1));
         for object in snapshots.into_iter().take(excess) {
             client.delete_object(&bucket, &object.key).await?;

@@ -276,7 +276,7 @@ impl ObjectStore for JetStreamStore {
             .await?;
         // A record deleted between the two steps is simply not listed.
         let mut records: Vec<ObjectMeta> = records.into_iter().flatten().collect();
-        records.sort_by(|a, b| a.path.cmp(&b.path));
+        crate::sort::sort_by(&mut records, |a, b| a.path.cmp(&b.path));
         Ok(records)
     }
 

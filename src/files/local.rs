@@ -292,7 +292,7 @@ impl ObjectStore for LocalStore {
                 .into_iter()
                 .filter(|record| record.path.starts_with(&prefix))
                 .collect();
-            records.sort_by(|a, b| a.path.cmp(&b.path));
+            crate::sort::sort_by(&mut records, |a, b| a.path.cmp(&b.path));
             Ok(records)
         })
         .await

@@ -805,7 +805,7 @@ pub async fn targets(domain: &Domain, target: &str) -> Result<Targets> {
                 states.push((id, entry.state()));
             }
         }
-        states.sort_by(|a, b| a.0.cmp(&b.0));
+        crate::sort::sort_by(&mut states, |a, b| a.0.cmp(&b.0));
         states
     };
     if states.is_empty() {

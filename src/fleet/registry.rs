@@ -319,7 +319,7 @@ impl Registry {
     /// Every cached agent, by id.
     pub fn all(&self) -> Vec<Entry> {
         let mut entries: Vec<Entry> = self.lock().values().cloned().collect();
-        entries.sort_by(|a, b| a.row.id.cmp(&b.row.id));
+        crate::sort::sort_by(&mut entries, |a, b| a.row.id.cmp(&b.row.id));
         entries
     }
 

@@ -205,7 +205,9 @@ impl Registry {
                 version,
             });
         }
-        versions.sort_by(|a, b| version::compare(&a.version, &b.version));
+        crate::sort::sort_by(&mut versions, |a, b| {
+            version::compare(&a.version, &b.version)
+        });
         if versions.is_empty() {
             return Err(Error::NotFound(format!("no module {name}")));
         }

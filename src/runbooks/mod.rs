@@ -173,7 +173,7 @@ fn step_view(row: StepRow) -> StepView {
 fn execution_view(row: ExecutionRow, steps: Vec<StepRow>, order: &[String]) -> ExecutionView {
     let mut steps: Vec<StepView> = steps.into_iter().map(step_view).collect();
     // In the runbook's order (rollback steps last), not the table's.
-    steps.sort_by_key(|s| {
+    crate::sort::sort_by_key(&mut steps, |s| {
         order
             .iter()
             .position(|id| *id == s.id)
@@ -372,7 +372,7 @@ pub async fn audit(
             .into_iter()
             .filter(|row| row.resource_id == id),
     );
-    rows.sort_by_key(|row| row.seq);
+    crate::sort::sort_by_key(&mut rows, |row| row.seq);
     rows.dedup_by_key(|row| row.seq);
     Ok(rows.into_iter().map(crate::audit::Entry::from).collect())
 }

@@ -835,7 +835,7 @@ fn inline_tree(tree: &mut crate::state::TreeResource, base_dir: &Path) -> Result
         let mut entries = fs::read_dir(&dir)
             .and_then(|entries| entries.collect::<Result<Vec<_>, _>>())
             .map_err(|e| format!("reading {}: {e}", dir.display()))?;
-        entries.sort_by_key(|entry| entry.file_name());
+        crate::sort::sort_by_key(&mut entries, |entry| entry.file_name());
         for entry in entries {
             let name = entry.file_name().into_string().map_err(|name| {
                 format!("{}: file names must be UTF-8", dir.join(name).display())
@@ -887,7 +887,7 @@ fn inline_tree(tree: &mut crate::state::TreeResource, base_dir: &Path) -> Result
     // Parents first: the walk above pushes a directory before its children, but pops
     // siblings' subtrees in any order; sorting by path keeps parents before children.
     tree.dirs.sort();
-    tree.files.sort_by(|a, b| a.path.cmp(&b.path));
+    crate::sort::sort_by(&mut tree.files, |a, b| a.path.cmp(&b.path));
     Ok(())
 }
 

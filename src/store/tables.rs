@@ -466,7 +466,7 @@ mod tests {
                 )
             })
             .collect();
-        catalogue.sort_by(|a, b| a.0.cmp(&b.0));
+        crate::sort::sort_by(&mut catalogue, |a, b| a.0.cmp(&b.0));
         // Table by table first, so a failure names the table that differs.
         for table in &schema {
             let entry = catalogue.iter().find(|entry| entry.0 == table.0);

@@ -564,7 +564,7 @@ impl BrokerHandle {
                 .iter()
                 .map(|(id, client)| (*id, client.outbound.clone(), client.cancel.clone()))
                 .collect();
-            targets.sort_by_key(|(id, _, _)| *id);
+            crate::sort::sort_by_key(&mut targets, |(id, _, _)| *id);
             let count = targets.len();
             if count == 0 {
                 return;

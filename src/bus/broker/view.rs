@@ -160,7 +160,7 @@ impl BrokerView {
                 }
             })
             .collect();
-        connections.sort_by_key(|connection| connection.cid);
+        crate::sort::sort_by_key(&mut connections, |connection| connection.cid);
         connections
     }
 }

@@ -171,7 +171,9 @@ pub(super) fn run(
             .map(|(path, metadata)| (path.as_str(), metadata))
             .collect();
         // Deepest first, so a directory is empty by the time it is removed.
-        extra.sort_by_key(|(path, _)| std::cmp::Reverse(path.matches('/').count()));
+        crate::sort::sort_by_key(&mut extra, |(path, _)| {
+            std::cmp::Reverse(path.matches('/').count())
+        });
         for (relative, metadata) in extra {
             counts.removed += 1;
             if mode == Mode::Check {
