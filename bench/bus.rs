@@ -6,7 +6,9 @@
 //! shares a runtime or allocator with the client. Everything is on loopback; every scenario
 //! is bounded by a message count and a timeout, so the whole run stays well under three
 //! minutes. Prints one table with ratios ours / nats-server (higher is better for
-//! throughput, lower for latency).
+//! throughput, lower for latency). `--tls` runs every scenario over TLS on both brokers (a
+//! test CA's certificate for 127.0.0.1; the clients trust that CA): TLS costs, rustls's
+//! included, side by side with nats-server's Go TLS.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -18,7 +20,10 @@ use futures_util::StreamExt;
 const STALL: Duration = Duration::from_secs(3);
 
 mod brokers;
-use brokers::{start_nats_server, start_ours};
+use brokers::{start_nats_server_with, start_ours_with};
+#[path = "../tests/common/pki.rs"]
+#[allow(dead_code)]
+mod pki;
 #[path = "common/run.rs"]
 mod run;
 
@@ -26,9 +31,15 @@ fn main() {
     brokers::main(run_benchmarks());
 }
 
+/// The CA the clients trust under `--tls`.
+static TLS_CA: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
 async fn connect(url: &str) -> async_nats::Client {
-    async_nats::ConnectOptions::new()
-        .subscription_capacity(1 << 20)
+    let mut options = async_nats::ConnectOptions::new().subscription_capacity(1 << 20);
+    if let Some(ca) = TLS_CA.get() {
+        options = options.add_root_certificates(ca.clone()).require_tls(true);
+    }
+    options
         .connect(url)
         .await
         .expect("connect")
@@ -196,7 +207,12 @@ async fn scenario_rows(url: &str) -> Vec<(String, &'static str, bool, f64, Strin
 
 async fn run_benchmarks() {
     let started = Instant::now();
-    let Some(reference) = start_nats_server() else {
+    let pki = std::env::args().any(|arg| arg == "--tls").then(pki::Pki::new);
+    let tls_dir = pki.as_ref().map(|pki| pki.path(""));
+    if let Some(pki) = &pki {
+        TLS_CA.set(pki.path("ca.pem")).expect("set once");
+    }
+    let Some(reference) = start_nats_server_with(tls_dir.as_deref()) else {
         run::missing_peer(
             "nats-server",
             "apt-get install nats-server",
@@ -205,7 +221,7 @@ async fn run_benchmarks() {
         return;
     };
     let rounds = run::flag("--rounds", 2usize).max(1);
-    let ours = start_ours();
+    let ours = start_ours_with(tls_dir.as_deref());
     let mut table: Vec<Row> = Vec::new();
     // Alternate servers so background load on a shared machine hits both alike.
     for round in 0..rounds {

@@ -26,7 +26,7 @@ const PAYLOAD: usize = 64;
 const CUT_WITHIN: Duration = Duration::from_secs(12);
 
 mod brokers;
-use brokers::{start_nats_server, start_ours, Server};
+use brokers::{start_nats_server_with, start_ours_with, Server};
 #[path = "common/run.rs"]
 mod run;
 
@@ -51,10 +51,10 @@ fn main() {
     } = sizes;
     brokers::main(async move {
         let mut rows = Vec::new();
-        let ours = start_ours();
+        let ours = start_ours_with(None);
         rows.push(run(&ours, sizes).await);
         drop(ours);
-        match start_nats_server() {
+        match start_nats_server_with(None) {
             Some(nats) => rows.push(run(&nats, sizes).await),
             None => run::missing_peer("nats-server", "apt-get install nats-server", "its column"),
         }

@@ -9,6 +9,9 @@ use std::time::Duration;
 /// Set in the child process that runs our broker.
 pub const BROKER_ENV: &str = "SVC_BUS_BENCH_BROKER";
 
+/// Set (to a directory with server.pem and server.key) when both brokers serve TLS.
+pub const TLS_ENV: &str = "SVC_BUS_BENCH_TLS";
+
 /// A bus bench's `main`: in the child process (`BROKER_ENV` set) serve our broker; otherwise
 /// run `bench` on a two-thread runtime (the machine's two cores, shared with the brokers).
 pub fn main(bench: impl std::future::Future<Output = ()>) {
@@ -35,8 +38,12 @@ fn run_broker_process() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
+        let config = svc::bus::BrokerConfig {
+            tls: std::env::var_os(TLS_ENV).map(|dir| server_tls(dir.as_ref())),
+            ..svc::bus::BrokerConfig::default()
+        };
         let handle = svc::bus::Broker::start(
-            svc::bus::BrokerConfig::default(),
+            config,
             Arc::new(svc::bus::NoAuth),
             listener,
         )
@@ -58,16 +65,38 @@ fn run_broker_process() {
     });
 }
 
+/// rustls with ring serving dir/server.pem with dir/server.key, as the server's bus does.
+fn server_tls(dir: &std::path::Path) -> Arc<rustls::ServerConfig> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let chain = CertificateDer::pem_file_iter(dir.join("server.pem"))
+        .expect("server.pem")
+        .collect::<Result<Vec<_>, _>>()
+        .expect("server.pem");
+    let key = PrivateKeyDer::from_pem_file(dir.join("server.key")).expect("server.key");
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("TLS versions")
+    .with_no_client_auth()
+    .with_single_cert(chain, key)
+    .expect("certificate and key");
+    Arc::new(config)
+}
+
 /// A server under test, killed on drop.
 pub struct Server {
     pub name: &'static str,
     pub child: Child,
     pub port: u16,
+    pub tls: bool,
 }
 
 impl Server {
     pub fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
+        let scheme = if self.tls { "tls" } else { "nats" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 }
 
@@ -78,8 +107,13 @@ impl Drop for Server {
     }
 }
 
-pub fn start_ours() -> Server {
-    let mut child = Command::new(std::env::current_exe().expect("own path"))
+/// Our broker; with `tls`, a directory holding server.pem and server.key, it serves TLS.
+pub fn start_ours_with(tls: Option<&std::path::Path>) -> Server {
+    let mut command = Command::new(std::env::current_exe().expect("own path"));
+    if let Some(dir) = tls {
+        command.env(TLS_ENV, dir);
+    }
+    let mut child = command
         .env(BROKER_ENV, "1")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -93,10 +127,12 @@ pub fn start_ours() -> Server {
         name: "ours",
         port: line.trim().parse().expect("port line"),
         child,
+        tls: tls.is_some(),
     }
 }
 
-pub fn start_nats_server() -> Option<Server> {
+/// Debian's nats-server; with `tls`, serving dir/server.pem with dir/server.key.
+pub fn start_nats_server_with(tls: Option<&std::path::Path>) -> Option<Server> {
     let binary = ["/usr/sbin/nats-server", "/usr/bin/nats-server"]
         .into_iter()
         .find(|path| std::path::Path::new(path).is_file())?;
@@ -105,8 +141,13 @@ pub fn start_nats_server() -> Option<Server> {
         .local_addr()
         .ok()?
         .port();
-    let child = Command::new(binary)
-        .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+    let mut command = Command::new(binary);
+    command.args(["-a", "127.0.0.1", "-p", &port.to_string()]);
+    if let Some(dir) = tls {
+        command.arg("--tls").arg("--tlscert").arg(dir.join("server.pem"));
+        command.arg("--tlskey").arg(dir.join("server.key"));
+    }
+    let child = command
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -115,6 +156,7 @@ pub fn start_nats_server() -> Option<Server> {
         name: "nats-server",
         port,
         child,
+        tls: tls.is_some(),
     };
     for _ in 0..100 {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
