@@ -6,51 +6,23 @@ use argh::FromArgs;
 use super::client::{authorized, grpc_channel};
 use super::output::{print_json, print_table};
 use super::values::{audit_severity, export_format, time_or_ago};
-use super::{exit, parse_args, run_async, CliError, Common, Output};
+use super::{exit, CliError, Common, Output};
 use crate::proto::policy_service_client::PolicyServiceClient;
 use crate::proto::{self, AuditEntry};
 
 pub fn main(program: &str, args: Vec<String>) -> i32 {
-    super::run_partly_built(program, args, run)
+    super::run_table(program, args)
 }
 
-fn run(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
-    let name = format!("{program} {command}");
-    match command {
-        "log" => match parse_args::<LogArgs>(&name, args) {
-            Ok(parsed) => run_async(program, log(common, parsed)),
-            Err(code) => code,
-        },
-        "stats" => match parse_args::<WindowArgs>(&name, args) {
-            Ok(parsed) => run_async(program, stats(common, parsed)),
-            Err(code) => code,
-        },
-        "report" => match parse_args::<WindowArgs>(&name, args) {
-            Ok(parsed) => run_async(program, report(common, parsed)),
-            Err(code) => code,
-        },
-        "export" => match parse_args::<ExportArgs>(&name, args) {
-            Ok(parsed) => run_async(program, export(common, parsed)),
-            Err(code) => code,
-        },
-        _ => match parse_args::<VerifyArgs>(&name, args) {
-            Ok(_) => run_async(program, verify(common)),
-            Err(code) => code,
-        },
-    }
-}
-
-/// Each command's argh definition, by the word `run` dispatches on (`cli::args_info`).
-pub fn command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
-    use argh::ArgsInfo;
-    Some(match command {
-        "log" => LogArgs::get_args_info(),
-        "stats" | "report" => WindowArgs::get_args_info(),
-        "export" => ExportArgs::get_args_info(),
-        "verify" => VerifyArgs::get_args_info(),
-        _ => return None,
-    })
-}
+/// svc-audit's commands, in help order: the one place each is named, read by running it and by
+/// help, completions and man pages (`cli::args_info`).
+pub const COMMANDS: &[super::Command] = &[
+    command!("log", LogArgs, log),
+    command!("export", ExportArgs, export),
+    command!("report", WindowArgs, report),
+    command!("stats", WindowArgs, stats),
+    command!("verify", VerifyArgs, |common, _| verify(common)),
+];
 
 #[derive(FromArgs, argh::ArgsInfo)]
 /// Counts over a time window (stats: default the last 24h; report: the last 30d).

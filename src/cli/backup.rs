@@ -16,30 +16,17 @@ use crate::backup::s3::{S3Client, S3Config, S3Flags};
 use crate::config::Secret;
 
 pub fn main(program: &str, args: Vec<String>) -> i32 {
-    super::run_partly_built(program, args, run)
+    super::run_table(program, args)
 }
 
-fn run(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
-    let name = format!("{program} {command}");
-    match command {
-        "create" => super::run_command::<CreateArgs, _>(program, &name, args, common, create),
-        "list" => super::run_command::<ListArgs, _>(program, &name, args, common, list),
-        "restore" => super::run_command::<RestoreArgs, _>(program, &name, args, common, restore),
-        _ => super::run_command::<VerifyArgs, _>(program, &name, args, common, verify),
-    }
-}
-
-/// Each command's argh definition, by the word `run` dispatches on (`cli::args_info`).
-pub fn command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
-    use argh::ArgsInfo;
-    Some(match command {
-        "create" => CreateArgs::get_args_info(),
-        "list" => ListArgs::get_args_info(),
-        "restore" => RestoreArgs::get_args_info(),
-        "verify" => VerifyArgs::get_args_info(),
-        _ => return None,
-    })
-}
+/// svc-backup's commands, in help order: the one place each is named, read by running it and by
+/// help, completions and man pages (`cli::args_info`).
+pub const COMMANDS: &[super::Command] = &[
+    command!("create", CreateArgs, create),
+    command!("list", ListArgs, list),
+    command!("restore", RestoreArgs, restore),
+    command!("verify", VerifyArgs, verify),
+];
 
 /// The object store flags every command takes, and the client they make.
 macro_rules! s3_args {

@@ -20,12 +20,12 @@ use crate::proto::cluster_service_client::ClusterServiceClient;
 /// `svc-cluster`: membership (`membership.rs`) and backup; restore points at the offline
 /// restore.
 pub fn main(program: &str, args: Vec<String>) -> i32 {
-    super::run_partly_built(program, output_is_a_file(args), run_cluster)
+    super::run_table(program, output_is_a_file(args))
 }
 
 /// `svc-cluster-backup`.
 pub fn backup_main(program: &str, args: Vec<String>) -> i32 {
-    super::run_partly_built(program, output_is_a_file(args), run_cluster_backup)
+    super::run_table(program, output_is_a_file(args))
 }
 
 /// The seed names the snapshot file `--output FILE`, which every other CLI uses for the
@@ -51,58 +51,21 @@ fn output_is_a_file(args: Vec<String>) -> Vec<String> {
     rewritten
 }
 
-fn run_cluster(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
-    if let Some(code) = super::membership::run(program, command, common.clone(), args) {
-        return code;
-    }
-    let name = format!("{program} {command}");
-    match command {
-        "backup" => super::run_command::<BackupArgs, _>(program, &name, args, common, backup),
-        "nats-config" => {
-            super::run_command::<NatsConfigArgs, _>(program, &name, args, common, nats_config)
-        }
-        _ => {
-            super::run_command::<OnlineRestoreArgs, _>(program, &name, args, common, online_restore)
-        }
-    }
-}
+/// svc-cluster's own commands, after the membership ones (`membership::COMMANDS`), in help
+/// order: the one place each is named (`cli::tables`).
+pub const COMMANDS: &[super::Command] = &[
+    command!("backup", BackupArgs, backup),
+    command!("restore", OnlineRestoreArgs, online_restore),
+    command!("nats-config", NatsConfigArgs, nats_config),
+];
 
-fn run_cluster_backup(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
-    let name = format!("{program} {command}");
-    match command {
-        "backup" => super::run_command::<BackupArgs, _>(program, &name, args, common, backup),
-        "restore" => super::run_command::<RestoreArgs, _>(program, &name, args, common, restore),
-        "list" => super::run_command::<ListArgs, _>(program, &name, args, common, list),
-        _ => super::run_command::<VerifyArgs, _>(program, &name, args, common, verify),
-    }
-}
-
-/// svc-cluster's commands' argh definitions, by the word `run_cluster` dispatches on
-/// (`cli::args_info`).
-pub fn command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
-    use argh::ArgsInfo;
-    if let Some(info) = super::membership::command_info(command) {
-        return Some(info);
-    }
-    Some(match command {
-        "backup" => BackupArgs::get_args_info(),
-        "nats-config" => NatsConfigArgs::get_args_info(),
-        "restore" => OnlineRestoreArgs::get_args_info(),
-        _ => return None,
-    })
-}
-
-/// svc-cluster-backup's, by the word `run_cluster_backup` dispatches on.
-pub fn backup_command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
-    use argh::ArgsInfo;
-    Some(match command {
-        "backup" => BackupArgs::get_args_info(),
-        "restore" => RestoreArgs::get_args_info(),
-        "list" => ListArgs::get_args_info(),
-        "verify" => VerifyArgs::get_args_info(),
-        _ => return None,
-    })
-}
+/// svc-cluster-backup's commands, in help order.
+pub const BACKUP_COMMANDS: &[super::Command] = &[
+    command!("backup", BackupArgs, backup),
+    command!("restore", RestoreArgs, restore),
+    command!("list", ListArgs, list),
+    command!("verify", VerifyArgs, verify),
+];
 
 #[derive(FromArgs, argh::ArgsInfo)]
 /// Print the block every NATS node of the cluster includes when bus.external_auth is jwt:

@@ -13,41 +13,21 @@ use crate::proto::event_service_client::EventServiceClient;
 use crate::proto::{self, Event};
 
 pub fn main(program: &str, args: Vec<String>) -> i32 {
-    super::run_partly_built(program, args, run)
+    super::run_table(program, args)
 }
 
-fn run(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
-    let name = format!("{program} {command}");
-    match command {
-        "list" => super::run_command::<ListArgs, _>(program, &name, args, common, list),
-        "get" => super::run_command::<GetArgs, _>(program, &name, args, common, get),
-        "emit" => super::run_command::<EmitArgs, _>(program, &name, args, common, emit),
-        "subscribe" => super::run_command::<FilterArgs, _>(program, &name, args, common, |c, a| {
-            follow(c, a, false)
-        }),
-        "watch" => super::run_command::<FilterArgs, _>(program, &name, args, common, |c, a| {
-            follow(c, a, true)
-        }),
-        "replay" => super::run_command::<FilterArgs, _>(program, &name, args, common, replay),
-        "stats" => super::run_command::<StatsArgs, _>(program, &name, args, common, stats),
-        _ => super::run_command::<TypesArgs, _>(program, &name, args, common, types),
-    }
-}
-
-/// Each command's argh definition, by the word `run` dispatches on: what help, completions
-/// and man pages read (`cli::args_info`).
-pub fn command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
-    use argh::ArgsInfo;
-    Some(match command {
-        "list" => ListArgs::get_args_info(),
-        "get" => GetArgs::get_args_info(),
-        "emit" => EmitArgs::get_args_info(),
-        "subscribe" | "watch" | "replay" => FilterArgs::get_args_info(),
-        "stats" => StatsArgs::get_args_info(),
-        "types" => TypesArgs::get_args_info(),
-        _ => return None,
-    })
-}
+/// svc-events's commands, in help order: the one place each is named, read by running it and by
+/// help, completions and man pages (`cli::args_info`).
+pub const COMMANDS: &[super::Command] = &[
+    command!("list", ListArgs, list),
+    command!("get", GetArgs, get),
+    command!("emit", EmitArgs, emit),
+    command!("subscribe", FilterArgs, |c, a| follow(c, a, false)),
+    command!("watch", FilterArgs, |c, a| follow(c, a, true)),
+    command!("replay", FilterArgs, replay),
+    command!("stats", StatsArgs, stats),
+    command!("types", TypesArgs, types),
+];
 
 #[derive(FromArgs, argh::ArgsInfo)]
 /// Filters shared by subscribe, watch and replay. Times are RFC 3339 or durations ago (1h).

@@ -50,8 +50,33 @@ const WINDOW: usize = 16;
 const DEFAULT_TIMEOUT: &str = "1m0s";
 
 pub fn main(program: &str, args: Vec<String>) -> i32 {
-    super::run_partly_built(program, arrange(args), run)
+    super::run_table(program, arrange(args))
 }
+
+/// svc-files' commands, in help order: the one place each is named, read by running it and by
+/// help, completions and man pages (`cli::args_info`).
+pub const COMMANDS: &[super::Command] = &[
+    command!("put", PutArgs, |c, a| {
+        let flags = a.flags();
+        put(c, flags, a.local, a.remote)
+    }),
+    command!("get", GetArgs, |c, a| {
+        let flags = a.flags();
+        get(c, flags, a.remote, a.local)
+    }),
+    command!("list", ListArgs, |c, a| {
+        let flags = a.flags();
+        list(c, flags, a.prefix.unwrap_or_default())
+    }),
+    command!("stat", StatArgs, |c, a| {
+        let flags = a.flags();
+        stat(c, flags, a.remote)
+    }),
+    command!("delete", DeleteArgs, |c, a| {
+        let flags = a.flags();
+        delete(c, flags, a.remote)
+    }),
+];
 
 /// The flags that take a value, which may also come before the command.
 const VALUE_FLAGS: &[&str] = &[
@@ -108,45 +133,6 @@ fn arrange(args: Vec<String>) -> Vec<String> {
 
 fn is_stdio(arg: &str) -> bool {
     arg == STDIO || arg == "-"
-}
-
-fn run(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
-    let name = format!("{program} {command}");
-    match command {
-        "put" => super::run_command::<PutArgs, _>(program, &name, args, common, |c, a| {
-            let flags = a.flags();
-            put(c, flags, a.local, a.remote)
-        }),
-        "get" => super::run_command::<GetArgs, _>(program, &name, args, common, |c, a| {
-            let flags = a.flags();
-            get(c, flags, a.remote, a.local)
-        }),
-        "list" => super::run_command::<ListArgs, _>(program, &name, args, common, |c, a| {
-            let flags = a.flags();
-            list(c, flags, a.prefix.unwrap_or_default())
-        }),
-        "stat" => super::run_command::<StatArgs, _>(program, &name, args, common, |c, a| {
-            let flags = a.flags();
-            stat(c, flags, a.remote)
-        }),
-        _ => super::run_command::<DeleteArgs, _>(program, &name, args, common, |c, a| {
-            let flags = a.flags();
-            delete(c, flags, a.remote)
-        }),
-    }
-}
-
-/// Each command's argh definition, by the word `run` dispatches on (`cli::args_info`).
-pub fn command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
-    use argh::ArgsInfo;
-    Some(match command {
-        "put" => PutArgs::get_args_info(),
-        "get" => GetArgs::get_args_info(),
-        "list" => ListArgs::get_args_info(),
-        "stat" => StatArgs::get_args_info(),
-        "delete" => DeleteArgs::get_args_info(),
-        _ => return None,
-    })
 }
 
 /// The flags every command shares (argh has no flattening, so each struct repeats them).

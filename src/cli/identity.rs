@@ -16,36 +16,19 @@ use crate::proto::identity_service_client::IdentityServiceClient;
 use crate::proto::{self, JoinToken, JwtSvid};
 
 pub fn main(program: &str, args: Vec<String>) -> i32 {
-    super::run_partly_built(program, args, run)
+    super::run_table(program, args)
 }
 
-fn run(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
-    let name = format!("{program} {command}");
-    match command {
-        "ca" => super::run_command::<CaArgs, _>(program, &name, args, common, ca),
-        "command-key" => {
-            super::run_command::<CommandKeyArgs, _>(program, &name, args, common, command_key)
-        }
-        "status" => super::run_command::<StatusArgs, _>(program, &name, args, common, status),
-        "psk" => super::run_command::<PskArgs, _>(program, &name, args, common, psk),
-        "jwt" => super::run_command::<JwtArgs, _>(program, &name, args, common, jwt_command),
-        _ => super::run_command::<TokenArgs, _>(program, &name, args, common, token),
-    }
-}
-
-/// Each command's argh definition, by the word `run` dispatches on (`cli::args_info`).
-pub fn command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
-    use argh::ArgsInfo;
-    Some(match command {
-        "ca" => CaArgs::get_args_info(),
-        "command-key" => CommandKeyArgs::get_args_info(),
-        "status" => StatusArgs::get_args_info(),
-        "psk" => PskArgs::get_args_info(),
-        "jwt" => JwtArgs::get_args_info(),
-        "token" => TokenArgs::get_args_info(),
-        _ => return None,
-    })
-}
+/// svc-identity's commands, in help order: the one place each is named, read by running it and by
+/// help, completions and man pages (`cli::args_info`).
+pub const COMMANDS: &[super::Command] = &[
+    command!("ca", CaArgs, ca),
+    command!("command-key", CommandKeyArgs, command_key),
+    command!("status", StatusArgs, status),
+    command!("psk", PskArgs, psk),
+    command!("token", TokenArgs, token),
+    command!("jwt", JwtArgs, jwt_command),
+];
 
 #[derive(FromArgs, argh::ArgsInfo)]
 /// The embedded CA: show, rotate the signing CA, export the public chain, back up the keys.

@@ -10,37 +10,16 @@ use super::{CliError, Common, Output};
 use crate::proto;
 use crate::proto::cluster_service_client::ClusterServiceClient;
 
-/// Runs one membership command; false when `command` is not one.
-pub fn run(program: &str, command: &str, common: Common, args: &[String]) -> Option<i32> {
-    let name = format!("{program} {command}");
-    use super::run_command as run;
-    Some(match command {
-        "status" => run::<StatusArgs, _>(program, &name, args, common, status),
-        "members" => run::<MembersArgs, _>(program, &name, args, common, members),
-        "leader" => run::<LeaderArgs, _>(program, &name, args, common, leader),
-        "add" => run::<AddArgs, _>(program, &name, args, common, add),
-        "remove" => run::<RemoveArgs, _>(program, &name, args, common, remove),
-        "rebalance" => run::<RebalanceArgs, _>(program, &name, args, common, rebalance),
-        "transfer-leader" => run::<TransferArgs, _>(program, &name, args, common, transfer),
-        _ => return None,
-    })
-}
-
-/// Each membership command's argh definition, by the word `run` dispatches on
-/// (`cli::args_info`).
-pub fn command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
-    use argh::ArgsInfo;
-    Some(match command {
-        "status" => StatusArgs::get_args_info(),
-        "members" => MembersArgs::get_args_info(),
-        "leader" => LeaderArgs::get_args_info(),
-        "add" => AddArgs::get_args_info(),
-        "remove" => RemoveArgs::get_args_info(),
-        "rebalance" => RebalanceArgs::get_args_info(),
-        "transfer-leader" => TransferArgs::get_args_info(),
-        _ => return None,
-    })
-}
+/// The membership commands, in svc-cluster's help order (its first table, `cli::tables`).
+pub const COMMANDS: &[super::Command] = &[
+    command!("status", StatusArgs, status),
+    command!("members", MembersArgs, members),
+    command!("leader", LeaderArgs, leader),
+    command!("add", AddArgs, add),
+    command!("remove", RemoveArgs, remove),
+    command!("rebalance", RebalanceArgs, rebalance),
+    command!("transfer-leader", TransferArgs, transfer),
+];
 
 #[derive(FromArgs, argh::ArgsInfo)]
 /// Show the members, the leader and its term, each member's health and agents, and quorum:

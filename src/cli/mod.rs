@@ -1,7 +1,39 @@
 //! The command-line clients: one file per CLI. The core they share with the daemons (exit
 //! codes, the error that carries one, common flags, argument parsing, output) is
 //! `crate::program`, re-exported here; `client.rs` holds the gRPC and HTTP clients, and this
-//! file the ways a CLI runs its commands.
+//! file the ways a CLI runs its commands: most CLIs name each command once, in a table of
+//! [`Command`]s next to their argh structs, which both running it and `args_info` read.
+
+/// A [`Command`] entry: the word, the argh type its arguments parse into, and the body that
+/// runs it (`fn(Common, Args) -> impl Future`, or a closure of that shape; after `offline`, a
+/// plain `fn(Common, Args) -> Result<(), CliError>` run without a runtime); optionally the
+/// one-line summary the CLI's help gives it when its argh description's first sentence does
+/// not fit (two words sharing one struct).
+macro_rules! command {
+    (offline $word:literal, $args:ty, $body:expr) => {
+        $crate::cli::Command {
+            word: $word,
+            summary: None,
+            info: <$args as argh::ArgsInfo>::get_args_info,
+            run: |program, name, common, args| {
+                $crate::cli::run_offline::<$args>(program, name, args, common, $body)
+            },
+        }
+    };
+    ($word:literal, $args:ty, $body:expr) => {
+        command!($word, $args, $body, None)
+    };
+    ($word:literal, $args:ty, $body:expr, $summary:expr) => {
+        $crate::cli::Command {
+            word: $word,
+            summary: $summary,
+            info: <$args as argh::ArgsInfo>::get_args_info,
+            run: |program, name, common, args| {
+                $crate::cli::run_command::<$args, _>(program, name, args, common, $body)
+            },
+        }
+    };
+}
 
 pub mod audit;
 pub mod backup;
@@ -37,6 +69,49 @@ pub use crate::program::{
     Common, Output, COMMON_HELP,
 };
 
+/// One built command of a CLI, named once: what runs it, and what its help, completions and
+/// man pages read (`args_info`, and the one-line summary in the CLI's `--help`). Made with the
+/// `command!` macro.
+#[derive(Clone, Copy)]
+pub struct Command {
+    pub word: &'static str,
+    /// The summary in the CLI's command list when the first sentence of the argh description
+    /// does not fit it (a struct shared by two words); None for that first sentence.
+    pub summary: Option<&'static str>,
+    /// Its argh definition.
+    pub info: fn() -> argh::CommandInfoWithArgs,
+    /// Parses the arguments after the word and runs the command: program (`svc-audit`), the
+    /// name its usage errors carry (`svc-audit log`), the common flags, the arguments.
+    pub run: fn(&str, &str, Common, &[String]) -> i32,
+}
+
+/// The commands of each CLI that runs from tables, in help order (`svc-cluster` has two
+/// tables: membership's and its own).
+fn tables(name: &str) -> &'static [&'static [Command]] {
+    match name {
+        "svc-audit" => &[audit::COMMANDS],
+        "svc-events" => &[events::COMMANDS],
+        "svc-identity" => &[identity::COMMANDS],
+        "svc-secrets" => &[secrets::COMMANDS],
+        "svc-policy" => &[policy::COMMANDS],
+        "svc-backup" => &[backup::COMMANDS],
+        "svc-cluster" => &[membership::COMMANDS, cluster::COMMANDS],
+        "svc-cluster-backup" => &[cluster::BACKUP_COMMANDS],
+        "svc-files" => &[files::COMMANDS],
+        "svc-runbook" => &[runbook::COMMANDS],
+        "svc-webhook" => &[webhook::COMMANDS],
+        _ => &[],
+    }
+}
+
+/// The command `word` of the CLI `name`'s tables.
+fn find_command(name: &str, word: &str) -> Option<&'static Command> {
+    tables(name)
+        .iter()
+        .flat_map(|table| table.iter())
+        .find(|command| command.word == word)
+}
+
 /// The argh definition of the command at `path` (`["svc-events", "list"]`), for the CLIs that
 /// hand theirs out: help, completions and man pages read it (`helptext.rs`) instead of running
 /// the command with `--help`. A CLI not listed here is still read from its printed help.
@@ -44,24 +119,16 @@ pub fn args_info(path: &[&str]) -> Option<argh::CommandInfoWithArgs> {
     let [name, command] = path else {
         return None;
     };
+    if let Some(found) = find_command(name, command) {
+        return Some((found.info)());
+    }
     match *name {
         "svcctl" => ctl::command_info(command),
-        "svc-audit" => audit::command_info(command),
-        "svc-events" => events::command_info(command),
-        "svc-identity" => identity::command_info(command),
-        "svc-secrets" => secrets::command_info(command),
-        "svc-policy" => policy::command_info(command),
-        "svc-backup" => backup::command_info(command),
-        "svc-cluster" => cluster::command_info(command),
-        "svc-cluster-backup" => cluster::backup_command_info(command),
-        "svc-files" => files::command_info(command),
         "svc-migrate" => migrate::command_info(command),
-        "svc-runbook" => runbook::command_info(command),
         "svc-blueprint" => blueprint::command_info(command),
         "svc-gitops" => gitops::command_info(command),
         "svc-module" => module::command_info(command),
         "svc-registry" => registry::command_info(command),
-        "svc-webhook" => webhook::command_info(command),
         _ => None,
     }
 }
@@ -75,15 +142,58 @@ fn subcommand_info<A: argh::ArgsInfo>(word: &str) -> Option<argh::CommandInfoWit
         .map(|sub| sub.command)
 }
 
-/// Runs a CLI of which some commands are built: a built command goes to `run` with the
-/// common flags and its own arguments; everything else (help, version, planned commands)
-/// to the planned table.
-pub fn run_partly_built(
+/// Runs the CLI `name` from its tables: a command word of them runs its entry with the common
+/// flags and its own arguments; everything else (help, version, an unknown word) goes to
+/// [`run_listed`].
+pub fn run_table(name: &str, args: Vec<String>) -> i32 {
+    run_listed(
+        name,
+        args,
+        |word| find_command(name, word).is_some(),
+        |word, common, rest| {
+            let command = find_command(name, word).expect("a listed word");
+            (command.run)(name, &format!("{name} {word}"), common, rest)
+        },
+    )
+}
+
+/// Runs a CLI whose commands are the subcommands of one argh struct `A`: the command word goes
+/// back in front of its arguments, and `body` gets it all.
+pub fn run_subcommands<A, F>(
     name: &str,
     args: Vec<String>,
-    run: impl FnOnce(&str, &str, Common, &[String]) -> i32,
+    body: impl FnOnce(Common, A) -> F,
+) -> i32
+where
+    A: FromArgs + argh::ArgsInfo,
+    F: std::future::Future<Output = Result<(), CliError>>,
+{
+    run_listed(
+        name,
+        args,
+        |word| {
+            A::get_args_info()
+                .commands
+                .iter()
+                .any(|sub| sub.name == word)
+        },
+        |word, common, rest| {
+            let mut full = vec![word.to_string()];
+            full.extend_from_slice(rest);
+            run_command::<A, _>(name, name, &full, common, body)
+        },
+    )
+}
+
+/// What every CLI with a command list shares: the common flags are taken out; a built command
+/// word (`is_built`) goes to `run` with them and its own arguments; everything else — help,
+/// version, a missing or unknown word — is answered from the CLI's row in `planned.rs`.
+fn run_listed(
+    name: &str,
+    args: Vec<String>,
+    is_built: impl Fn(&str) -> bool,
+    run: impl FnOnce(&str, Common, &[String]) -> i32,
 ) -> i32 {
-    let planned = planned::find(name).expect("every partly built CLI has a planned row");
     let mut rest = args.clone();
     let common = match take_common(&mut rest) {
         Ok(common) => common,
@@ -93,29 +203,13 @@ pub fn run_partly_built(
         }
     };
     match rest.first() {
-        Some(command) if planned.built.contains(&command.as_str()) => {
-            run(name, command, common, &rest[1..])
+        Some(word) if is_built(word) => run(word, common, &rest[1..]),
+        _ => {
+            let tool =
+                planned::find(name).expect("every CLI with a command list has a planned row");
+            planned::run(tool, &args)
         }
-        _ => planned::run(planned, &args),
     }
-}
-
-/// [`run_partly_built`] for a CLI whose built commands are the subcommands of one argh
-/// struct `A`: the command word goes back in front of its arguments, and `body` gets it all.
-pub fn run_subcommands<A, F>(
-    name: &str,
-    args: Vec<String>,
-    body: impl FnOnce(Common, A) -> F,
-) -> i32
-where
-    A: FromArgs,
-    F: std::future::Future<Output = Result<(), CliError>>,
-{
-    run_partly_built(name, args, |program, command, common, rest| {
-        let mut full = vec![command.to_string()];
-        full.extend_from_slice(rest);
-        run_command::<A, _>(program, program, &full, common, body)
-    })
 }
 
 /// Parses one command's arguments and runs its body: the usual shape of a built command.
@@ -132,6 +226,24 @@ where
 {
     match parse_args::<A>(name, args) {
         Ok(parsed) => run_async(program, body(common, parsed)),
+        Err(code) => code,
+    }
+}
+
+/// [`run_command`] for a body that needs no runtime (offline work on local files).
+pub fn run_offline<A: FromArgs>(
+    program: &str,
+    name: &str,
+    args: &[String],
+    common: Common,
+    body: impl FnOnce(Common, A) -> Result<(), CliError>,
+) -> i32 {
+    match parse_args::<A>(name, args).map(|parsed| body(common, parsed)) {
+        Ok(Ok(())) => exit::OK,
+        Ok(Err(error)) => {
+            eprintln!("{program}: {}", error.message);
+            error.code
+        }
         Err(code) => code,
     }
 }

@@ -9,74 +9,29 @@ use argh::FromArgs;
 use super::audit::{print_page, print_report, LogArgs, WindowArgs};
 use super::client::{authorized, grpc_channel};
 use super::output::{print_json, print_table};
-use super::{exit, parse_args, run_async, CliError, Common, Output};
+use super::{exit, CliError, Common, Output};
 use crate::audit::policy::{self, Effect, LoadedPolicy, PolicySet};
 use crate::auth::{Principal, Role};
 use crate::proto;
 use crate::proto::policy_service_client::PolicyServiceClient;
 
 pub fn main(program: &str, args: Vec<String>) -> i32 {
-    super::run_partly_built(program, args, run)
+    super::run_table(program, args)
 }
 
-fn run(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
-    let name = format!("{program} {command}");
-    match command {
-        "list" => match parse_args::<ListArgs>(&name, args) {
-            Ok(parsed) => run_async(program, list(common, parsed)),
-            Err(code) => code,
-        },
-        "show" => match parse_args::<ShowArgs>(&name, args) {
-            Ok(parsed) => run_async(program, show(common, parsed)),
-            Err(code) => code,
-        },
-        "compliance" => match parse_args::<WindowArgs>(&name, args) {
-            Ok(parsed) => run_async(program, compliance(common, parsed)),
-            Err(code) => code,
-        },
-        "violations" => match parse_args::<LogArgs>(&name, args) {
-            Ok(parsed) => run_async(program, violations(common, parsed)),
-            Err(code) => code,
-        },
-        "create" | "update" | "delete" => match parse_args::<ChangeArgs>(&name, args) {
-            Ok(parsed) => run_async(program, change(common, command.to_string(), parsed)),
-            Err(code) => code,
-        },
-        "eval" => match parse_args::<EvalArgs>(&name, args) {
-            Ok(parsed) => report(program, eval(&common, parsed)),
-            Err(code) => code,
-        },
-        _ => match parse_args::<ValidateArgs>(&name, args) {
-            Ok(parsed) => report(program, validate(&common, parsed)),
-            Err(code) => code,
-        },
-    }
-}
-
-/// Each command's argh definition, by the word `run` dispatches on (`cli::args_info`).
-pub fn command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
-    use argh::ArgsInfo;
-    Some(match command {
-        "list" => ListArgs::get_args_info(),
-        "show" => ShowArgs::get_args_info(),
-        "compliance" => WindowArgs::get_args_info(),
-        "violations" => LogArgs::get_args_info(),
-        "create" | "update" | "delete" => ChangeArgs::get_args_info(),
-        "eval" => EvalArgs::get_args_info(),
-        "validate" => ValidateArgs::get_args_info(),
-        _ => return None,
-    })
-}
-
-fn report(program: &str, result: Result<(), CliError>) -> i32 {
-    match result {
-        Ok(()) => exit::OK,
-        Err(error) => {
-            eprintln!("{program}: {}", error.message);
-            error.code
-        }
-    }
-}
+/// svc-policy's commands, in help order: the one place each is named, read by running it and by
+/// help, completions and man pages (`cli::args_info`).
+pub const COMMANDS: &[super::Command] = &[
+    command!("list", ListArgs, list),
+    command!("show", ShowArgs, show),
+    command!("compliance", WindowArgs, compliance),
+    command!("violations", LogArgs, violations),
+    command!("create", ChangeArgs, |c, a| change(c, "create".into(), a)),
+    command!("update", ChangeArgs, |c, a| change(c, "update".into(), a)),
+    command!("delete", ChangeArgs, |c, a| change(c, "delete".into(), a)),
+    command!(offline "eval", EvalArgs, |c, a| eval(&c, a)),
+    command!(offline "validate", ValidateArgs, |c, a| validate(&c, a)),
+];
 
 #[derive(FromArgs, argh::ArgsInfo)]
 /// List the loaded policies (or policy sets).

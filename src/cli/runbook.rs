@@ -17,43 +17,21 @@ use crate::runbooks::definition;
 use crate::store::ExecutionStatus;
 
 pub fn main(program: &str, args: Vec<String>) -> i32 {
-    super::run_partly_built(program, args, run)
+    super::run_table(program, args)
 }
 
-fn run(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
-    let name = format!("{program} {command}");
-    match command {
-        "list" => super::run_command::<ListArgs, _>(program, &name, args, common, list),
-        "test" => super::run_command::<TestArgs, _>(program, &name, args, common, test),
-        "execute" => super::run_command::<ExecuteArgs, _>(program, &name, args, common, execute),
-        "list-executions" => super::run_command::<ListExecutionsArgs, _>(
-            program,
-            &name,
-            args,
-            common,
-            list_executions,
-        ),
-        "status" => super::run_command::<StatusArgs, _>(program, &name, args, common, status),
-        "audit" => super::run_command::<IdArgs, _>(program, &name, args, common, audit),
-        "cancel" => super::run_command::<IdArgs, _>(program, &name, args, common, cancel),
-        _ => super::run_command::<ApproveArgs, _>(program, &name, args, common, approve),
-    }
-}
-
-/// Each command's argh definition, by the word `run` dispatches on (`cli::args_info`).
-pub fn command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
-    use argh::ArgsInfo;
-    Some(match command {
-        "list" => ListArgs::get_args_info(),
-        "test" => TestArgs::get_args_info(),
-        "execute" => ExecuteArgs::get_args_info(),
-        "list-executions" => ListExecutionsArgs::get_args_info(),
-        "status" => StatusArgs::get_args_info(),
-        "audit" | "cancel" => IdArgs::get_args_info(),
-        "approve" => ApproveArgs::get_args_info(),
-        _ => return None,
-    })
-}
+/// svc-runbook's commands, in help order: the one place each is named, read by running it and by
+/// help, completions and man pages (`cli::args_info`).
+pub const COMMANDS: &[super::Command] = &[
+    command!("list", ListArgs, list),
+    command!("test", TestArgs, test),
+    command!("execute", ExecuteArgs, execute),
+    command!("list-executions", ListExecutionsArgs, list_executions),
+    command!("status", StatusArgs, status),
+    command!("audit", IdArgs, audit),
+    command!("cancel", IdArgs, cancel),
+    command!("approve", ApproveArgs, approve),
+];
 
 #[derive(FromArgs, argh::ArgsInfo)]
 /// The runbooks the server loaded from runbook_dir.

@@ -14,59 +14,28 @@ use base64::Engine;
 use super::client::{authorized, grpc_channel};
 use super::output::{print_json, print_table};
 use super::values::{creds_backend, duration, transit_key_type};
-use super::{exit, parse_args, run_async, CliError, Common, Output};
+use super::{exit, CliError, Common, Output};
 use crate::proto::secrets_service_client::SecretsServiceClient;
 use crate::proto::{self};
 
 type Client = SecretsServiceClient<tonic::transport::Channel>;
 
 pub fn main(program: &str, args: Vec<String>) -> i32 {
-    super::run_partly_built(program, args, run)
+    super::run_table(program, args)
 }
 
-fn run(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
-    let name = format!("{program} {command}");
-    match command {
-        "get" => parse_and_run::<GetArgs, _>(program, &name, args, |a| get(common, a)),
-        "put" => parse_and_run::<PutArgs, _>(program, &name, args, |a| put(common, a)),
-        "delete" => parse_and_run::<DeleteArgs, _>(program, &name, args, |a| delete(common, a)),
-        "list" => parse_and_run::<ListArgs, _>(program, &name, args, |a| list(common, a)),
-        "rotate-master" => {
-            parse_and_run::<RotateMasterArgs, _>(program, &name, args, |a| rotate_master(common, a))
-        }
-        "transit" => parse_and_run::<TransitArgs, _>(program, &name, args, |a| transit(common, a)),
-        "leases" => parse_and_run::<LeasesArgs, _>(program, &name, args, |a| leases(common, a)),
-        _ => parse_and_run::<CredsArgs, _>(program, &name, args, |a| creds(common, a)),
-    }
-}
-
-/// Each command's argh definition, by the word `run` dispatches on (`cli::args_info`).
-pub fn command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
-    use argh::ArgsInfo;
-    Some(match command {
-        "get" => GetArgs::get_args_info(),
-        "put" => PutArgs::get_args_info(),
-        "delete" => DeleteArgs::get_args_info(),
-        "list" => ListArgs::get_args_info(),
-        "rotate-master" => RotateMasterArgs::get_args_info(),
-        "transit" => TransitArgs::get_args_info(),
-        "leases" => LeasesArgs::get_args_info(),
-        "creds" => CredsArgs::get_args_info(),
-        _ => return None,
-    })
-}
-
-fn parse_and_run<T: FromArgs, F: std::future::Future<Output = Result<(), CliError>>>(
-    program: &str,
-    name: &str,
-    args: &[String],
-    body: impl FnOnce(T) -> F,
-) -> i32 {
-    match parse_args::<T>(name, args) {
-        Ok(parsed) => run_async(program, body(parsed)),
-        Err(code) => code,
-    }
-}
+/// svc-secrets's commands, in help order: the one place each is named, read by running it and by
+/// help, completions and man pages (`cli::args_info`).
+pub const COMMANDS: &[super::Command] = &[
+    command!("get", GetArgs, get),
+    command!("put", PutArgs, put),
+    command!("delete", DeleteArgs, delete),
+    command!("list", ListArgs, list),
+    command!("leases", LeasesArgs, leases),
+    command!("transit", TransitArgs, transit),
+    command!("rotate-master", RotateMasterArgs, rotate_master),
+    command!("creds", CredsArgs, creds),
+];
 
 async fn client(common: &Common) -> Result<Client, CliError> {
     Ok(SecretsServiceClient::new(grpc_channel(common).await?))

@@ -14,19 +14,12 @@ use crate::proto::{self, Webhook, WebhookDelivery};
 use crate::store::DeliveryStatus;
 
 pub fn main(program: &str, args: Vec<String>) -> i32 {
-    super::run_partly_built(program, args, run)
+    super::run_table(program, args)
 }
 
-fn run(program: &str, command: &str, common: Common, args: &[String]) -> i32 {
-    let name = format!("{program} {command}");
-    super::run_command::<OutboundArgs, _>(program, &name, args, common, outbound)
-}
-
-/// The argh definition of `outbound`, its one command (`cli::args_info`).
-pub fn command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
-    use argh::ArgsInfo;
-    (command == "outbound").then(OutboundArgs::get_args_info)
-}
+/// svc-webhook's commands, in help order: the one place each is named, read by running it and by
+/// help, completions and man pages (`cli::args_info`).
+pub const COMMANDS: &[super::Command] = &[command!("outbound", OutboundArgs, outbound)];
 
 #[derive(FromArgs, argh::ArgsInfo)]
 /// Outbound webhook subscriptions: matching events are POSTed to a URL, signed the Standard
