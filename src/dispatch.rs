@@ -6,21 +6,16 @@
 
 use std::ffi::OsString;
 
-use crate::cli::{self, exit, planned};
+use crate::cli::{self, exit};
 use crate::program::NAMES;
 
 /// A mode's entry point: program name and arguments in, exit code out.
 type Main = fn(&str, Vec<String>) -> i32;
 
-enum Entry {
-    Run(Main),
-    Planned(&'static planned::Planned),
-}
-
-/// The entry of each name the binary answers to (`program::NAMES`, besides `svc` itself):
-/// a built CLI or daemon has its function; a name without one runs from its planned row.
-fn entry(name: &'static str) -> Entry {
-    let main: Main = match name {
+/// The entry function of each name the binary answers to (`program::NAMES`, besides `svc`
+/// itself).
+fn entry(name: &str) -> Option<Main> {
+    Some(match name {
         "svc-server" => crate::server::main,
         "svcctl" => svcctl,
         "svc-migrate" => cli::migrate::main,
@@ -41,18 +36,16 @@ fn entry(name: &'static str) -> Entry {
         "svc-registry" => cli::registry::main,
         "svc-runbook" => cli::runbook::main,
         "svc-webhook" => cli::webhook::main,
-        _ => {
-            return Entry::Planned(
-                planned::find(name).expect("every name has an entry function or a planned row"),
-            )
-        }
-    };
-    Entry::Run(main)
+        _ => return None,
+    })
 }
 
 /// Every name with its entry, in `program::NAMES` order.
-fn table() -> Vec<(&'static str, Entry)> {
-    NAMES.iter().map(|&name| (name, entry(name))).collect()
+fn table() -> Vec<(&'static str, Main)> {
+    NAMES
+        .iter()
+        .map(|&name| (name, entry(name).expect("every name has an entry function")))
+        .collect()
 }
 
 /// svcctl, which runs the built-in `svc-NAME` modes in-process (`svcctl events list`) with
@@ -74,8 +67,7 @@ pub fn is_mode(name: &str) -> bool {
 /// Runs the mode `name` with `args` (not including the program name).
 pub fn run_mode(name: &str, args: Vec<String>) -> i32 {
     match table().into_iter().find(|(known, _)| *known == name) {
-        Some((name, Entry::Run(entry))) => entry(name, args),
-        Some((_, Entry::Planned(tool))) => planned::run(tool, &args),
+        Some((name, entry)) => entry(name, args),
         None => {
             eprintln!("svc: unknown command '{name}'");
             exit::UNKNOWN_COMMAND
@@ -258,10 +250,8 @@ mod tests {
 
     #[test]
     fn every_name_has_an_entry() {
-        for (name, entry) in table() {
-            if let Entry::Planned(tool) = entry {
-                assert_eq!(tool.name, name);
-            }
+        for name in NAMES {
+            assert!(entry(name).is_some(), "{name}");
         }
     }
 }

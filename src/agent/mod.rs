@@ -37,8 +37,8 @@ pub const BUS_NKEY_FILE: &str = "bus.nk";
 pub const ENROL_JWT_FILE: &str = "enrol.jwt";
 pub const DEFAULT_CONFIG: &str = "/etc/svc/agent.yaml";
 
-/// svc-agent's commands, for its help (and the CLIs' table, `cli::planned::TOOLS`).
-pub const COMMANDS: Planned = Planned {
+/// svc-agent's commands, for its help.
+pub const COMMANDS: Planned<'static> = Planned {
     name: "svc-agent",
     about: "Host daemon: enrols with the server, heartbeats, runs commands and applies state.\nWith no command it runs the daemon (--config PATH, default /etc/svc/agent.yaml).",
     commands: &[

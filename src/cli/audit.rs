@@ -19,8 +19,18 @@ pub fn main(program: &str, args: Vec<String>) -> i32 {
 pub const COMMANDS: &[super::Command] = &[
     command!("log", LogArgs, log),
     command!("export", ExportArgs, export),
-    command!("report", WindowArgs, report),
-    command!("stats", WindowArgs, stats),
+    command!(
+        "report",
+        WindowArgs,
+        report,
+        "Compliance report over a window (default the last 30d): rate, top violations, trend."
+    ),
+    command!(
+        "stats",
+        WindowArgs,
+        stats,
+        "Headline counts over a window (default the last 24h)."
+    ),
     command!("verify", VerifyArgs, |common, _| verify(common)),
 ];
 

@@ -22,9 +22,24 @@ pub const COMMANDS: &[super::Command] = &[
     command!("list", ListArgs, list),
     command!("get", GetArgs, get),
     command!("emit", EmitArgs, emit),
-    command!("subscribe", FilterArgs, |c, a| follow(c, a, false)),
-    command!("watch", FilterArgs, |c, a| follow(c, a, true)),
-    command!("replay", FilterArgs, replay),
+    command!(
+        "subscribe",
+        FilterArgs,
+        |c, a| follow(c, a, false),
+        "Replay the history from a time, then follow live events."
+    ),
+    command!(
+        "watch",
+        FilterArgs,
+        |c, a| follow(c, a, true),
+        "Live tail, one line per event."
+    ),
+    command!(
+        "replay",
+        FilterArgs,
+        replay,
+        "The history only, with no live events."
+    ),
     command!("stats", StatsArgs, stats),
     command!("types", TypesArgs, types),
 ];

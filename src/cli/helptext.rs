@@ -3,7 +3,8 @@
 //!
 //! A command defined with argh is read from its definition (`ArgsInfo`, through
 //! `cli::args_info`): its flags, their values, positionals and subcommands, with nothing run.
-//! The rest — each CLI's top-level help (`planned.rs`, svcctl's and svc's usage text) and the
+//! The rest — each CLI's top-level help (`cli::run_listed`: its `planned.rs` row and its
+//! commands' argh descriptions; svcctl's and svc's usage text) and the
 //! commands of the CLIs that do not hand out their definitions yet — is read by running this
 //! same executable under each name with `--help`, one level of subcommands at a time: every
 //! one of them prints its help in the same shape (a `Usage:` line, paragraphs, `Title:`

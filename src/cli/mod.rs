@@ -21,9 +21,12 @@ macro_rules! command {
         }
     };
     ($word:literal, $args:ty, $body:expr) => {
-        command!($word, $args, $body, None)
+        command!(@ $word, $args, $body, None)
     };
-    ($word:literal, $args:ty, $body:expr, $summary:expr) => {
+    ($word:literal, $args:ty, $body:expr, $summary:literal) => {
+        command!(@ $word, $args, $body, Some($summary))
+    };
+    (@ $word:literal, $args:ty, $body:expr, $summary:expr) => {
         $crate::cli::Command {
             word: $word,
             summary: $summary,
@@ -142,6 +145,22 @@ fn subcommand_info<A: argh::ArgsInfo>(word: &str) -> Option<argh::CommandInfoWit
         .map(|sub| sub.command)
 }
 
+/// The one-line summary of a command in its CLI's list: the first sentence of its argh
+/// description (up to the first `. `), on one line.
+pub fn summary(description: &str) -> String {
+    let text = description.split_whitespace().collect::<Vec<_>>().join(" ");
+    let mut end = text.len();
+    for (at, _) in text.match_indices(". ") {
+        let word = text[..at].rsplit(' ').next().unwrap_or("");
+        // An abbreviation does not end the sentence.
+        if !matches!(word, "e.g" | "i.e" | "etc" | "vs") {
+            end = at + 1;
+            break;
+        }
+    }
+    text[..end].to_string()
+}
+
 /// Runs the CLI `name` from its tables: a command word of them runs its entry with the common
 /// flags and its own arguments; everything else (help, version, an unknown word) goes to
 /// [`run_listed`].
@@ -150,6 +169,19 @@ pub fn run_table(name: &str, args: Vec<String>) -> i32 {
         name,
         args,
         |word| find_command(name, word).is_some(),
+        || {
+            tables(name)
+                .iter()
+                .flat_map(|table| table.iter())
+                .map(|command| {
+                    let line = match command.summary {
+                        Some(line) => line.to_string(),
+                        None => summary((command.info)().description),
+                    };
+                    (command.word, line)
+                })
+                .collect()
+        },
         |word, common, rest| {
             let command = find_command(name, word).expect("a listed word");
             (command.run)(name, &format!("{name} {word}"), common, rest)
@@ -158,7 +190,8 @@ pub fn run_table(name: &str, args: Vec<String>) -> i32 {
 }
 
 /// Runs a CLI whose commands are the subcommands of one argh struct `A`: the command word goes
-/// back in front of its arguments, and `body` gets it all.
+/// back in front of its arguments, and `body` gets it all. Its help lists the subcommands,
+/// each with the first sentence of its description.
 pub fn run_subcommands<A, F>(
     name: &str,
     args: Vec<String>,
@@ -177,6 +210,13 @@ where
                 .iter()
                 .any(|sub| sub.name == word)
         },
+        || {
+            A::get_args_info()
+                .commands
+                .iter()
+                .map(|sub| (sub.name, summary(sub.command.description)))
+                .collect()
+        },
         |word, common, rest| {
             let mut full = vec![word.to_string()];
             full.extend_from_slice(rest);
@@ -187,11 +227,13 @@ where
 
 /// What every CLI with a command list shares: the common flags are taken out; a built command
 /// word (`is_built`) goes to `run` with them and its own arguments; everything else — help,
-/// version, a missing or unknown word — is answered from the CLI's row in `planned.rs`.
+/// version, a missing or unknown word — is answered from the CLI's row in `planned.rs` and
+/// `listing`: its commands with their one-line summaries, in help order.
 fn run_listed(
     name: &str,
     args: Vec<String>,
     is_built: impl Fn(&str) -> bool,
+    listing: impl FnOnce() -> Vec<(&'static str, String)>,
     run: impl FnOnce(&str, Common, &[String]) -> i32,
 ) -> i32 {
     let mut rest = args.clone();
@@ -207,7 +249,21 @@ fn run_listed(
         _ => {
             let tool =
                 planned::find(name).expect("every CLI with a command list has a planned row");
-            planned::run(tool, &args)
+            let listed = listing();
+            let commands: Vec<(&str, &str)> = listed
+                .iter()
+                .map(|(word, line)| (*word, line.as_str()))
+                .collect();
+            let built: Vec<&str> = commands.iter().map(|(word, _)| *word).collect();
+            let planned = crate::program::planned::Planned {
+                name,
+                about: tool.about,
+                commands: &commands,
+                default: None,
+                is_client: tool.is_client,
+                built: &built,
+            };
+            crate::program::planned::run(&planned, &args)
         }
     }
 }
@@ -245,5 +301,45 @@ pub fn run_offline<A: FromArgs>(
             error.code
         }
         Err(code) => code,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_summary_is_the_first_sentence_on_one_line() {
+        assert_eq!(
+            summary("Query the audit log,\nnewest first. Times are RFC 3339."),
+            "Query the audit log, newest first."
+        );
+        assert_eq!(
+            summary("Trust a CA, e.g. an internal one. More."),
+            "Trust a CA, e.g. an internal one."
+        );
+        assert_eq!(summary("Delete one object."), "Delete one object.");
+    }
+
+    #[test]
+    fn every_table_names_each_command_once_and_has_a_planned_row() {
+        for name in crate::program::NAMES {
+            let words: Vec<&str> = tables(name)
+                .iter()
+                .flat_map(|table| table.iter().map(|command| command.word))
+                .collect();
+            if words.is_empty() {
+                continue;
+            }
+            assert!(planned::find(name).is_some(), "{name}");
+            for word in &words {
+                assert_eq!(
+                    words.iter().filter(|w| *w == word).count(),
+                    1,
+                    "{name} {word}"
+                );
+                assert!(args_info(&[name, word]).is_some(), "{name} {word}");
+            }
+        }
     }
 }

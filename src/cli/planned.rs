@@ -1,286 +1,99 @@
-//! Every CLI's help and command list, from one table: what each `svc-NAME` is, its commands,
-//! and which of them its own file runs (`built`). Every command listed is built today; one
-//! that is not (a new CLI's first rows) answers `NAME: 'SUB' is not implemented yet` and exits
-//! 1 — never a fake success (`program::planned`).
+//! What argh has no place for in each CLI that runs from a command list (`cli::run_listed`):
+//! the line or paragraph its `--help` opens with, and whether it takes the common client
+//! flags. Its commands, their order and their one-line summaries come from the CLI's own
+//! table (`COMMANDS` next to its argh structs) or argh enum: the first sentence of each
+//! command's argh description, or the table's summary for a struct two words share.
 
-pub use crate::program::planned::{run, Planned};
+/// One CLI's row.
+pub struct Tool {
+    pub name: &'static str,
+    pub about: &'static str,
+    /// Whether it talks to the server with the common client flags (`COMMON_HELP`).
+    pub is_client: bool,
+}
 
 /// Looks a CLI up by name.
-pub fn find(name: &str) -> Option<&'static Planned> {
+pub fn find(name: &str) -> Option<&'static Tool> {
     TOOLS.iter().find(|tool| tool.name == name)
 }
 
-/// Every `svc-NAME` CLI with commands in this table (svc-agent's row is the agent's own).
-pub const TOOLS: &[Planned] = &[
-    crate::agent::COMMANDS,
-    Planned {
+/// Every CLI with a command list, in `svc --list` order.
+pub const TOOLS: &[Tool] = &[
+    Tool {
         name: "svc-audit",
         about: "Audit log: query, export, report, verify the hash chain.",
-        commands: &[
-            ("log", "paginated query: --since --until --user --action --resource-type --policy-id --min-severity --limit --cursor"),
-            ("export", "stream the log redacted: --format json|jsonl|csv --since --output-file"),
-            ("report", "compliance report: rate, top violations, trend"),
-            ("stats", "headline counts over a window"),
-            ("verify", "check the hash chain; names the first bad row"),
-        ],
-        default: None,
         is_client: true,
-        built: &["log", "export", "report", "stats", "verify"],
     },
-    Planned {
+    Tool {
         name: "svc-events",
         about: "Event stream: list, fetch, emit, subscribe, watch and replay events.",
-        commands: &[
-            ("list", "paginated list: --type --category --since --until --min-severity --source --limit --cursor"),
-            ("get", "fetch one event: ID"),
-            ("emit", "publish and wait for the durable ack: --type T [--severity S] [--source S] [--payload JSON]"),
-            ("subscribe", "replay from --since, then follow live"),
-            ("watch", "live tail, one line per event"),
-            ("replay", "history only: --since [--until] [--min-severity]"),
-            ("stats", "counts by type and severity"),
-            ("types", "the event types: category and default severity"),
-        ],
-        default: None,
         is_client: true,
-        built: &["list", "get", "emit", "subscribe", "watch", "replay", "stats", "types"],
     },
-    Planned {
+    Tool {
         name: "svc-identity",
         about: "Embedded CA, join tokens and JWT-SVIDs.",
-        commands: &[
-            ("ca", "info | rotate-signing | export | encrypt"),
-            ("command-key", "info | rotate | retire: the key agents' commands are signed with"),
-            ("status", "provider health, token counts, CA expiry"),
-            ("psk", "print the bootstrap PSK of AGENT_ID"),
-            ("token", "create [--ttl D] [--agent-id ID] | list [--unused] [--unexpired] | revoke ID | cleanup"),
-            ("jwt", "JWT-SVIDs: issue --audience A [--ttl D] [--subject ID] | list | revoke ID | verify TOKEN --audience A [--jwks F | --ca-file F] [--revocations F]"),
-        ],
-        default: None,
         is_client: true,
-        built: &["ca", "command-key", "status", "psk", "token", "jwt"],
     },
-    Planned {
+    Tool {
         name: "svc-secrets",
         about: "Secrets: versioned KV, transit encryption, dynamic-secret leases.",
-        commands: &[
-            ("get", "read a secret: PATH [--field K] [--version N]"),
-            ("put", "write a secret: PATH KEY=VALUE... [--from-file F]"),
-            ("delete", "delete a secret: PATH [--versions N,...] [--destroy]"),
-            ("list", "list secrets under a prefix (metadata only)"),
-            ("leases", "list | show ID | renew ID [--increment D] | revoke ID | revoke --prefix P"),
-            ("transit", "create-key | encrypt | decrypt | sign | verify | rotate | config | rewrap | list-keys"),
-            ("rotate-master", "re-wrap every data key under a new master key (admin): --new-key-file F"),
-            ("creds", "dynamic credentials with a lease: postgres [--ttl D]"),
-        ],
-        default: None,
         is_client: true,
-        built: &["get", "put", "delete", "list", "leases", "transit", "rotate-master", "creds"],
     },
-    Planned {
+    Tool {
         name: "svc-policy",
         about: "Policies (audit mode): list, show, compliance, violations; eval and validate offline.",
-        commands: &[
-            ("list", "list policies (--policy-sets for sets)"),
-            ("show", "show a policy: ID (--policy-set for a set)"),
-            ("compliance", "compliance over an audit window"),
-            ("violations", "denied audit entries"),
-            ("create", "Unimplemented in v0.1"),
-            ("update", "Unimplemented in v0.1"),
-            ("delete", "Unimplemented in v0.1"),
-            ("eval", "evaluate FILE --action A --principal P --resource R (no server)"),
-            ("validate", "validate FILE (no server)"),
-        ],
-        default: None,
         is_client: true,
-        built: &[
-            "list",
-            "show",
-            "compliance",
-            "violations",
-            "create",
-            "update",
-            "delete",
-            "eval",
-            "validate",
-        ],
     },
-    Planned {
+    Tool {
         name: "svc-cluster",
         about: "Cluster membership, leadership and snapshots (docs/cluster.md).",
-        commands: &[
-            ("status", "members, leader and term, health, quorum (PostgreSQL and NATS)"),
-            ("members", "list members or show one: [ID]"),
-            ("leader", "show the leader"),
-            ("add", "passthrough; the server answers Unimplemented (members join by themselves)"),
-            ("remove", "evict a member (admin): ID"),
-            ("rebalance", "spread agent ownership over the live members now (admin)"),
-            ("transfer-leader", "move the leader lease (admin): [TARGET | --to ID]"),
-            ("backup", "stream a snapshot into a file: [--output FILE] [--encrypt]"),
-            ("restore", "runs offline: svc-cluster-backup restore --input FILE [--force]"),
-            ("nats-config", "offline: the JWT-auth block every NATS node includes: [--config F] [--enrol-jwt]"),
-        ],
-        default: None,
         is_client: true,
-        built: &[
-            "status",
-            "members",
-            "leader",
-            "add",
-            "remove",
-            "rebalance",
-            "transfer-leader",
-            "backup",
-            "restore",
-            "nats-config",
-        ],
     },
-    Planned {
+    Tool {
         name: "svc-cluster-backup",
         about: "Cluster snapshots: back up, restore, list and verify files (docs/backup.md).\nScheduled snapshots are deferred (not built): run backup from cron or a systemd timer.",
-        commands: &[
-            ("backup", "stream a snapshot into a file: --output FILE [--encrypt] [--passphrase-file F]"),
-            ("restore", "offline: --input FILE [--force] [--config server.yaml] [--passphrase-file F]"),
-            ("list", "list snapshot files in DIR (default .), no server"),
-            ("verify", "check --input FILE completely (hashes, audit chain), no server"),
-        ],
-        default: None,
         is_client: true,
-        built: &["backup", "restore", "list", "verify"],
     },
-    Planned {
+    Tool {
         name: "svc-files",
         about: "File service over the message bus (chunked, SHA-256 verified; docs/files.md).\nFlags on every command: --nats-url URL (env SVC_NATS_URL, default nats://localhost:4222) --creds FILE (a NATS .creds file for a JWT-mode cluster; env SVC_NATS_CREDS) --cluster NAME (env SVC_CLUSTER, default `default`) --principal-id ID --principal-role ROLE --timeout D (default 1m0s) --log-level L --api-key KEY (env SVC_API_KEY) -o table|json.\nExit codes: 1 failed (a SHA-256 mismatch included), 3 bus unreachable, 4 refused, 5 no such remote path.",
-        commands: &[
-            ("put", "upload: LOCAL REMOTE"),
-            ("get", "download: REMOTE LOCAL"),
-            ("list", "list: [PREFIX]"),
-            ("stat", "metadata: REMOTE"),
-            ("delete", "delete: REMOTE"),
-        ],
-        default: None,
         is_client: false,
-        built: &["put", "get", "list", "stat", "delete"],
     },
-    Planned {
+    Tool {
         name: "svc-backup",
         about: "Snapshots in S3-compatible object stores (the svc-cluster-backup format).\nS3 flags on every command: --bucket B (env SVC_BACKUP_BUCKET) --prefix P --s3-access-key --s3-secret-key --s3-endpoint --s3-region --s3-ssl (default true; env AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, AWS_REGION).\nScheduled backups are deferred (not built): run create from cron or a systemd timer.",
-        commands: &[
-            ("create", "snapshot through the server, upload, prune: [--keep N] [--encrypt]"),
-            ("list", "the snapshots under the prefix"),
-            ("restore", "download and restore offline: --key K [--force] [--config F]"),
-            ("verify", "download and check completely: --key K"),
-        ],
-        default: None,
         is_client: true,
-        built: &["create", "list", "restore", "verify"],
     },
-    Planned {
+    Tool {
         name: "svc-blueprint",
         about: "Blueprints: parameterised state files, reproducible bundles (.tar.gz), the server's catalogue,\napply, applied and rollback through the state engine (docs/blueprints.md).\ninit, validate, lint, info (of a directory or bundle) and bundle need no server.",
-        commands: &[
-            ("init", "scaffold a blueprint: NAME [--dir DIR]"),
-            ("validate", "check a blueprint: DIR|BUNDLE [--set k=v ...]"),
-            ("lint", "warn on risky patterns: DIR|BUNDLE [--set k=v ...]"),
-            ("info", "metadata and parameters: DIR|BUNDLE|NAME[@VERSION]"),
-            ("bundle", "build a reproducible .tar.gz: DIR [-O FILE]"),
-            ("install", "add to the catalogue: BUNDLE|DIR"),
-            ("update", "install a newer version: BUNDLE|DIR"),
-            ("remove", "delete from the catalogue: NAME [--force]"),
-            ("list", "installed blueprints"),
-            ("apply", "render and apply: NAME[@VERSION] [--target SEL] [--set k=v ...] [--dry-run]"),
-            ("applied", "what is applied where: [--target SEL]"),
-            ("rollback", "re-apply the previous version: NAME [--target SEL] [--to VERSION]"),
-        ],
-        default: None,
         is_client: true,
-        built: &[
-            "init", "validate", "lint", "info", "bundle", "install", "update", "remove", "list",
-            "apply", "applied", "rollback",
-        ],
     },
-    Planned {
-        name: "svc-bootstrap",
-        about: "Bootstrap manager: --seed SEEDCONFIG.yaml [--root DIR] [--force] [--log-level L]; phases detect, configure, validate, install, blueprints, verify.",
-        commands: &[],
-        default: Some("run"),
-        is_client: false,
-        // Built: cli/bootstrap.rs parses its own flags (it has no subcommands).
-        built: &["run"],
-    },
-    Planned {
+    Tool {
         name: "svc-gitops",
         about: "GitOps: a git repository's gitops.yaml says what each target should be (state files,\nblueprints); verify compares it with the hosts, rollback applies the tree at a commit.",
-        commands: &[
-            ("verify", "differences between the repository and the hosts: --repo PATH|URL [--ref REF] [--path DIR]"),
-            ("rollback", "apply the tree at a commit: --repo PATH|URL --to COMMIT [--path DIR]"),
-        ],
-        default: None,
         is_client: true,
-        built: &["verify", "rollback"],
     },
-    Planned {
+    Tool {
         name: "svc-module",
         about: "Modules: Starlark that returns state resources, in reproducible ZIPs with a module.lock;\nsigned (ed25519), published to a registry, installed and run in a sandbox (docs/modules.md).\nNo command talks to svc-server; registries are given with --registry URL (env SVC_MODULE_REGISTRY):
 https:// verified against --registry-ca FILE (env SVC_REGISTRY_CA) or the system's CA store; plain
 http:// only to this machine unless --allow-plain-http.",
-        commands: &[
-            ("init", "start a module: NAME [--dir DIR]"),
-            ("validate", "schema, sources parse, exports defined: [DIR|ZIP]"),
-            ("build", "reproducible ZIP: [DIR] [-O FILE]"),
-            ("test", "run *_test.star, TAP output: [DIR|ZIP]"),
-            ("run", "call a function here and print the resources, or on agents with --target SEL (applied like state): MODULE FUNCTION [--arg k=v]..."),
-            ("sign", "detached ed25519 signature: ZIP --key KEY"),
-            ("verify", "check a signature: ZIP --pubkey PUB [--signature FILE]"),
-            ("keygen", "make a key pair: [NAME] (NAME.key 0600, NAME.pub)"),
-            ("resolve", "write module.lock from installed modules and registries: [DIR] [--registry URL]"),
-            ("tree", "the dependency tree: [DIR|ZIP|NAME]"),
-            ("install", "from a ZIP, a directory or NAME[@RANGE] of a registry, lock hashes checked"),
-            ("update", "install a newer version: ZIP|DIR|NAME [--registry URL]"),
-            ("list", "installed modules"),
-            ("publish", "upload to a registry: ZIP --registry URL [--token T]"),
-            ("clean", "remove build output: [DIR]"),
-        ],
-        default: None,
         is_client: false,
-        built: &[
-            "init", "validate", "build", "test", "run", "sign", "verify", "keygen", "resolve", "tree",
-            "install", "update", "list", "publish", "clean",
-        ],
     },
-    Planned {
+    Tool {
         name: "svc-registry",
         about: "Module registry HTTPS (or HTTP) server (docs/modules.md): modules, versions and SHA-256, ZIP and\nsignature downloads, token-checked publishing of immutable versions, GET /openapi.json.",
-        commands: &[
-            ("serve", "serve: [--listen ADDR] [--dir DIR] [--tls-cert F --tls-key F] [--token-file F] [--svc-url URL]"),
-            ("version", "print the registry version"),
-        ],
-        default: None,
         is_client: false,
-        built: &["serve", "version"],
     },
-    Planned {
+    Tool {
         name: "svc-runbook",
         about: "Runbooks (*.yaml in the server's runbook_dir): test, execute, and follow executions (docs/runbooks.md).",
-        commands: &[
-            ("list", "the runbooks the server loaded"),
-            ("test", "validate FILE (no server) or NAME: schema, needs, cycles; print the plan [--set k=v]"),
-            ("execute", "start NAME on the server (operator): [--set k=v]... [--dry-run]"),
-            ("list-executions", "executions: [--runbook NAME] [--status S] [--limit N]"),
-            ("status", "an execution's steps: EXECUTION [--follow]"),
-            ("audit", "the audit rows of an execution: EXECUTION"),
-            ("cancel", "stop an execution (operator): EXECUTION"),
-            ("approve", "approve a waiting step (operator, not the starter): EXECUTION STEP"),
-        ],
-        default: None,
         is_client: true,
-        built: &["list", "test", "execute", "list-executions", "status", "audit", "cancel", "approve"],
     },
-    Planned {
+    Tool {
         name: "svc-webhook",
         about: "Outbound webhook subscriptions (docs/webhooks.md).",
-        commands: &[("outbound", "create --url URL --events T[,T...]|--category C [--min-severity S] [--secret-file F] | list | show ID | update ID | delete ID | test ID | deliveries ID [--failed] | redeliver DELIVERY")],
-        default: None,
         is_client: true,
-        built: &["outbound"],
     },
 ];

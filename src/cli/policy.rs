@@ -24,8 +24,18 @@ pub fn main(program: &str, args: Vec<String>) -> i32 {
 pub const COMMANDS: &[super::Command] = &[
     command!("list", ListArgs, list),
     command!("show", ShowArgs, show),
-    command!("compliance", WindowArgs, compliance),
-    command!("violations", LogArgs, violations),
+    command!(
+        "compliance",
+        WindowArgs,
+        compliance,
+        "Compliance over an audit window: rate, top violations, trend."
+    ),
+    command!(
+        "violations",
+        LogArgs,
+        violations,
+        "Denied audit entries, newest first."
+    ),
     command!("create", ChangeArgs, |c, a| change(c, "create".into(), a)),
     command!("update", ChangeArgs, |c, a| change(c, "update".into(), a)),
     command!("delete", ChangeArgs, |c, a| change(c, "delete".into(), a)),

@@ -28,8 +28,8 @@ pub const COMMANDS: &[super::Command] = &[
     command!("execute", ExecuteArgs, execute),
     command!("list-executions", ListExecutionsArgs, list_executions),
     command!("status", StatusArgs, status),
-    command!("audit", IdArgs, audit),
-    command!("cancel", IdArgs, cancel),
+    command!("audit", IdArgs, audit, "The audit rows of an execution."),
+    command!("cancel", IdArgs, cancel, "Stop an execution (operator)."),
     command!("approve", ApproveArgs, approve),
 ];
 

@@ -1,23 +1,25 @@
 //! The table of a program's commands and what is made from it: its help, and the answer to
 //! a command not built yet (exit 1, `NAME: 'SUB' is not implemented yet`, never a fake
-//! success). The CLIs' rows are `cli::planned::TOOLS`; svc-agent's is `agent::COMMANDS`.
+//! success). svc-agent's is the static row `agent::COMMANDS`; a CLI's is made when its help is
+//! asked for, from its row in `cli::planned` and its commands' argh definitions (`cli::run_listed`).
 
 use super::{exit, version_line, COMMON_HELP};
 
-pub struct Planned {
-    pub name: &'static str,
-    pub about: &'static str,
-    pub commands: &'static [(&'static str, &'static str)],
+pub struct Planned<'a> {
+    pub name: &'a str,
+    pub about: &'a str,
+    /// Each command's word and one-line summary, in help order.
+    pub commands: &'a [(&'a str, &'a str)],
     /// What runs when no subcommand is given (daemons); None means "usage error".
-    pub default: Option<&'static str>,
+    pub default: Option<&'a str>,
     /// Whether it talks to the server with the common client flags.
     pub is_client: bool,
-    /// Commands that are built (handled by the CLI's own file); the rest are planned.
-    pub built: &'static [&'static str],
+    /// Commands that are built (handled by the program's own code); the rest are planned.
+    pub built: &'a [&'a str],
 }
 
 /// The help text of a planned CLI.
-pub fn help(planned: &Planned) -> String {
+pub fn help(planned: &Planned<'_>) -> String {
     let mut text = if planned.commands.is_empty() {
         format!("Usage: {} [<options>]\n\n{}\n", planned.name, planned.about)
     } else {
@@ -55,7 +57,7 @@ pub fn help(planned: &Planned) -> String {
 }
 
 /// Runs a planned CLI: help and version work; every command says it is not built yet.
-pub fn run(planned: &Planned, args: &[String]) -> i32 {
+pub fn run(planned: &Planned<'_>, args: &[String]) -> i32 {
     let program = planned.name;
     let (error_prefix, command_prefix) = match program.split_once(' ') {
         Some((root, sub)) => (root, format!("{sub} ")),
