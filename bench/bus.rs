@@ -39,10 +39,7 @@ async fn connect(url: &str) -> async_nats::Client {
     if let Some(ca) = TLS_CA.get() {
         options = options.add_root_certificates(ca.clone()).require_tls(true);
     }
-    options
-        .connect(url)
-        .await
-        .expect("connect")
+    options.connect(url).await.expect("connect")
 }
 
 /// Counts messages on every subscription given, into one counter.
@@ -207,7 +204,9 @@ async fn scenario_rows(url: &str) -> Vec<(String, &'static str, bool, f64, Strin
 
 async fn run_benchmarks() {
     let started = Instant::now();
-    let pki = std::env::args().any(|arg| arg == "--tls").then(pki::Pki::new);
+    let pki = std::env::args()
+        .any(|arg| arg == "--tls")
+        .then(pki::Pki::new);
     let tls_dir = pki.as_ref().map(|pki| pki.path(""));
     if let Some(pki) = &pki {
         TLS_CA.set(pki.path("ca.pem")).expect("set once");

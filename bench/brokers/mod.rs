@@ -42,13 +42,9 @@ fn run_broker_process() {
             tls: std::env::var_os(TLS_ENV).map(|dir| server_tls(dir.as_ref())),
             ..svc::bus::BrokerConfig::default()
         };
-        let handle = svc::bus::Broker::start(
-            config,
-            Arc::new(svc::bus::NoAuth),
-            listener,
-        )
-        .await
-        .expect("broker starts");
+        let handle = svc::bus::Broker::start(config, Arc::new(svc::bus::NoAuth), listener)
+            .await
+            .expect("broker starts");
         println!("{}", handle.local_addr().port());
         std::io::stdout().flush().expect("stdout");
         tokio::task::spawn_blocking(|| {
@@ -144,7 +140,10 @@ pub fn start_nats_server_with(tls: Option<&std::path::Path>) -> Option<Server> {
     let mut command = Command::new(binary);
     command.args(["-a", "127.0.0.1", "-p", &port.to_string()]);
     if let Some(dir) = tls {
-        command.arg("--tls").arg("--tlscert").arg(dir.join("server.pem"));
+        command
+            .arg("--tls")
+            .arg("--tlscert")
+            .arg(dir.join("server.pem"));
         command.arg("--tlskey").arg(dir.join("server.key"));
     }
     let child = command
