@@ -435,7 +435,6 @@ impl Broker {
         listener: TcpListener,
     ) -> std::io::Result<BrokerHandle> {
         let local_addr = listener.local_addr()?;
-        pin_mmap_threshold();
         let pending = Arc::new(PendingBudget::new(config.max_pending_total));
         let shared = Arc::new(Shared {
             auth,
@@ -701,6 +700,12 @@ const TRIM_INTERVAL: Duration = Duration::from_secs(5);
 /// or the pending total has fallen by [`TRIM_AFTER_DROP`] from its high mark, this calls
 /// `malloc_trim(0)`, which returns every arena's free pages. Sampled once a second: no
 /// cost on the publish path. Ends with the broker.
+///
+/// The mmap threshold itself is left to glibc. Pinning it at 128 KiB (issue 23) made every
+/// outbound buffer past that its own mapping, grown by mremap, faulted in page by page and
+/// unmapped with TLB shootdowns when dropped: about half the broker's CPU in the bus bench,
+/// and pub->sub of 64 KiB at half speed (issue 35, docs/performance.md). Without the pin the
+/// 500-slow-consumer burst of `bench/bus_slow.rs` still ends at 5.9 MiB.
 async fn give_back_memory(shared: std::sync::Weak<Shared>) {
     let mut ticks = tokio::time::interval(HOUSEKEEPING);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -728,22 +733,6 @@ async fn give_back_memory(shared: std::sync::Weak<Shared>) {
             high = total;
             slow_seen = slow;
         }
-    }
-}
-
-/// Keeps glibc's mmap threshold at its initial 128 KiB. By default glibc raises it to the
-/// size of any mmap'ed block freed (up to 32 MiB), so after one burst every outbound
-/// buffer up to that size comes from the arenas, where freed memory stays resident and
-/// fragments; pinned, buffers past 128 KiB are mapped and unmapped on their own (and grown
-/// by mremap, without a copy). Process-wide, set once; the broker is what allocates large
-/// short-lived buffers in svc.
-fn pin_mmap_threshold() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        static ONCE: std::sync::Once = std::sync::Once::new();
-        ONCE.call_once(|| unsafe {
-            libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
-        });
     }
 }
 
