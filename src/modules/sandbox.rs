@@ -74,7 +74,6 @@ fn module_facts(facts: &Facts) -> serde_json::Value {
 /// What a call produced.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Run {
-    #[serde(serialize_with = "crate::state::resources_as_json")]
     pub resources: Vec<Resource>,
     pub logs: Vec<String>,
     pub steps: u64,

@@ -54,10 +54,7 @@ mod validate;
 pub struct Plan {
     /// In the order they run: the file's order, except that a resource comes after every one
     /// it requires (`compile` sorts them, so the agent only follows the list).
-    #[serde(
-        serialize_with = "resources_as_json",
-        deserialize_with = "resources_from_json"
-    )]
+    #[serde(deserialize_with = "resources_from_json")]
     pub resources: Vec<Resource>,
     /// Ids, requisites and triggers: one entry per resource (same index) when any resource of
     /// the plan has one, empty otherwise. A parallel list rather than fields of every kind, so
@@ -157,17 +154,6 @@ fn resources_from_json<'de, D: serde::Deserializer<'de>>(
 ) -> Result<Vec<Resource>, D::Error> {
     let value = serde_json::Value::deserialize(deserializer)?;
     serde_json::from_value(value).map_err(serde::de::Error::custom)
-}
-
-/// Writes a list of resources through a JSON value, for the same reason: one copy of the
-/// derived serializer.
-pub(crate) fn resources_as_json<S: serde::Serializer>(
-    resources: &[Resource],
-    serializer: S,
-) -> Result<S::Ok, S::Error> {
-    serde_json::to_value(resources)
-        .map_err(serde::ser::Error::custom)?
-        .serialize(serializer)
 }
 
 /// One resource of a state file. In YAML each list item is a one-key mapping:
@@ -724,7 +710,6 @@ pub struct StateOutcome {
     /// A module run: the resources the function returned (what was checked or applied).
     #[serde(
         skip_serializing_if = "Vec::is_empty",
-        serialize_with = "resources_as_json",
         deserialize_with = "resources_from_json"
     )]
     pub resources: Vec<Resource>,
