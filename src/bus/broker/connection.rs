@@ -591,11 +591,11 @@ impl Session {
         if publish.header_len.is_some() && !self.headers {
             return false;
         }
-        let Ok(subject) = std::str::from_utf8(&publish.subject) else {
+        let Ok(subject) = std::str::from_utf8(publish.subject()) else {
             return false;
         };
         self.counters.messages_in += 1;
-        self.counters.bytes_in += publish.payload.len() as u64;
+        self.counters.bytes_in += publish.payload().len() as u64;
         // nats-server's order: the pedantic check (which reports but still routes), then
         // permissions (which drop), then +OK, then delivery.
         if self.pedantic && !is_valid_literal(subject) {
@@ -610,17 +610,17 @@ impl Session {
         }
         self.send_ok();
         let matches = self.lookup(subject);
-        let reply = publish.reply.as_deref();
+        let reply = publish.reply();
         let stamped = self
             .shared
             .config
             .sender_subjects
             .as_deref()
             .filter(|pattern| subject_matches(pattern, subject))
-            .map(|_| stamp_sender(publish.header_len, &publish.payload, &self.user));
+            .map(|_| stamp_sender(publish.header_len, publish.payload(), &self.user));
         let (header_len, payload) = match &stamped {
             Some((header_len, payload)) => (Some(*header_len), &payload[..]),
-            None => (publish.header_len, &publish.payload[..]),
+            None => (publish.header_len, publish.payload()),
         };
         let delivered = self.deliver(&matches, subject, reply, header_len, payload);
         if !delivered && self.no_responders && self.headers {
