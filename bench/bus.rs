@@ -156,6 +156,8 @@ struct Row {
     unit: &'static str,
     higher_is_better: bool,
     values: Vec<(f64, String)>,
+    /// CPU ns per message (broker, client) per column, for the throughput scenarios.
+    cpu: Vec<Option<(f64, f64)>>,
 }
 
 /// A scenario's message count times `--scale` (at least 1).
@@ -163,42 +165,116 @@ fn scaled(messages: u64) -> u64 {
     ((messages as f64 * run::flag("--scale", 1.0f64)) as u64).max(1)
 }
 
-async fn scenario_rows(url: &str) -> Vec<(String, &'static str, bool, f64, String)> {
-    let mut rows = Vec::new();
-    for (size, messages) in [
-        (16usize, 400_000u64),
-        (128, 400_000),
-        (1024, 200_000),
-        (64 * 1024, 8_000),
-    ] {
-        let (rate, received, expected) = throughput(url, size, scaled(messages), 1, false).await;
-        rows.push((
-            format!("pub->sub {size} B"),
+/// CPU time (user + system, every thread) `pid` has used so far, from each thread's
+/// schedstat: nanosecond resolution, where /proc/PID/stat counts 10 ms ticks.
+fn cpu_nanos(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .filter_map(Result::ok)
+        .filter_map(|task| std::fs::read_to_string(task.path().join("schedstat")).ok())
+        .filter_map(|line| line.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// A scenario's CPU per delivered message, broker and client apart, in nanoseconds: on two
+/// shared cores the throughput ratio moves with the client's share, this does not.
+struct Cpu {
+    broker: u64,
+    client: u64,
+}
+
+impl Cpu {
+    fn start(broker: u32) -> Self {
+        Cpu {
+            broker: cpu_nanos(broker),
+            client: cpu_nanos(std::process::id()),
+        }
+    }
+
+    /// (broker, client) ns per message since `start`.
+    fn per_message(&self, broker: u32, messages: u64) -> (f64, f64) {
+        let messages = messages.max(1) as f64;
+        (
+            cpu_nanos(broker).saturating_sub(self.broker) as f64 / messages,
+            cpu_nanos(std::process::id()).saturating_sub(self.client) as f64 / messages,
+        )
+    }
+}
+
+/// One measured scenario: name, unit, higher is better, value, note, and CPU per message
+/// (broker, client) for the throughput scenarios.
+type Measured = (String, &'static str, bool, f64, String, Option<(f64, f64)>);
+
+/// Whether a scenario runs: `--only TEXT` keeps those whose name contains TEXT (profiling one
+/// case at a time).
+fn wanted(name: &str) -> bool {
+    let only: String = run::flag("--only", String::new());
+    name.contains(&only)
+}
+
+async fn scenario_rows(url: &str, pid: u32) -> Vec<Measured> {
+    // name, unit, payload size, messages, subscribers, one queue group
+    let scenarios = [
+        ("pub->sub 16 B", "msg/s", 16usize, 400_000u64, 1usize, false),
+        ("pub->sub 128 B", "msg/s", 128, 400_000, 1, false),
+        ("pub->sub 1024 B", "msg/s", 1024, 200_000, 1, false),
+        ("pub->sub 65536 B", "msg/s", 64 * 1024, 8_000, 1, false),
+        (
+            "fan-out 128 B x10 subs",
+            "deliveries/s",
+            128,
+            50_000,
+            10,
+            false,
+        ),
+        (
+            "queue group 128 B, 4 members",
             "msg/s",
+            128,
+            200_000,
+            4,
+            true,
+        ),
+    ];
+    let mut rows = Vec::new();
+    for (name, unit, size, messages, subscribers, queue) in scenarios {
+        if !wanted(name) {
+            continue;
+        }
+        let cpu = Cpu::start(pid);
+        let (rate, received, expected) =
+            throughput(url, size, scaled(messages), subscribers, queue).await;
+        rows.push((
+            name.to_string(),
+            unit,
             true,
             rate,
             format!("{received}/{expected}"),
+            Some(cpu.per_message(pid, received)),
         ));
     }
-    let (rate, received, expected) = throughput(url, 128, scaled(50_000), 10, false).await;
-    rows.push((
-        "fan-out 128 B x10 subs".into(),
-        "deliveries/s",
-        true,
-        rate,
-        format!("{received}/{expected}"),
-    ));
-    let (rate, received, expected) = throughput(url, 128, scaled(200_000), 4, true).await;
-    rows.push((
-        "queue group 128 B, 4 members".into(),
-        "msg/s",
-        true,
-        rate,
-        format!("{received}/{expected}"),
-    ));
+    if !wanted("request/reply") {
+        return rows;
+    }
     let (p50, p99) = round_trips(url, scaled(5_000) as usize).await;
-    rows.push(("request/reply p50".into(), "us", false, p50, String::new()));
-    rows.push(("request/reply p99".into(), "us", false, p99, String::new()));
+    rows.push((
+        "request/reply p50".into(),
+        "us",
+        false,
+        p50,
+        String::new(),
+        None,
+    ));
+    rows.push((
+        "request/reply p99".into(),
+        "us",
+        false,
+        p99,
+        String::new(),
+        None,
+    ));
     rows
 }
 
@@ -225,8 +301,9 @@ async fn run_benchmarks() {
     // Alternate servers so background load on a shared machine hits both alike.
     for round in 0..rounds {
         for server in [&reference, &ours] {
-            let rows = scenario_rows(&server.url()).await;
-            for (index, (name, unit, higher_is_better, value, note)) in rows.into_iter().enumerate()
+            let rows = scenario_rows(&server.url(), server.child.id()).await;
+            for (index, (name, unit, higher_is_better, value, note, cpu)) in
+                rows.into_iter().enumerate()
             {
                 if table.len() <= index {
                     table.push(Row {
@@ -234,10 +311,12 @@ async fn run_benchmarks() {
                         unit,
                         higher_is_better,
                         values: vec![(0.0, String::new()); 2 * rounds],
+                        cpu: vec![None; 2 * rounds],
                     });
                 }
                 let column = if server.name == "ours" { rounds } else { 0 } + round;
                 table[index].values[column] = (value, note);
+                table[index].cpu[column] = cpu;
             }
         }
     }
@@ -266,6 +345,36 @@ async fn run_benchmarks() {
         println!(
             "{:<32} {:>14.0} {:>14.0} {:>7.2}x  {:<12} {} | {}",
             row.name, reference.0, ours.0, ratio, row.unit, reference.1, ours.1
+        );
+    }
+    println!();
+    println!(
+        "{:<32} {:>14} {:>14} {:>8}  {:>14} {:>14}  (least of {rounds} rounds)",
+        "CPU ns per message", "nats-server", "ours", "ratio", "client (nats)", "client (ours)"
+    );
+    for row in &table {
+        let least = |columns: &[Option<(f64, f64)>], pick: fn(&(f64, f64)) -> f64| {
+            columns
+                .iter()
+                .flatten()
+                .map(pick)
+                .fold(f64::INFINITY, f64::min)
+        };
+        let (theirs, ours) = row.cpu.split_at(rounds);
+        if theirs.iter().all(Option::is_none) {
+            continue;
+        }
+        let broker = |cpu: &(f64, f64)| cpu.0;
+        let client = |cpu: &(f64, f64)| cpu.1;
+        let (reference, ours_broker) = (least(theirs, broker), least(ours, broker));
+        println!(
+            "{:<32} {:>14.0} {:>14.0} {:>7.2}x  {:>14.0} {:>14.0}",
+            row.name,
+            reference,
+            ours_broker,
+            ours_broker / reference,
+            least(theirs, client),
+            least(ours, client),
         );
     }
     println!(
