@@ -9,7 +9,9 @@ use serde_json::{json, Value};
 use super::client::http_json;
 use super::output::{print_json, print_table};
 use super::values::{duration, rfc3339, role};
-use super::{exit, run_async, take_common, version_line, CliError, Common, Output, COMMON_HELP};
+use super::{
+    common_help, exit, run_async, take_common, version_line, CliError, Common, Output, COMMON_FLAGS,
+};
 use crate::auth::ApiKey;
 use crate::percent;
 
@@ -41,13 +43,13 @@ pub fn main(program: &str, mut args: Vec<String>, run_mode: fn(&str, Vec<String>
         }
     };
     let Some(command) = args.first().cloned() else {
-        eprint!("{program}: missing command\n{USAGE}\n{COMMON_HELP}\n");
+        eprint!("{program}: missing command\n{USAGE}\n{}\n", common_help());
         return exit::USAGE;
     };
     let rest = args[1..].to_vec();
     match command.as_str() {
         "-h" | "--help" | "help" => {
-            print!("{USAGE}\n{COMMON_HELP}\n");
+            print!("{USAGE}\n{}\n", common_help());
             exit::OK
         }
         "-v" | "--version" | "version" => {
@@ -74,24 +76,17 @@ pub fn main(program: &str, mut args: Vec<String>, run_mode: fn(&str, Vec<String>
     }
 }
 
-/// The common flags, given explicitly to a mode that runs in-process.
+/// The common flags, given explicitly to a mode that runs in-process (those left unset, and
+/// the default table output, are left out).
 fn common_flags(common: &Common) -> Vec<String> {
-    let mut flags = vec![
-        "--server".into(),
-        common.server.clone(),
-        "--http-url".into(),
-        common.http_url.clone(),
-    ];
-    if let Some(key) = &common.api_key {
-        flags.extend(["--api-key".into(), key.clone()]);
-    }
-    if let Some(path) = &common.ca_file {
-        flags.extend(["--ca-file".into(), path.display().to_string()]);
-    }
-    if common.output == Output::Json {
-        flags.extend(["-o".into(), "json".into()]);
-    }
-    flags
+    COMMON_FLAGS
+        .iter()
+        .filter_map(|flag| {
+            let value = common.value(flag.field)?;
+            Some([flag.short.unwrap_or(flag.long).to_string(), value])
+        })
+        .flatten()
+        .collect()
 }
 
 /// Runs `svc-NAME` from PATH as git and kubectl run their plugins: exec, so the plugin owns

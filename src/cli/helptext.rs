@@ -538,7 +538,7 @@ Commands:
     fn hand_written_help_gives_placeholders_and_second_flag_pairs() {
         let help = parse(&format!(
             "Usage: svcctl <command> [<args>]\n\nOperator CLI.\n\nCommands:\n  agent      agents\n  NAME       run svc-NAME\n             or a plugin\n\n{}\n",
-            crate::cli::COMMON_HELP
+            crate::cli::common_help()
         ));
         let commands: Vec<&str> = help.commands().iter().map(|e| e.term.as_str()).collect();
         assert_eq!(commands, ["agent"]);

@@ -68,8 +68,8 @@ pub mod webhook;
 use argh::FromArgs;
 
 pub use crate::program::{
-    exit, output, parse_args, run_async, take_common, version_line, wants_version, CliError,
-    Common, Output, COMMON_HELP,
+    common_help, exit, output, parse_args, run_async, take_common, version_line, wants_version,
+    CliError, Common, Output, COMMON_FLAGS,
 };
 
 /// One built command of a CLI, named once: what runs it, and what its help, completions and

@@ -8,7 +8,7 @@
 pub struct Tool {
     pub name: &'static str,
     pub about: &'static str,
-    /// Whether it talks to the server with the common client flags (`COMMON_HELP`).
+    /// Whether it talks to the server with the common client flags (`COMMON_FLAGS`).
     pub is_client: bool,
 }
 

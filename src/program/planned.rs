@@ -3,7 +3,7 @@
 //! success). svc-agent's is the static row `agent::COMMANDS`; a CLI's is made when its help is
 //! asked for, from its row in `cli::planned` and its commands' argh definitions (`cli::run_listed`).
 
-use super::{exit, version_line, COMMON_HELP};
+use super::{common_help, exit, version_line};
 
 pub struct Planned<'a> {
     pub name: &'a str,
@@ -44,7 +44,7 @@ pub fn help(planned: &Planned<'_>) -> String {
     }
     text.push('\n');
     if planned.is_client {
-        text.push_str(COMMON_HELP);
+        text.push_str(&common_help());
     } else {
         text.push_str("Options:\n  -h, --help     show help\n  -v, --version  show the version");
     }
