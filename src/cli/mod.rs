@@ -68,8 +68,8 @@ pub mod webhook;
 use argh::FromArgs;
 
 pub use crate::program::{
-    common_help, exit, output, parse_args, run_async, take_common, version_line, wants_version,
-    CliError, Common, Output, COMMON_FLAGS,
+    common_help, common_section, exit, output, parse_args, run_async, take_common, take_output,
+    version_line, wants_version, CliError, Common, Output, COMMON_FLAGS,
 };
 
 /// One built command of a CLI, named once: what runs it, and what its help, completions and

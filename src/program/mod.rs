@@ -340,24 +340,48 @@ impl Common {
 }
 
 /// The `Common options:` section of a client CLI's help, made from [`COMMON_FLAGS`].
-pub fn common_help() -> String {
-    let terms: Vec<(String, String)> = COMMON_FLAGS
+pub fn common_section() -> planned::DocSection {
+    let mut rows: Vec<(String, String)> = COMMON_FLAGS
         .iter()
         .map(|flag| (flag.term(), flag.about()))
-        .chain(std::iter::once((
-            COMMON_HELP_TAIL.0.to_string(),
-            COMMON_HELP_TAIL.1.to_string(),
-        )))
         .collect();
-    let width = terms.iter().map(|(term, _)| term.len()).max().unwrap_or(0);
-    let mut text = String::from("Common options:");
-    for (term, about) in &terms {
-        for (at, line) in about.split('\n').enumerate() {
-            let term = if at == 0 { term.as_str() } else { "" };
-            text.push_str(&format!("\n  {term:width$}  {line}"));
-        }
+    rows.push((
+        COMMON_HELP_TAIL.0.to_string(),
+        COMMON_HELP_TAIL.1.to_string(),
+    ));
+    planned::DocSection {
+        rows,
+        more_flags: &[(COMMON_HELP_TAIL.0, &["-v", "--version"])],
+        ..planned::DocSection::new("Common options", &[])
     }
-    text
+}
+
+/// [`common_section`] as text, without a final newline.
+pub fn common_help() -> String {
+    common_section().render().trim_end_matches('\n').to_string()
+}
+
+/// The common flag that sets `field`.
+pub fn common_flag(field: CommonField) -> &'static CommonFlag {
+    COMMON_FLAGS
+        .iter()
+        .find(|flag| flag.field == field)
+        .expect("every field has its flag")
+}
+
+/// Takes only `-o/--output FORMAT` out of `args`, as [`take_common`] takes it: for a program
+/// that talks to no server (svc-migrate) but prints tables or JSON like the clients.
+pub fn take_output(args: &mut Vec<String>) -> Result<Output, CliError> {
+    let mut output = Output::Table;
+    take_flags(
+        args,
+        &[common_flag(CommonField::Output)],
+        &mut |_, value| {
+            output = value.parse()?;
+            Ok(())
+        },
+    )?;
+    Ok(output)
 }
 
 /// Takes the common flags out of `args` (stopping at `--`), falling back to the environment.
@@ -377,6 +401,18 @@ pub fn take_common(args: &mut Vec<String>) -> Result<Common, CliError> {
             common.set_from_env(flag.field, value);
         }
     }
+    let every: Vec<&CommonFlag> = COMMON_FLAGS.iter().collect();
+    take_flags(args, &every, &mut |field, value| common.set(field, value))?;
+    Ok(common)
+}
+
+/// Takes `flags` out of `args` (stopping at `--`): `--flag VALUE`, `--flag=VALUE` or `-o VALUE`,
+/// each value handed to `set`; everything else stays, in order.
+fn take_flags(
+    args: &mut Vec<String>,
+    flags: &[&CommonFlag],
+    set: &mut dyn FnMut(CommonField, String) -> Result<(), CliError>,
+) -> Result<(), CliError> {
     let mut kept = Vec::with_capacity(args.len());
     let mut iter = std::mem::take(args).into_iter();
     while let Some(arg) = iter.next() {
@@ -389,7 +425,7 @@ pub fn take_common(args: &mut Vec<String>) -> Result<Common, CliError> {
             Some((name, value)) if name.starts_with("--") => (name, Some(value.to_string())),
             _ => (arg.as_str(), None),
         };
-        let Some(flag) = COMMON_FLAGS.iter().find(|flag| flag.is(name)) else {
+        let Some(flag) = flags.iter().find(|flag| flag.is(name)) else {
             kept.push(arg);
             continue;
         };
@@ -397,10 +433,10 @@ pub fn take_common(args: &mut Vec<String>) -> Result<Common, CliError> {
             Some(value) => value,
             None => return Err(CliError::usage(format!("{name} needs a value"))),
         };
-        common.set(flag.field, value)?;
+        set(flag.field, value)?;
     }
     *args = kept;
-    Ok(common)
+    Ok(())
 }
 
 /// The version line every name prints for `-v/--version`.
