@@ -463,7 +463,7 @@ pub struct Node {
     pub path: Vec<String>,
     /// The summary its parent's `Commands:` list gives it.
     pub about: String,
-    /// Its own help; None when it prints its parent's (a planned command).
+    /// Its own help; None for a command without a definition of its own (`svcctl version`).
     pub help: Option<Help>,
     pub children: Vec<Node>,
 }

@@ -2,7 +2,9 @@
 //! codes, the error that carries one, common flags, argument parsing, output) is
 //! `crate::program`, re-exported here; `client.rs` holds the gRPC and HTTP clients, and this
 //! file the ways a CLI runs its commands: most CLIs name each command once, in a table of
-//! [`Command`]s next to their argh structs, which both running it and `args_info` read.
+//! [`Command`]s next to their argh structs (svcctl and svc-migrate in tables of their own),
+//! which both running it and `args_info` read. `top_help` gives every name's own help as data
+//! from the same definitions, so completions and man pages (`helptext.rs`) run nothing.
 
 /// A [`Command`] entry: the word, the argh type its arguments parse into, and the body that
 /// runs it (`fn(Common, Args) -> impl Future`, or a closure of that shape; after `offline`, a

@@ -2,7 +2,8 @@
 //! (contract §1), the one map from errors to them (`exit::of_code`), and the error that
 //! carries one, argument parsing with `--help` and
 //! `--version`, the common client flags, the runtime a command's body runs on, output formats
-//! (`output.rs`), the log-filter flag, a table of commands and its help (`planned.rs`), the
+//! (`output.rs`), the log-filter flag, a table of commands and its help, and the `Doc` every
+//! hand-made help is rendered from (`planned.rs`), the
 //! list of names the binary answers to, and the daemons' release of code pages they no longer
 //! run (`trim.rs`). A leaf: it knows no domain, daemon or CLI, so the
 //! daemons use it without depending on the CLIs.
