@@ -6,6 +6,7 @@
 
 use std::ffi::OsString;
 
+use crate::cli::planned::{svc_help, SVC_WORDS};
 use crate::cli::{self, exit};
 use crate::program::NAMES;
 
@@ -154,41 +155,26 @@ extern "C" fn on_sigpipe(_: libc::c_int) {
     }
 }
 
-const USAGE: &str = "\
-Usage: svc NAME [<args>]      (or run it as svc-NAME, svcctl, ... through a symlink)
-
-svc: a runtime operations control plane for Linux fleets, in one executable.
-
-  svc server ...   the control-plane daemon (svc-server)
-  svc agent ...    the host daemon (svc-agent)
-  svc ctl ...      the operator CLI (svcctl)
-  svc NAME ...     any svc-NAME CLI: audit, events, identity, secrets, policy, cluster, ...
-  svc completion SHELL  print the completion script for bash, zsh or fish
-  svc man DIR      write the man pages (roff) into DIR
-
-Options:
-  --list           every name this binary answers to
-  -h, --help       show help
-  -v, --version    show the version
-";
-
 /// `svc NAME ...`: the same as `svc-NAME ...`; `svc ctl` is `svcctl`.
 fn multicall(args: Vec<String>) -> i32 {
     let Some(first) = args.first() else {
-        eprint!("{USAGE}");
+        eprint!("{}", svc_help());
         return exit::USAGE;
     };
+    // `svc completion`, `svc man`: the words of svc's help that svc answers itself.
+    let own = SVC_WORDS.iter().find(|own| own.word() == first);
+    if let Some(run) = own.and_then(|own| own.run) {
+        return run("svc", &args[1..]);
+    }
     match first.as_str() {
         "-h" | "--help" | "help" => {
-            print!("{USAGE}");
+            print!("{}", svc_help());
             exit::OK
         }
         "-v" | "--version" => {
             println!("{}", cli::version_line("svc"));
             exit::OK
         }
-        "completion" => cli::completion::main("svc", &args[1..]),
-        "man" => cli::manpage::main("svc", &args[1..]),
         "--list" => {
             for name in names() {
                 println!("{name}");
@@ -205,7 +191,7 @@ fn multicall(args: Vec<String>) -> i32 {
             };
             if !is_mode(&mode) {
                 eprintln!("svc: unknown command '{name}'");
-                eprint!("{USAGE}");
+                eprint!("{}", svc_help());
                 return exit::UNKNOWN_COMMAND;
             }
             run_mode(&mode, args[1..].to_vec())

@@ -186,3 +186,56 @@ fn compare(path: &[String], info: &argh::CommandInfoWithArgs) -> usize {
     }
     count
 }
+
+/// Every name's help as completions and man pages read it, built from its definitions with
+/// nothing run (`svc::cli::top_help`), is what the name prints for `--help`, read back.
+#[test]
+fn every_name_s_help_from_its_definitions_is_its_printed_help() {
+    use svc::cli::helptext;
+    let exe = Path::new(SVC);
+    let names = std::iter::once("svc").chain(svc::dispatch::names());
+    for name in names {
+        let printed = helptext::parse(&helptext::help_text(exe, &[name.to_string()]).unwrap());
+        let data = svc::cli::top_help(name).unwrap();
+        assert_eq!(data, printed, "{name}");
+    }
+}
+
+/// Below the top level, each command read from its definition has the usage line, the
+/// options (in order, with their terms) and the commands it prints.
+#[test]
+fn every_command_s_usage_and_options_from_its_definition_are_printed() {
+    use svc::cli::helptext::{self, Help, Node};
+    // argh's `Notes:` are paragraphs in the definition, so only these sections are compared.
+    fn shape(help: &Help) -> (String, Vec<(String, String)>) {
+        let entries = help
+            .sections
+            .iter()
+            .filter(|s| s.is_options() || s.is_commands() || s.title == "Positional Arguments")
+            .flat_map(|section| {
+                let title = section.title.clone();
+                section
+                    .entries
+                    .iter()
+                    .map(move |entry| (title.clone(), entry.term.clone()))
+            })
+            .collect();
+        (help.usage.clone(), entries)
+    }
+    fn walk(node: &Node, checked: &mut usize) {
+        for child in &node.children {
+            if let Some(help) = &child.help {
+                let text = helptext::help_text(Path::new(SVC), &child.path).unwrap();
+                let printed = helptext::parse(&text);
+                assert_eq!(shape(help), shape(&printed), "{:?}", child.path);
+                *checked += 1;
+            }
+            walk(child, checked);
+        }
+    }
+    let mut checked = 0;
+    for name in svc::dispatch::names() {
+        walk(&helptext::tree(name).unwrap(), &mut checked);
+    }
+    assert!(checked >= 100, "{checked}");
+}

@@ -34,7 +34,7 @@ const ENROL_TIMEOUT: Duration = Duration::from_secs(15);
 /// Enrol this host with the server: on a terminal a short wizard asks for what is missing;
 /// with --non-interactive every value comes from the flags.
 #[argh(help_triggers("-h", "--help"))]
-struct Args {
+pub(super) struct Args {
     /// never prompt; fail on missing values
     #[argh(switch)]
     non_interactive: bool,

@@ -73,7 +73,7 @@ pub async fn request(
 /// Print a JWT-SVID for this agent (spiffe://svc/agent/<id>), asked for over the bus with the
 /// agent's own certificate (reads the agent config: nats.urls, nats.ca_file, state_dir).
 #[argh(help_triggers("-h", "--help"))]
-struct Args {
+pub(super) struct Args {
     /// audience (repeat for several); required
     #[argh(option)]
     audience: Vec<String>,

@@ -52,6 +52,19 @@ pub const COMMANDS: Planned<'static> = Planned {
     built: &["bootstrap", "service", "run", "jwt"],
 };
 
+/// The argh definition of each command in `COMMANDS`, by its word: what help, completions and
+/// man pages read (`cli::args_info`).
+pub fn command_info(word: &str) -> Option<argh::CommandInfoWithArgs> {
+    use argh::ArgsInfo;
+    Some(match word {
+        "bootstrap" => bootstrap::Args::get_args_info(),
+        "service" => service::Args::get_args_info(),
+        "run" => daemon::RunArgs::get_args_info(),
+        "jwt" => jwt::Args::get_args_info(),
+        _ => return None,
+    })
+}
+
 pub fn main(program: &str, args: Vec<String>) -> i32 {
     let (config, rest) = match take_config(args) {
         Ok(split) => split,

@@ -28,7 +28,7 @@ const DEFAULT_UNIT_DIR: &str = "/etc/systemd/system";
 #[derive(FromArgs, argh::ArgsInfo)]
 /// Manage the svc-agent systemd unit.
 #[argh(help_triggers("-h", "--help"))]
-struct Args {
+pub(super) struct Args {
     #[argh(subcommand)]
     command: ServiceCommand,
 }

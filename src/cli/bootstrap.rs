@@ -43,6 +43,12 @@ struct Args {
     output: Output,
 }
 
+/// svc-bootstrap's argh definition: what help, completions and man pages read
+/// (`cli::top_help`).
+pub fn args_info() -> argh::CommandInfoWithArgs {
+    <Args as argh::ArgsInfo>::get_args_info()
+}
+
 fn output(text: &str) -> Result<Output, String> {
     text.parse::<Output>().map_err(|e| e.message)
 }

@@ -1,15 +1,14 @@
 //! `svc completion bash|zsh|fish` (also `svcctl completion ...`): prints a completion script
 //! for every name, subcommand and flag.
 //!
-//! The words come from each name's help as data (`helptext.rs`: argh definitions where a CLI
-//! hands them out, printed `--help` elsewhere), read when the script is generated, so a new
-//! command or flag is in the completions as soon as it is defined.
+//! The words come from each name's help as data (`helptext.rs`: argh definitions, and each
+//! name's top level from the data its `--help` is printed from; nothing is run), read when the
+//! script is generated, so a new command or flag is in the completions as soon as it is defined.
 //! The scripts hold the tree as data (one `case` arm per command path) and share one small
 //! walker per shell: it follows the words typed so far down the tree, skipping flags and the
 //! values of flags that take one, and `svc NAME` / `svcctl NAME` continue in `svc-NAME`'s tree.
 
 use std::fmt::Write as _;
-use std::path::Path;
 
 use super::exit;
 use super::helptext::{self, Help, Node};
@@ -66,10 +65,7 @@ pub fn main(program: &str, args: &[String]) -> i32 {
             return exit::USAGE;
         }
     };
-    let table = std::env::current_exe()
-        .map_err(|e| format!("cannot find this executable: {e}"))
-        .and_then(|exe| table(&exe));
-    match table {
+    match table() {
         Ok(table) => {
             print!("{}", render(&table));
             exit::OK
@@ -81,10 +77,10 @@ pub fn main(program: &str, args: &[String]) -> i32 {
     }
 }
 
-/// Reads every name's help from `exe` and builds the table.
-pub fn table(exe: &Path) -> Result<Table, String> {
-    let forest = helptext::forest(exe)?;
-    let svc = helptext::parse(&helptext::help_text(exe, &["svc".to_string()])?);
+/// Reads every name's help as data and builds the table.
+pub fn table() -> Result<Table, String> {
+    let forest = helptext::forest()?;
+    let svc = helptext::tree("svc")?.help.unwrap_or_default();
     Ok(build(&svc, &forest))
 }
 

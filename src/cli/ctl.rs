@@ -9,26 +9,115 @@ use serde_json::{json, Value};
 use super::client::http_json;
 use super::output::{print_json, print_table};
 use super::values::{duration, rfc3339, role};
-use super::{exit, run_async, take_common, version_line, CliError, Common, Output, COMMON_HELP};
+use super::{
+    common_section, exit, run_async, take_common, version_line, CliError, Common, Output,
+    COMMON_FLAGS,
+};
 use crate::auth::ApiKey;
 use crate::percent;
+use crate::program::planned::{Doc, DocSection};
 
-const USAGE: &str = "\
-Usage: svcctl <command> [<args>]
+/// The paragraph svcctl's help opens with.
+pub const ABOUT: &str = "Operator CLI for svc-server.";
 
-Operator CLI for svc-server.
+/// One of svcctl's own commands, named once: the word `main` runs it by, the summary its help
+/// lists it with (shorter than the argh descriptions, which are written for the command's own
+/// help), its argh definition where it has one (`cli::args_info`), and its entry.
+pub struct Command {
+    pub word: &'static str,
+    pub summary: &'static str,
+    pub info: Option<fn() -> argh::CommandInfoWithArgs>,
+    run: fn(&str, Common, &[String]) -> i32,
+}
 
-Commands:
-  agent       inspect registered agents; label, quarantine and unquarantine them
-  exec        run a command on agents
-  state       declarative state: compile, check, apply, drift
-  job         jobs kept on the server (exec, state): list, show
-  apikey      manage API keys: create, list, show, update, delete
-  version     print the version
-  completion  print the shell completion script: bash, zsh or fish
-  NAME        run svc-NAME (audit, events, identity, secrets, policy, cluster, ...)
-              or an executable svc-NAME found on PATH (plugins)
-";
+/// svcctl's own commands, in help order.
+pub const COMMANDS: &[Command] = &[
+    Command {
+        word: "agent",
+        summary: "inspect registered agents; label, quarantine and unquarantine them",
+        info: Some(<super::fleet::AgentArgs as argh::ArgsInfo>::get_args_info),
+        run: super::fleet::agent,
+    },
+    Command {
+        word: "exec",
+        summary: "run a command on agents",
+        info: Some(<super::fleet::ExecArgs as argh::ArgsInfo>::get_args_info),
+        run: super::fleet::exec,
+    },
+    Command {
+        word: "state",
+        summary: "declarative state: compile, check, apply, drift",
+        info: Some(<super::fleet::StateArgs as argh::ArgsInfo>::get_args_info),
+        run: super::fleet::state,
+    },
+    Command {
+        word: "job",
+        summary: "jobs kept on the server (exec, state): list, show",
+        info: Some(<super::fleet::JobArgs as argh::ArgsInfo>::get_args_info),
+        run: super::fleet::job,
+    },
+    Command {
+        word: "apikey",
+        summary: "manage API keys: create, list, show, update, delete",
+        info: Some(<ApikeyArgs as argh::ArgsInfo>::get_args_info),
+        run: apikey,
+    },
+    Command {
+        word: "version",
+        summary: "print the version",
+        info: None,
+        run: |program, _, _| {
+            println!("{}", version_line(program));
+            exit::OK
+        },
+    },
+    Command {
+        word: "completion",
+        summary: "print the shell completion script: bash, zsh or fish",
+        info: None,
+        run: |program, _, args| super::completion::main(program, args),
+    },
+];
+
+/// The last entry of svcctl's command list: every other word runs a mode or a plugin.
+pub const OTHER: (&str, &str) = (
+    "NAME",
+    "run svc-NAME (audit, events, identity, secrets, policy, cluster, ...)\n\
+     or an executable svc-NAME found on PATH (plugins)",
+);
+
+/// svcctl's help, as data: its commands from the table, then the common options.
+pub fn doc() -> Doc {
+    let mut rows: Vec<(String, String)> = COMMANDS
+        .iter()
+        .map(|command| (command.word.to_string(), command.summary.to_string()))
+        .collect();
+    rows.push((OTHER.0.to_string(), OTHER.1.to_string()));
+    Doc {
+        usage: "svcctl <command> [<args>]".to_string(),
+        about: ABOUT,
+        sections: vec![
+            DocSection {
+                rows,
+                ..DocSection::new("Commands", &[])
+            },
+            common_section(),
+        ],
+        notes: "",
+    }
+}
+
+/// svcctl's help without the common options: what a usage error prints.
+fn usage() -> String {
+    let mut doc = doc();
+    doc.sections.pop();
+    doc.render()
+}
+
+/// svcctl's `--help`.
+pub fn help() -> String {
+    doc().render()
+}
 
 /// svcctl. `run_mode` runs a built-in `svc-NAME` mode in-process (`svcctl NAME ...`): the
 /// table of modes is `dispatch`'s, above the CLIs, which hands it in.
@@ -41,25 +130,22 @@ pub fn main(program: &str, mut args: Vec<String>, run_mode: fn(&str, Vec<String>
         }
     };
     let Some(command) = args.first().cloned() else {
-        eprint!("{program}: missing command\n{USAGE}\n{COMMON_HELP}\n");
+        eprint!("{program}: missing command\n{}", help());
         return exit::USAGE;
     };
     let rest = args[1..].to_vec();
+    if let Some(own) = COMMANDS.iter().find(|own| own.word == command) {
+        return (own.run)(program, common, &rest);
+    }
     match command.as_str() {
         "-h" | "--help" | "help" => {
-            print!("{USAGE}\n{COMMON_HELP}\n");
+            print!("{}", help());
             exit::OK
         }
-        "-v" | "--version" | "version" => {
+        "-v" | "--version" => {
             println!("{}", version_line(program));
             exit::OK
         }
-        "apikey" => apikey(program, common, &rest),
-        "completion" => super::completion::main(program, &rest),
-        "agent" => super::fleet::agent(program, common, &rest),
-        "exec" => super::fleet::exec(program, common, &rest),
-        "state" => super::fleet::state(program, common, &rest),
-        "job" => super::fleet::job(program, common, &rest),
         "ctl" | "server" | "agent-daemon" => unknown(program, &command),
         name => {
             // Built-in svc-NAME modes run in-process with the common flags passed on.
@@ -74,24 +160,17 @@ pub fn main(program: &str, mut args: Vec<String>, run_mode: fn(&str, Vec<String>
     }
 }
 
-/// The common flags, given explicitly to a mode that runs in-process.
+/// The common flags, given explicitly to a mode that runs in-process (those left unset, and
+/// the default table output, are left out).
 fn common_flags(common: &Common) -> Vec<String> {
-    let mut flags = vec![
-        "--server".into(),
-        common.server.clone(),
-        "--http-url".into(),
-        common.http_url.clone(),
-    ];
-    if let Some(key) = &common.api_key {
-        flags.extend(["--api-key".into(), key.clone()]);
-    }
-    if let Some(path) = &common.ca_file {
-        flags.extend(["--ca-file".into(), path.display().to_string()]);
-    }
-    if common.output == Output::Json {
-        flags.extend(["-o".into(), "json".into()]);
-    }
-    flags
+    COMMON_FLAGS
+        .iter()
+        .filter_map(|flag| {
+            let value = common.value(flag.field)?;
+            Some([flag.short.unwrap_or(flag.long).to_string(), value])
+        })
+        .flatten()
+        .collect()
 }
 
 /// Runs `svc-NAME` from PATH as git and kubectl run their plugins: exec, so the plugin owns
@@ -123,18 +202,14 @@ fn find_on_path(executable: &str) -> Option<std::path::PathBuf> {
 
 fn unknown(program: &str, name: &str) -> i32 {
     eprintln!("{program}: unknown command '{name}'");
-    eprint!("{USAGE}");
+    eprint!("{}", usage());
     exit::UNKNOWN_COMMAND
 }
 
-/// The argh definition of svcctl's own commands, by the word `main` dispatches on
-/// (`cli::args_info`).
-pub fn command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
-    use argh::ArgsInfo;
-    match command {
-        "apikey" => Some(ApikeyArgs::get_args_info()),
-        other => super::fleet::command_info(other),
-    }
+/// The argh definition of svcctl's own command `word`, where it has one (`cli::args_info`).
+pub fn command_info(word: &str) -> Option<argh::CommandInfoWithArgs> {
+    let command = COMMANDS.iter().find(|command| command.word == word)?;
+    command.info.map(|info| info())
 }
 
 #[derive(FromArgs, argh::ArgsInfo)]
@@ -346,4 +421,40 @@ fn print_keys(keys: &[ApiKey]) {
         &["ID", "NAME", "ROLE", "CREATED", "LAST USED", "EXPIRES"],
         &rows,
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::program::common_help;
+
+    /// svcctl's help as it was written by hand before its table: scripts and users read it.
+    const WRITTEN_USAGE: &str = "\
+Usage: svcctl <command> [<args>]
+
+Operator CLI for svc-server.
+
+Commands:
+  agent       inspect registered agents; label, quarantine and unquarantine them
+  exec        run a command on agents
+  state       declarative state: compile, check, apply, drift
+  job         jobs kept on the server (exec, state): list, show
+  apikey      manage API keys: create, list, show, update, delete
+  version     print the version
+  completion  print the shell completion script: bash, zsh or fish
+  NAME        run svc-NAME (audit, events, identity, secrets, policy, cluster, ...)
+              or an executable svc-NAME found on PATH (plugins)
+";
+
+    #[test]
+    fn the_help_is_rendered_from_the_table_as_written() {
+        assert_eq!(usage(), WRITTEN_USAGE);
+        assert_eq!(help(), format!("{WRITTEN_USAGE}\n{}\n", common_help()));
+        let words: Vec<&str> = COMMANDS.iter().map(|command| command.word).collect();
+        for word in ["agent", "exec", "state", "job", "apikey"] {
+            assert!(command_info(word).is_some(), "{word}");
+        }
+        assert!(command_info("version").is_none());
+        assert_eq!(words.len(), 7);
+    }
 }

@@ -41,7 +41,7 @@ pub(super) fn duration(text: &Option<String>, flag: &str) -> Result<u64, CliErro
 #[derive(FromArgs, argh::ArgsInfo)]
 /// Inspect registered agents; label, quarantine and unquarantine them.
 #[argh(help_triggers("-h", "--help"))]
-struct AgentArgs {
+pub(super) struct AgentArgs {
     #[argh(subcommand)]
     command: AgentCommand,
 }
@@ -149,18 +149,6 @@ struct UnquarantineArgs {
     /// agent id
     #[argh(positional)]
     id: String,
-}
-
-/// The argh definition of svcctl's fleet commands, by their word (`cli::args_info`).
-pub fn command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
-    use argh::ArgsInfo;
-    Some(match command {
-        "agent" => AgentArgs::get_args_info(),
-        "exec" => ExecArgs::get_args_info(),
-        "state" => StateArgs::get_args_info(),
-        "job" => JobArgs::get_args_info(),
-        _ => return None,
-    })
 }
 
 pub fn agent(program: &str, common: Common, args: &[String]) -> i32 {
@@ -362,7 +350,7 @@ async fn agent_command(common: Common, args: AgentArgs) -> Result<(), CliError> 
 /// Exits 1 if any targeted agent failed, timed out, or did not run it (quarantined agents
 /// are skipped; unreachable ones too). Every job is kept on the server: svcctl job show ID.
 #[argh(help_triggers("-h", "--help"))]
-struct ExecArgs {
+pub(super) struct ExecArgs {
     /// which agents: * (default), id globs (web-*), a comma list, or labels and facts (role=web,os_family=debian)
     #[argh(option, short = 't', from_str_fn(target))]
     target: Option<String>,
@@ -713,7 +701,7 @@ fn print_started(output: Output, started: &proto::JobStarted) -> Result<(), CliE
 /// Jobs kept on the server (exec, state and module runs, synchronous or --async): list them,
 /// or show one job's results from any terminal and any cluster member.
 #[argh(help_triggers("-h", "--help"))]
-struct JobArgs {
+pub(super) struct JobArgs {
     #[argh(subcommand)]
     command: JobCommand,
 }
@@ -881,7 +869,7 @@ async fn job_command(common: Common, args: JobArgs) -> Result<(), CliError> {
 #[derive(FromArgs, argh::ArgsInfo)]
 /// Declarative state: compile (here, no server), check (dry run), apply, drift.
 #[argh(help_triggers("-h", "--help"))]
-struct StateArgs {
+pub(super) struct StateArgs {
     #[argh(subcommand)]
     command: StateCommand,
 }

@@ -30,10 +30,10 @@ pub fn main(program: &str, args: Vec<String>) -> i32 {
     super::run_subcommands::<Args, _>(program, args, body)
 }
 
-/// Each command's argh definition: the subcommands of `Args`, which `main` runs
-/// (`cli::args_info`).
-pub fn command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
-    super::subcommand_info::<Args>(command)
+/// The argh definition of `Args`, whose subcommands are the commands `main` runs: what help,
+/// completions and man pages read (`cli::args_info`, `cli::top_help`).
+pub fn args_info() -> argh::CommandInfoWithArgs {
+    <Args as argh::ArgsInfo>::get_args_info()
 }
 
 #[derive(FromArgs, argh::ArgsInfo)]

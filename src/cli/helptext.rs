@@ -1,16 +1,15 @@
 //! Every name's help as data: the one source of the shell completions (`completion.rs`) and
 //! the man pages (`manpage.rs`), so neither can drift from `--help`.
 //!
-//! A command defined with argh is read from its definition (`ArgsInfo`, through
-//! `cli::args_info`): its flags, their values, positionals and subcommands, with nothing run.
-//! The rest — each CLI's top-level help (`cli::run_listed`: its `planned.rs` row and its
-//! commands' argh descriptions; svcctl's and svc's usage text) and the
-//! commands of the CLIs that do not hand out their definitions yet — is read by running this
-//! same executable under each name with `--help`, one level of subcommands at a time: every
-//! one of them prints its help in the same shape (a `Usage:` line, paragraphs, `Title:`
-//! sections of two-space-indented entries), which `parse` reads back. tests/completion.rs
-//! holds the two sources to each other for every command read from its definition.
-
+//! Nothing is run to read it. A command defined with argh is read from its definition
+//! (`ArgsInfo`, through `cli::args_info`): its flags, their values, positionals and
+//! subcommands. Each name's top level comes from the data its `--help` is printed from
+//! (`cli::top_help`): the argh definition of a name without commands (svc-server,
+//! svc-bootstrap), or the hand-made help of the rest (`program::planned::Doc`: a CLI's
+//! `planned.rs` row and its table or argh enum, svcctl's and svc-migrate's tables, svc-agent's
+//! `agent::COMMANDS`, `svc`'s words), read by `from_doc` as `parse` would read the printed text.
+//! `parse` stays for that check: tests/completion.rs runs the binary under every name and holds
+//! what it prints to the data, top levels and every command read from its definition.
 use std::path::Path;
 use std::process::{Command, Stdio};
 
@@ -248,6 +247,64 @@ pub fn parse(text: &str) -> Help {
     help
 }
 
+/// A hand-made help as `parse` reads its printed text back, built from the data itself: each
+/// entry's term and its lines joined; in an option section, the flags its term names (a
+/// token that is no flag is the value placeholder) and the ones its text names besides.
+pub fn from_doc(doc: &crate::program::planned::Doc) -> Help {
+    let mut paragraphs = paragraphs_of(doc.about);
+    paragraphs.extend(paragraphs_of(doc.notes));
+    let sections = doc
+        .sections
+        .iter()
+        .map(|from| {
+            let mut section = Section {
+                title: from.title.to_string(),
+                entries: Vec::new(),
+            };
+            let is_options = section.is_options();
+            for (term, about) in &from.rows {
+                let mut entry = Entry {
+                    term: term.clone(),
+                    about: about
+                        .split('\n')
+                        .map(str::trim)
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                    ..Entry::default()
+                };
+                if is_options {
+                    for token in term.split(' ') {
+                        match token.trim_end_matches(',') {
+                            flag if flag.starts_with('-') => entry.flags.push(flag.to_string()),
+                            _ => entry.takes_value = true,
+                        }
+                    }
+                    for (with, more) in from.more_flags {
+                        if with == term {
+                            entry.flags.extend(more.iter().map(|flag| flag.to_string()));
+                        }
+                    }
+                }
+                section.entries.push(entry);
+            }
+            section
+        })
+        .collect();
+    Help {
+        usage: doc.usage.clone(),
+        paragraphs,
+        sections,
+    }
+}
+
+/// Paragraphs separated by blank lines, each joined into one line as `parse` joins them.
+fn paragraphs_of(text: &str) -> Vec<String> {
+    text.split("\n\n")
+        .map(|block| block.lines().collect::<Vec<_>>().join(" "))
+        .filter(|paragraph| !paragraph.is_empty())
+        .collect()
+}
+
 /// A command's help from its argh definition (`ArgsInfo`), in the shape `parse` gives its
 /// printed `--help`: the same usage, description, positionals, flags (with whether each takes a
 /// value) and subcommands, read from the definition itself rather than from text.
@@ -278,14 +335,24 @@ pub fn from_args_info(path: &str, info: &argh::CommandInfoWithArgs) -> Help {
         flags.push(flag.long.to_string());
         let takes_value = matches!(flag.kind, FlagInfoKind::Option { .. });
         if flag.long != "--help" {
+            // argh's usage line names a flag by its short form when it has one (`[-o <output>]`).
+            let named = match flag.short {
+                Some(short) => format!("-{short}"),
+                None => flag.long.to_string(),
+            };
+            // A repeated option is `[--set <set...>]`, a repeated switch plain `[--verbose]`.
+            let repeats = matches!(
+                flag.optionality,
+                Optionality::Repeating | Optionality::Greedy
+            );
             let shown = match flag.kind {
-                FlagInfoKind::Option { arg_name } => format!("{} <{arg_name}>", flag.long),
-                FlagInfoKind::Switch => flag.long.to_string(),
+                FlagInfoKind::Option { arg_name } if repeats => format!("{named} <{arg_name}...>"),
+                FlagInfoKind::Option { arg_name } => format!("{named} <{arg_name}>"),
+                FlagInfoKind::Switch => named,
             };
             let word = match flag.optionality {
                 Optionality::Required => format!(" {shown}"),
-                Optionality::Repeating | Optionality::Greedy => format!(" [{shown}...]"),
-                Optionality::Optional => format!(" [{shown}]"),
+                _ => format!(" [{shown}]"),
             };
             usage.push_str(&word);
         }
@@ -295,6 +362,22 @@ pub fn from_args_info(path: &str, info: &argh::CommandInfoWithArgs) -> Help {
             flags,
             takes_value,
         });
+    }
+    // argh lists its help flag first in the definition but prints it last.
+    if let Some(at) = options
+        .iter()
+        .position(|entry| entry.flags.iter().any(|f| f == "--help"))
+    {
+        let help = options.remove(at);
+        options.push(help);
+    }
+    // argh marks where positionals may start (`[--]`) when there are some and no subcommands.
+    let has_positional = info
+        .positionals
+        .iter()
+        .any(|p| !p.hidden && p.optionality != Optionality::Greedy);
+    if has_positional && info.commands.is_empty() {
+        usage.push_str(" [--]");
     }
     usage.push_str(&positional_usage);
     if !info.commands.is_empty() {
@@ -380,7 +463,7 @@ pub struct Node {
     pub path: Vec<String>,
     /// The summary its parent's `Commands:` list gives it.
     pub about: String,
-    /// Its own help; None when it prints its parent's (a planned command).
+    /// Its own help; None for a command without a definition of its own (`svcctl version`).
     pub help: Option<Help>,
     pub children: Vec<Node>,
 }
@@ -391,7 +474,8 @@ impl Node {
     }
 }
 
-/// Runs `exe` as `path[0]` with the rest of `path` and `--help`; returns what it printed.
+/// Runs `exe` as `path[0]` with the rest of `path` and `--help`; returns what it printed. Not
+/// used to build the help: the tests that hold the data to what each name prints read it.
 pub fn help_text(exe: &Path, path: &[String]) -> Result<String, String> {
     use std::os::unix::process::CommandExt;
     let output = Command::new(exe)
@@ -412,67 +496,42 @@ pub fn help_text(exe: &Path, path: &[String]) -> Result<String, String> {
     String::from_utf8(output.stdout).map_err(|_| format!("'{}' help is not UTF-8", path[0]))
 }
 
-/// The tree under `name` (a top-level name such as `svcctl`), read from `exe`.
-pub fn tree(exe: &Path, name: &str) -> Result<Node, String> {
-    let text = help_text(exe, &[name.to_string()])?;
-    let help = parse(&text);
-    let mut node = Node {
+/// The tree under `name` (`svc` or a top-level name such as `svcctl`): its help from its data
+/// (`cli::top_help`), and each command in it from its argh definition. A command without
+/// one (`svcctl version`, `svcctl completion`: no flags, no subcommands) has no help of its
+/// own; its parent's list says what it does.
+pub fn tree(name: &str) -> Result<Node, String> {
+    let help =
+        crate::cli::top_help(name).ok_or_else(|| format!("no help is defined for {name}"))?;
+    let children = help
+        .commands()
+        .iter()
+        .map(|entry| {
+            let path = vec![name.to_string(), entry.term.clone()];
+            match crate::cli::args_info(&[name, entry.term.as_str()]) {
+                Some(info) => node_from_args_info(path, entry.about.clone(), &info),
+                None => Node {
+                    path,
+                    about: entry.about.clone(),
+                    help: None,
+                    children: Vec::new(),
+                },
+            }
+        })
+        .collect();
+    Ok(Node {
         path: vec![name.to_string()],
         about: help.summary().to_string(),
         help: Some(help),
-        children: Vec::new(),
-    };
-    fill(exe, &mut node, &text, 0)?;
-    Ok(node)
-}
-
-/// Reads the subcommands of `node` (whose help is `text`), depth first.
-fn fill(exe: &Path, node: &mut Node, text: &str, depth: usize) -> Result<(), String> {
-    // argh nests two levels at most (`svc-secrets transit encrypt`); the bound only guards
-    // against a CLI that answered every word with a new help text forever.
-    const MAX_DEPTH: usize = 4;
-    let Some(help) = &node.help else {
-        return Ok(());
-    };
-    let commands: Vec<(String, String)> = help
-        .commands()
-        .iter()
-        .map(|entry| (entry.term.clone(), entry.about.clone()))
-        .collect();
-    for (word, about) in commands {
-        let mut path = node.path.clone();
-        path.push(word);
-        let mut child = Node {
-            path,
-            about,
-            help: None,
-            children: Vec::new(),
-        };
-        // A command whose CLI hands out its argh definition is read from that, not run.
-        let words: Vec<&str> = child.path.iter().map(String::as_str).collect();
-        if let Some(info) = crate::cli::args_info(&words) {
-            node.children
-                .push(node_from_args_info(child.path, child.about, &info));
-            continue;
-        }
-        if depth < MAX_DEPTH {
-            // A command that is only planned prints its CLI's help again: no help of its own.
-            let child_text = help_text(exe, &child.path)?;
-            if child_text != text {
-                child.help = Some(parse(&child_text));
-                fill(exe, &mut child, &child_text, depth + 1)?;
-            }
-        }
-        node.children.push(child);
-    }
-    Ok(())
+        children,
+    })
 }
 
 /// Every top-level name's tree, in `svc --list` order.
-pub fn forest(exe: &Path) -> Result<Vec<Node>, String> {
+pub fn forest() -> Result<Vec<Node>, String> {
     crate::program::NAMES
         .iter()
-        .map(|name| tree(exe, name))
+        .map(|name| tree(name))
         .collect()
 }
 
@@ -538,7 +597,7 @@ Commands:
     fn hand_written_help_gives_placeholders_and_second_flag_pairs() {
         let help = parse(&format!(
             "Usage: svcctl <command> [<args>]\n\nOperator CLI.\n\nCommands:\n  agent      agents\n  NAME       run svc-NAME\n             or a plugin\n\n{}\n",
-            crate::cli::COMMON_HELP
+            crate::cli::common_help()
         ));
         let commands: Vec<&str> = help.commands().iter().map(|e| e.term.as_str()).collect();
         assert_eq!(commands, ["agent"]);

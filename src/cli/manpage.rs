@@ -1,7 +1,7 @@
 //! `svc man DIR`: writes a roff man page for svc and every name it answers to.
 //!
-//! Each page is its name's help as data (`helptext.rs`): the usage, description, commands
-//! and options, then every subcommand's own help. What `--help` does not say is added from
+//! Each page is its name's help as data (`helptext.rs`, built from the definitions, with
+//! nothing run): the usage, description, commands and options, then every subcommand's own help. What `--help` does not say is added from
 //! the same constants the code uses: the exit codes (`cli::exit`), the files the daemons read
 //! (their config defaults) and the environment (every `SVC_*` variable the help texts name,
 //! plus the configuration overlay the daemons read).
@@ -32,10 +32,7 @@ pub fn main(program: &str, args: &[String]) -> i32 {
             return exit::USAGE;
         }
     };
-    match std::env::current_exe()
-        .map_err(|e| format!("cannot find this executable: {e}"))
-        .and_then(|exe| write_all(&exe, dir))
-    {
+    match write_all(dir) {
         Ok(count) => {
             println!("{program}: wrote {count} man pages to {}", dir.display());
             exit::OK
@@ -48,10 +45,10 @@ pub fn main(program: &str, args: &[String]) -> i32 {
 }
 
 /// Writes every page into `dir`; returns how many.
-pub fn write_all(exe: &Path, dir: &Path) -> Result<usize, String> {
+pub fn write_all(dir: &Path) -> Result<usize, String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let mut trees = vec![helptext::tree(exe, "svc")?];
-    trees.extend(helptext::forest(exe)?);
+    let mut trees = vec![helptext::tree("svc")?];
+    trees.extend(helptext::forest()?);
     for tree in &trees {
         let name = tree.name();
         let path = dir.join(format!("{name}.{}", section(&name)));

@@ -8,37 +8,112 @@ use argh::FromArgs;
 
 use super::output::{format_table, print_json};
 use super::progress::Bar;
-use super::{exit, parse_args, run_async, version_line, wants_version, CliError, Output};
+use super::{
+    exit, parse_args, run_async, take_output, version_line, wants_version, CliError, Output,
+};
 use crate::percent;
+use crate::program::planned::{Doc, DocSection};
 use crate::store::copy::{
     self, message_of, Comparison, CopyOptions, CopySummary, Progress, Source,
 };
 use crate::store::postgres::Target;
 
-const HELP: &str = "\
-Usage: svc-migrate <command> [<args>]
-
+/// The paragraphs svc-migrate's help opens with.
+const ABOUT: &str = "\
 Copy the svc store from SQLite to PostgreSQL, check the copy, and show schema versions.
 
 Stop the server first; afterwards point it at PostgreSQL (store: { driver: postgres, url: ... })
-with the same master_key and hmacsecret.
+with the same master_key and hmacsecret.";
 
-Commands:
-  run       copy every row: --from sqlite:PATH --to postgres://... [--force] [--batch-rows N]
-            resumable: run it again after an interruption and it continues where it stopped
-  validate  compare row counts table by table and the audit chain's head:
-            --from sqlite:PATH --to postgres://...; exit 0 when they match, 1 when not
-  version   this binary's schema version, and with --store sqlite:PATH|postgres://... a store's
-
-Options:
-  -o, --output FORMAT  table (default) or json
-  -h, --help           show help (COMMAND --help: a command's flags and edge cases)
-  -v, --version        show the version
-
+/// What svc-migrate's help ends with: how a URL names a database.
+const NOTES: &str = "\
 PostgreSQL URLs: postgres://user:password@host:port/database?sslmode=verify-full&sslrootcert=ca.pem
 (sslmode disable | prefer (default) | require | verify-full). Leave the password out of the URL
-and set PGPASSWORD to keep it out of the process list. The password is never printed.
-";
+and set PGPASSWORD to keep it out of the process list. The password is never printed.";
+
+/// svc-migrate's own lines of its `Options:` (its `-o` is the clients' common one).
+const OPTIONS: &[(&str, &str)] = &[
+    (
+        "-h, --help",
+        "show help (COMMAND --help: a command's flags and edge cases)",
+    ),
+    ("-v, --version", "show the version"),
+];
+
+/// One command, named once: its word, the summary its help lists it with (the flags it
+/// needs, which the argh description leaves to the command's own help), its argh definition
+/// (`cli::args_info`), and its entry (program, the name its usage errors carry, `-o`, its
+/// arguments).
+pub struct Command {
+    pub word: &'static str,
+    pub summary: &'static str,
+    pub info: fn() -> argh::CommandInfoWithArgs,
+    run: fn(&str, &str, Output, &[String]) -> i32,
+}
+
+/// svc-migrate's commands, in help order.
+pub const COMMANDS: &[Command] = &[
+    Command {
+        word: "run",
+        summary:
+            "copy every row: --from sqlite:PATH --to postgres://... [--force] [--batch-rows N]\n\
+                  resumable: run it again after an interruption and it continues where it stopped",
+        info: <RunArgs as argh::ArgsInfo>::get_args_info,
+        run: |program, name, output, args| match parse_args::<RunArgs>(name, args) {
+            Ok(parsed) => run_async(program, run(output, parsed)),
+            Err(code) => code,
+        },
+    },
+    Command {
+        word: "validate",
+        summary: "compare row counts table by table and the audit chain's head:\n\
+                  --from sqlite:PATH --to postgres://...; exit 0 when they match, 1 when not",
+        info: <ValidateArgs as argh::ArgsInfo>::get_args_info,
+        run: |program, name, output, args| match parse_args::<ValidateArgs>(name, args) {
+            Ok(parsed) => run_async(program, validate(output, parsed)),
+            Err(code) => code,
+        },
+    },
+    Command {
+        word: "version",
+        summary:
+            "this binary's schema version, and with --store sqlite:PATH|postgres://... a store's",
+        info: <VersionArgs as argh::ArgsInfo>::get_args_info,
+        run: |program, name, output, args| match parse_args::<VersionArgs>(name, args) {
+            Ok(parsed) => run_async(program, version(output, parsed)),
+            Err(code) => code,
+        },
+    },
+];
+
+/// svc-migrate's help, as data: its commands from the table; of the common options only
+/// `-o`, as the clients have it.
+pub fn doc() -> Doc {
+    let commands = COMMANDS
+        .iter()
+        .map(|command| (command.word.to_string(), command.summary.to_string()))
+        .collect();
+    let output = crate::program::common_flag(crate::program::CommonField::Output);
+    let mut options = DocSection::new("Options", OPTIONS);
+    options.rows.insert(0, (output.term(), output.about()));
+    Doc {
+        usage: "svc-migrate <command> [<args>]".to_string(),
+        about: ABOUT,
+        sections: vec![
+            DocSection {
+                rows: commands,
+                ..DocSection::new("Commands", &[])
+            },
+            options,
+        ],
+        notes: NOTES,
+    }
+}
+
+/// svc-migrate's `--help`.
+pub fn help() -> String {
+    doc().render()
+}
 
 pub fn main(program: &str, args: Vec<String>) -> i32 {
     if wants_version(&args) {
@@ -55,28 +130,18 @@ pub fn main(program: &str, args: Vec<String>) -> i32 {
     };
     let Some(command) = args.first().cloned() else {
         eprintln!("{program}: missing command");
-        eprint!("{HELP}");
+        eprint!("{}", help());
         return exit::USAGE;
     };
     let rest = &args[1..];
-    let name = format!("{program} {command}");
+    if let Some(found) = COMMANDS.iter().find(|found| found.word == command) {
+        return (found.run)(program, &format!("{program} {command}"), output, rest);
+    }
     match command.as_str() {
         "-h" | "--help" | "help" => {
-            print!("{HELP}");
+            print!("{}", help());
             exit::OK
         }
-        "run" => match parse_args::<RunArgs>(&name, rest) {
-            Ok(parsed) => run_async(program, run(output, parsed)),
-            Err(code) => code,
-        },
-        "validate" => match parse_args::<ValidateArgs>(&name, rest) {
-            Ok(parsed) => run_async(program, validate(output, parsed)),
-            Err(code) => code,
-        },
-        "version" => match parse_args::<VersionArgs>(&name, rest) {
-            Ok(parsed) => run_async(program, version(output, parsed)),
-            Err(code) => code,
-        },
         other => {
             eprintln!("{program}: unknown command '{other}'");
             eprintln!("{program}: run '{program} --help' for the commands");
@@ -85,42 +150,10 @@ pub fn main(program: &str, args: Vec<String>) -> i32 {
     }
 }
 
-/// Each command's argh definition, by the word `main` dispatches on (`cli::args_info`).
-pub fn command_info(command: &str) -> Option<argh::CommandInfoWithArgs> {
-    use argh::ArgsInfo;
-    Some(match command {
-        "run" => RunArgs::get_args_info(),
-        "validate" => ValidateArgs::get_args_info(),
-        "version" => VersionArgs::get_args_info(),
-        _ => return None,
-    })
-}
-
-/// Takes `-o/--output FORMAT` out of the arguments wherever it is (before `--`), so it works
-/// before or after the command as on every other CLI.
-fn take_output(args: &mut Vec<String>) -> Result<Output, CliError> {
-    let mut output = Output::Table;
-    let mut kept = Vec::with_capacity(args.len());
-    let mut iter = std::mem::take(args).into_iter();
-    while let Some(arg) = iter.next() {
-        if arg == "--" {
-            kept.push(arg);
-            kept.extend(iter.by_ref());
-            break;
-        }
-        if let Some(value) = arg.strip_prefix("--output=") {
-            output = value.parse()?;
-        } else if arg == "-o" || arg == "--output" {
-            let value = iter
-                .next()
-                .ok_or_else(|| CliError::usage(format!("{arg} needs a value")))?;
-            output = value.parse()?;
-        } else {
-            kept.push(arg);
-        }
-    }
-    *args = kept;
-    Ok(output)
+/// The argh definition of the command `word` (`cli::args_info`).
+pub fn command_info(word: &str) -> Option<argh::CommandInfoWithArgs> {
+    let command = COMMANDS.iter().find(|command| command.word == word)?;
+    Some((command.info)())
 }
 
 #[derive(FromArgs, argh::ArgsInfo)]
@@ -515,6 +548,40 @@ async fn version(output: Output, args: VersionArgs) -> Result<(), CliError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// svc-migrate's help as it was written by hand before its table.
+    const WRITTEN_HELP: &str = "\
+Usage: svc-migrate <command> [<args>]
+
+Copy the svc store from SQLite to PostgreSQL, check the copy, and show schema versions.
+
+Stop the server first; afterwards point it at PostgreSQL (store: { driver: postgres, url: ... })
+with the same master_key and hmacsecret.
+
+Commands:
+  run       copy every row: --from sqlite:PATH --to postgres://... [--force] [--batch-rows N]
+            resumable: run it again after an interruption and it continues where it stopped
+  validate  compare row counts table by table and the audit chain's head:
+            --from sqlite:PATH --to postgres://...; exit 0 when they match, 1 when not
+  version   this binary's schema version, and with --store sqlite:PATH|postgres://... a store's
+
+Options:
+  -o, --output FORMAT  table (default) or json
+  -h, --help           show help (COMMAND --help: a command's flags and edge cases)
+  -v, --version        show the version
+
+PostgreSQL URLs: postgres://user:password@host:port/database?sslmode=verify-full&sslrootcert=ca.pem
+(sslmode disable | prefer (default) | require | verify-full). Leave the password out of the URL
+and set PGPASSWORD to keep it out of the process list. The password is never printed.
+";
+
+    #[test]
+    fn the_help_is_rendered_from_the_table_as_written() {
+        assert_eq!(help(), WRITTEN_HELP);
+        for command in COMMANDS {
+            assert!(command_info(command.word).is_some(), "{}", command.word);
+        }
+    }
 
     #[test]
     fn store_arguments() {

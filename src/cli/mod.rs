@@ -2,7 +2,9 @@
 //! codes, the error that carries one, common flags, argument parsing, output) is
 //! `crate::program`, re-exported here; `client.rs` holds the gRPC and HTTP clients, and this
 //! file the ways a CLI runs its commands: most CLIs name each command once, in a table of
-//! [`Command`]s next to their argh structs, which both running it and `args_info` read.
+//! [`Command`]s next to their argh structs (svcctl and svc-migrate in tables of their own),
+//! which both running it and `args_info` read. `top_help` gives every name's own help as data
+//! from the same definitions, so completions and man pages (`helptext.rs`) run nothing.
 
 /// A [`Command`] entry: the word, the argh type its arguments parse into, and the body that
 /// runs it (`fn(Common, Args) -> impl Future`, or a closure of that shape; after `offline`, a
@@ -68,8 +70,8 @@ pub mod webhook;
 use argh::FromArgs;
 
 pub use crate::program::{
-    exit, output, parse_args, run_async, take_common, version_line, wants_version, CliError,
-    Common, Output, COMMON_HELP,
+    common_help, common_section, exit, output, parse_args, run_async, take_common, take_output,
+    version_line, wants_version, CliError, Common, Output, COMMON_FLAGS,
 };
 
 /// One built command of a CLI, named once: what runs it, and what its help, completions and
@@ -115,9 +117,21 @@ fn find_command(name: &str, word: &str) -> Option<&'static Command> {
         .find(|command| command.word == word)
 }
 
-/// The argh definition of the command at `path` (`["svc-events", "list"]`), for the CLIs that
-/// hand theirs out: help, completions and man pages read it (`helptext.rs`) instead of running
-/// the command with `--help`. A CLI not listed here is still read from its printed help.
+/// The argh definition of each CLI whose commands are the subcommands of one argh struct
+/// (`run_subcommands`).
+fn subcommand_cli(name: &str) -> Option<fn() -> argh::CommandInfoWithArgs> {
+    Some(match name {
+        "svc-blueprint" => blueprint::args_info,
+        "svc-gitops" => gitops::args_info,
+        "svc-module" => module::args_info,
+        "svc-registry" => registry::args_info,
+        _ => return None,
+    })
+}
+
+/// The argh definition of the command at `path` (`["svc-events", "list"]`): help, completions
+/// and man pages read it (`helptext.rs`). None for a word with no definition (`svcctl
+/// version`), and for anything but a name and one of its commands.
 pub fn args_info(path: &[&str]) -> Option<argh::CommandInfoWithArgs> {
     let [name, command] = path else {
         return None;
@@ -125,24 +139,85 @@ pub fn args_info(path: &[&str]) -> Option<argh::CommandInfoWithArgs> {
     if let Some(found) = find_command(name, command) {
         return Some((found.info)());
     }
+    if let Some(info) = subcommand_cli(name) {
+        return info()
+            .commands
+            .into_iter()
+            .find(|sub| sub.name == *command)
+            .map(|sub| sub.command);
+    }
     match *name {
         "svcctl" => ctl::command_info(command),
         "svc-migrate" => migrate::command_info(command),
-        "svc-blueprint" => blueprint::command_info(command),
-        "svc-gitops" => gitops::command_info(command),
-        "svc-module" => module::command_info(command),
-        "svc-registry" => registry::command_info(command),
+        "svc-agent" => crate::agent::command_info(command),
         _ => None,
     }
 }
 
-/// The subcommand `word` of the argh command `A`, with everything under it.
-fn subcommand_info<A: argh::ArgsInfo>(word: &str) -> Option<argh::CommandInfoWithArgs> {
-    A::get_args_info()
-        .commands
-        .into_iter()
-        .find(|sub| sub.name == word)
-        .map(|sub| sub.command)
+/// Every name's own `--help` as data, built from what it is printed from, with nothing run
+/// (`helptext.rs`): a CLI with a command list from its `planned.rs` row and its table or argh
+/// struct; svcctl, svc-migrate and `svc` from their tables; svc-agent from `agent::COMMANDS`;
+/// svc-server and svc-bootstrap, which have no commands, from their argh definitions. None for
+/// a name it does not know.
+pub fn top_help(name: &str) -> Option<helptext::Help> {
+    use crate::program::planned::doc;
+    use helptext::{from_args_info, from_doc};
+    Some(match name {
+        "svc" => from_doc(&planned::svc_doc()),
+        "svcctl" => from_doc(&ctl::doc()),
+        "svc-migrate" => from_doc(&migrate::doc()),
+        "svc-agent" => from_doc(&doc(&crate::agent::COMMANDS)),
+        "svc-server" => from_args_info(name, &crate::server::args_info()),
+        "svc-bootstrap" => from_args_info(name, &bootstrap::args_info()),
+        _ => with_planned(name, |planned| from_doc(&doc(planned)))?,
+    })
+}
+
+/// The commands of a CLI with a command list, each with its one-line summary, in help order:
+/// its tables' (the table's summary, or the first sentence of the argh description) or its
+/// argh struct's subcommands.
+fn listing(name: &str) -> Vec<(&'static str, String)> {
+    if let Some(info) = subcommand_cli(name) {
+        return info()
+            .commands
+            .iter()
+            .map(|sub| (sub.name, summary(sub.command.description)))
+            .collect();
+    }
+    tables(name)
+        .iter()
+        .flat_map(|table| table.iter())
+        .map(|command| {
+            let line = match command.summary {
+                Some(line) => line.to_string(),
+                None => summary((command.info)().description),
+            };
+            (command.word, line)
+        })
+        .collect()
+}
+
+/// Calls `then` with the CLI `name`'s command list as `program::planned` takes it: its
+/// `planned.rs` row and its [`listing`], every command built. None when it has no row.
+fn with_planned<R>(
+    name: &str,
+    then: impl FnOnce(&crate::program::planned::Planned<'_>) -> R,
+) -> Option<R> {
+    let tool = planned::find(name)?;
+    let listed = listing(name);
+    let commands: Vec<(&str, &str)> = listed
+        .iter()
+        .map(|(word, line)| (*word, line.as_str()))
+        .collect();
+    let built: Vec<&str> = commands.iter().map(|(word, _)| *word).collect();
+    Some(then(&crate::program::planned::Planned {
+        name,
+        about: tool.about,
+        commands: &commands,
+        default: None,
+        is_client: tool.is_client,
+        built: &built,
+    }))
 }
 
 /// The one-line summary of a command in its CLI's list: the first sentence of its argh
@@ -169,19 +244,6 @@ pub fn run_table(name: &str, args: Vec<String>) -> i32 {
         name,
         args,
         |word| find_command(name, word).is_some(),
-        || {
-            tables(name)
-                .iter()
-                .flat_map(|table| table.iter())
-                .map(|command| {
-                    let line = match command.summary {
-                        Some(line) => line.to_string(),
-                        None => summary((command.info)().description),
-                    };
-                    (command.word, line)
-                })
-                .collect()
-        },
         |word, common, rest| {
             let command = find_command(name, word).expect("a listed word");
             (command.run)(name, &format!("{name} {word}"), common, rest)
@@ -210,13 +272,6 @@ where
                 .iter()
                 .any(|sub| sub.name == word)
         },
-        || {
-            A::get_args_info()
-                .commands
-                .iter()
-                .map(|sub| (sub.name, summary(sub.command.description)))
-                .collect()
-        },
         |word, common, rest| {
             let mut full = vec![word.to_string()];
             full.extend_from_slice(rest);
@@ -228,12 +283,11 @@ where
 /// What every CLI with a command list shares: the common flags are taken out; a built command
 /// word (`is_built`) goes to `run` with them and its own arguments; everything else — help,
 /// version, a missing or unknown word — is answered from the CLI's row in `planned.rs` and
-/// `listing`: its commands with their one-line summaries, in help order.
+/// its [`listing`]: its commands with their one-line summaries, in help order.
 fn run_listed(
     name: &str,
     args: Vec<String>,
     is_built: impl Fn(&str) -> bool,
-    listing: impl FnOnce() -> Vec<(&'static str, String)>,
     run: impl FnOnce(&str, Common, &[String]) -> i32,
 ) -> i32 {
     let mut rest = args.clone();
@@ -246,25 +300,8 @@ fn run_listed(
     };
     match rest.first() {
         Some(word) if is_built(word) => run(word, common, &rest[1..]),
-        _ => {
-            let tool =
-                planned::find(name).expect("every CLI with a command list has a planned row");
-            let listed = listing();
-            let commands: Vec<(&str, &str)> = listed
-                .iter()
-                .map(|(word, line)| (*word, line.as_str()))
-                .collect();
-            let built: Vec<&str> = commands.iter().map(|(word, _)| *word).collect();
-            let planned = crate::program::planned::Planned {
-                name,
-                about: tool.about,
-                commands: &commands,
-                default: None,
-                is_client: tool.is_client,
-                built: &built,
-            };
-            crate::program::planned::run(&planned, &args)
-        }
+        _ => with_planned(name, |planned| crate::program::planned::run(planned, &args))
+            .expect("every CLI with a command list has a planned row"),
     }
 }
 
@@ -319,6 +356,16 @@ mod tests {
             "Trust a CA, e.g. an internal one."
         );
         assert_eq!(summary("Delete one object."), "Delete one object.");
+    }
+
+    #[test]
+    fn every_name_has_its_help_as_data() {
+        for name in std::iter::once(&"svc").chain(crate::program::NAMES) {
+            let help = top_help(name).unwrap_or_else(|| panic!("{name}"));
+            assert!(help.usage.starts_with(name), "{name}: {}", help.usage);
+            assert!(!help.summary().is_empty(), "{name}");
+        }
+        assert!(top_help("svc-nope").is_none());
     }
 
     #[test]

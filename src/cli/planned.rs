@@ -1,14 +1,16 @@
 //! What argh has no place for in each CLI that runs from a command list (`cli::run_listed`):
 //! the line or paragraph its `--help` opens with, and whether it takes the common client
-//! flags. Its commands, their order and their one-line summaries come from the CLI's own
+//! flags; and `svc`'s own help, whose lines `dispatch` answers. Its commands, their order and their one-line summaries come from the CLI's own
 //! table (`COMMANDS` next to its argh structs) or argh enum: the first sentence of each
 //! command's argh description, or the table's summary for a struct two words share.
+
+use crate::program::planned::{Doc, DocSection};
 
 /// One CLI's row.
 pub struct Tool {
     pub name: &'static str,
     pub about: &'static str,
-    /// Whether it talks to the server with the common client flags (`COMMON_HELP`).
+    /// Whether it talks to the server with the common client flags (`COMMON_FLAGS`).
     pub is_client: bool,
 }
 
@@ -97,3 +99,124 @@ http:// only to this machine unless --allow-plain-http.",
         is_client: true,
     },
 ];
+
+/// A line of `svc`'s help: how it is called and what that does; for a word `svc` answers
+/// itself rather than a name's (`svc completion`, `svc man`), the entry that runs it.
+pub struct SvcWord {
+    /// `svc man DIR`: the word is its second part.
+    pub term: &'static str,
+    pub summary: &'static str,
+    pub run: Option<fn(&str, &[String]) -> i32>,
+}
+
+impl SvcWord {
+    pub fn word(&self) -> &'static str {
+        self.term.split(' ').nth(1).unwrap_or("")
+    }
+}
+
+/// `svc`'s usage line (after `Usage: `) and the paragraph under it.
+pub const SVC_USAGE: &str =
+    "svc NAME [<args>]      (or run it as svc-NAME, svcctl, ... through a symlink)";
+pub const SVC_ABOUT: &str =
+    "svc: a runtime operations control plane for Linux fleets, in one executable.";
+
+/// What `svc` is called with, in help order.
+pub const SVC_WORDS: &[SvcWord] = &[
+    SvcWord {
+        term: "svc server ...",
+        summary: "the control-plane daemon (svc-server)",
+        run: None,
+    },
+    SvcWord {
+        term: "svc agent ...",
+        summary: "the host daemon (svc-agent)",
+        run: None,
+    },
+    SvcWord {
+        term: "svc ctl ...",
+        summary: "the operator CLI (svcctl)",
+        run: None,
+    },
+    SvcWord {
+        term: "svc NAME ...",
+        summary: "any svc-NAME CLI: audit, events, identity, secrets, policy, cluster, ...",
+        run: None,
+    },
+    SvcWord {
+        term: "svc completion SHELL",
+        summary: "print the completion script for bash, zsh or fish",
+        run: Some(super::completion::main),
+    },
+    SvcWord {
+        term: "svc man DIR",
+        summary: "write the man pages (roff) into DIR",
+        run: Some(super::manpage::main),
+    },
+];
+
+/// `svc`'s options, each answered by `dispatch`.
+pub const SVC_OPTIONS: &[(&str, &str)] = &[
+    ("--list", "every name this binary answers to"),
+    ("-h, --help", "show help"),
+    ("-v, --version", "show the version"),
+];
+
+/// The column less 4 that `svc`'s help aligns its texts at (`svc completion SHELL` runs past
+/// it).
+const SVC_WIDTH: usize = 15;
+
+/// `svc`'s help, as data.
+pub fn svc_doc() -> Doc {
+    let words: Vec<(&str, &str)> = SVC_WORDS.iter().map(|w| (w.term, w.summary)).collect();
+    let mut words = DocSection::new("", &words);
+    let mut options = DocSection::new("Options", SVC_OPTIONS);
+    words.width = Some(SVC_WIDTH);
+    options.width = Some(SVC_WIDTH);
+    Doc {
+        usage: SVC_USAGE.to_string(),
+        about: SVC_ABOUT,
+        sections: vec![words, options],
+        notes: "",
+    }
+}
+
+/// `svc --help`.
+pub fn svc_help() -> String {
+    svc_doc().render()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `svc`'s help as it was written by hand before its table.
+    const WRITTEN_SVC_HELP: &str = "\
+Usage: svc NAME [<args>]      (or run it as svc-NAME, svcctl, ... through a symlink)
+
+svc: a runtime operations control plane for Linux fleets, in one executable.
+
+  svc server ...   the control-plane daemon (svc-server)
+  svc agent ...    the host daemon (svc-agent)
+  svc ctl ...      the operator CLI (svcctl)
+  svc NAME ...     any svc-NAME CLI: audit, events, identity, secrets, policy, cluster, ...
+  svc completion SHELL  print the completion script for bash, zsh or fish
+  svc man DIR      write the man pages (roff) into DIR
+
+Options:
+  --list           every name this binary answers to
+  -h, --help       show help
+  -v, --version    show the version
+";
+
+    #[test]
+    fn svc_help_is_rendered_from_its_words_as_written() {
+        assert_eq!(svc_help(), WRITTEN_SVC_HELP);
+        let run: Vec<&str> = SVC_WORDS
+            .iter()
+            .filter(|word| word.run.is_some())
+            .map(|word| word.word())
+            .collect();
+        assert_eq!(run, ["completion", "man"]);
+    }
+}

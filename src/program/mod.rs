@@ -2,7 +2,8 @@
 //! (contract §1), the one map from errors to them (`exit::of_code`), and the error that
 //! carries one, argument parsing with `--help` and
 //! `--version`, the common client flags, the runtime a command's body runs on, output formats
-//! (`output.rs`), the log-filter flag, a table of commands and its help (`planned.rs`), the
+//! (`output.rs`), the log-filter flag, a table of commands and its help, and the `Doc` every
+//! hand-made help is rendered from (`planned.rs`), the
 //! list of names the binary answers to, and the daemons' release of code pages they no longer
 //! run (`trim.rs`). A leaf: it knows no domain, daemon or CLI, so the
 //! daemons use it without depending on the CLIs.
@@ -10,7 +11,9 @@
 //! Common flags (`--server`, `--http-url`, `--api-key`, `--ca-file`, `-o`) are taken out of the
 //! arguments here, before a CLI's own parser sees them, so they work at any position
 //! (`svcctl -o json apikey list` and `svcctl apikey list -o json`) without every subcommand
-//! declaring them again.
+//! declaring them again. Each is one row of `COMMON_FLAGS` (its names, value, environment
+//! variable, default and help), which the scanner, the `Common options:` help and svcctl's
+//! passing them on to a mode all read, so a flag's variable or default is written once.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -178,29 +181,239 @@ pub struct Common {
     pub output: Output,
 }
 
-pub const COMMON_HELP: &str = "\
-Common options:
-  --server HOST:PORT   gRPC address of svc-server (env SVC_SERVER, default localhost:5397);
-                       https://HOST:PORT when the server has TLS
-  --http-url URL       REST address of svc-server (env SVC_HTTP_URL, default http://localhost:8080);
-                       https://HOST:PORT when the server has TLS
-  --api-key KEY        API key (env SVC_API_KEY)
-  --ca-file PATH       PEM CA bundle to trust for https:// (env SVC_CA_FILE; default: the
-                       system's CA store), e.g. for a self-signed or internal CA
-  -o, --output FORMAT  table (default) or json
-  -h, --help           show help;  -v, --version  show the version";
+/// Which field of [`Common`] a common flag sets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CommonField {
+    Server,
+    HttpUrl,
+    ApiKey,
+    CaFile,
+    Output,
+}
+
+/// One common client flag, defined once: `take_common` scans for it, `common_help` describes
+/// it, svcctl passes it on to the modes it runs in-process, and completions and man pages read
+/// it through `cli::helptext`.
+#[derive(Debug)]
+pub struct CommonFlag {
+    /// `-o`; most have no short form.
+    pub short: Option<&'static str>,
+    pub long: &'static str,
+    /// The placeholder the help shows after the flag.
+    pub value: &'static str,
+    pub field: CommonField,
+    /// The environment variable read when the flag is not given.
+    pub env: Option<&'static str>,
+    /// The value when neither the flag nor its variable is given.
+    pub default: Option<&'static str>,
+    /// The help text, lines split by `\n`; `{env}` stands for `env VAR, default VALUE` so
+    /// the two are written only in `env` and `default`.
+    pub help: &'static str,
+}
+
+/// Every common client flag, in help order.
+pub const COMMON_FLAGS: &[CommonFlag] = &[
+    CommonFlag {
+        short: None,
+        long: "--server",
+        value: "HOST:PORT",
+        field: CommonField::Server,
+        env: Some("SVC_SERVER"),
+        default: Some("localhost:5397"),
+        help: "gRPC address of svc-server ({env});\nhttps://HOST:PORT when the server has TLS",
+    },
+    CommonFlag {
+        short: None,
+        long: "--http-url",
+        value: "URL",
+        field: CommonField::HttpUrl,
+        env: Some("SVC_HTTP_URL"),
+        default: Some("http://localhost:8080"),
+        help: "REST address of svc-server ({env});\nhttps://HOST:PORT when the server has TLS",
+    },
+    CommonFlag {
+        short: None,
+        long: "--api-key",
+        value: "KEY",
+        field: CommonField::ApiKey,
+        env: Some("SVC_API_KEY"),
+        default: None,
+        help: "API key ({env})",
+    },
+    CommonFlag {
+        short: None,
+        long: "--ca-file",
+        value: "PATH",
+        field: CommonField::CaFile,
+        env: Some("SVC_CA_FILE"),
+        // The system's CA store, which is no value of the flag: the help says so in words.
+        default: None,
+        help: "PEM CA bundle to trust for https:// ({env}; default: the\nsystem's CA store), e.g. \
+               for a self-signed or internal CA",
+    },
+    CommonFlag {
+        short: Some("-o"),
+        long: "--output",
+        value: "FORMAT",
+        field: CommonField::Output,
+        env: None,
+        default: Some("table"),
+        help: "table (default) or json",
+    },
+];
+
+/// The help and version flags, which every name takes: the last line of the common options.
+const COMMON_HELP_TAIL: (&str, &str) =
+    ("-h, --help", "show help;  -v, --version  show the version");
+
+impl CommonFlag {
+    /// The term its help line starts with: `-o, --output FORMAT`.
+    pub fn term(&self) -> String {
+        match self.short {
+            Some(short) => format!("{short}, {} {}", self.long, self.value),
+            None => format!("{} {}", self.long, self.value),
+        }
+    }
+
+    /// Its help text with `{env}` filled in, lines split by `\n`.
+    pub fn about(&self) -> String {
+        let env = match (self.env, self.default) {
+            (Some(env), Some(default)) => format!("env {env}, default {default}"),
+            (Some(env), None) => format!("env {env}"),
+            (None, _) => String::new(),
+        };
+        self.help.replace("{env}", &env)
+    }
+
+    /// Whether `arg` (without any `=value`) names this flag.
+    fn is(&self, arg: &str) -> bool {
+        arg == self.long || self.short == Some(arg)
+    }
+}
+
+impl Common {
+    /// Sets `field` to a value given on the command line (or a default).
+    fn set(&mut self, field: CommonField, value: String) -> Result<(), CliError> {
+        match field {
+            CommonField::Server => self.server = value,
+            CommonField::HttpUrl => self.http_url = value,
+            CommonField::ApiKey => self.api_key = Some(value),
+            CommonField::CaFile => self.ca_file = Some(PathBuf::from(value)),
+            CommonField::Output => self.output = value.parse()?,
+        }
+        Ok(())
+    }
+
+    /// Sets `field` from its environment variable. An empty API key or CA path counts as
+    /// unset (`SVC_API_KEY=` turns the key off); a path need not be UTF-8, and any other
+    /// value that is not is ignored.
+    fn set_from_env(&mut self, field: CommonField, value: std::ffi::OsString) {
+        match field {
+            CommonField::CaFile => {
+                if !value.is_empty() {
+                    self.ca_file = Some(PathBuf::from(value));
+                }
+            }
+            _ => {
+                let Ok(value) = value.into_string() else {
+                    return;
+                };
+                if field == CommonField::ApiKey && value.is_empty() {
+                    return;
+                }
+                // Every field but the output format, which has no variable, takes any string.
+                let _ = self.set(field, value);
+            }
+        }
+    }
+
+    /// The value of `field` as the flag would give it; None when it is unset or the output
+    /// format is the default table.
+    pub fn value(&self, field: CommonField) -> Option<String> {
+        match field {
+            CommonField::Server => Some(self.server.clone()),
+            CommonField::HttpUrl => Some(self.http_url.clone()),
+            CommonField::ApiKey => self.api_key.clone(),
+            CommonField::CaFile => self.ca_file.as_ref().map(|p| p.display().to_string()),
+            CommonField::Output => (self.output == Output::Json).then(|| "json".to_string()),
+        }
+    }
+}
+
+/// The `Common options:` section of a client CLI's help, made from [`COMMON_FLAGS`].
+pub fn common_section() -> planned::DocSection {
+    let mut rows: Vec<(String, String)> = COMMON_FLAGS
+        .iter()
+        .map(|flag| (flag.term(), flag.about()))
+        .collect();
+    rows.push((
+        COMMON_HELP_TAIL.0.to_string(),
+        COMMON_HELP_TAIL.1.to_string(),
+    ));
+    planned::DocSection {
+        rows,
+        more_flags: &[(COMMON_HELP_TAIL.0, &["-v", "--version"])],
+        ..planned::DocSection::new("Common options", &[])
+    }
+}
+
+/// [`common_section`] as text, without a final newline.
+pub fn common_help() -> String {
+    common_section().render().trim_end_matches('\n').to_string()
+}
+
+/// The common flag that sets `field`.
+pub fn common_flag(field: CommonField) -> &'static CommonFlag {
+    COMMON_FLAGS
+        .iter()
+        .find(|flag| flag.field == field)
+        .expect("every field has its flag")
+}
+
+/// Takes only `-o/--output FORMAT` out of `args`, as [`take_common`] takes it: for a program
+/// that talks to no server (svc-migrate) but prints tables or JSON like the clients.
+pub fn take_output(args: &mut Vec<String>) -> Result<Output, CliError> {
+    let mut output = Output::Table;
+    take_flags(
+        args,
+        &[common_flag(CommonField::Output)],
+        &mut |_, value| {
+            output = value.parse()?;
+            Ok(())
+        },
+    )?;
+    Ok(output)
+}
 
 /// Takes the common flags out of `args` (stopping at `--`), falling back to the environment.
 pub fn take_common(args: &mut Vec<String>) -> Result<Common, CliError> {
     let mut common = Common {
-        server: std::env::var("SVC_SERVER").unwrap_or_else(|_| "localhost:5397".into()),
-        http_url: std::env::var("SVC_HTTP_URL").unwrap_or_else(|_| "http://localhost:8080".into()),
-        api_key: std::env::var("SVC_API_KEY").ok().filter(|k| !k.is_empty()),
-        ca_file: std::env::var_os("SVC_CA_FILE")
-            .filter(|path| !path.is_empty())
-            .map(PathBuf::from),
+        server: String::new(),
+        http_url: String::new(),
+        api_key: None,
+        ca_file: None,
         output: Output::Table,
     };
+    for flag in COMMON_FLAGS {
+        if let Some(default) = flag.default {
+            common.set(flag.field, default.to_string())?;
+        }
+        if let Some(value) = flag.env.and_then(std::env::var_os) {
+            common.set_from_env(flag.field, value);
+        }
+    }
+    let every: Vec<&CommonFlag> = COMMON_FLAGS.iter().collect();
+    take_flags(args, &every, &mut |field, value| common.set(field, value))?;
+    Ok(common)
+}
+
+/// Takes `flags` out of `args` (stopping at `--`): `--flag VALUE`, `--flag=VALUE` or `-o VALUE`,
+/// each value handed to `set`; everything else stays, in order.
+fn take_flags(
+    args: &mut Vec<String>,
+    flags: &[&CommonFlag],
+    set: &mut dyn FnMut(CommonField, String) -> Result<(), CliError>,
+) -> Result<(), CliError> {
     let mut kept = Vec::with_capacity(args.len());
     let mut iter = std::mem::take(args).into_iter();
     while let Some(arg) = iter.next() {
@@ -209,37 +422,22 @@ pub fn take_common(args: &mut Vec<String>) -> Result<Common, CliError> {
             kept.extend(iter.by_ref());
             break;
         }
-        let (flag, inline) = match arg.split_once('=') {
-            Some((flag, value)) if flag.starts_with("--") => {
-                (flag.to_string(), Some(value.to_string()))
-            }
-            _ => (arg.clone(), None),
+        let (name, inline) = match arg.split_once('=') {
+            Some((name, value)) if name.starts_with("--") => (name, Some(value.to_string())),
+            _ => (arg.as_str(), None),
         };
-        let slot = match flag.as_str() {
-            "--server" => "server",
-            "--http-url" => "http-url",
-            "--api-key" => "api-key",
-            "--ca-file" => "ca-file",
-            "-o" | "--output" => "output",
-            _ => {
-                kept.push(arg);
-                continue;
-            }
+        let Some(flag) = flags.iter().find(|flag| flag.is(name)) else {
+            kept.push(arg);
+            continue;
         };
         let value = match inline.or_else(|| iter.next()) {
             Some(value) => value,
-            None => return Err(CliError::usage(format!("{flag} needs a value"))),
+            None => return Err(CliError::usage(format!("{name} needs a value"))),
         };
-        match slot {
-            "server" => common.server = value,
-            "http-url" => common.http_url = value,
-            "api-key" => common.api_key = Some(value),
-            "ca-file" => common.ca_file = Some(PathBuf::from(value)),
-            _ => common.output = value.parse()?,
-        }
+        set(flag.field, value)?;
     }
     *args = kept;
-    Ok(common)
+    Ok(())
 }
 
 /// The version line every name prints for `-v/--version`.
@@ -437,6 +635,39 @@ mod tests {
         }
     }
 
+    /// The common options as they were written by hand before they became data: every CLI's
+    /// help shows them, and tests and scripts compare that help byte for byte.
+    const WRITTEN_COMMON_HELP: &str = "\
+Common options:
+  --server HOST:PORT   gRPC address of svc-server (env SVC_SERVER, default localhost:5397);
+                       https://HOST:PORT when the server has TLS
+  --http-url URL       REST address of svc-server (env SVC_HTTP_URL, default http://localhost:8080);
+                       https://HOST:PORT when the server has TLS
+  --api-key KEY        API key (env SVC_API_KEY)
+  --ca-file PATH       PEM CA bundle to trust for https:// (env SVC_CA_FILE; default: the
+                       system's CA store), e.g. for a self-signed or internal CA
+  -o, --output FORMAT  table (default) or json
+  -h, --help           show help;  -v, --version  show the version";
+
+    #[test]
+    fn the_common_help_is_rendered_from_the_flags_as_written() {
+        assert_eq!(common_help(), WRITTEN_COMMON_HELP);
+    }
+
+    #[test]
+    fn common_flags_give_their_values_back_as_flags() {
+        let mut args = strings(&["--server=h:1", "--api-key", "k", "-o", "json"]);
+        let common = take_common(&mut args).unwrap();
+        assert!(args.is_empty());
+        let values: Vec<Option<String>> = COMMON_FLAGS
+            .iter()
+            .map(|flag| common.value(flag.field))
+            .collect();
+        assert_eq!(values[0].as_deref(), Some("h:1"));
+        assert_eq!(values[2].as_deref(), Some("k"));
+        assert_eq!(values[4].as_deref(), Some("json"));
+    }
+
     #[test]
     fn common_flag_errors() {
         assert_eq!(
@@ -446,6 +677,18 @@ mod tests {
         assert_eq!(
             take_common(&mut strings(&["-o", "yaml"])).unwrap_err().code,
             exit::USAGE
+        );
+        assert_eq!(
+            take_common(&mut strings(&["--server"]))
+                .unwrap_err()
+                .message,
+            "--server needs a value"
+        );
+        assert_eq!(
+            take_common(&mut strings(&["--output=yaml"]))
+                .unwrap_err()
+                .message,
+            "unknown output format 'yaml' (expected table or json)"
         );
     }
 }

@@ -47,6 +47,12 @@ const BOOTSTRAP_KEY_FILE: &str = "bootstrap-admin.key";
 /// turned into audit rows (principal "server") at the next start, then removed.
 const RECOVERIES_FILE: &str = "admin-recoveries.jsonl";
 
+/// svc-server's argh definition: what help, completions and man pages read
+/// (`cli::top_help`).
+pub fn args_info() -> argh::CommandInfoWithArgs {
+    <Args as argh::ArgsInfo>::get_args_info()
+}
+
 pub fn main(program: &str, args: Vec<String>) -> i32 {
     let args = match crate::program::parse_args::<Args>(program, &args) {
         Ok(args) => args,

@@ -38,7 +38,7 @@ use crate::config::ServerConfig;
 use crate::domain::Domain;
 use crate::metrics::Metrics;
 
-pub use cmd::main;
+pub use cmd::{args_info, main};
 pub use health::{Component, Readiness};
 
 /// How long in-flight requests and streams may run after a stop signal (contract §6).
