@@ -37,32 +37,68 @@ pub const BUS_NKEY_FILE: &str = "bus.nk";
 pub const ENROL_JWT_FILE: &str = "enrol.jwt";
 pub const DEFAULT_CONFIG: &str = "/etc/svc/agent.yaml";
 
-/// svc-agent's commands, for its help.
-pub const COMMANDS: Planned<'static> = Planned {
-    name: "svc-agent",
-    about: "Host daemon: enrols with the server, heartbeats, runs commands and applies state.\nWith no command it runs the daemon (--config PATH, default /etc/svc/agent.yaml).",
-    commands: &[
-        ("bootstrap", "enrol: interactive wizard, or --non-interactive --server URL --agent-id ID (--token T | --psk P) [--labels k=v,...]"),
-        ("service", "manage the systemd unit: install | uninstall | status"),
-        ("run", "run the daemon (the default): [--log-level LEVEL]"),
-        ("jwt", "print this agent's JWT-SVID: --audience A [--ttl D] [-o json]"),
-    ],
-    default: Some("run"),
-    is_client: false,
-    built: &["bootstrap", "service", "run", "jwt"],
-};
+/// One svc-agent command, named once: its word, the summary its help lists it with (with
+/// the flags it needs), its argh definition (what help, completions and man pages read:
+/// `cli::args_info`) and its entry (program, `--config`, the arguments after the word).
+struct Command {
+    word: &'static str,
+    summary: &'static str,
+    info: fn() -> argh::CommandInfoWithArgs,
+    run: fn(&str, Option<PathBuf>, &[String]) -> i32,
+}
 
-/// The argh definition of each command in `COMMANDS`, by its word: what help, completions and
-/// man pages read (`cli::args_info`).
-pub fn command_info(word: &str) -> Option<argh::CommandInfoWithArgs> {
-    use argh::ArgsInfo;
-    Some(match word {
-        "bootstrap" => bootstrap::Args::get_args_info(),
-        "service" => service::Args::get_args_info(),
-        "run" => daemon::RunArgs::get_args_info(),
-        "jwt" => jwt::Args::get_args_info(),
-        _ => return None,
+/// svc-agent's commands, in help order. `executor` (the privileged half of a split agent,
+/// started by the daemon's unit) is not listed: an operator does not run it.
+const COMMANDS: &[Command] = &[
+    Command {
+        word: "bootstrap",
+        summary: "enrol: interactive wizard, or --non-interactive --server URL --agent-id ID (--token T | --psk P) [--labels k=v,...]",
+        info: <bootstrap::Args as argh::ArgsInfo>::get_args_info,
+        run: bootstrap::main,
+    },
+    Command {
+        word: "service",
+        summary: "manage the systemd unit: install | uninstall | status",
+        info: <service::Args as argh::ArgsInfo>::get_args_info,
+        run: service::main,
+    },
+    Command {
+        word: "run",
+        summary: "run the daemon (the default): [--log-level LEVEL]",
+        info: <daemon::RunArgs as argh::ArgsInfo>::get_args_info,
+        run: run_daemon,
+    },
+    Command {
+        word: "jwt",
+        summary: "print this agent's JWT-SVID: --audience A [--ttl D] [-o json]",
+        info: <jwt::Args as argh::ArgsInfo>::get_args_info,
+        run: jwt::main,
+    },
+];
+
+/// svc-agent's help row, its commands read from [`COMMANDS`], given to `body`.
+pub fn with_planned<R>(body: impl FnOnce(&Planned) -> R) -> R {
+    let commands: Vec<(&str, &str)> = COMMANDS
+        .iter()
+        .map(|command| (command.word, command.summary))
+        .collect();
+    let built: Vec<&str> = COMMANDS.iter().map(|command| command.word).collect();
+    body(&Planned {
+        name: "svc-agent",
+        about: "Host daemon: enrols with the server, heartbeats, runs commands and applies state.\nWith no command it runs the daemon (--config PATH, default /etc/svc/agent.yaml).",
+        commands: &commands,
+        default: Some("run"),
+        is_client: false,
+        built: &built,
     })
+}
+
+/// The argh definition of the command `word` (`cli::args_info`).
+pub fn command_info(word: &str) -> Option<argh::CommandInfoWithArgs> {
+    COMMANDS
+        .iter()
+        .find(|command| command.word == word)
+        .map(|command| (command.info)())
 }
 
 pub fn main(program: &str, args: Vec<String>) -> i32 {
@@ -73,17 +109,17 @@ pub fn main(program: &str, args: Vec<String>) -> i32 {
             return exit::USAGE;
         }
     };
-    match rest.first().map(String::as_str) {
-        Some("bootstrap") => bootstrap::main(program, config, &rest[1..]),
-        Some("service") => service::main(program, config, &rest[1..]),
-        Some("jwt") => jwt::main(program, config, &rest[1..]),
+    let word = rest.first().map(String::as_str);
+    if let Some(command) = COMMANDS.iter().find(|command| Some(command.word) == word) {
+        return (command.run)(program, config, &rest[1..]);
+    }
+    match word {
         Some("executor") => executor::main(program, config, &rest[1..]),
-        Some("run") => run_daemon(program, config, &rest[1..]),
         None => run_daemon(program, config, &[]),
         Some(flag) if flag.starts_with("--") && !matches!(flag, "--help" | "--version") => {
             run_daemon(program, config, &rest)
         }
-        _ => planned::run(&COMMANDS, &rest),
+        _ => with_planned(|planned| planned::run(planned, &rest)),
     }
 }
 

@@ -6,8 +6,8 @@
 //! subcommands. Each name's top level comes from the data its `--help` is printed from
 //! (`cli::top_help`): the argh definition of a name without commands (svc-server,
 //! svc-bootstrap), or the hand-made help of the rest (`program::planned::Doc`: a CLI's
-//! `planned.rs` row and its table or argh enum, svcctl's and svc-migrate's tables, svc-agent's
-//! `agent::COMMANDS`, `svc`'s words), read by `from_doc` as `parse` would read the printed text.
+//! `planned.rs` row and its table or argh enum, svcctl's, svc-migrate's and svc-agent's
+//! tables, `svc`'s words), read by `from_doc` as `parse` would read the printed text.
 //! `parse` stays for that check: tests/completion.rs runs the binary under every name and holds
 //! what it prints to the data, top levels and every command read from its definition.
 use std::path::Path;

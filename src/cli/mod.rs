@@ -156,7 +156,7 @@ pub fn args_info(path: &[&str]) -> Option<argh::CommandInfoWithArgs> {
 
 /// Every name's own `--help` as data, built from what it is printed from, with nothing run
 /// (`helptext.rs`): a CLI with a command list from its `planned.rs` row and its table or argh
-/// struct; svcctl, svc-migrate and `svc` from their tables; svc-agent from `agent::COMMANDS`;
+/// struct; svcctl, svc-migrate and `svc` from their tables; svc-agent from its table (`agent::with_planned`);
 /// svc-server and svc-bootstrap, which have no commands, from their argh definitions. None for
 /// a name it does not know.
 pub fn top_help(name: &str) -> Option<helptext::Help> {
@@ -166,7 +166,7 @@ pub fn top_help(name: &str) -> Option<helptext::Help> {
         "svc" => from_doc(&planned::svc_doc()),
         "svcctl" => from_doc(&ctl::doc()),
         "svc-migrate" => from_doc(&migrate::doc()),
-        "svc-agent" => from_doc(&doc(&crate::agent::COMMANDS)),
+        "svc-agent" => crate::agent::with_planned(|planned| from_doc(&doc(planned))),
         "svc-server" => from_args_info(name, &crate::server::args_info()),
         "svc-bootstrap" => from_args_info(name, &bootstrap::args_info()),
         _ => with_planned(name, |planned| from_doc(&doc(planned)))?,

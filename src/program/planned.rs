@@ -1,6 +1,6 @@
 //! The table of a program's commands and what is made from it: its help, and the answer to
 //! a command not built yet (exit 1, `NAME: 'SUB' is not implemented yet`, never a fake
-//! success). svc-agent's is the static row `agent::COMMANDS`; a CLI's is made when its help is
+//! success). svc-agent's is made from its command table (`agent::with_planned`); a CLI's when its help is
 //! asked for, from its row in `cli::planned` and its commands' argh definitions (`cli::run_listed`).
 //!
 //! Every help argh does not print is a [`Doc`]: these, svcctl's, svc-migrate's and `svc`'s.
@@ -192,12 +192,20 @@ pub fn run(planned: &Planned<'_>, args: &[String]) -> i32 {
     }
     let command = match (command, planned.default) {
         (Some(word), _) if planned.commands.iter().any(|(name, _)| *name == word) => word,
-        (Some(word), None) => {
+        // An unknown word is a usage error even where a default command exists (svc-agent's
+        // `run`): running, or blaming, the default for a typo would mislead.
+        (Some(word), _) => {
             eprintln!("{error_prefix}: unknown command '{command_prefix}{word}'");
             eprintln!("{error_prefix}: run '{program} --help' for the commands");
             return exit::USAGE;
         }
-        (_, Some(default)) => default.to_string(),
+        // No word, and flags the built default did not take (svc-agent's `-x`).
+        (None, Some(default)) if planned.built.contains(&default) => {
+            eprintln!("{error_prefix}: unrecognized arguments: {}", args.join(" "));
+            eprintln!("{error_prefix}: run '{program} --help' for the commands");
+            return exit::USAGE;
+        }
+        (None, Some(default)) => default.to_string(),
         (None, None) => {
             eprintln!("{error_prefix}: missing command");
             eprint!("{}", help(planned));
@@ -217,6 +225,25 @@ pub fn run(planned: &Planned<'_>, args: &[String]) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unknown_word_or_flag_is_a_usage_error_even_with_a_default_command() {
+        let daemon = |built: &'static [&'static str]| Planned {
+            name: "svc-daemon",
+            about: "A daemon.",
+            commands: &[("run", "run it")],
+            default: Some("run"),
+            is_client: false,
+            built,
+        };
+        let args = |words: &[&str]| words.iter().map(|w| w.to_string()).collect::<Vec<_>>();
+        assert_eq!(run(&daemon(&["run"]), &args(&["bogus"])), exit::USAGE);
+        assert_eq!(run(&daemon(&["run"]), &args(&["-x"])), exit::USAGE);
+        assert_eq!(run(&daemon(&[]), &args(&["bogus"])), exit::USAGE);
+        // A default that is only planned still says so.
+        assert_eq!(run(&daemon(&[]), &args(&["-x"])), exit::FAILED);
+        assert_eq!(run(&daemon(&["run"]), &args(&["--help"])), exit::OK);
+    }
 
     #[test]
     fn a_planned_help_lists_commands_then_options_or_the_common_ones() {
