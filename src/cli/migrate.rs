@@ -59,19 +59,15 @@ pub const COMMANDS: &[Command] = &[
             "copy every row: --from sqlite:PATH --to postgres://... [--force] [--batch-rows N]\n\
                   resumable: run it again after an interruption and it continues where it stopped",
         info: <RunArgs as argh::ArgsInfo>::get_args_info,
-        run: |program, name, output, args| match parse_args::<RunArgs>(name, args) {
-            Ok(parsed) => run_async(program, run(output, parsed)),
-            Err(code) => code,
-        },
+        run: |program, name, output, args| parse_then_run(program, name, args, |a| run(output, a)),
     },
     Command {
         word: "validate",
         summary: "compare row counts table by table and the audit chain's head:\n\
                   --from sqlite:PATH --to postgres://...; exit 0 when they match, 1 when not",
         info: <ValidateArgs as argh::ArgsInfo>::get_args_info,
-        run: |program, name, output, args| match parse_args::<ValidateArgs>(name, args) {
-            Ok(parsed) => run_async(program, validate(output, parsed)),
-            Err(code) => code,
+        run: |program, name, output, args| {
+            parse_then_run(program, name, args, |a| validate(output, a))
         },
     },
     Command {
@@ -79,12 +75,29 @@ pub const COMMANDS: &[Command] = &[
         summary:
             "this binary's schema version, and with --store sqlite:PATH|postgres://... a store's",
         info: <VersionArgs as argh::ArgsInfo>::get_args_info,
-        run: |program, name, output, args| match parse_args::<VersionArgs>(name, args) {
-            Ok(parsed) => run_async(program, version(output, parsed)),
-            Err(code) => code,
+        run: |program, name, output, args| {
+            parse_then_run(program, name, args, |a| version(output, a))
         },
     },
 ];
+
+/// Parses one command's arguments and runs its body with them: each entry's whole entry (its
+/// output format goes in through the body's closure).
+fn parse_then_run<A, F>(
+    program: &str,
+    name: &str,
+    args: &[String],
+    body: impl FnOnce(A) -> F,
+) -> i32
+where
+    A: FromArgs,
+    F: std::future::Future<Output = Result<(), CliError>>,
+{
+    match parse_args::<A>(name, args) {
+        Ok(parsed) => run_async(program, body(parsed)),
+        Err(code) => code,
+    }
+}
 
 /// svc-migrate's help, as data: its commands from the table; of the common options only
 /// `-o`, as the clients have it.
